@@ -1,0 +1,109 @@
+// Command api is Tollgate's HTTP server: metered routes, the service check,
+// admin REST and the dashboard. It is wiring only: configuration,
+// connections, the Fiber app and graceful shutdown.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/config"
+	"github.com/tollgate/tollgate/internal/httpapi"
+	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/redisdb"
+)
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "-healthcheck" {
+		os.Exit(healthcheck(os.Getenv))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Getenv, os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "api:", err)
+		os.Exit(1)
+	}
+}
+
+// run serves until ctx ends, then shuts down gracefully. It logs the address
+// it listens on (TOLLGATE_ADDR may have port 0) in a "listening" line.
+func run(ctx context.Context, getenv func(string) string, stdout io.Writer) error {
+	cfg, err := config.Load(getenv)
+	if err != nil {
+		return err
+	}
+	log := cfg.NewLogger(stdout)
+
+	if err := postgres.MigrateUp(cfg.DatabaseURL); err != nil {
+		return err
+	}
+	db, err := postgres.Open(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
+	defer db.Close()
+	rdb, err := redisdb.Open(ctx, cfg.Redis)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+
+	srv := httpapi.New(log, db, rdb, httpapi.Options{
+		BodyLimit:    cfg.BodyLimit,
+		AdminToken:   cfg.AdminToken,
+		ServiceToken: cfg.ServiceToken,
+	})
+	ln, err := net.Listen("tcp", cfg.Addr)
+	if err != nil {
+		return fmt.Errorf("TOLLGATE_ADDR: listen %s: %w", cfg.Addr, err)
+	}
+	log.Info("listening", "addr", ln.Addr().String())
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.App().Listener(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("api: serve: %w", err)
+	case <-ctx.Done():
+	}
+	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	if err := srv.App().ShutdownWithTimeout(cfg.ShutdownTimeout); err != nil {
+		return fmt.Errorf("api: shutdown: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("api: serve: %w", err)
+	}
+	log.Info("stopped")
+	return nil
+}
+
+// healthcheck GETs /healthz of the local server: the Docker health check of
+// an image that has no curl.
+func healthcheck(getenv func(string) string) int {
+	cfg, err := config.Load(getenv)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "api:", err)
+		return 1
+	}
+	_, port, _ := net.SplitHostPort(cfg.Addr)
+	client := http.Client{Timeout: 3 * time.Second}
+	resp, err := client.Get("http://" + net.JoinHostPort("127.0.0.1", port) + "/healthz")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "api: healthcheck:", err)
+		return 1
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		fmt.Fprintln(os.Stderr, "api: healthcheck: status", resp.StatusCode)
+		return 1
+	}
+	return 0
+}

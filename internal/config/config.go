@@ -1,0 +1,184 @@
+// Package config loads Tollgate's settings from the environment, in one place,
+// with a default for every variable and an error that names the variable at
+// fault.
+package config
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/redisdb"
+)
+
+// Config holds the settings of both binaries; each reads what it needs.
+type Config struct {
+	RedisURL          string                  // REDIS_URL
+	Redis             *redis.UniversalOptions // parsed from RedisURL
+	RedisPrefix       string                  // TOLLGATE_REDIS_PREFIX
+	DatabaseURL       string                  // DATABASE_URL
+	Addr              string                  // TOLLGATE_ADDR
+	AdminToken        string                  // TOLLGATE_ADMIN_TOKEN
+	ServiceToken      string                  // TOLLGATE_SERVICE_TOKEN
+	ReconcileInterval time.Duration           // TOLLGATE_RECONCILE_INTERVAL
+	RoutesFile        string                  // TOLLGATE_ROUTES
+	LogLevel          slog.Level              // TOLLGATE_LOG_LEVEL
+	LogFormat         string                  // TOLLGATE_LOG_FORMAT
+	ShutdownTimeout   time.Duration           // TOLLGATE_SHUTDOWN_TIMEOUT
+	BodyLimit         int                     // TOLLGATE_BODY_LIMIT
+	InvoiceGrace      time.Duration           // TOLLGATE_INVOICE_GRACE
+}
+
+// Var documents one environment variable.
+type Var struct {
+	Name, Default, Meaning string
+}
+
+// Vars lists every variable Load reads, with its default; the README's table
+// is this list.
+var Vars = []Var{
+	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis; several comma-separated addresses mean a Redis Cluster"},
+	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tollgate?sslmode=disable", "Postgres"},
+	{"TOLLGATE_ADDR", "127.0.0.1:8080", "the api's listen address (host:port; port 0 picks a free one)"},
+	{"TOLLGATE_ADMIN_TOKEN", "", "admin bearer token, at least 16 characters; unset: admin routes refuse everything"},
+	{"TOLLGATE_SERVICE_TOKEN", "", "bearer token for POST /v1/check, at least 16 characters; unset: the route refuses everything"},
+	{"TOLLGATE_RECONCILE_INTERVAL", "10s", "worker cycle, Go duration, 100ms to 1h"},
+	{"TOLLGATE_ROUTES", "", "path of the route table file; unset: the built-in demo routes"},
+	{"TOLLGATE_REDIS_PREFIX", "tg", "prefix of every Redis key (letters, digits, - and _)"},
+	{"TOLLGATE_LOG_LEVEL", "info", "debug, info, warn or error"},
+	{"TOLLGATE_LOG_FORMAT", "json", "json or text"},
+	{"TOLLGATE_SHUTDOWN_TIMEOUT", "10s", "how long graceful shutdown waits for in-flight work"},
+	{"TOLLGATE_BODY_LIMIT", "1048576", "largest accepted request body, in bytes"},
+	{"TOLLGATE_INVOICE_GRACE", "48h", "how long after a month ends late usage is still accepted before its invoices are final"},
+}
+
+// Load reads the configuration through getenv and validates it. The error
+// names the first variable at fault.
+func Load(getenv func(string) string) (Config, error) {
+	get := func(name string) string {
+		if v := strings.TrimSpace(getenv(name)); v != "" {
+			return v
+		}
+		for _, v := range Vars {
+			if v.Name == name {
+				return v.Default
+			}
+		}
+		return ""
+	}
+	var c Config
+	var err error
+	c.RedisURL = get("REDIS_URL")
+	if c.Redis, err = redisdb.ParseURL(c.RedisURL); err != nil {
+		return c, fmt.Errorf("config: REDIS_URL: %w", err)
+	}
+	c.RedisPrefix = get("TOLLGATE_REDIS_PREFIX")
+	if !validPrefix(c.RedisPrefix) {
+		return c, fmt.Errorf("config: TOLLGATE_REDIS_PREFIX: %q must be 1 to 32 letters, digits, - or _", c.RedisPrefix)
+	}
+	c.DatabaseURL = get("DATABASE_URL")
+	if err := checkDatabaseURL(c.DatabaseURL); err != nil {
+		return c, fmt.Errorf("config: DATABASE_URL: %w", err)
+	}
+	c.Addr = get("TOLLGATE_ADDR")
+	if _, port, err := net.SplitHostPort(c.Addr); err != nil {
+		return c, fmt.Errorf("config: TOLLGATE_ADDR: %q is not host:port: %w", c.Addr, err)
+	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return c, fmt.Errorf("config: TOLLGATE_ADDR: %q has no valid port", c.Addr)
+	}
+	c.AdminToken = get("TOLLGATE_ADMIN_TOKEN")
+	if c.AdminToken != "" && len(c.AdminToken) < 16 {
+		return c, fmt.Errorf("config: TOLLGATE_ADMIN_TOKEN: must be at least 16 characters")
+	}
+	c.ServiceToken = get("TOLLGATE_SERVICE_TOKEN")
+	if c.ServiceToken != "" && len(c.ServiceToken) < 16 {
+		return c, fmt.Errorf("config: TOLLGATE_SERVICE_TOKEN: must be at least 16 characters")
+	}
+	if c.ReconcileInterval, err = duration(get, "TOLLGATE_RECONCILE_INTERVAL", 100*time.Millisecond, time.Hour); err != nil {
+		return c, err
+	}
+	c.RoutesFile = getenv("TOLLGATE_ROUTES")
+	if err := c.LogLevel.UnmarshalText([]byte(get("TOLLGATE_LOG_LEVEL"))); err != nil {
+		return c, fmt.Errorf("config: TOLLGATE_LOG_LEVEL: %q is not debug, info, warn or error", get("TOLLGATE_LOG_LEVEL"))
+	}
+	c.LogFormat = get("TOLLGATE_LOG_FORMAT")
+	if c.LogFormat != "json" && c.LogFormat != "text" {
+		return c, fmt.Errorf("config: TOLLGATE_LOG_FORMAT: %q is not json or text", c.LogFormat)
+	}
+	if c.ShutdownTimeout, err = duration(get, "TOLLGATE_SHUTDOWN_TIMEOUT", 0, 10*time.Minute); err != nil {
+		return c, err
+	}
+	if c.BodyLimit, err = strconv.Atoi(get("TOLLGATE_BODY_LIMIT")); err != nil || c.BodyLimit < 1024 || c.BodyLimit > 64<<20 {
+		return c, fmt.Errorf("config: TOLLGATE_BODY_LIMIT: %q must be a number of bytes between 1024 and %d", get("TOLLGATE_BODY_LIMIT"), 64<<20)
+	}
+	if c.InvoiceGrace, err = duration(get, "TOLLGATE_INVOICE_GRACE", 0, 31*24*time.Hour); err != nil {
+		return c, err
+	}
+	return c, nil
+}
+
+func duration(get func(string) string, name string, min, max time.Duration) (time.Duration, error) {
+	d, err := time.ParseDuration(get(name))
+	if err != nil {
+		return 0, fmt.Errorf("config: %s: %q is not a Go duration such as 10s", name, get(name))
+	}
+	if d < min || d > max {
+		return 0, fmt.Errorf("config: %s: %s must be between %s and %s", name, d, min, max)
+	}
+	return d, nil
+}
+
+func checkDatabaseURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("not a URL: %w", err)
+	}
+	if u.Scheme != "postgres" && u.Scheme != "postgresql" {
+		return fmt.Errorf("%q must start with postgres:// or postgresql://", redactURL(raw))
+	}
+	if u.Host == "" && u.Query().Get("host") == "" {
+		return fmt.Errorf("%q names no host", redactURL(raw))
+	}
+	if strings.Trim(u.Path, "/") == "" {
+		return fmt.Errorf("%q names no database", redactURL(raw))
+	}
+	return nil
+}
+
+// redactURL hides a password in a URL before it is printed.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return u.Redacted()
+}
+
+func validPrefix(s string) bool {
+	if len(s) == 0 || len(s) > 32 {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// NewLogger builds the process's slog logger, writing to w in the configured
+// format and level.
+func (c Config) NewLogger(w io.Writer) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: c.LogLevel}
+	if c.LogFormat == "text" {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
+}

@@ -1,0 +1,95 @@
+package config
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) string {
+	return func(k string) string { return m[k] }
+}
+
+func TestLoadDefaults(t *testing.T) {
+	c, err := Load(env(nil))
+	if err != nil {
+		t.Fatalf("Load(empty) = %v, want defaults", err)
+	}
+	for _, tc := range []struct {
+		name      string
+		got, want any
+	}{
+		{"Addr", c.Addr, "127.0.0.1:8080"},
+		{"ReconcileInterval", c.ReconcileInterval, 10 * time.Second},
+		{"RedisAddrs", c.Redis.Addrs[0], "127.0.0.1:6379"},
+		{"Cluster", c.Redis.IsClusterMode, false},
+		{"LogFormat", c.LogFormat, "json"},
+		{"AdminToken", c.AdminToken, ""},
+		{"RedisPrefix", c.RedisPrefix, "tg"},
+	} {
+		if tc.got != tc.want {
+			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+}
+
+func TestLoadCluster(t *testing.T) {
+	c, err := Load(env(map[string]string{"REDIS_URL": "redis://127.0.0.1:7000, 127.0.0.1:7001,127.0.0.1:7002"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !c.Redis.IsClusterMode || len(c.Redis.Addrs) != 3 || c.Redis.Addrs[1] != "127.0.0.1:7001" {
+		t.Fatalf("got cluster=%t addrs=%v, want cluster of 3", c.Redis.IsClusterMode, c.Redis.Addrs)
+	}
+}
+
+// TestLoadNamesTheBadVariable checks that every invalid value is refused with
+// an error naming its variable.
+func TestLoadNamesTheBadVariable(t *testing.T) {
+	for _, tc := range []struct{ name, value string }{
+		{"DATABASE_URL", "nonsense"},
+		{"DATABASE_URL", "mysql://localhost/db"},
+		{"DATABASE_URL", "postgres://localhost"},
+		{"REDIS_URL", "http://[::1"},
+		{"REDIS_URL", "redis://a:1,,redis://b:2"},
+		{"REDIS_URL", "redis://a:1/3,redis://b:2"},
+		{"TOLLGATE_ADDR", "nonsense"},
+		{"TOLLGATE_ADDR", "127.0.0.1:99999"},
+		{"TOLLGATE_ADMIN_TOKEN", "short"},
+		{"TOLLGATE_SERVICE_TOKEN", "short"},
+		{"TOLLGATE_RECONCILE_INTERVAL", "often"},
+		{"TOLLGATE_RECONCILE_INTERVAL", "1ms"},
+		{"TOLLGATE_RECONCILE_INTERVAL", "-5s"},
+		{"TOLLGATE_LOG_LEVEL", "loud"},
+		{"TOLLGATE_LOG_FORMAT", "xml"},
+		{"TOLLGATE_REDIS_PREFIX", "has space"},
+		{"TOLLGATE_BODY_LIMIT", "-1"},
+		{"TOLLGATE_BODY_LIMIT", "lots"},
+		{"TOLLGATE_SHUTDOWN_TIMEOUT", "forever"},
+		{"TOLLGATE_INVOICE_GRACE", "1y"},
+	} {
+		_, err := Load(env(map[string]string{tc.name: tc.value}))
+		if err == nil {
+			t.Errorf("%s=%q: got no error, want one naming %s", tc.name, tc.value, tc.name)
+			continue
+		}
+		if !strings.Contains(err.Error(), tc.name) {
+			t.Errorf("%s=%q: got %q, want it to name %s", tc.name, tc.value, err, tc.name)
+		}
+	}
+}
+
+func TestLoadRedactsPassword(t *testing.T) {
+	_, err := Load(env(map[string]string{"DATABASE_URL": "postgres://u:hunter2@db"}))
+	if err == nil || strings.Contains(err.Error(), "hunter2") {
+		t.Fatalf("got %v, want an error without the password", err)
+	}
+}
+
+func TestVarsHaveMeanings(t *testing.T) {
+	for _, v := range Vars {
+		if v.Meaning == "" {
+			t.Errorf("%s has no meaning", v.Name)
+		}
+	}
+}

@@ -1,0 +1,90 @@
+package postgres_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+func TestMigrateUpDownUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.NewDatabase(t)
+	for i, step := range []func(string) error{postgres.MigrateUp, postgres.MigrateDown, postgres.MigrateUp, postgres.MigrateUp} {
+		if err := step(url); err != nil {
+			t.Fatalf("step %d: %v", i, err)
+		}
+	}
+	db, err := postgres.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+		t.Fatalf("SchemaCurrent after up/down/up: %v", err)
+	}
+	var tiers []string
+	rows, err := db.Query(ctx, `SELECT slug FROM tiers ORDER BY rank`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var s string
+		if err := rows.Scan(&s); err != nil {
+			t.Fatal(err)
+		}
+		tiers = append(tiers, s)
+	}
+	if got, want := len(tiers), 3; got != want || tiers[0] != "free" || tiers[1] != "pro" || tiers[2] != "enterprise" {
+		t.Fatalf("tiers = %v, want [free pro enterprise]", tiers)
+	}
+
+	if err := postgres.MigrateDown(url); err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM information_schema.tables WHERE table_schema = 'public' AND table_name <> 'schema_migrations'`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 0 {
+		t.Fatalf("after down to zero: %d tables left, want 0", n)
+	}
+	if err := postgres.SchemaCurrent(ctx, db); err == nil {
+		t.Fatal("SchemaCurrent after down: no error, want one")
+	}
+}
+
+// TestConstraints checks that the schema itself refuses inconsistent data.
+func TestConstraints(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	store := postgres.NewStore(db)
+	tenant, err := store.CreateTenant(ctx, "test", "acme", "free")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ name, sql string }{
+		{"negative quota", `INSERT INTO tiers (slug, name, rank, price_cents, daily_quota) VALUES ('neg', 'Neg', 99, 0, -1)`},
+		{"negative price", `INSERT INTO tiers (slug, name, rank, price_cents) VALUES ('neg', 'Neg', 99, -5)`},
+		{"duplicate rank", `INSERT INTO tiers (slug, name, rank, price_cents) VALUES ('dup', 'Dup', 0, 0)`},
+		{"bad slug", `INSERT INTO tiers (slug, name, rank, price_cents) VALUES ('Bad Slug', 'B', 98, 0)`},
+		{"burst without rate", `INSERT INTO tiers (slug, name, rank, price_cents, burst) VALUES ('half', 'H', 97, 0, 5)`},
+		{"bill without price", `INSERT INTO tiers (slug, name, rank, price_cents, overage) VALUES ('b', 'B', 96, 0, 'bill')`},
+		{"unknown tier", `INSERT INTO tenants (name, tier, webhook_secret) VALUES ('x', 'nope', '\x000102030405060708090a0b0c0d0e0f1011121314151617')`},
+		{"unknown status", `UPDATE tenants SET status = 'gone' WHERE id = '` + tenant.ID + `'`},
+		{"negative usage", `INSERT INTO usage (tenant_id, hour, meter, units) VALUES ('` + tenant.ID + `', '2026-01-01T00:00:00Z', 'demo', -1)`},
+		{"usage off the hour", `INSERT INTO usage (tenant_id, hour, meter, units) VALUES ('` + tenant.ID + `', '2026-01-01T00:30:00Z', 'demo', 1)`},
+		{"overage above units", `INSERT INTO usage (tenant_id, hour, meter, units, overage_units) VALUES ('` + tenant.ID + `', '2026-01-01T00:00:00Z', 'demo', 1, 2)`},
+		{"invoice mid-month", `INSERT INTO invoices (tenant_id, period) VALUES ('` + tenant.ID + `', '2026-01-15')`},
+		{"final invoice without time", `INSERT INTO invoices (tenant_id, period, status) VALUES ('` + tenant.ID + `', '2026-01-01', 'final')`},
+		{"alert at 50 %", `INSERT INTO alerts (tenant_id, period, threshold, units, quota) VALUES ('` + tenant.ID + `', '2026-01-01', 50, 1, 2)`},
+		{"delete a used tier", `DELETE FROM tiers WHERE slug = 'free'`},
+	} {
+		if _, err := db.Exec(ctx, tc.sql); err == nil {
+			t.Errorf("%s: accepted, want a constraint violation", tc.name)
+		}
+	}
+}

@@ -1,0 +1,113 @@
+package postgres
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tollgate/tollgate/internal/apikey"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// Store reads and writes tiers, tenants and API keys. Public methods open the
+// transaction; unexported helpers take a pgx.Tx.
+type Store struct {
+	db *pgxpool.Pool
+}
+
+// NewStore returns a Store on db.
+func NewStore(db *pgxpool.Pool) *Store { return &Store{db: db} }
+
+// CreateTenant creates a tenant on an existing tier, recording its tier
+// history and an audit entry by actor.
+func (s *Store) CreateTenant(ctx context.Context, actor, name, tier string) (quota.Tenant, error) {
+	if name == "" || len(name) > quota.MaxNameLen {
+		return quota.Tenant{}, quota.FieldError("name", "must be 1 to %d characters", quota.MaxNameLen)
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return quota.Tenant{}, fmt.Errorf("postgres: webhook secret: %w", err)
+	}
+	var t quota.Tenant
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `
+			INSERT INTO tenants (name, tier, webhook_secret) VALUES ($1, $2, $3)
+			RETURNING id, name, tier, status, webhook_url, created_at, updated_at`,
+			name, tier, secret).
+			Scan(&t.ID, &t.Name, &t.Tier, &t.Status, &t.WebhookURL, &t.CreatedAt, &t.UpdatedAt)
+		if isForeignKeyViolation(err) {
+			return quota.FieldError("tier", "no tier %q", tier)
+		}
+		if err != nil {
+			return fmt.Errorf("postgres: insert tenant: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO tenant_tier_history (tenant_id, tier, valid_from) VALUES ($1, $2, $3)`,
+			t.ID, t.Tier, t.CreatedAt); err != nil {
+			return fmt.Errorf("postgres: insert tier history: %w", err)
+		}
+		return audit(ctx, tx, actor, "create", "tenant", t.ID, nil, t)
+	})
+	return t, err
+}
+
+// IssueKey makes a new API key for tenantID and returns it with its secret,
+// which is not stored and cannot be shown again.
+func (s *Store) IssueKey(ctx context.Context, actor, tenantID, name string) (quota.IssuedKey, error) {
+	if len(name) > quota.MaxNameLen {
+		return quota.IssuedKey{}, quota.FieldError("name", "must be at most %d characters", quota.MaxNameLen)
+	}
+	k, err := apikey.New()
+	if err != nil {
+		return quota.IssuedKey{}, fmt.Errorf("postgres: new key: %w", err)
+	}
+	out := quota.IssuedKey{Secret: k.Secret}
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `
+			INSERT INTO api_keys (tenant_id, prefix, secret_sha256, name) VALUES ($1, $2, $3, $4)
+			RETURNING id, tenant_id, prefix, name, created_at`,
+			tenantID, k.Prefix, k.Hash[:], name).
+			Scan(&out.ID, &out.TenantID, &out.Prefix, &out.Name, &out.CreatedAt)
+		if isForeignKeyViolation(err) {
+			return quota.Errorf(quota.CodeNotFound, "no tenant %q", tenantID)
+		}
+		if err != nil {
+			return fmt.Errorf("postgres: insert key: %w", err)
+		}
+		return audit(ctx, tx, actor, "create", "api_key", out.ID, nil, out.APIKey)
+	})
+	return out, err
+}
+
+// audit records one admin change in the change's own transaction.
+func audit(ctx context.Context, tx pgx.Tx, actor, action, entity, id string, before, after any) error {
+	enc := func(v any) ([]byte, error) {
+		if v == nil {
+			return nil, nil
+		}
+		return json.Marshal(v)
+	}
+	b, err := enc(before)
+	if err != nil {
+		return fmt.Errorf("postgres: audit: %w", err)
+	}
+	a, err := enc(after)
+	if err != nil {
+		return fmt.Errorf("postgres: audit: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `INSERT INTO audit_log (actor, action, entity, entity_id, before, after) VALUES ($1, $2, $3, $4, $5, $6)`,
+		actor, action, entity, id, b, a); err != nil {
+		return fmt.Errorf("postgres: audit: %w", err)
+	}
+	return nil
+}
+
+func isForeignKeyViolation(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && pe.Code == "23503"
+}

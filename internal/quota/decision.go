@@ -1,0 +1,115 @@
+package quota
+
+import (
+	"context"
+	"time"
+)
+
+// LimitName names one of the four limits of a tier. The names are part of the
+// HTTP contract (RateLimit headers, violated-policies, /v1/usage).
+type LimitName string
+
+const (
+	LimitBurst   LimitName = "burst"   // GCRA on requests
+	LimitBucket  LimitName = "bucket"  // token bucket on cost units
+	LimitDaily   LimitName = "daily"   // units per UTC day
+	LimitMonthly LimitName = "monthly" // units per UTC month
+)
+
+// AllLimits lists the limits in their fixed order: the order of the headers
+// and of Decision.Limits.
+var AllLimits = []LimitName{LimitBurst, LimitBucket, LimitDaily, LimitMonthly}
+
+// Request asks to admit one call of a tenant.
+type Request struct {
+	TenantID string
+	Meter    string // the route's meter, for the usage ledger
+	Cost     int64  // cost units, at least 1
+	Limits   Limits // the tenant's effective limits
+	Overage  Overage
+	DryRun   bool // decide without consuming or counting anything
+	// IdempotencyKey, when set, makes a repeat within 24 hours return the first
+	// decision without being counted again.
+	IdempotencyKey string
+	// Now, when non-zero, replaces Redis server time. Tests only.
+	Now time.Time
+}
+
+// LimitState is one active limit as seen by a decision.
+type LimitState struct {
+	Name      LimitName
+	Limit     int64         // burst, capacity or quota (including grants)
+	Remaining int64         // what is left after this decision
+	Reset     time.Time     // when the limit is back to full (burst, bucket) or the period ends (quotas)
+	Window    time.Duration // the policy window of the RateLimit-Policy header
+}
+
+// Decision is the answer to a Request. Going over a limit is a Decision with
+// Allowed false, not an error.
+type Decision struct {
+	Allowed bool
+	// Limits holds one entry per active (non-unlimited) limit, in AllLimits order.
+	Limits []LimitState
+	// Violated names the limits that refused, when !Allowed.
+	Violated []LimitName
+	// RetryAfter is, when !Allowed, the earliest wait after which the same
+	// request would pass if nothing else consumed the room meanwhile; negative
+	// when it never can (the cost exceeds a limit's whole size).
+	RetryAfter time.Duration
+	// OverageUnits are the admitted units past the monthly quota (bill tiers).
+	OverageUnits int64
+	// Replayed is true when the decision is the stored answer to an earlier
+	// request with the same idempotency key.
+	Replayed bool
+	// Now is the time the decision was taken at (Redis server time).
+	Now time.Time
+}
+
+// Limit returns the state of the named limit and whether it is active.
+func (d Decision) Limit(name LimitName) (LimitState, bool) {
+	for _, l := range d.Limits {
+		if l.Name == name {
+			return l, true
+		}
+	}
+	return LimitState{}, false
+}
+
+// Admitter decides on requests. Implementations must be safe for concurrent
+// use; an error means the backing store failed, never that a limit was hit.
+type Admitter interface {
+	Admit(ctx context.Context, req Request) (Decision, error)
+}
+
+// Upgrade is the hint offered with a refusal when a higher tier exists.
+type Upgrade struct {
+	Tier         string `json:"tier"`
+	Name         string `json:"name"`
+	PriceCents   int64  `json:"price_cents"`
+	DailyQuota   *int64 `json:"daily_quota"`
+	MonthlyQuota *int64 `json:"monthly_quota"`
+	URL          string `json:"url"`
+}
+
+// UpgradeFor returns the hint for the next tier above current: the tier of
+// lowest rank among those ranked higher, or nil when current is the top.
+func UpgradeFor(current Tier, tiers []Tier) *Upgrade {
+	var next *Tier
+	for i := range tiers {
+		t := &tiers[i]
+		if t.Rank > current.Rank && (next == nil || t.Rank < next.Rank) {
+			next = t
+		}
+	}
+	if next == nil {
+		return nil
+	}
+	return &Upgrade{
+		Tier:         next.Slug,
+		Name:         next.Name,
+		PriceCents:   next.PriceCents,
+		DailyQuota:   next.DailyQuota,
+		MonthlyQuota: next.MonthlyQuota,
+		URL:          next.UpgradeURL,
+	}
+}

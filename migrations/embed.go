@@ -1,0 +1,10 @@
+// Package migrations holds Tollgate's Postgres schema as golang-migrate SQL
+// files, embedded so that the binaries apply them at start.
+package migrations
+
+import "embed"
+
+// FS holds the NNNNNN_name.up.sql and .down.sql files.
+//
+//go:embed *.sql
+var FS embed.FS
