@@ -1,0 +1,111 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+func mustServer(tb testing.TB, rdb redis.UniversalClient) *Server {
+	tb.Helper()
+	if rdb == nil {
+		rdb = testenv.Redis(tb)
+	}
+	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
+	return New(log, testenv.Postgres(tb), rdb, Options{BodyLimit: 1024})
+}
+
+func mustProblem(tb testing.TB, app *fiber.App, method, path, body string, wantStatus int) map[string]any {
+	tb.Helper()
+	req := httptest.NewRequest(method, path, strings.NewReader(body))
+	resp, err := app.Test(req, 10_000)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != wantStatus {
+		tb.Fatalf("%s %s: status %d, want %d (%s)", method, path, resp.StatusCode, wantStatus, raw)
+	}
+	if ct := resp.Header.Get("Content-Type"); ct != ContentTypeProblem {
+		tb.Fatalf("%s %s: Content-Type %q, want %q", method, path, ct, ContentTypeProblem)
+	}
+	var p map[string]any
+	if err := json.Unmarshal(raw, &p); err != nil {
+		tb.Fatalf("%s %s: body %q is not JSON: %v", method, path, raw, err)
+	}
+	for _, k := range []string{"type", "title", "status", "detail"} {
+		if _, ok := p[k]; !ok {
+			tb.Errorf("%s %s: problem lacks %q: %s", method, path, k, raw)
+		}
+	}
+	return p
+}
+
+func TestPanicBecomesProblem(t *testing.T) {
+	t.Parallel()
+	s := mustServer(t, nil)
+	s.App().Get("/boom", func(*fiber.Ctx) error { panic("secret internals") })
+	p := mustProblem(t, s.App(), "GET", "/boom", "", 500)
+	if p["detail"] != "internal error" {
+		t.Errorf("detail = %q, want %q (no internals leaked)", p["detail"], "internal error")
+	}
+}
+
+// TestOversizedBodyIs413 goes through a real listener: fasthttp refuses the
+// body before any handler runs, and the answer must still be problem+json.
+func TestOversizedBodyIs413(t *testing.T) {
+	t.Parallel()
+	s := mustServer(t, nil)
+	s.App().Post("/echo", func(c *fiber.Ctx) error { return c.Send(c.Body()) })
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = s.App().Listener(ln) }()
+	t.Cleanup(func() { _ = s.App().Shutdown() })
+	resp, err := http.Post("http://"+ln.Addr().String()+"/echo", "text/plain", strings.NewReader(strings.Repeat("x", 4096)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	raw, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 413 || resp.Header.Get("Content-Type") != ContentTypeProblem {
+		t.Fatalf("status %d, Content-Type %q, want 413 %s (%s)", resp.StatusCode, resp.Header.Get("Content-Type"), ContentTypeProblem, raw)
+	}
+}
+
+func TestReadyzIs503WhenRedisIsAway(t *testing.T) {
+	t.Parallel()
+	away := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1})
+	t.Cleanup(func() { away.Close() })
+	s := mustServer(t, away)
+	p := mustProblem(t, s.App(), "GET", "/readyz", "", 503)
+	checks, _ := p["checks"].(map[string]any)
+	if checks["redis"] == "ok" || checks["postgres"] != "ok" {
+		t.Fatalf("checks = %v, want redis failing and postgres ok", checks)
+	}
+}
+
+func TestReadyzIs503WhenSchemaIsBehind(t *testing.T) {
+	t.Parallel()
+	s := mustServer(t, nil)
+	if _, err := s.db.Exec(context.Background(), `UPDATE schema_migrations SET version = 0`); err != nil {
+		t.Fatal(err)
+	}
+	p := mustProblem(t, s.App(), "GET", "/readyz", "", 503)
+	if checks, _ := p["checks"].(map[string]any); checks["schema"] == "ok" {
+		t.Fatalf("checks = %v, want schema failing", checks)
+	}
+}
