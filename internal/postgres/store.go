@@ -38,9 +38,8 @@ func (s *Store) CreateTenant(ctx context.Context, actor, name, tier string) (quo
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `
 			INSERT INTO tenants (name, tier, webhook_secret) VALUES ($1, $2, $3)
-			RETURNING id, name, tier, status, webhook_url, created_at, updated_at`,
-			name, tier, secret).
-			Scan(&t.ID, &t.Name, &t.Tier, &t.Status, &t.WebhookURL, &t.CreatedAt, &t.UpdatedAt)
+			RETURNING `+tenantColumns, name, tier, secret).
+			Scan(tenantDest(&t)...)
 		if isForeignKeyViolation(err) {
 			return quota.FieldError("tier", "no tier %q", tier)
 		}
@@ -110,4 +109,9 @@ func audit(ctx context.Context, tx pgx.Tx, actor, action, entity, id string, bef
 func isForeignKeyViolation(err error) bool {
 	var pe *pgconn.PgError
 	return errors.As(err, &pe) && pe.Code == "23503"
+}
+
+// Exec runs one statement; tests use it to change rows behind the cache.
+func (s *Store) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
+	return s.db.Exec(ctx, sql, args...)
 }

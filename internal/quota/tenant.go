@@ -16,6 +16,7 @@ type Tenant struct {
 	Name       string       `json:"name"`
 	Tier       string       `json:"tier"`
 	Status     TenantStatus `json:"status"`
+	Overrides  Overrides    `json:"overrides"`
 	WebhookURL string       `json:"webhook_url"`
 	CreatedAt  time.Time    `json:"created_at"`
 	UpdatedAt  time.Time    `json:"updated_at"`

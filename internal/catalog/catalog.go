@@ -1,0 +1,452 @@
+// Package catalog is the API node's in-process cache of API keys, tenants and
+// tiers, so that a metered request makes no Postgres query.
+//
+// A miss reads Postgres once (concurrent misses for one key share the read).
+// Admin changes reach every node through Redis pub/sub: Invalidate drops the
+// local entry at once and publishes the change; other nodes drop theirs when
+// the message arrives (well under a second). A periodic refresh re-reads every
+// cached entry in a few batch queries, covering messages lost while a node was
+// disconnected from Redis.
+package catalog
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/apikey"
+	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// source is what the catalog reads on a miss or a refresh; *postgres.Store
+// provides it.
+type source interface {
+	KeyByPrefix(ctx context.Context, prefix string) (postgres.KeyRecord, error)
+	KeysByPrefix(ctx context.Context, prefixes []string) ([]postgres.KeyRecord, error)
+	Tenant(ctx context.Context, id string) (quota.Tenant, error)
+	TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, error)
+	Tiers(ctx context.Context) ([]quota.Tier, error)
+}
+
+// Principal is what a valid API key resolves to: its tenant, the tenant's
+// tier and effective limits, and the upgrade hint for a refusal.
+type Principal struct {
+	KeyID     string
+	KeyPrefix string
+	Tenant    quota.Tenant
+	Tier      quota.Tier
+	Limits    quota.Limits // the tier's limits with the tenant's overrides
+	Upgrade   *quota.Upgrade
+}
+
+// maxNegative bounds the cache of unknown key prefixes, so that a flood of
+// random keys cannot grow memory without bound.
+const maxNegative = 10_000
+
+type keyEntry struct {
+	rec     postgres.KeyRecord
+	missing bool // no such key (negative entry)
+}
+
+// Catalog caches keys, tenants and tiers. It is safe for concurrent use.
+type Catalog struct {
+	src     source
+	rdb     redis.UniversalClient
+	channel string
+	log     *slog.Logger
+	now     func() time.Time
+
+	mu       sync.RWMutex
+	keys     map[string]keyEntry     // by prefix
+	tenants  map[string]quota.Tenant // by id
+	tiers    map[string]quota.Tier   // by slug
+	tierList []quota.Tier
+	negative int
+
+	loads    sync.Map // prefix or "t:"+id -> *call, for shared misses
+	onTenant []func(tenantID string)
+
+	// Hits and Misses count cache lookups (metrics).
+	Hits, Misses func()
+}
+
+type call struct {
+	done chan struct{}
+	err  error
+}
+
+// New returns a Catalog reading src and listening for invalidations on the
+// Redis channel <prefix>:v1:invalidate. Call Run to listen and refresh.
+func New(src source, rdb redis.UniversalClient, prefix string, log *slog.Logger, now func() time.Time) *Catalog {
+	return &Catalog{
+		src: src, rdb: rdb, channel: prefix + ":v1:invalidate", log: log, now: now,
+		keys: map[string]keyEntry{}, tenants: map[string]quota.Tenant{}, tiers: map[string]quota.Tier{},
+		Hits: func() {}, Misses: func() {},
+	}
+}
+
+// OnTenantChange registers f to run when a tenant's entry is invalidated
+// (the deny cache clears the tenant's entry).
+func (c *Catalog) OnTenantChange(f func(tenantID string)) {
+	c.mu.Lock()
+	c.onTenant = append(c.onTenant, f)
+	c.mu.Unlock()
+}
+
+// Resolve authenticates secret and returns its principal. A malformed,
+// unknown, revoked or expired key is a CodeUnauthorized error; a suspended
+// tenant is CodeForbidden. Only a cache miss reads Postgres.
+func (c *Catalog) Resolve(ctx context.Context, secret string) (Principal, error) {
+	prefix, hash, ok := apikey.Parse(secret)
+	if !ok {
+		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "malformed API key")
+	}
+	e, err := c.key(ctx, prefix)
+	if err != nil {
+		return Principal{}, err
+	}
+	// Compare even for a negative entry, so that timing does not tell
+	// unknown prefixes from wrong secrets.
+	if e.missing || !apikey.Equal(e.rec.Hash, hash[:]) {
+		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "unknown API key")
+	}
+	k := e.rec.Key
+	now := c.now()
+	if k.RevokedAt != nil && !k.RevokedAt.After(now) {
+		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "API key revoked")
+	}
+	if k.ExpiresAt != nil && !k.ExpiresAt.After(now) {
+		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "API key expired")
+	}
+	p, err := c.Principal(ctx, k.TenantID)
+	if err != nil {
+		if quota.ErrorCode(err) == quota.CodeNotFound {
+			return Principal{}, quota.Errorf(quota.CodeUnauthorized, "unknown API key")
+		}
+		return Principal{}, err
+	}
+	p.KeyID, p.KeyPrefix = k.ID, k.Prefix
+	if p.Tenant.Status == quota.StatusSuspended {
+		return p, quota.Errorf(quota.CodeForbidden, "tenant suspended")
+	}
+	return p, nil
+}
+
+// Principal returns the tenant with id, its tier, limits and upgrade hint
+// (without key fields), from the cache.
+func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, error) {
+	t, err := c.tenant(ctx, tenantID)
+	if err != nil {
+		return Principal{}, err
+	}
+	if err := c.ensureTiers(ctx); err != nil {
+		return Principal{}, err
+	}
+	c.mu.RLock()
+	tier, ok := c.tiers[t.Tier]
+	list := c.tierList
+	c.mu.RUnlock()
+	if !ok {
+		return Principal{}, fmt.Errorf("catalog: tenant %s is on unknown tier %q", t.ID, t.Tier)
+	}
+	return Principal{Tenant: t, Tier: tier, Limits: t.Overrides.Apply(tier.Limits), Upgrade: quota.UpgradeFor(tier, list)}, nil
+}
+
+// Tiers returns the cached tiers by rank.
+func (c *Catalog) Tiers(ctx context.Context) ([]quota.Tier, error) {
+	if err := c.ensureTiers(ctx); err != nil {
+		return nil, err
+	}
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return c.tierList, nil
+}
+
+func (c *Catalog) key(ctx context.Context, prefix string) (keyEntry, error) {
+	for {
+		c.mu.RLock()
+		e, ok := c.keys[prefix]
+		c.mu.RUnlock()
+		if ok {
+			c.Hits()
+			return e, nil
+		}
+		c.Misses()
+		if err := c.shared(ctx, prefix, func(ctx context.Context) error {
+			rec, err := c.src.KeyByPrefix(ctx, prefix)
+			if err != nil && quota.ErrorCode(err) != quota.CodeNotFound {
+				return err
+			}
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			if err != nil {
+				if c.negative >= maxNegative {
+					c.dropNegativeLocked()
+				}
+				c.keys[prefix] = keyEntry{missing: true}
+				c.negative++
+				return nil
+			}
+			c.keys[prefix] = keyEntry{rec: rec}
+			return nil
+		}); err != nil {
+			return keyEntry{}, err
+		}
+	}
+}
+
+func (c *Catalog) tenant(ctx context.Context, id string) (quota.Tenant, error) {
+	for {
+		c.mu.RLock()
+		t, ok := c.tenants[id]
+		c.mu.RUnlock()
+		if ok {
+			return t, nil
+		}
+		var missing error
+		if err := c.shared(ctx, "t:"+id, func(ctx context.Context) error {
+			t, err := c.src.Tenant(ctx, id)
+			if err != nil {
+				if quota.ErrorCode(err) == quota.CodeNotFound {
+					missing = err
+					return nil
+				}
+				return err
+			}
+			c.mu.Lock()
+			c.tenants[id] = t
+			c.mu.Unlock()
+			return nil
+		}); err != nil {
+			return quota.Tenant{}, err
+		}
+		if missing != nil {
+			return quota.Tenant{}, missing
+		}
+	}
+}
+
+// shared runs load once for concurrent callers with the same name.
+func (c *Catalog) shared(ctx context.Context, name string, load func(context.Context) error) error {
+	cl := &call{done: make(chan struct{})}
+	if v, loaded := c.loads.LoadOrStore(name, cl); loaded {
+		other := v.(*call)
+		select {
+		case <-other.done:
+			return other.err
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	// The load is not bound to one caller's cancellation.
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	cl.err = load(lctx)
+	c.loads.Delete(name)
+	close(cl.done)
+	return cl.err
+}
+
+func (c *Catalog) dropNegativeLocked() {
+	for p, e := range c.keys {
+		if e.missing {
+			delete(c.keys, p)
+		}
+	}
+	c.negative = 0
+}
+
+func (c *Catalog) ensureTiers(ctx context.Context) error {
+	c.mu.RLock()
+	loaded := c.tierList != nil
+	c.mu.RUnlock()
+	if loaded {
+		return nil
+	}
+	return c.shared(ctx, "tiers", c.loadTiers)
+}
+
+func (c *Catalog) loadTiers(ctx context.Context) error {
+	list, err := c.src.Tiers(ctx)
+	if err != nil {
+		return err
+	}
+	m := make(map[string]quota.Tier, len(list))
+	for _, t := range list {
+		m[t.Slug] = t
+	}
+	if list == nil {
+		list = []quota.Tier{}
+	}
+	c.mu.Lock()
+	c.tiers, c.tierList = m, list
+	c.mu.Unlock()
+	return nil
+}
+
+// Kinds of invalidation messages.
+const (
+	KindKey    = "key"    // id: key prefix
+	KindTenant = "tenant" // id: tenant id
+	KindTier   = "tier"   // id: tier slug
+)
+
+// Invalidate drops the entry on this node at once and publishes the change
+// to every node.
+func (c *Catalog) Invalidate(ctx context.Context, kind, id string) error {
+	c.apply(kind + ":" + id)
+	if err := c.rdb.Publish(ctx, c.channel, kind+":"+id).Err(); err != nil {
+		return fmt.Errorf("catalog: publish invalidation: %w", err)
+	}
+	return nil
+}
+
+func (c *Catalog) apply(msg string) {
+	kind, id, _ := strings.Cut(msg, ":")
+	var notify []func(string)
+	c.mu.Lock()
+	switch kind {
+	case KindKey:
+		if e, ok := c.keys[id]; ok && e.missing {
+			c.negative--
+		}
+		delete(c.keys, id)
+	case KindTenant:
+		delete(c.tenants, id)
+		notify = c.onTenant
+	case KindTier:
+		c.tierList, c.tiers = nil, map[string]quota.Tier{}
+	default:
+		c.keys, c.tenants, c.tierList, c.negative = map[string]keyEntry{}, map[string]quota.Tenant{}, nil, 0
+	}
+	c.mu.Unlock()
+	for _, f := range notify {
+		f(id)
+	}
+}
+
+// Run listens for invalidations and refreshes every cached entry each
+// refresh interval, until ctx ends. ready, when not nil, is closed once the
+// subscription is active.
+func (c *Catalog) Run(ctx context.Context, refresh time.Duration, ready chan<- struct{}) {
+	sub := c.rdb.Subscribe(ctx, c.channel)
+	// Receive blocks on the socket whatever its context says; closing the
+	// subscription is what ends it.
+	stop := context.AfterFunc(ctx, func() { _ = sub.Close() })
+	defer stop()
+	defer sub.Close()
+	go func() {
+		t := time.NewTicker(refresh)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				rctx, cancel := context.WithTimeout(ctx, refresh)
+				if err := c.Refresh(rctx); err != nil && ctx.Err() == nil {
+					c.log.Warn("catalog refresh failed", "err", err)
+				}
+				cancel()
+			}
+		}
+	}()
+	for {
+		msg, err := sub.Receive(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			// The connection dropped; messages may have been lost meanwhile.
+			// go-redis resubscribes on the next Receive; refresh to catch up.
+			c.log.Warn("catalog subscription lost", "err", err)
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			_ = c.Refresh(rctx)
+			cancel()
+			continue
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" && ready != nil {
+				close(ready)
+				ready = nil
+			}
+		case *redis.Message:
+			c.apply(m.Payload)
+		}
+	}
+}
+
+// Refresh re-reads every cached tier, tenant and key from the source.
+func (c *Catalog) Refresh(ctx context.Context) error {
+	c.mu.RLock()
+	prefixes := make([]string, 0, len(c.keys))
+	for p, e := range c.keys {
+		if !e.missing {
+			prefixes = append(prefixes, p)
+		}
+	}
+	ids := make([]string, 0, len(c.tenants))
+	for id := range c.tenants {
+		ids = append(ids, id)
+	}
+	c.mu.RUnlock()
+
+	tiersErr := c.loadTiers(ctx)
+	keys, kerr := c.src.KeysByPrefix(ctx, prefixes)
+	tenants, terr := c.src.TenantsByID(ctx, ids)
+	if err := errors.Join(tiersErr, kerr, terr); err != nil {
+		return err
+	}
+	freshKeys := make(map[string]postgres.KeyRecord, len(keys))
+	for _, k := range keys {
+		freshKeys[k.Key.Prefix] = k
+	}
+	freshTenants := make(map[string]quota.Tenant, len(tenants))
+	for _, t := range tenants {
+		freshTenants[t.ID] = t
+	}
+	var changed []string
+	c.mu.Lock()
+	// Unknown prefixes are forgotten too: a key created while this node
+	// missed its invalidation message becomes usable within one refresh.
+	c.dropNegativeLocked()
+	for _, p := range prefixes {
+		if k, ok := freshKeys[p]; ok {
+			c.keys[p] = keyEntry{rec: k}
+		} else {
+			delete(c.keys, p)
+		}
+	}
+	for _, id := range ids {
+		if t, ok := freshTenants[id]; ok {
+			if old, had := c.tenants[id]; had && !old.UpdatedAt.Equal(t.UpdatedAt) {
+				changed = append(changed, id)
+			}
+			c.tenants[id] = t
+		} else {
+			delete(c.tenants, id)
+			changed = append(changed, id)
+		}
+	}
+	notify := c.onTenant
+	c.mu.Unlock()
+	for _, id := range changed {
+		for _, f := range notify {
+			f(id)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,220 @@
+package catalog
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// countingSource wraps the real store and counts the reads, to prove that a
+// cached lookup makes no Postgres query.
+type countingSource struct {
+	*postgres.Store
+	reads atomic.Int64
+}
+
+func (s *countingSource) KeyByPrefix(ctx context.Context, p string) (postgres.KeyRecord, error) {
+	s.reads.Add(1)
+	return s.Store.KeyByPrefix(ctx, p)
+}
+
+func (s *countingSource) Tenant(ctx context.Context, id string) (quota.Tenant, error) {
+	s.reads.Add(1)
+	return s.Store.Tenant(ctx, id)
+}
+
+func (s *countingSource) Tiers(ctx context.Context) ([]quota.Tier, error) {
+	s.reads.Add(1)
+	return s.Store.Tiers(ctx)
+}
+
+
+// mustNodes starts n catalogs sharing one database and one Redis, as n API
+// nodes would, each listening for invalidations.
+func mustNodes(tb testing.TB, n int) (*postgres.Store, []*Catalog, []*countingSource) {
+	tb.Helper()
+	pool := testenv.Postgres(tb)
+	rdb := testenv.Redis(tb)
+	prefix := testenv.Prefix(tb, rdb)
+	store := postgres.NewStore(pool)
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	tb.Cleanup(func() { cancel(); wg.Wait() })
+	var nodes []*Catalog
+	var srcs []*countingSource
+	for range n {
+		src := &countingSource{Store: store}
+		c := New(src, rdb, prefix, log, time.Now)
+		ready := make(chan struct{})
+		wg.Add(1)
+		go func() { defer wg.Done(); c.Run(ctx, time.Hour, ready) }()
+		select {
+		case <-ready:
+		case <-time.After(5 * time.Second):
+			tb.Fatal("catalog did not subscribe within 5s")
+		}
+		nodes = append(nodes, c)
+		srcs = append(srcs, src)
+	}
+	return store, nodes, srcs
+}
+
+func mustTenantKey(tb testing.TB, store *postgres.Store, tier string) (quota.Tenant, quota.IssuedKey) {
+	tb.Helper()
+	ctx := context.Background()
+	t, err := store.CreateTenant(ctx, "test", "acme", tier)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	k, err := store.IssueKey(ctx, "test", t.ID, "k")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return t, k
+}
+
+func TestResolveCachesAndMakesNoQueryOnHit(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, nodes, srcs := mustNodes(t, 1)
+	tenant, key := mustTenantKey(t, store, "free")
+	p, err := nodes[0].Resolve(ctx, key.Secret)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Tenant.ID != tenant.ID || p.Tier.Slug != "free" || p.KeyPrefix != key.Prefix {
+		t.Fatalf("got tenant %s tier %s prefix %s, want %s free %s", p.Tenant.ID, p.Tier.Slug, p.KeyPrefix, tenant.ID, key.Prefix)
+	}
+	if p.Upgrade == nil || p.Upgrade.Tier != "pro" {
+		t.Fatalf("upgrade = %+v, want the pro tier", p.Upgrade)
+	}
+	if p.Limits.DailyQuota == nil || *p.Limits.DailyQuota != *p.Tier.DailyQuota {
+		t.Fatalf("limits = %+v, want the tier's", p.Limits)
+	}
+	before := srcs[0].reads.Load()
+	for range 100 {
+		if _, err := nodes[0].Resolve(ctx, key.Secret); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := srcs[0].reads.Load() - before; got != 0 {
+		t.Fatalf("100 cached resolves made %d Postgres reads, want 0", got)
+	}
+}
+
+func TestResolveRefuses(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, nodes, _ := mustNodes(t, 1)
+	_, valid := mustTenantKey(t, store, "free")
+	other, _ := mustTenantKey(t, store, "free")
+	wrongSecret := valid.Secret[:len(valid.Secret)-1] + "X"
+	if wrongSecret == valid.Secret {
+		wrongSecret = valid.Secret[:len(valid.Secret)-1] + "Y"
+	}
+	for _, tc := range []struct{ name, key, code string }{
+		{"malformed", "hello", quota.CodeUnauthorized},
+		{"unknown prefix", "tg_aaaaaaaa_" + valid.Secret[12:], quota.CodeUnauthorized},
+		{"wrong secret", wrongSecret, quota.CodeUnauthorized},
+	} {
+		_, err := nodes[0].Resolve(ctx, tc.key)
+		if got := quota.ErrorCode(err); got != tc.code {
+			t.Errorf("%s: code %q (%v), want %q", tc.name, got, err, tc.code)
+		}
+	}
+	_ = other
+}
+
+// TestInvalidationReachesOtherNode checks that an admin change on one node is
+// seen by another within a second: revocation, suspension and a tier change.
+func TestInvalidationReachesOtherNode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, nodes, _ := mustNodes(t, 2)
+	tenant, key := mustTenantKey(t, store, "free")
+	for _, n := range nodes {
+		if _, err := n.Resolve(ctx, key.Secret); err != nil {
+			t.Fatal(err)
+		}
+	}
+	changed := make(chan string, 1)
+	nodes[1].OnTenantChange(func(id string) { changed <- id })
+
+	steps := []struct {
+		name   string
+		sql    string
+		kind   string
+		id     string
+		expect func(Principal, error) bool
+	}{
+		{"tier change", `UPDATE tenants SET tier = 'pro', updated_at = now() WHERE id = $1`, KindTenant, tenant.ID,
+			func(p Principal, err error) bool { return err == nil && p.Tier.Slug == "pro" }},
+		{"suspension", `UPDATE tenants SET status = 'suspended', updated_at = now() WHERE id = $1`, KindTenant, tenant.ID,
+			func(_ Principal, err error) bool { return quota.ErrorCode(err) == quota.CodeForbidden }},
+		{"revocation", `UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1`, KindKey, key.Prefix,
+			func(_ Principal, err error) bool { return quota.ErrorCode(err) == quota.CodeUnauthorized }},
+	}
+	for _, st := range steps {
+		if _, err := storeExec(store, st.sql, tenant.ID); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		if err := nodes[0].Invalidate(ctx, st.kind, st.id); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			p, err := nodes[1].Resolve(ctx, key.Secret)
+			if st.expect(p, err) {
+				break
+			}
+			if time.Since(start) > time.Second {
+				t.Fatalf("%s: other node still sees tier %q err %v after 1s", st.name, p.Tier.Slug, err)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if st.kind == KindTenant {
+			select {
+			case id := <-changed:
+				if id != tenant.ID {
+					t.Fatalf("%s: OnTenantChange(%s), want %s", st.name, id, tenant.ID)
+				}
+			case <-time.After(time.Second):
+				t.Fatalf("%s: OnTenantChange not called on the other node", st.name)
+			}
+		}
+	}
+}
+
+// TestRefreshCoversAMissedMessage changes the database without publishing:
+// Refresh alone must bring the node up to date.
+func TestRefreshCoversAMissedMessage(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, nodes, _ := mustNodes(t, 1)
+	tenant, key := mustTenantKey(t, store, "free")
+	if _, err := nodes[0].Resolve(ctx, key.Secret); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := storeExec(store, `UPDATE tenants SET tier = 'enterprise', updated_at = now() WHERE id = $1`, tenant.ID); err != nil {
+		t.Fatal(err)
+	}
+	if p, _ := nodes[0].Resolve(ctx, key.Secret); p.Tier.Slug != "free" {
+		t.Fatalf("before refresh: tier %q, want the cached free", p.Tier.Slug)
+	}
+	if err := nodes[0].Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := nodes[0].Resolve(ctx, key.Secret)
+	if err != nil || p.Tier.Slug != "enterprise" || p.Upgrade != nil {
+		t.Fatalf("after refresh: tier %q upgrade %+v err %v, want enterprise with no upgrade", p.Tier.Slug, p.Upgrade, err)
+	}
+}
