@@ -36,7 +36,6 @@ func (s *countingSource) Tiers(ctx context.Context) ([]quota.Tier, error) {
 	return s.Store.Tiers(ctx)
 }
 
-
 // mustNodes starts n catalogs sharing one database and one Redis, as n API
 // nodes would, each listening for invalidations.
 func mustNodes(tb testing.TB, n int) (*postgres.Store, []*Catalog, []*countingSource) {
