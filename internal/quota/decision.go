@@ -27,6 +27,9 @@ type Request struct {
 	Cost     int64  // cost units, at least 1
 	Limits   Limits // the tenant's effective limits
 	Overage  Overage
+	// FailOpen is the tier's policy when Redis is unreachable: admit through
+	// an in-process limiter at the same limits (true) or refuse (false).
+	FailOpen bool
 	DryRun   bool // decide without consuming or counting anything
 	// IdempotencyKey, when set, makes a repeat within 24 hours return the first
 	// decision without being counted again.
@@ -61,6 +64,9 @@ type Decision struct {
 	// Replayed is true when the decision is the stored answer to an earlier
 	// request with the same idempotency key.
 	Replayed bool
+	// Degraded is true when Redis was unreachable and an in-process limiter
+	// of this API node decided (fail-open tiers).
+	Degraded bool
 	// Now is the time the decision was taken at (Redis server time).
 	Now time.Time
 }
