@@ -15,10 +15,15 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/admission"
+	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/config"
 	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/redisdb"
+	"github.com/tollgate/tollgate/internal/routes"
 )
 
 func main() {
@@ -56,7 +61,39 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer rdb.Close()
 
-	srv := httpapi.New(log, db, rdb, httpapi.Options{
+	table, err := routes.Load(cfg.RoutesFile)
+	if err != nil {
+		return err
+	}
+	metrics := httpapi.NewMetrics()
+	store := postgres.NewStore(db)
+	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
+	cat.Hits = metrics.CacheLookups.WithLabelValues("hit").Inc
+	cat.Misses = metrics.CacheLookups.WithLabelValues("miss").Inc
+	runner := ratelimit.New(rdb, cfg.RedisPrefix)
+	gate := admission.New(runner, time.Now)
+	gate.OnRedisError = func(err error) {
+		metrics.RedisErrors.Inc()
+		log.Warn("redis admission failed", "err", err)
+	}
+	gate.OnDenyHit = metrics.DenyHits.Inc
+	cat.OnTenantChange(gate.Forget)
+
+	// The catalog listens for invalidations until shutdown.
+	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopBG()
+	subscribed := make(chan struct{})
+	go cat.Run(bg, 30*time.Second, subscribed)
+	select {
+	case <-subscribed:
+	case <-time.After(5 * time.Second):
+		log.Warn("cache invalidation channel not subscribed yet; continuing")
+	}
+
+	srv := httpapi.New(httpapi.Deps{
+		Log: log, DB: db, Redis: rdb, Catalog: cat, Gate: gate, Limits: runner,
+		Ledger: billing.NewLedger(db), Routes: table, Metrics: metrics, Now: time.Now,
+	}, httpapi.Options{
 		BodyLimit:    cfg.BodyLimit,
 		AdminToken:   cfg.AdminToken,
 		ServiceToken: cfg.ServiceToken,

@@ -9,12 +9,19 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/gofiber/fiber/v2/middleware/requestid"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/routes"
 )
 
 // Options are the settings the HTTP layer needs.
@@ -24,42 +31,88 @@ type Options struct {
 	ServiceToken string
 }
 
+// limiter is what the HTTP layer needs of the Redis side beyond admission:
+// reading limits without consuming, refunding, and reading pending usage.
+type limiter interface {
+	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
+	Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error
+	Pending(ctx context.Context, tenantID string) ([]ratelimit.PendingRow, error)
+}
+
+// Deps are the parts the handlers use; cmd/api builds them.
+type Deps struct {
+	Log     *slog.Logger
+	DB      *pgxpool.Pool
+	Redis   redis.UniversalClient
+	Catalog *catalog.Catalog
+	Gate    quota.Admitter
+	Limits  limiter
+	Ledger  *billing.Ledger
+	Routes  *routes.Table
+	Metrics *Metrics
+	Now     func() time.Time
+}
+
 // Server holds the Fiber app and what its handlers use.
 type Server struct {
-	app  *fiber.App
-	log  *slog.Logger
-	db   *pgxpool.Pool
-	rdb  redis.UniversalClient
-	opts Options
+	app      *fiber.App
+	log      *slog.Logger
+	db       *pgxpool.Pool
+	rdb      redis.UniversalClient
+	catalog  *catalog.Catalog
+	gate     quota.Admitter
+	limits   limiter
+	ledger   *billing.Ledger
+	routes   *routes.Table
+	metrics  *Metrics
+	authFail *authFailures
+	opts     Options
 }
 
 // New builds the Fiber app with every route registered.
-func New(log *slog.Logger, db *pgxpool.Pool, rdb redis.UniversalClient, opts Options) *Server {
-	s := &Server{log: log, db: db, rdb: rdb, opts: opts}
+func New(d Deps, opts Options) *Server {
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.Metrics == nil {
+		d.Metrics = NewMetrics()
+	}
+	if d.Routes == nil {
+		d.Routes = routes.Default()
+	}
+	s := &Server{log: d.Log, db: d.DB, rdb: d.Redis, catalog: d.Catalog, gate: d.Gate, limits: d.Limits,
+		ledger: d.Ledger, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now), opts: opts}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
 		BodyLimit:             opts.BodyLimit,
 		DisableStartupMessage: true,
-		ErrorHandler:          errorHandler(log),
+		ErrorHandler:          errorHandler(d.Log),
 		ReadTimeout:           30 * time.Second,
 		WriteTimeout:          60 * time.Second,
 		IdleTimeout:           120 * time.Second,
 	})
-	s.routes()
+	s.routesSetup()
 	return s
 }
 
 // App returns the Fiber app, for Listener and for tests' app.Test.
 func (s *Server) App() *fiber.App { return s.app }
 
-// routes registers every route of the service, in one place.
-func (s *Server) routes() {
+// routesSetup registers every route of the service, in one place.
+func (s *Server) routesSetup() {
 	s.app.Use(requestid.New(requestid.Config{ContextKey: localRequestID}))
 	s.app.Use(accessLog(s.log))
 	s.app.Use(recover.New())
 
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
+	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
+
+	s.app.All("/api/*", s.tenantAuth, s.metered)
+	v1 := s.app.Group("/v1")
+	v1.Get("/usage", s.tenantAuth, s.usage)
+	v1.Get("/invoices", s.tenantAuth, s.invoices)
+	v1.Post("/check", s.check)
 }
 
 func (s *Server) healthz(c *fiber.Ctx) error {

@@ -23,7 +23,7 @@ func mustServer(tb testing.TB, rdb redis.UniversalClient) *Server {
 		rdb = testenv.Redis(tb)
 	}
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	return New(log, testenv.Postgres(tb), rdb, Options{BodyLimit: 1024})
+	return New(Deps{Log: log, DB: testenv.Postgres(tb), Redis: rdb}, Options{BodyLimit: 1024})
 }
 
 func mustProblem(tb testing.TB, app *fiber.App, method, path, body string, wantStatus int) map[string]any {

@@ -115,3 +115,40 @@ func isForeignKeyViolation(err error) bool {
 func (s *Store) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
 	return s.db.Exec(ctx, sql, args...)
 }
+
+// CreateTier validates and inserts a tier. A duplicate slug or rank is a
+// CodeConflict error.
+func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quota.Tier, error) {
+	if err := t.Validate(); err != nil {
+		return quota.Tier{}, err
+	}
+	var out quota.Tier
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		err := tx.QueryRow(ctx, `INSERT INTO tiers (`+tierColumns+`)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)
+			RETURNING `+tierColumns,
+			t.Slug, t.Name, t.Rank, t.PriceCents, t.BurstRate, t.Burst, t.BucketCapacity, t.BucketRefillPerSec,
+			t.DailyQuota, t.MonthlyQuota, t.Overage, t.OveragePriceCentsPer1K, t.FailOpen, t.UpgradeURL).
+			Scan(tierDest(&out)...)
+		if c := uniqueViolation(err); c != "" {
+			if c == "tiers_pkey" {
+				return &quota.Error{Code: quota.CodeConflict, Field: "slug", Message: fmt.Sprintf("a tier %q exists", t.Slug)}
+			}
+			return &quota.Error{Code: quota.CodeConflict, Field: "rank", Message: fmt.Sprintf("another tier has rank %d", t.Rank)}
+		}
+		if err != nil {
+			return fmt.Errorf("postgres: insert tier: %w", err)
+		}
+		return audit(ctx, tx, actor, "create", "tier", out.Slug, nil, out)
+	})
+	return out, err
+}
+
+// uniqueViolation returns the constraint name of a unique violation, or "".
+func uniqueViolation(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "23505" {
+		return pe.ConstraintName
+	}
+	return ""
+}

@@ -5,11 +5,25 @@ package redisdb
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
+
+func init() {
+	// go-redis logs pool dial failures on its own; during an outage that is
+	// one line per request. Send them to slog at debug level instead: the
+	// callers log the errors they act on.
+	redis.SetLogger(slogLogger{})
+}
+
+type slogLogger struct{}
+
+func (slogLogger) Printf(ctx context.Context, format string, v ...any) {
+	slog.DebugContext(ctx, "redis: "+fmt.Sprintf(format, v...))
+}
 
 // ParseURL parses a REDIS_URL value into client options. One URL
 // (redis://[user:pass@]host:port/db) means a single server; several

@@ -1,0 +1,79 @@
+package httpapi
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// decodeJSON reads the request body into v strictly: a JSON media type, one
+// object, no unknown fields, no trailing data. Every failure is a CodeInvalid
+// (or CodeUnsupported) error naming the field where one can be named.
+func decodeJSON(c *fiber.Ctx, v any) error {
+	ct := strings.ToLower(strings.TrimSpace(strings.Split(c.Get(fiber.HeaderContentType), ";")[0]))
+	if ct != fiber.MIMEApplicationJSON && !strings.HasSuffix(ct, "+json") {
+		return quota.Errorf(quota.CodeUnsupported, "the body must be application/json")
+	}
+	body := c.Body()
+	if len(bytes.TrimSpace(body)) == 0 {
+		return quota.Errorf(quota.CodeInvalid, "the body is empty; send a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return jsonError(err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return quota.Errorf(quota.CodeInvalid, "the body must hold one JSON object and nothing after it")
+	}
+	return nil
+}
+
+func jsonError(err error) error {
+	var syn *json.SyntaxError
+	var typ *json.UnmarshalTypeError
+	switch {
+	case errors.As(err, &syn):
+		return quota.Errorf(quota.CodeInvalid, "malformed JSON at byte %d: %v", syn.Offset, syn)
+	case errors.As(err, &typ):
+		if typ.Field == "" {
+			return quota.Errorf(quota.CodeInvalid, "the body must be a JSON object, not %s", typ.Value)
+		}
+		return quota.FieldError(typ.Field, "must be %s, not %s", jsonKind(typ.Type.Kind().String()), typ.Value)
+	case strings.HasPrefix(err.Error(), "json: unknown field "):
+		field := strings.Trim(strings.TrimPrefix(err.Error(), "json: unknown field "), `"`)
+		return quota.FieldError(field, "unknown field")
+	case errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF):
+		return quota.Errorf(quota.CodeInvalid, "malformed JSON: unexpected end of body")
+	default:
+		var qe *quota.Error
+		if errors.As(err, &qe) {
+			return qe
+		}
+		return quota.Errorf(quota.CodeInvalid, "malformed JSON: %v", err)
+	}
+}
+
+func jsonKind(k string) string {
+	switch k {
+	case "int", "int8", "int16", "int32", "int64", "uint", "uint8", "uint16", "uint32", "uint64":
+		return "an integer"
+	case "float32", "float64":
+		return "a number"
+	case "string":
+		return "a string"
+	case "bool":
+		return "true or false"
+	case "slice":
+		return "an array"
+	default:
+		return fmt.Sprintf("a %s", k)
+	}
+}

@@ -1,0 +1,159 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/middleware/proxy"
+	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/routes"
+)
+
+// maxIdempotencyKey bounds the Idempotency-Key header.
+const maxIdempotencyKey = 255
+
+func itoa(n int64) string { return strconv.FormatInt(n, 10) }
+
+// idempotencyKey returns the request's Idempotency-Key, validated.
+func idempotencyKey(c *fiber.Ctx) (string, error) {
+	k := c.Get("Idempotency-Key")
+	if k == "" {
+		return "", nil
+	}
+	if len(k) > maxIdempotencyKey {
+		return "", quota.FieldError("Idempotency-Key", "must be at most %d characters", maxIdempotencyKey)
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x21 || k[i] > 0x7e {
+			return "", quota.FieldError("Idempotency-Key", "must be visible ASCII characters")
+		}
+	}
+	return k, nil
+}
+
+// metered serves every route under /api/: one admission for the matched
+// route, the quota headers on every answer, then the built-in handler or the
+// upstream. The principal is already resolved by tenantAuth, from the cache.
+func (s *Server) metered(c *fiber.Ctx) error {
+	p := principalOf(c)
+	route := s.routes.Match(c.Method(), c.Path())
+	if route == nil {
+		return quota.Errorf(quota.CodeNotFound, "no metered route for %s %s", c.Method(), c.Path())
+	}
+	idem, err := idempotencyKey(c)
+	if err != nil {
+		return err
+	}
+	req := quota.Request{
+		TenantID: p.Tenant.ID, Meter: route.Meter, Cost: route.Cost, Limits: p.Limits,
+		Overage: p.Tier.Overage, FailOpen: p.Tier.FailOpen, IdempotencyKey: idem,
+	}
+	start := time.Now()
+	d, err := s.gate.Admit(c.UserContext(), req)
+	s.metrics.Admission.Observe(time.Since(start).Seconds())
+	if err != nil {
+		s.count(route, "unavailable", p.Tier.Slug)
+		return err
+	}
+	if d.Degraded {
+		c.Set("Tollgate-Degraded", "fail-open")
+	}
+	if !d.Allowed {
+		s.count(route, "refused", p.Tier.Slug)
+		setRateLimitHeaders(c, d)
+		return writeProblem(c, refusalProblem(d, p.Upgrade, c.Path()))
+	}
+	s.count(route, "allowed", p.Tier.Slug)
+
+	if route.UpstreamURL() != nil {
+		err = s.forward(c, route, p.Tenant.ID)
+	} else {
+		err = s.builtin(c, route, p.Tenant.ID, p.Tier.Slug, d)
+	}
+	// Proxying replaces the response headers, so the quota headers go last.
+	setRateLimitHeaders(c, d)
+	if d.Degraded {
+		c.Set("Tollgate-Degraded", "fail-open")
+	}
+	if d.Replayed {
+		c.Set("Idempotent-Replayed", "true")
+	}
+	if route.RefundOn5xx && !d.Replayed && !d.Degraded && (err != nil || c.Response().StatusCode() >= 500) {
+		// The refund must not be lost to a client that hung up.
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
+		if rerr := s.limits.Refund(rctx, p.Tenant.ID, route.Meter, route.Cost, d.OverageUnits, d.Now); rerr != nil {
+			s.log.Error("refund failed", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)
+		} else {
+			c.Set("Tollgate-Refunded", itoa(route.Cost))
+		}
+		cancel()
+	}
+	return err
+}
+
+func (s *Server) count(r *routes.Route, outcome, tier string) {
+	s.metrics.Requests.WithLabelValues(r.Meter, outcome, tier).Inc()
+}
+
+// upstreamClient is shared by every proxied route; each call bounds itself
+// with the route's timeout.
+var upstreamClient = &fasthttp.Client{
+	NoDefaultUserAgentHeader: true,
+	DisablePathNormalizing:   true,
+	MaxConnsPerHost:          1024,
+	ReadTimeout:              10 * time.Minute,
+	WriteTimeout:             time.Minute,
+	MaxIdleConnDuration:      30 * time.Second,
+}
+
+// forward proxies the request to the route's upstream. The tenant's key is
+// not forwarded; the upstream learns the tenant from X-Tollgate-Tenant-Id.
+func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID string) error {
+	h := &c.Request().Header
+	h.Del(fiber.HeaderAuthorization)
+	h.Del("X-API-Key")
+	h.Set("X-Tollgate-Tenant-Id", tenantID)
+	h.Set(fiber.HeaderXForwardedFor, c.IP())
+	h.SetHost(route.UpstreamURL().Host)
+	err := proxy.DoTimeout(c, route.Target(c.Path(), string(c.Request().URI().QueryString())), route.UpstreamTimeout(), upstreamClient)
+	if err == nil {
+		c.Response().Header.Del(fiber.HeaderServer)
+		return nil
+	}
+	c.Response().Reset()
+	status, detail := fiber.StatusBadGateway, "the upstream could not be reached"
+	if errors.Is(err, fasthttp.ErrTimeout) {
+		status, detail = fiber.StatusGatewayTimeout, "the upstream did not answer in time"
+	}
+	s.log.Warn("upstream failed", "meter", route.Meter, "err", err)
+	return writeProblem(c, Problem{Status: status, Detail: detail, Instance: c.Path()})
+}
+
+// builtin serves the demo handlers, so a fresh install has something to call.
+func (s *Server) builtin(c *fiber.Ctx, route *routes.Route, tenantID, tier string, d quota.Decision) error {
+	switch route.Handler {
+	case routes.HandlerEcho:
+		return c.JSON(fiber.Map{
+			"tenant_id": tenantID, "tier": tier, "method": c.Method(), "path": c.Path(),
+			"query": string(c.Request().URI().QueryString()), "meter": route.Meter, "cost": route.Cost,
+			"time": d.Now.UTC().Format(time.RFC3339Nano),
+		})
+	case routes.HandlerReport:
+		day := d.Now.UTC().Format("2006-01-02")
+		rows := make([]fiber.Map, 0, 3)
+		for i, name := range []string{"requests", "errors", "latency_p99_ms"} {
+			rows = append(rows, fiber.Map{"metric": name, "value": (len(tenantID) + i*7) % 100})
+		}
+		return c.Status(fiber.StatusCreated).JSON(fiber.Map{
+			"report_id": fmt.Sprintf("rpt_%s_%d", day, d.Now.UnixMicro()), "tenant_id": tenantID,
+			"generated_at": d.Now.UTC().Format(time.RFC3339), "rows": rows,
+		})
+	}
+	return fmt.Errorf("httpapi: route %s has no handler", route.Path)
+}

@@ -1,0 +1,47 @@
+package httpapi
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+)
+
+// Metrics are the API node's Prometheus series.
+type Metrics struct {
+	Registry     *prometheus.Registry
+	Requests     *prometheus.CounterVec // metered requests by route, outcome, tier
+	Admission    prometheus.Histogram   // seconds one admission took
+	RedisErrors  prometheus.Counter
+	CacheLookups *prometheus.CounterVec // key cache lookups by result
+	DenyHits     prometheus.Counter
+	AuthFailures prometheus.Counter
+}
+
+// NewMetrics registers the series on a registry of their own.
+func NewMetrics() *Metrics {
+	reg := prometheus.NewRegistry()
+	m := &Metrics{
+		Registry: reg,
+		Requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_requests_total", Help: "Metered requests by route, outcome and tier.",
+		}, []string{"route", "outcome", "tier"}),
+		Admission: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name: "tollgate_admission_seconds", Help: "Time to decide on one metered request.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1},
+		}),
+		RedisErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_redis_errors_total", Help: "Admissions that failed to reach Redis.",
+		}),
+		CacheLookups: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_key_cache_lookups_total", Help: "API key cache lookups by result (hit, miss).",
+		}, []string{"result"}),
+		DenyHits: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_deny_cache_hits_total", Help: "Refusals answered in-process by the deny cache.",
+		}),
+		AuthFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "tollgate_auth_failures_total", Help: "Requests with a missing, unknown, revoked or expired key.",
+		}),
+	}
+	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures,
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return m
+}

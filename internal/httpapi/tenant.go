@@ -1,0 +1,233 @@
+package httpapi
+
+import (
+	"sort"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// LimitJSON is one limit as /v1/usage and /v1/check show it.
+type LimitJSON struct {
+	Name          quota.LimitName `json:"name"`
+	Limit         int64           `json:"limit"`
+	Remaining     int64           `json:"remaining"`
+	Reset         string          `json:"reset"`
+	WindowSeconds int64           `json:"window_seconds"`
+}
+
+func limitsJSON(d quota.Decision) []LimitJSON {
+	out := make([]LimitJSON, 0, len(d.Limits))
+	for _, l := range d.Limits {
+		out = append(out, LimitJSON{Name: l.Name, Limit: l.Limit, Remaining: l.Remaining,
+			Reset: l.Reset.UTC().Format(time.RFC3339), WindowSeconds: windowSeconds(l.Window)})
+	}
+	return out
+}
+
+// DayJSON is one day of /v1/usage.
+type DayJSON struct {
+	Date     string `json:"date"`
+	Units    int64  `json:"units"`
+	Requests int64  `json:"requests"`
+	Rejected int64  `json:"rejected"`
+}
+
+// UsageJSON is the body of GET /v1/usage.
+type UsageJSON struct {
+	TenantID string         `json:"tenant_id"`
+	Tier     string         `json:"tier"`
+	Limits   []LimitJSON    `json:"limits"`
+	Daily    []DayJSON      `json:"daily"`
+	Upgrade  *quota.Upgrade `json:"upgrade"`
+}
+
+// usage answers the caller's own usage: its limits as they stand (read from
+// Redis without consuming anything) and this month's usage per day, flushed
+// (Postgres) plus still pending (Redis).
+func (s *Server) usage(c *fiber.Ctx) error {
+	p := principalOf(c)
+	u, err := s.usageOf(c, p)
+	if err != nil {
+		return err
+	}
+	return c.JSON(u)
+}
+
+func (s *Server) usageOf(c *fiber.Ctx, p catalog.Principal) (UsageJSON, error) {
+	ctx := c.UserContext()
+	d, err := s.limits.Peek(ctx, p.Tenant.ID, p.Limits, time.Time{})
+	if err != nil {
+		return UsageJSON{}, err
+	}
+	from := quota.MonthStart(d.Now)
+	to := from.AddDate(0, 1, 0)
+	days := map[string]*DayJSON{}
+	flushed, err := s.ledger.DailyUsage(ctx, p.Tenant.ID, from, to)
+	if err != nil {
+		return UsageJSON{}, err
+	}
+	day := func(t time.Time) *DayJSON {
+		k := t.UTC().Format(time.DateOnly)
+		if days[k] == nil {
+			days[k] = &DayJSON{Date: k}
+		}
+		return days[k]
+	}
+	for _, f := range flushed {
+		dj := day(f.Date)
+		dj.Units += f.Units
+		dj.Requests += f.Requests
+		dj.Rejected += f.Rejected
+	}
+	pending, err := s.limits.Pending(ctx, p.Tenant.ID)
+	if err != nil {
+		return UsageJSON{}, err
+	}
+	for _, r := range pending {
+		if r.Hour.Before(from) || !r.Hour.Before(to) {
+			continue
+		}
+		dj := day(r.Hour)
+		dj.Units += r.Units
+		dj.Requests += r.Requests
+		dj.Rejected += r.Rejected
+	}
+	daily := make([]DayJSON, 0, len(days))
+	for _, dj := range days {
+		daily = append(daily, *dj)
+	}
+	sort.Slice(daily, func(i, j int) bool { return daily[i].Date < daily[j].Date })
+	return UsageJSON{TenantID: p.Tenant.ID, Tier: p.Tier.Slug, Limits: limitsJSON(d), Daily: daily, Upgrade: p.Upgrade}, nil
+}
+
+// invoices answers the caller's own invoices.
+func (s *Server) invoices(c *fiber.Ctx) error {
+	p := principalOf(c)
+	items, err := s.ledger.TenantInvoices(c.UserContext(), p.Tenant.ID)
+	if err != nil {
+		return err
+	}
+	return c.JSON(fiber.Map{"items": items, "next_cursor": nil})
+}
+
+// CheckRequest is the body of POST /v1/check.
+type CheckRequest struct {
+	APIKey         string `json:"api_key"`
+	TenantID       string `json:"tenant_id"`
+	Meter          string `json:"meter"`
+	Cost           *int64 `json:"cost"`
+	DryRun         bool   `json:"dry_run"`
+	IdempotencyKey string `json:"idempotency_key"`
+}
+
+// CheckResponse is the answer of POST /v1/check.
+type CheckResponse struct {
+	Allowed          bool              `json:"allowed"`
+	Limits           []LimitJSON       `json:"limits"`
+	ViolatedPolicies []quota.LimitName `json:"violated_policies"`
+	RetryAfter       *int64            `json:"retry_after"`
+	Upgrade          *quota.Upgrade    `json:"upgrade"`
+	Degraded         bool              `json:"degraded"`
+	Replayed         bool              `json:"replayed"`
+}
+
+// check meters for backends that do not proxy through Tollgate: the service
+// names the tenant (by key or id), the meter and the cost; dry_run asks
+// whether it would fit without consuming anything.
+func (s *Server) check(c *fiber.Ctx) error {
+	if !bearerIs(c, s.opts.ServiceToken) {
+		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tollgate-service"`)
+		return quota.Errorf(quota.CodeUnauthorized, "the service token is required")
+	}
+	var body CheckRequest
+	if err := decodeJSON(c, &body); err != nil {
+		return err
+	}
+	var p catalog.Principal
+	var err error
+	switch {
+	case body.APIKey != "" && body.TenantID != "":
+		return quota.FieldError("tenant_id", "give api_key or tenant_id, not both")
+	case body.APIKey != "":
+		if p, err = s.catalog.Resolve(c.UserContext(), body.APIKey); err != nil {
+			return err
+		}
+	case body.TenantID != "":
+		if !validUUID(body.TenantID) {
+			return quota.FieldError("tenant_id", "must be a tenant id (UUID)")
+		}
+		if p, err = s.catalog.Principal(c.UserContext(), body.TenantID); err != nil {
+			return err
+		}
+		if p.Tenant.Status == quota.StatusSuspended {
+			return quota.Errorf(quota.CodeForbidden, "tenant suspended")
+		}
+	default:
+		return quota.FieldError("api_key", "give api_key or tenant_id")
+	}
+	if !validMeter(body.Meter) {
+		return quota.FieldError("meter", "must be 1 to 64 of a-z 0-9 _ . -")
+	}
+	cost := int64(1)
+	if body.Cost != nil {
+		cost = *body.Cost
+	}
+	if cost < 1 || cost > quota.MaxQuantity {
+		return quota.FieldError("cost", "must be an integer between 1 and %d", quota.MaxQuantity)
+	}
+	if len(body.IdempotencyKey) > maxIdempotencyKey {
+		return quota.FieldError("idempotency_key", "must be at most %d characters", maxIdempotencyKey)
+	}
+	d, err := s.gate.Admit(c.UserContext(), quota.Request{
+		TenantID: p.Tenant.ID, Meter: body.Meter, Cost: cost, Limits: p.Limits, Overage: p.Tier.Overage,
+		FailOpen: p.Tier.FailOpen, DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
+	})
+	if err != nil {
+		return err
+	}
+	setRateLimitHeaders(c, d)
+	resp := CheckResponse{Allowed: d.Allowed, Limits: limitsJSON(d), ViolatedPolicies: d.Violated,
+		Upgrade: p.Upgrade, Degraded: d.Degraded, Replayed: d.Replayed}
+	if resp.ViolatedPolicies == nil {
+		resp.ViolatedPolicies = []quota.LimitName{}
+	}
+	if !d.Allowed && d.RetryAfter >= 0 {
+		secs := max(1, ceilSeconds(d.RetryAfter))
+		resp.RetryAfter = &secs
+	}
+	return c.JSON(resp)
+}
+
+func validMeter(m string) bool {
+	if len(m) < 1 || len(m) > 64 {
+		return false
+	}
+	for i := 0; i < len(m); i++ {
+		b := m[i]
+		if !(b >= 'a' && b <= 'z' || b >= '0' && b <= '9' || (i > 0 && (b == '_' || b == '.' || b == '-'))) {
+			return false
+		}
+	}
+	return true
+}
+
+func validUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		switch {
+		case i == 8 || i == 13 || i == 18 || i == 23:
+			if s[i] != '-' {
+				return false
+			}
+		case !(s[i] >= '0' && s[i] <= '9' || s[i] >= 'a' && s[i] <= 'f' || s[i] >= 'A' && s[i] <= 'F'):
+			return false
+		}
+	}
+	return true
+}
