@@ -58,6 +58,10 @@ const (
 	MaxPrice     = int64(1) << 40 // cents
 	MaxNameLen   = 200
 	MaxURLLength = 2048
+	// MaxWindowMicros bounds a burst or bucket window (burst × interval,
+	// capacity × interval): 2^50 µs, about 35.7 years, keeps now plus a
+	// window exact in a Lua double until the 2200s.
+	MaxWindowMicros = int64(1) << 50
 )
 
 var slugRE = regexp.MustCompile(`^[a-z0-9](?:[a-z0-9-]{0,61}[a-z0-9])?$`)
@@ -78,6 +82,9 @@ func (l Limits) Validate() error {
 		if err := checkCount("burst", *l.Burst, 1); err != nil {
 			return err
 		}
+		if *l.Burst > MaxWindowMicros/IntervalMicros(*l.BurstRate) {
+			return FieldError("burst", "burst / burst_rate must be at most %d seconds", MaxWindowMicros/1e6)
+		}
 	}
 	if (l.BucketCapacity == nil) != (l.BucketRefillPerSec == nil) {
 		return FieldError("bucket_capacity", "bucket_capacity and bucket_refill_per_sec are both set or both null")
@@ -88,6 +95,9 @@ func (l Limits) Validate() error {
 		}
 		if err := checkRate("bucket_refill_per_sec", *l.BucketRefillPerSec); err != nil {
 			return err
+		}
+		if *l.BucketCapacity > MaxWindowMicros/IntervalMicros(*l.BucketRefillPerSec) {
+			return FieldError("bucket_capacity", "bucket_capacity / bucket_refill_per_sec must be at most %d seconds", MaxWindowMicros/1e6)
 		}
 	}
 	if l.DailyQuota != nil {

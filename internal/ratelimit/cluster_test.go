@@ -1,0 +1,91 @@
+package ratelimit
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// The cluster tests run the admission tests against a three-master Redis
+// Cluster, with tenants whose hash tags land on different masters. Any
+// CROSSSLOT error (a script touching keys of two slots) fails them.
+
+func TestClusterPropertyScriptMatchesModel(t *testing.T) {
+	t.Parallel()
+	runProperty(t, testenv.Cluster(t), 6, 100)
+}
+
+func TestClusterExactQuotaUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	c := testenv.Cluster(t)
+	testExactQuota(t, c, testenv.Cluster, tenantsOnDistinctMasters(t, c, 3))
+}
+
+func TestClusterIdempotentRepeat(t *testing.T) {
+	t.Parallel()
+	testIdempotency(t, testenv.Cluster(t))
+}
+
+// TestClusterTenantKeysShareOneSlot admits with every kind of key for
+// tenants on each master and checks that all of a tenant's keys hash to one
+// slot, which is what lets one script touch them all.
+func TestClusterTenantKeysShareOneSlot(t *testing.T) {
+	t.Parallel()
+	c := testenv.Cluster(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	for _, tenant := range tenantsOnDistinctMasters(t, c, 3) {
+		d, err := r.Admit(ctx, quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: allLimits(), IdempotencyKey: "k"})
+		if err != nil {
+			if strings.Contains(err.Error(), "CROSSSLOT") {
+				t.Fatalf("tenant %s: CROSSSLOT: %v", tenant, err)
+			}
+			t.Fatalf("tenant %s: %v", tenant, err)
+		}
+		if !d.Allowed {
+			t.Fatalf("tenant %s: got %s, want allowed", tenant, fmtDecision(d))
+		}
+		if err := r.Grant(ctx, tenant, "day", 1, d.Now); err != nil {
+			t.Fatalf("tenant %s: Grant: %v", tenant, err)
+		}
+		if _, err := r.Peek(ctx, tenant, allLimits(), d.Now); err != nil {
+			t.Fatalf("tenant %s: Peek: %v", tenant, err)
+		}
+		keys := r.keys(tenant, idemHash("demo", "k"))
+		want := c.ClusterKeySlot(ctx, keys[0]).Val()
+		for _, k := range keys[1:] {
+			if got := c.ClusterKeySlot(ctx, k).Val(); got != want {
+				t.Errorf("slot of %s: got %d, want %d (the slot of %s)", k, got, want, keys[0])
+			}
+		}
+	}
+}
+
+// tenantsOnDistinctMasters returns n tenant ids whose keys live on n
+// different masters.
+func tenantsOnDistinctMasters(tb testing.TB, c redis.UniversalClient, n int) []string {
+	tb.Helper()
+	cc := c.(*redis.ClusterClient)
+	seen := map[string]bool{}
+	var tenants []string
+	for tries := 0; len(tenants) < n; tries++ {
+		if tries > 1000 {
+			tb.Fatalf("found tenants on only %d masters, want %d", len(tenants), n)
+		}
+		tenant := newTenant()
+		node, err := cc.MasterForKey(context.Background(), "x:v1:{t:"+tenant+"}:gcra")
+		if err != nil {
+			tb.Fatalf("MasterForKey: %v", err)
+		}
+		if addr := node.Options().Addr; !seen[addr] {
+			seen[addr] = true
+			tenants = append(tenants, tenant)
+		}
+	}
+	return tenants
+}

@@ -1,0 +1,56 @@
+// Package ratelimit is the Redis side of admission: it runs lua/admit.lua,
+// which checks a tenant's GCRA burst limit, token bucket, daily quota and
+// monthly quota together and commits all of them or none in one EVALSHA, and
+// lua/grant.lua, which adds units to the current day or month.
+//
+// Model is the pure-Go reference of the script, with the same integer
+// arithmetic; the tests hold the script to it request by request.
+//
+// # Keys
+//
+// Every key of a tenant carries the hash tag {t:<tenant id>}, so that one
+// script call touches one Redis Cluster slot, and the state-format version
+// v1, so that a change of format bumps the prefix instead of migrating Redis:
+//
+//	<prefix>:v1:{t:<id>}:gcra         GCRA theoretical arrival time (us); expires when full again
+//	<prefix>:v1:{t:<id>}:bucket       time the token bucket is full again (us); expires then
+//	<prefix>:v1:{t:<id>}:day          hash period, used, grant, overage; expires 1 h after the UTC day
+//	<prefix>:v1:{t:<id>}:month        the same for the UTC month
+//	<prefix>:v1:{t:<id>}:pending      usage not yet flushed to Postgres; 14 days after its last write
+//	<prefix>:v1:{t:<id>}:idem:<hex>   first allowed decision for an idempotency key; 24 h
+//
+// Pending usage fields are "<hour start, unix s>|<meter>|u" (units), "|r"
+// (admitted requests), "|x" (refused requests) and "|o" (overage units),
+// each a counter the worker reads and subtracts.
+//
+// # Semantics and the choices behind them
+//
+//   - GCRA counts requests (one per request whatever its cost): rate and
+//     burst bound how often a tenant calls. The token bucket counts cost
+//     units: it bounds how fast a tenant spends. Both always refuse when full.
+//   - The overage policy applies to the monthly quota only. "bill" admits
+//     past quota + grants and reports the units past it as overage; the
+//     daily quota stays a hard cap, because it exists to spread a month's
+//     volume, and a bill tier that could burn a month in an hour would defeat
+//     it.
+//   - All or nothing: every active limit is checked before any is written, so
+//     a request refused by one limit consumes no room in the others. A
+//     refusal only adds 1 to the pending "x" counter.
+//   - A nil limit is skipped entirely: its key is neither read nor written
+//     and it is absent from Decision.Limits.
+//   - Idempotency keeps only allowed decisions (24 h, per tenant, meter and
+//     key): a refusal consumed nothing, so retrying it with the same key is a
+//     new attempt, which is what a client retrying after Retry-After wants.
+//     A repeat returns the first decision whatever its cost. Dry runs and
+//     Peek ignore idempotency keys.
+//   - A Redis failure is an error, never a refusal: the tier's fail-open or
+//     fail-closed policy belongs to the caller.
+//
+// # Time and units
+//
+// The script reads Redis TIME in microseconds since the Unix epoch (UTC), so
+// every API node shares one clock. All arithmetic is on integers: rates
+// become whole-microsecond intervals through quota.IntervalMicros, and limits
+// are bounded (quota.MaxQuantity, and 2^50 us for a burst or bucket window)
+// so that every value stays exact in a Lua double.
+package ratelimit

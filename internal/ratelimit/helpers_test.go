@@ -1,0 +1,124 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	// The loopback Redis Cluster is shared by every test of the binary, so
+	// it is stopped here rather than in one test's cleanup.
+	testenv.StopCluster()
+	os.Exit(code)
+}
+
+// mustRunner returns a Runner on c under a key prefix of the test's own,
+// whose keys are deleted at cleanup, and the prefix.
+func mustRunner(tb testing.TB, c redis.UniversalClient) (*Runner, string) {
+	tb.Helper()
+	prefix := testenv.Prefix(tb, c)
+	return New(c, prefix), prefix
+}
+
+// newTenant returns a random tenant id, so that tests sharing a prefix or a
+// cluster land on different hash slots.
+func newTenant() string { return "tn-" + testenv.RandomHex(6) }
+
+// mustAdmit admits req and fails the test on an error.
+func mustAdmit(tb testing.TB, r *Runner, req quota.Request) quota.Decision {
+	tb.Helper()
+	d, err := r.Admit(context.Background(), req)
+	if err != nil {
+		tb.Fatalf("Admit(%+v): %v", req, err)
+	}
+	return d
+}
+
+// mustKeys returns every key under prefix (on every master of a cluster).
+func mustKeys(tb testing.TB, c redis.UniversalClient, prefix string) []string {
+	tb.Helper()
+	ctx := context.Background()
+	var (
+		mu   sync.Mutex
+		keys []string
+	)
+	scan := func(ctx context.Context, n *redis.Client) error {
+		iter := n.Scan(ctx, 0, prefix+"*", 1000).Iterator()
+		for iter.Next(ctx) {
+			mu.Lock() // ForEachMaster calls scan concurrently
+			keys = append(keys, iter.Val())
+			mu.Unlock()
+		}
+		return iter.Err()
+	}
+	var err error
+	switch cc := c.(type) {
+	case *redis.ClusterClient:
+		err = cc.ForEachMaster(ctx, scan)
+	case *redis.Client:
+		err = scan(ctx, cc)
+	default:
+		tb.Fatalf("unknown client %T", c)
+	}
+	if err != nil {
+		tb.Fatalf("scan %s*: %v", prefix, err)
+	}
+	return keys
+}
+
+// mustSnapshot returns, for every key under prefix, its DUMP and absolute
+// expiry (PEXPIRETIME), so that two snapshots are equal only when nothing
+// about the keys changed.
+func mustSnapshot(tb testing.TB, c redis.UniversalClient, prefix string) map[string]string {
+	tb.Helper()
+	ctx := context.Background()
+	snap := map[string]string{}
+	for _, k := range mustKeys(tb, c, prefix) {
+		dump, err := c.Dump(ctx, k).Result()
+		if err != nil {
+			tb.Fatalf("DUMP %s: %v", k, err)
+		}
+		at, err := c.PExpireTime(ctx, k).Result()
+		if err != nil {
+			tb.Fatalf("PEXPIRETIME %s: %v", k, err)
+		}
+		snap[k] = fmt.Sprintf("%x@%d", dump, at)
+	}
+	return snap
+}
+
+// fmtDecision prints every field of d on one line, so that two decisions
+// compare as strings and a mismatch shows both in full.
+func fmtDecision(d quota.Decision) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "allowed=%t violated=%v retry=%dus overage=%d replayed=%t now=%d",
+		d.Allowed, d.Violated, d.RetryAfter.Microseconds(), d.OverageUnits, d.Replayed, d.Now.UnixMicro())
+	for _, l := range d.Limits {
+		fmt.Fprintf(&b, " | %s limit=%d rem=%d reset=%d window=%v", l.Name, l.Limit, l.Remaining, l.Reset.UnixMicro(), l.Window)
+	}
+	return b.String()
+}
+
+// at parses an RFC 3339 time; the tests' times are literals.
+func at(tb testing.TB, s string) time.Time {
+	tb.Helper()
+	t, err := time.Parse(time.RFC3339Nano, s)
+	if err != nil {
+		tb.Fatalf("bad time %q: %v", s, err)
+	}
+	return t
+}
+
+func i64(v int64) *int64     { return &v }
+func f64(v float64) *float64 { return &v }

@@ -1,0 +1,175 @@
+package ratelimit
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"strings"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// Sizes of the script's answer (see lua/admit.lua).
+const (
+	headLen   = 6 // allowed, violated, retry, overage, now, replayed
+	perLimit  = 4 // active, limit, remaining, reset
+	resultLen = headLen + perLimit*4
+)
+
+// Mask bits of the violated limits, in quota.AllLimits order.
+const (
+	bitBurst   = 1
+	bitBucket  = 2
+	bitDaily   = 4
+	bitMonthly = 8
+)
+
+const (
+	maxMeterLen  = 64
+	maxTenantLen = 128
+	idemWindow   = 24 * time.Hour
+)
+
+// params are a request's limits in the script's integer form. A zero
+// interval or a negative quota means unlimited.
+type params struct {
+	gcraT, burst      int64 // us per request, requests
+	bucketU, capacity int64 // us per unit, units
+	daily, monthly    int64 // units; -1 = unlimited
+}
+
+// paramsOf validates l and converts it to integers.
+func paramsOf(l quota.Limits) (params, error) {
+	if err := l.Validate(); err != nil {
+		return params{}, err
+	}
+	p := params{daily: -1, monthly: -1}
+	if l.BurstRate != nil {
+		p.gcraT, p.burst = quota.IntervalMicros(*l.BurstRate), *l.Burst
+		if p.burst > quota.MaxWindowMicros/p.gcraT {
+			return params{}, quota.FieldError("burst", "burst / burst_rate must be at most %d seconds", quota.MaxWindowMicros/1e6)
+		}
+	}
+	if l.BucketCapacity != nil {
+		p.bucketU, p.capacity = quota.IntervalMicros(*l.BucketRefillPerSec), *l.BucketCapacity
+		if p.capacity > quota.MaxWindowMicros/p.bucketU {
+			return params{}, quota.FieldError("bucket_capacity", "bucket_capacity / bucket_refill_per_sec must be at most %d seconds", quota.MaxWindowMicros/1e6)
+		}
+	}
+	if l.DailyQuota != nil {
+		p.daily = *l.DailyQuota
+	}
+	if l.MonthlyQuota != nil {
+		p.monthly = *l.MonthlyQuota
+	}
+	return p, nil
+}
+
+// checkRequest validates everything of req but its limits.
+func checkRequest(req quota.Request) error {
+	if err := checkTenant(req.TenantID); err != nil {
+		return err
+	}
+	if n := len(req.Meter); n == 0 || n > maxMeterLen || strings.Contains(req.Meter, "|") {
+		// '|' separates the fields of the pending usage hash.
+		return quota.FieldError("meter", "must be 1 to %d characters without '|'", maxMeterLen)
+	}
+	if req.Cost < 1 || req.Cost > quota.MaxQuantity {
+		return quota.FieldError("cost", "must be an integer between 1 and %d", quota.MaxQuantity)
+	}
+	switch req.Overage {
+	case quota.OverageBlock, quota.OverageBill, "":
+	default:
+		return quota.FieldError("overage", `must be "block" or "bill"`)
+	}
+	return checkNow(req.Now)
+}
+
+// checkTenant keeps tenant ids from breaking the key's hash tag: a brace
+// would move the tag, so that a tenant's keys could span slots.
+func checkTenant(id string) error {
+	if id == "" || len(id) > maxTenantLen || strings.ContainsAny(id, "{}") {
+		return quota.FieldError("tenant_id", "must be 1 to %d characters without braces", maxTenantLen)
+	}
+	for _, r := range id {
+		if r < 0x20 || r == 0x7f {
+			return quota.FieldError("tenant_id", "must not contain control characters")
+		}
+	}
+	return nil
+}
+
+// checkNow rejects explicit times the script cannot take: the script reads
+// 0 as "use Redis TIME", and periods before 1970 are not worth supporting.
+func checkNow(now time.Time) error {
+	if !now.IsZero() && now.UnixMicro() <= 0 {
+		return quota.FieldError("now", "must be after 1970-01-01")
+	}
+	return nil
+}
+
+// micros returns t in us since the epoch, or 0 (Redis TIME) for the zero time.
+func micros(t time.Time) int64 {
+	if t.IsZero() {
+		return 0
+	}
+	return t.UnixMicro()
+}
+
+// overageMode maps the policy to the script's argument; an empty policy
+// blocks, the safe choice when a caller does not say.
+func overageMode(o quota.Overage) string {
+	if o == quota.OverageBill {
+		return "bill"
+	}
+	return "block"
+}
+
+// idemHash names an idempotency key. The meter takes part because the HTTP
+// contract scopes a key to tenant and route; meters contain no '|', so the
+// joined string is unambiguous. Hashing bounds the key's length whatever the
+// client sends.
+func idemHash(meter, key string) string {
+	h := sha256.Sum256([]byte(meter + "|" + key))
+	return hex.EncodeToString(h[:])
+}
+
+// decode turns the script's (or the model's) answer into a Decision. Windows
+// come from p: B*T, C*U, one day, and the length of the month of the
+// decision's time.
+func decode(r []int64, p params) quota.Decision {
+	now := time.UnixMicro(r[4]).UTC()
+	d := quota.Decision{
+		Allowed:      r[0] == 1,
+		OverageUnits: r[3],
+		Replayed:     r[5] == 1,
+		Now:          now,
+	}
+	if !d.Allowed {
+		d.RetryAfter = time.Duration(r[2]) * time.Microsecond
+	}
+	monthStart := quota.MonthStart(now)
+	windows := [4]time.Duration{
+		time.Duration(p.burst*p.gcraT) * time.Microsecond,
+		time.Duration(p.capacity*p.bucketU) * time.Microsecond,
+		24 * time.Hour,
+		monthStart.AddDate(0, 1, 0).Sub(monthStart),
+	}
+	for i, name := range quota.AllLimits {
+		f := r[headLen+perLimit*i:]
+		if r[1]&(1<<i) != 0 {
+			d.Violated = append(d.Violated, name)
+		}
+		if f[0] == 0 {
+			continue
+		}
+		d.Limits = append(d.Limits, quota.LimitState{
+			Name:      name,
+			Limit:     f[1],
+			Remaining: f[2],
+			Reset:     time.UnixMicro(f[3]).UTC(),
+			Window:    windows[i],
+		})
+	}
+	return d
+}

@@ -1,0 +1,106 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+var refundScript = redis.NewScript(mustRead("refund.lua"))
+
+// PendingRow is one tenant, meter and UTC hour of usage counted in Redis and
+// not yet flushed to Postgres. Units and Overage may be negative after a
+// refund of usage that was flushed already.
+type PendingRow struct {
+	Hour     time.Time
+	Meter    string
+	Units    int64
+	Requests int64
+	Rejected int64
+	Overage  int64
+}
+
+// ParsePending turns a pending-usage hash ("<hour unix s>|<meter>|<u|r|x|o>"
+// to counts) into rows ordered by hour and meter. Fields it cannot read are
+// returned as an error, never silently dropped: they are billing data.
+func ParsePending(h map[string]string) ([]PendingRow, error) {
+	type key struct {
+		hour  int64
+		meter string
+	}
+	rows := map[key]*PendingRow{}
+	for f, v := range h {
+		parts := strings.Split(f, "|")
+		if len(parts) != 3 {
+			return nil, fmt.Errorf("ratelimit: pending field %q", f)
+		}
+		hour, err1 := strconv.ParseInt(parts[0], 10, 64)
+		n, err2 := strconv.ParseInt(v, 10, 64)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("ratelimit: pending field %q = %q", f, v)
+		}
+		k := key{hour, parts[1]}
+		r := rows[k]
+		if r == nil {
+			r = &PendingRow{Hour: time.Unix(hour, 0).UTC(), Meter: parts[1]}
+			rows[k] = r
+		}
+		switch parts[2] {
+		case "u":
+			r.Units += n
+		case "r":
+			r.Requests += n
+		case "x":
+			r.Rejected += n
+		case "o":
+			r.Overage += n
+		default:
+			return nil, fmt.Errorf("ratelimit: pending field %q", f)
+		}
+	}
+	out := make([]PendingRow, 0, len(rows))
+	for _, r := range rows {
+		out = append(out, *r)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if !out[i].Hour.Equal(out[j].Hour) {
+			return out[i].Hour.Before(out[j].Hour)
+		}
+		return out[i].Meter < out[j].Meter
+	})
+	return out, nil
+}
+
+// Pending returns the tenant's usage counted in Redis and not yet flushed.
+func (r *Runner) Pending(ctx context.Context, tenantID string) ([]PendingRow, error) {
+	if err := checkTenant(tenantID); err != nil {
+		return nil, err
+	}
+	h, err := r.c.HGetAll(ctx, r.key(tenantID, "pending")).Result()
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: pending: %w", err)
+	}
+	return ParsePending(h)
+}
+
+// Refund gives back cost units (and the overage units among them) of a
+// request admitted at time at, whose upstream failed: see lua/refund.lua.
+func (r *Runner) Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error {
+	if err := checkTenant(tenantID); err != nil {
+		return err
+	}
+	at = at.UTC()
+	y, m, _ := at.Date()
+	keys := []string{r.key(tenantID, "day"), r.key(tenantID, "month"), r.key(tenantID, "pending")}
+	err := refundScript.Run(ctx, r.c, keys,
+		at.Unix()/86400, y*100+int(m), at.Truncate(time.Hour).Unix(), meter, cost, overage).Err()
+	if err != nil {
+		return fmt.Errorf("ratelimit: refund: %w", err)
+	}
+	return nil
+}

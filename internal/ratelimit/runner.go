@@ -1,0 +1,165 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"io/fs"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/lua"
+)
+
+var (
+	admitScript = redis.NewScript(mustRead("admit.lua"))
+	grantScript = redis.NewScript(mustRead("grant.lua"))
+)
+
+// mustRead reads an embedded script; a missing one is a build mistake, not a
+// run-time condition.
+func mustRead(name string) string {
+	b, err := fs.ReadFile(lua.FS, name)
+	if err != nil {
+		panic("ratelimit: " + err.Error())
+	}
+	return string(b)
+}
+
+// Runner admits requests with one Redis round trip each. It is safe for
+// concurrent use and holds no state of its own beyond the client: every
+// decision is made by the script against Redis state and Redis time, so any
+// number of API nodes share the limits exactly.
+type Runner struct {
+	c      redis.UniversalClient
+	prefix string
+}
+
+var _ quota.Admitter = (*Runner)(nil)
+
+// New returns a Runner on c whose keys start with prefix (see the package
+// doc for the layout). c may be a single server or a Redis Cluster. New
+// panics when prefix holds a brace, which would move every key's hash tag;
+// the configuration allows none.
+func New(c redis.UniversalClient, prefix string) *Runner {
+	if strings.ContainsAny(prefix, "{}") {
+		panic(fmt.Sprintf("ratelimit: key prefix %q must not contain braces", prefix))
+	}
+	return &Runner{c: c, prefix: prefix}
+}
+
+// key returns the key of one piece of a tenant's state.
+func (r *Runner) key(tenantID, name string) string {
+	return r.prefix + ":v1:{t:" + tenantID + "}:" + name
+}
+
+// keys returns the script's KEYS in order; the idempotency key only when
+// idem is set.
+func (r *Runner) keys(tenantID, idem string) []string {
+	k := make([]string, 5, 6)
+	for i, name := range [5]string{"gcra", "bucket", "day", "month", "pending"} {
+		k[i] = r.key(tenantID, name)
+	}
+	if idem != "" {
+		k = append(k, r.key(tenantID, "idem:"+idem))
+	}
+	return k
+}
+
+// Admit decides on req in one atomic script run. A refusal is a Decision
+// with Allowed false; an error means the request was invalid (a
+// quota.CodeInvalid *quota.Error: cost outside 1..quota.MaxQuantity, a meter
+// that is empty, longer than 64 characters or holds '|', bad limits) or
+// Redis failed. Redis failures are never turned into refusals: whether to
+// fail open or closed is the caller's (the tier's) decision.
+//
+// With DryRun the decision is the one Admit would take, and nothing is
+// written. With an IdempotencyKey, the first allowed decision is kept for 24
+// hours and returned (Replayed) for repeats, which count nothing, whatever
+// their cost; refusals are not kept, since they consumed nothing.
+func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, error) {
+	if err := checkRequest(req); err != nil {
+		return quota.Decision{}, err
+	}
+	p, err := paramsOf(req.Limits)
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	mode, idem := "admit", ""
+	switch {
+	case req.DryRun:
+		mode = "dry"
+	case req.IdempotencyKey != "":
+		idem = idemHash(req.Meter, req.IdempotencyKey)
+	}
+	res, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p)
+	if err != nil {
+		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
+	}
+	return decode(res, p), nil
+}
+
+// Peek reports the tenant's limits as they stand, consuming and counting
+// nothing (for usage pages and headers outside a metered call). Allowed,
+// Violated and RetryAfter say whether one more unit would fit in every active
+// limit, judging the monthly quota as a hard cap: Peek does not know the
+// overage policy, and a bill tier would still admit past it. A zero now
+// means Redis time.
+func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error) {
+	if err := checkTenant(tenantID); err != nil {
+		return quota.Decision{}, err
+	}
+	if err := checkNow(now); err != nil {
+		return quota.Decision{}, err
+	}
+	p, err := paramsOf(limits)
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	res, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p)
+	if err != nil {
+		return quota.Decision{}, fmt.Errorf("ratelimit: peek: %w", err)
+	}
+	return decode(res, p), nil
+}
+
+func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params) ([]int64, error) {
+	// Script.Run sends EVALSHA and, when Redis answers NOSCRIPT (after a
+	// restart or SCRIPT FLUSH), EVAL, which loads the script again.
+	res, err := admitScript.Run(ctx, r.c, r.keys(tenantID, idem),
+		now, mode, cost, meter, overage,
+		p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly,
+	).Int64Slice()
+	if err != nil {
+		return nil, err
+	}
+	if len(res) != resultLen {
+		return nil, fmt.Errorf("script answered %d values, want %d", len(res), resultLen)
+	}
+	return res, nil
+}
+
+// Grant adds units to the tenant's quota for the current period ("day" or
+// "month", UTC): until the period ends its limit is quota + grants. The
+// period is taken from Redis time, or from now when it is not zero.
+func (r *Runner) Grant(ctx context.Context, tenantID string, period string, units int64, now time.Time) error {
+	if err := checkTenant(tenantID); err != nil {
+		return err
+	}
+	if period != "day" && period != "month" {
+		return quota.FieldError("period", `must be "day" or "month"`)
+	}
+	if units < 1 || units > quota.MaxQuantity {
+		return quota.FieldError("units", "must be an integer between 1 and %d", quota.MaxQuantity)
+	}
+	if err := checkNow(now); err != nil {
+		return err
+	}
+	err := grantScript.Run(ctx, r.c, []string{r.key(tenantID, period)}, micros(now), period, units).Err()
+	if err != nil {
+		return fmt.Errorf("ratelimit: grant: %w", err)
+	}
+	return nil
+}

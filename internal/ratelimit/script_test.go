@@ -1,0 +1,481 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/lua"
+)
+
+// allLimits are four active limits that admit a handful of requests.
+func allLimits() quota.Limits {
+	return quota.Limits{
+		BurstRate: f64(10), Burst: i64(5),
+		BucketCapacity: i64(20), BucketRefillPerSec: f64(5),
+		DailyQuota: i64(100), MonthlyQuota: i64(1000),
+	}
+}
+
+// TestPeriodsMatchGo holds the script's calendar (days since the epoch to
+// year and month, and back) to Go's time package: for fixed edge dates and
+// random instants from 1970 to 2250, grant.lua must report the period id and
+// next period start that Go computes.
+func TestPeriodsMatchGo(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	prefix := testenv.Prefix(t, c)
+	ctx := context.Background()
+	instants := []time.Time{
+		time.UnixMicro(1), time.Unix(86399, 999999000), time.Unix(86400, 0),
+		at(t, "2000-02-29T23:59:59.999999Z"), at(t, "2000-03-01T00:00:00Z"),
+		at(t, "2100-02-28T23:59:59.999999Z"), at(t, "2100-03-01T00:00:00Z"),
+		at(t, "2024-02-29T12:00:00Z"), at(t, "2024-12-31T23:59:59.999999Z"), at(t, "2025-01-01T00:00:00Z"),
+		at(t, "2200-12-31T23:59:59Z"), at(t, "2250-01-31T00:00:00Z"),
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 1000 {
+		instants = append(instants, time.UnixMicro(1+rng.Int64N(at(t, "2250-01-01T00:00:00Z").UnixMicro())))
+	}
+	for i, now := range instants {
+		u := now.UTC()
+		for _, tc := range []struct {
+			period     string
+			id         int64
+			nextPeriod time.Time
+		}{
+			{"day", u.Unix() / 86400, quota.DayStart(u).AddDate(0, 0, 1)},
+			{"month", int64(u.Year())*100 + int64(u.Month()), quota.MonthStart(u).AddDate(0, 1, 0)},
+		} {
+			key := fmt.Sprintf("%s:v1:{t:cal}:%s%d", prefix, tc.period, i)
+			got, err := grantScript.Run(ctx, c, []string{key}, now.UnixMicro(), tc.period, 1).Int64Slice()
+			if err != nil {
+				t.Fatalf("grant.lua at %v: %v", u, err)
+			}
+			if got[0] != tc.id || got[4] != tc.nextPeriod.UnixMicro() {
+				t.Errorf("%s at %v: got id %d, next %v; want %d, %v", tc.period, u.Format(time.RFC3339Nano),
+					got[0], time.UnixMicro(got[4]).UTC(), tc.id, tc.nextPeriod)
+			}
+		}
+	}
+}
+
+// TestScriptsSharePeriodCode checks that admit.lua and grant.lua carry the
+// same period code (Redis scripts cannot include one another), so that
+// TestPeriodsMatchGo, which runs grant.lua, covers admit.lua too.
+func TestScriptsSharePeriodCode(t *testing.T) {
+	t.Parallel()
+	block := func(name string) string {
+		b, err := fs.ReadFile(lua.FS, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		s := string(b)
+		i, j := strings.Index(s, "-- BEGIN periods"), strings.Index(s, "-- END periods")
+		if i < 0 || j < i {
+			t.Fatalf("%s: no BEGIN/END periods block", name)
+		}
+		// idiv is part of the shared code too.
+		k := strings.Index(s, "local function idiv")
+		return s[k:strings.Index(s[k:], "\nend\n")+k] + s[i:j]
+	}
+	if a, g := block("admit.lua"), block("grant.lua"); a != g {
+		t.Errorf("period code differs:\nadmit.lua:\n%s\ngrant.lua:\n%s", a, g)
+	}
+}
+
+func TestAdmitRejectsBadInput(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, prefix := mustRunner(t, c)
+	ok := quota.Request{TenantID: "t1", Meter: "demo", Cost: 1, Limits: allLimits(), Overage: quota.OverageBlock}
+	for _, tc := range []struct {
+		name  string
+		edit  func(*quota.Request)
+		field string
+	}{
+		{"cost 0", func(r *quota.Request) { r.Cost = 0 }, "cost"},
+		{"negative cost", func(r *quota.Request) { r.Cost = -1 }, "cost"},
+		{"cost above MaxQuantity", func(r *quota.Request) { r.Cost = quota.MaxQuantity + 1 }, "cost"},
+		{"empty meter", func(r *quota.Request) { r.Meter = "" }, "meter"},
+		{"meter with |", func(r *quota.Request) { r.Meter = "a|u" }, "meter"},
+		{"meter of 65 characters", func(r *quota.Request) { r.Meter = strings.Repeat("m", 65) }, "meter"},
+		{"empty tenant", func(r *quota.Request) { r.TenantID = "" }, "tenant_id"},
+		{"tenant with a brace", func(r *quota.Request) { r.TenantID = "a}b" }, "tenant_id"},
+		{"tenant with a newline", func(r *quota.Request) { r.TenantID = "a\nb" }, "tenant_id"},
+		{"unknown overage", func(r *quota.Request) { r.Overage = "maybe" }, "overage"},
+		{"burst without rate", func(r *quota.Request) { r.Limits.BurstRate = nil }, "burst"},
+		{"negative daily quota", func(r *quota.Request) { r.Limits.DailyQuota = i64(-1) }, "daily_quota"},
+		{"burst window too long", func(r *quota.Request) {
+			r.Limits.BurstRate, r.Limits.Burst = f64(quota.MinRate), i64(quota.MaxQuantity)
+		}, "burst"},
+		{"bucket window too long", func(r *quota.Request) {
+			r.Limits.BucketRefillPerSec, r.Limits.BucketCapacity = f64(quota.MinRate), i64(quota.MaxQuantity)
+		}, "bucket_capacity"},
+		{"time before 1970", func(r *quota.Request) { r.Now = time.Unix(-5, 0) }, "now"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req := ok
+			tc.edit(&req)
+			_, err := r.Admit(context.Background(), req)
+			var qe *quota.Error
+			if !errors.As(err, &qe) || qe.Code != quota.CodeInvalid || qe.Field != tc.field {
+				t.Errorf("Admit: got error %v, want a %s error on field %s", err, quota.CodeInvalid, tc.field)
+			}
+		})
+	}
+	if keys := mustKeys(t, c, prefix); len(keys) != 0 {
+		t.Errorf("invalid requests wrote keys %v, want none", keys)
+	}
+	if d := mustAdmit(t, r, ok); !d.Allowed {
+		t.Errorf("valid request: got %s, want allowed", fmtDecision(d))
+	}
+	for _, tc := range []struct {
+		name, period string
+		units        int64
+		field        string
+	}{
+		{"unknown period", "week", 1, "period"},
+		{"zero units", "day", 0, "units"},
+		{"too many units", "month", quota.MaxQuantity + 1, "units"},
+	} {
+		err := r.Grant(context.Background(), "t1", tc.period, tc.units, time.Time{})
+		if quota.ErrorCode(err) != quota.CodeInvalid || !strings.Contains(err.Error(), tc.field) {
+			t.Errorf("Grant %s: got error %v, want a %s error on field %s", tc.name, err, quota.CodeInvalid, tc.field)
+		}
+	}
+}
+
+// TestRedisFailureIsAnError checks that a Redis failure reaches the caller
+// as an error, never as a refusal (nor an admission).
+func TestRedisFailureIsAnError(t *testing.T) {
+	t.Parallel()
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	t.Cleanup(func() { _ = c.Close() })
+	r := New(c, "unreachable")
+	d, err := r.Admit(context.Background(), quota.Request{TenantID: "t1", Meter: "demo", Cost: 1, Limits: allLimits()})
+	if err == nil || !strings.HasPrefix(err.Error(), "ratelimit: admit: ") {
+		t.Fatalf("Admit against a dead server: got error %v, want a \"ratelimit: admit: \" error", err)
+	}
+	if d.Allowed || d.Limits != nil || d.Violated != nil {
+		t.Errorf("Admit against a dead server: got decision %s, want the zero Decision", fmtDecision(d))
+	}
+	if code := quota.ErrorCode(err); code != quota.CodeInternal {
+		t.Errorf("ErrorCode: got %s, want %s", code, quota.CodeInternal)
+	}
+}
+
+// TestKeyLayout checks the names of a tenant's keys: versioned, and each
+// with the tenant's hash tag.
+func TestKeyLayout(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, prefix := mustRunner(t, c)
+	tenant := newTenant()
+	mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: allLimits(), IdempotencyKey: "k1",
+		Now: time.Now().Add(time.Hour)}) // an hour ahead keeps gcra/bucket from expiring before the scan
+	got := map[string]bool{}
+	for _, k := range mustKeys(t, c, prefix) {
+		got[k] = true
+	}
+	base := prefix + ":v1:{t:" + tenant + "}:"
+	want := []string{base + "gcra", base + "bucket", base + "day", base + "month", base + "pending",
+		base + "idem:" + idemHash("demo", "k1")}
+	for _, k := range want {
+		if !got[k] {
+			t.Errorf("key %s: missing; got %v", k, got)
+		}
+	}
+	if len(got) != len(want) {
+		t.Errorf("keys: got %d (%v), want %d", len(got), got, len(want))
+	}
+}
+
+// TestEveryKeyHasATTL checks, after admissions with Redis time, that every
+// key expires, and no later than its state needs.
+func TestEveryKeyHasATTL(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, prefix := mustRunner(t, c)
+	tenant := newTenant()
+	// A slow GCRA and bucket, so that their keys are still there when read.
+	limits := quota.Limits{BurstRate: f64(0.01), Burst: i64(5), BucketCapacity: i64(20), BucketRefillPerSec: f64(0.01),
+		DailyQuota: i64(100), MonthlyQuota: i64(1000)}
+	var d quota.Decision
+	for i := range 3 {
+		d = mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: 2, Limits: limits,
+			IdempotencyKey: "k" + strconv.Itoa(i)})
+	}
+	ctx := context.Background()
+	now := d.Now
+	reset := func(name quota.LimitName) time.Time { l, _ := d.Limit(name); return l.Reset }
+	maxTTL := map[string]time.Duration{
+		"gcra":    reset(burst).Sub(now) + time.Millisecond,
+		"bucket":  reset(bucket).Sub(now) + time.Millisecond,
+		"day":     reset(daily).Sub(now) + time.Hour + time.Millisecond,
+		"month":   reset(monthly).Sub(now) + time.Hour + time.Millisecond,
+		"pending": 14 * 24 * time.Hour,
+		"idem":    24 * time.Hour,
+	}
+	keys := mustKeys(t, c, prefix)
+	if len(keys) != 8 {
+		t.Errorf("keys: got %d (%v), want 8", len(keys), keys)
+	}
+	for _, k := range keys {
+		ttl, err := c.PTTL(ctx, k).Result()
+		if err != nil {
+			t.Fatalf("PTTL %s: %v", k, err)
+		}
+		kind := k[strings.LastIndex(k, "}:")+2:]
+		kind, _, _ = strings.Cut(kind, ":")
+		if ttl <= 0 || ttl > maxTTL[kind] {
+			t.Errorf("PTTL %s: got %v, want in (0, %v]", k, ttl, maxTTL[kind])
+		}
+	}
+}
+
+// TestDryRunChangesNothing compares every key's DUMP and expiry before and
+// after dry runs that would be allowed and dry runs that would be refused.
+func TestDryRunChangesNothing(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, prefix := mustRunner(t, c)
+	tenant := newTenant()
+	now := at(t, "2031-03-10T10:00:00Z")
+	req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: allLimits(), Now: now}
+
+	dry := req
+	dry.DryRun, dry.IdempotencyKey = true, "k"
+	if d := mustAdmit(t, r, dry); !d.Allowed {
+		t.Fatalf("dry run on a fresh tenant: got %s, want allowed", fmtDecision(d))
+	}
+	if keys := mustKeys(t, c, prefix); len(keys) != 0 {
+		t.Fatalf("dry run on a fresh tenant wrote keys %v, want none", keys)
+	}
+
+	mustAdmit(t, r, req)
+	before := mustSnapshot(t, c, prefix)
+	for _, cost := range []int64{1, 5, 20, 21, 101, 5000} { // allowed, allowed, bucket-full, never, ...
+		dry.Cost = cost
+		mustAdmit(t, r, dry)
+	}
+	dry.Overage, dry.Cost = quota.OverageBill, 999
+	mustAdmit(t, r, dry)
+	if _, err := r.Peek(context.Background(), tenant, allLimits(), now); err != nil {
+		t.Fatal(err)
+	}
+	if after := mustSnapshot(t, c, prefix); fmt.Sprint(after) != fmt.Sprint(before) {
+		t.Errorf("dry runs changed keys:\n got  %v\n want %v", after, before)
+	}
+}
+
+// TestRefusalCountsOnlyTheRefusal checks that a refused request changes no
+// limit state (DUMP and expiry of every key) and only adds 1 to the pending
+// "x" counter.
+func TestRefusalCountsOnlyTheRefusal(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, prefix := mustRunner(t, c)
+	tenant := newTenant()
+	now := at(t, "2031-03-10T10:00:00Z")
+	limits := allLimits()
+	limits.MonthlyQuota = i64(3)
+	req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 3, Limits: limits, Now: now}
+	mustAdmit(t, r, req)
+
+	pendingKey := r.key(tenant, "pending")
+	before := mustSnapshot(t, c, prefix)
+	pendingBefore := c.HGetAll(context.Background(), pendingKey).Val()
+	req.Cost, req.IdempotencyKey = 1, "k"
+	if d := mustAdmit(t, r, req); d.Allowed {
+		t.Fatalf("over the monthly quota: got %s, want refused", fmtDecision(d))
+	}
+	after := mustSnapshot(t, c, prefix)
+	for k, v := range before {
+		if k != pendingKey && after[k] != v {
+			t.Errorf("key %s changed on refusal", k)
+		}
+	}
+	if len(after) != len(before) {
+		t.Errorf("keys after refusal: got %d, want %d (no idem key for a refusal)", len(after), len(before))
+	}
+	pendingAfter := c.HGetAll(context.Background(), pendingKey).Val()
+	hour := strconv.FormatInt(now.Truncate(time.Hour).Unix(), 10)
+	want := map[string]string{}
+	for k, v := range pendingBefore {
+		want[k] = v
+	}
+	want[hour+"|demo|x"] = "1"
+	if fmt.Sprint(pendingAfter) != fmt.Sprint(want) {
+		t.Errorf("pending after refusal: got %v, want %v", pendingAfter, want)
+	}
+}
+
+func TestIdempotentRepeat(t *testing.T) {
+	t.Parallel()
+	testIdempotency(t, testenv.Redis(t))
+}
+
+// testIdempotency checks, with Redis time, that a repeat returns the first
+// decision and counts nothing, that another meter is another key, and that a
+// refused attempt is not stored.
+func testIdempotency(t *testing.T, c redis.UniversalClient) {
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	for _, tenant := range []string{newTenant(), newTenant(), newTenant()} {
+		limits := quota.Limits{MonthlyQuota: i64(10), DailyQuota: i64(10)}
+		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 4, Limits: limits, IdempotencyKey: "order-1"}
+		first := mustAdmit(t, r, req)
+		if !first.Allowed || first.Replayed {
+			t.Fatalf("first: got %s, want allowed, not replayed", fmtDecision(first))
+		}
+		for range 3 {
+			again := mustAdmit(t, r, req)
+			want := first
+			want.Replayed = true
+			if g, w := fmtDecision(again), fmtDecision(want); g != w {
+				t.Errorf("repeat:\n got  %s\n want %s", g, w)
+			}
+		}
+		other := req
+		other.Meter = "report"
+		if d := mustAdmit(t, r, other); d.Replayed || !d.Allowed {
+			t.Errorf("same key, other meter: got %s, want a new allowed decision", fmtDecision(d))
+		}
+		pending := sumPending(t, c, r.key(tenant, "pending"))
+		if pending["u"] != 8 || pending["r"] != 2 {
+			t.Errorf("pending after repeats: got %v, want u=8 r=2", pending)
+		}
+		big := req
+		big.Cost, big.IdempotencyKey = 5, "order-2"
+		if d := mustAdmit(t, r, big); d.Allowed {
+			t.Fatalf("over quota: got %s, want refused", fmtDecision(d))
+		}
+		if err := r.Grant(ctx, tenant, "month", 5, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.Grant(ctx, tenant, "day", 5, time.Time{}); err != nil {
+			t.Fatal(err)
+		}
+		if d := mustAdmit(t, r, big); !d.Allowed || d.Replayed {
+			t.Errorf("retry after a refusal: got %s, want a new allowed decision", fmtDecision(d))
+		}
+	}
+}
+
+// sumPending adds up a pending hash by kind (u, r, x, o).
+func sumPending(tb testing.TB, c redis.UniversalClient, key string) map[string]int64 {
+	tb.Helper()
+	raw, err := c.HGetAll(context.Background(), key).Result()
+	if err != nil {
+		tb.Fatalf("HGETALL %s: %v", key, err)
+	}
+	sum := map[string]int64{}
+	for f, v := range raw {
+		n, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			tb.Fatalf("pending field %s=%q: %v", f, v, err)
+		}
+		sum[f[strings.LastIndex(f, "|")+1:]] += n
+	}
+	return sum
+}
+
+// TestNoScriptReload flushes the script cache and checks that Admit still
+// works: go-redis's Script.Run answers NOSCRIPT with EVAL, which loads the
+// script again. A hook records the commands, so the test knows that the
+// fallback ran (another process could reload the script between the flush
+// and the admission; then it flushes and tries again).
+func TestNoScriptReload(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t).(*redis.Client)
+	rec := &cmdRecorder{}
+	c.AddHook(rec)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	for try := 0; ; try++ {
+		if err := c.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		rec.reset()
+		d := mustAdmit(t, r, quota.Request{TenantID: newTenant(), Meter: "demo", Cost: 1, Limits: allLimits()})
+		if !d.Allowed {
+			t.Fatalf("after SCRIPT FLUSH: got %s, want allowed", fmtDecision(d))
+		}
+		if got := rec.names(); fmt.Sprint(got) == "[evalsha eval]" {
+			break
+		} else if try == 5 {
+			t.Fatalf("commands after SCRIPT FLUSH: got %v, want [evalsha eval]", got)
+		}
+	}
+	if ok, err := c.ScriptExists(ctx, admitScript.Hash()).Result(); err != nil || !ok[0] {
+		t.Errorf("SCRIPT EXISTS after the reload: got %v, %v; want true", ok, err)
+	}
+}
+
+type cmdRecorder struct {
+	mu   sync.Mutex
+	cmds []string
+}
+
+func (h *cmdRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *cmdRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *cmdRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.mu.Lock()
+		h.cmds = append(h.cmds, cmd.Name())
+		h.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+func (h *cmdRecorder) reset() { h.mu.Lock(); h.cmds = nil; h.mu.Unlock() }
+func (h *cmdRecorder) names() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]string(nil), h.cmds...)
+}
+
+// TestPeekReportsWithoutCounting checks Peek against the model on a tenant
+// with some usage, and that it reports an exhausted limit.
+func TestPeekReportsWithoutCounting(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	now := at(t, "2031-03-10T10:00:00Z")
+	limits := allLimits()
+	limits.DailyQuota = i64(4)
+	var m Model
+	for _, cost := range []int64{1, 3} {
+		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: cost, Limits: limits, Now: now}
+		mustAdmit(t, r, req)
+		m.Admit(req, now)
+	}
+	got, err := r.Peek(context.Background(), tenant, limits, now.Add(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := m.Peek(limits, now.Add(time.Second))
+	if g, w := fmtDecision(got), fmtDecision(want); g != w {
+		t.Errorf("Peek:\n got  %s\n want %s", g, w)
+	}
+	if l, _ := got.Limit(daily); got.Allowed || l.Remaining != 0 || fmt.Sprint(got.Violated) != "[daily]" {
+		t.Errorf("Peek on a full daily quota: got %s, want refused by daily with 0 remaining", fmtDecision(got))
+	}
+	if l, _ := got.Limit(burst); l.Remaining != 5 {
+		t.Errorf("Peek burst remaining one second later: got %d, want 5", l.Remaining)
+	}
+}
