@@ -1,45 +1,57 @@
 # Tollgate — the two set-up commands are `make run` and `make test`.
+# scripts/services.sh makes Redis and Postgres reachable (using REDIS_URL and
+# DATABASE_URL when set, else local servers, else installing and starting its
+# own under .data/) and prints the two URLs to export.
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
+export PATH := $(PATH):/usr/local/go/bin
 GO ?= go
+PKGS ?= ./...
 TESTFLAGS ?=
-ADDR ?= 127.0.0.1:8080
-# Local services: scripts/services.sh uses REDIS_URL/DATABASE_URL when set,
-# else the servers on the default ports, else installs and starts its own.
-SERVICES = eval "$$(scripts/services.sh)"
+BENCHFLAGS ?=
+
+# `svc=$(…) && eval` rather than `eval "$(…)"`, which would ignore a failure.
+SERVICES = svc=$$(scripts/services.sh) && eval "$$svc"
+# $(call token,VAR,FILE): keep VAR from the environment, else read it from
+# .data/FILE, made once with 32 random hex characters.
+token = if [ -z "$${$(1):-}" ]; then \
+	  [ -s .data/$(2) ] || (umask 077; mkdir -p .data; od -An -tx1 -N16 /dev/urandom | tr -d ' \n' >.data/$(2)); \
+	  $(1)=$$(<.data/$(2)); \
+	fi; export $(1)
 
 .PHONY: run test bench build services services-stop clean
 
-## run: start Redis/Postgres if needed, migrate, print a demo key, run api + worker until Ctrl-C
+## run: start Redis/Postgres if needed, migrate, print a demo key, run the api and worker until Ctrl-C
 run: build
 	@$(SERVICES); \
-	mkdir -p .data; \
-	token() { [ -s "$$1" ] || od -An -tx1 -N16 /dev/urandom | tr -d ' \n' > "$$1"; cat "$$1"; }; \
-	export TOLLGATE_ADMIN_TOKEN="$${TOLLGATE_ADMIN_TOKEN:-$$(token .data/admin_token)}"; \
-	export TOLLGATE_SERVICE_TOKEN="$${TOLLGATE_SERVICE_TOKEN:-$$(token .data/service_token)}"; \
-	export TOLLGATE_ADDR="$${TOLLGATE_ADDR:-$(ADDR)}"; \
+	$(call token,TOLLGATE_ADMIN_TOKEN,admin_token); \
+	$(call token,TOLLGATE_SERVICE_TOKEN,service_token); \
+	export TOLLGATE_ADDR="$${TOLLGATE_ADDR:-127.0.0.1:8080}"; \
 	export TOLLGATE_LOG_FORMAT="$${TOLLGATE_LOG_FORMAT:-text}"; \
 	bin/seed; \
 	bin/worker & worker=$$!; \
-	trap 'kill $$worker 2>/dev/null; wait $$worker 2>/dev/null' EXIT; \
+	trap 'kill $$worker 2>/dev/null || true; wait $$worker 2>/dev/null || true' EXIT; \
 	bin/api
 
 ## test: go vet, then every test with -race against real Redis and Postgres
 test:
-	@$(SERVICES); \
-	$(GO) vet ./... && \
-	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) ./...
+	@$(SERVICES) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
 
-## bench: the Go benchmarks, then the HTTP load test against a local api
+## bench: the Go benchmarks, then an api on loopback under load: req/s, p50/p99 of an unmetered and a metered route
+BENCH_ADDR ?= 127.0.0.1:18080
+LOADFLAGS ?= -duration 5s -concurrency 16
 bench: build
-	@$(SERVICES); \
-	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./internal/ratelimit/
+	@$(SERVICES) && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s $(BENCHFLAGS) $(PKGS); \
+	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn; \
+	bin/api & api=$$!; \
+	trap 'kill $$api 2>/dev/null || true; wait $$api 2>/dev/null || true' EXIT; \
+	bin/loadgen -url http://$(BENCH_ADDR) $(LOADFLAGS)
 
-## build: the binaries in bin/
+## build: the binaries api, worker and seed in bin/
 build:
 	$(GO) build -o bin/ ./cmd/...
 
-## services: just start (or find) Redis and Postgres and print their URLs
+## services: find or start Redis and Postgres and print their URLs
 services:
 	@scripts/services.sh
 

@@ -1,145 +1,353 @@
 #!/usr/bin/env bash
+# shellcheck disable=SC2016 # single-quoted scripts for bash -c / su -c expand there
 # services.sh — make Redis and Postgres reachable for `make run` and `make test`.
 #
-#   eval "$(scripts/services.sh)"   prints `export REDIS_URL=…` and `export DATABASE_URL=…`
+#   eval "$(scripts/services.sh)"   prints `export REDIS_URL='…'` and `export DATABASE_URL='…'`
 #   scripts/services.sh stop        stops only the servers this script started
 #
-# For each of the two: a URL given in the environment is used as it is and
-# nothing is installed. Otherwise a server already answering on the default
-# port (Redis 127.0.0.1:6379, Postgres 127.0.0.1:5432 with user postgres) is
-# used. Otherwise Debian's package is installed when missing (apt-get, as root
-# or through sudo) and a server of our own is started on that port, its data
-# under .data/ (ignored by git). Logs go to stderr; stdout carries only the
-# export lines.
+# For each of the two, independently:
+#   1. REDIS_URL / DATABASE_URL set in the environment: used as is; nothing is
+#      installed or started.
+#   2. our own server, started earlier by this script, is up: used.
+#   3. a server answering on 127.0.0.1:6379 / 127.0.0.1:5432 (Postgres: user
+#      postgres, no password) is used.
+#   4. otherwise Debian's package (redis-server, postgresql) is installed when
+#      missing (apt-get, as root or through password-less sudo) and a server of
+#      our own is started on loopback, its data under .data/ (ignored by git):
+#      on port 6379 / 5432, or on the next free port when a server we cannot use
+#      (one asking for a password) holds it.
+# Stdout carries only the two export lines; every message goes to stderr.
 set -euo pipefail
 
-root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-data="$root/.data"
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+data=$root/.data
+redis_dir=$data/redis
 redis_port=6379
 pg_port=5432
-db_name=tollgate
+pg_location=$data/postgres.location # our cluster's data dir, when not $data/postgres
+howto_tail="or set REDIS_URL and DATABASE_URL to servers you already have"
+
+# Keep stdout (fd 3) for the export lines; everything else writes to stderr.
+# Daemons we start get `3>&- 9>&-`, or `$(scripts/services.sh)` would wait for
+# them to exit and they would hold the lock.
+exec 3>&1 1>&2
 
 log() { printf 'services: %s\n' "$*" >&2; }
-die() { printf 'services: %s\n' "$*" >&2; exit 1; }
+die() {
+	printf 'services: error: %s\n' "$*" >&2
+	exit 1
+}
+have() { command -v "$1" >/dev/null 2>&1; }
+is_root() { [ "$(id -u)" -eq 0 ]; }
+shquote() { printf "'%s'" "${1//\'/\'\\\'\'}"; } # for eval
 
-as_root() {
-  if [ "$(id -u)" = 0 ]; then "$@"
-  elif command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then sudo "$@"
-  else return 1
-  fi
+# port_open PORT: something accepts TCP connections on 127.0.0.1:PORT.
+port_open() { timeout 3 bash -c 'exec 3<>"/dev/tcp/127.0.0.1/$1"' _ "$1" 2>/dev/null; }
+
+# --- privileges, packages, lock ------------------------------------------------
+
+can_root() { is_root || { have sudo && sudo -n true 2>/dev/null; }; }
+as_root() { if is_root; then "$@"; else sudo -n "$@"; fi; }
+
+apt_updated=0
+# apt_install PACKAGE...: installs Debian packages, or exits saying what to install.
+apt_install() {
+	local howto="install $*: sudo apt-get install $*, $howto_tail"
+	have apt-get || die "no apt-get on this machine: $howto (any Redis 6+ and PostgreSQL 13+ will do)"
+	can_root || die "not root and no password-less sudo to run apt-get: $howto"
+	log "installing $* with apt-get"
+	if [ "$apt_updated" = 0 ]; then
+		as_root env DEBIAN_FRONTEND=noninteractive apt-get update -q >&2 || die "apt-get update failed: $howto"
+		apt_updated=1
+	fi
+	as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "$@" >&2 ||
+		die "apt-get install $* failed: $howto"
 }
 
-apt_updated=""
-install_pkg() { # install_pkg <debian package> <what it is for>
-  command -v apt-get >/dev/null 2>&1 ||
-    die "$2 is not installed and there is no apt-get here: install $1, or set REDIS_URL and DATABASE_URL"
-  log "installing $1 with apt-get"
-  if [ -z "$apt_updated" ]; then
-    as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >&2 ||
-      die "cannot run apt-get as root: run 'sudo apt-get install -y $1', or set REDIS_URL and DATABASE_URL"
-    apt_updated=1
-  fi
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$1" >&2 ||
-    die "apt-get install $1 failed: install it by hand, or set REDIS_URL and DATABASE_URL"
+# lock: one instance at a time starts servers (e.g. two `make test` at once).
+lock() {
+	mkdir -p "$data"
+	chmod 755 "$data" || true # the postgres user must traverse it when we run as root
+	if have flock; then
+		exec 9>"$data/.lock"
+		flock -w 300 9 || die "another scripts/services.sh holds $data/.lock"
+	fi
 }
 
-# --- Redis -------------------------------------------------------------------
-
-redis_answers() { # redis_answers <port>
-  if command -v redis-cli >/dev/null 2>&1; then
-    [ "$(redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]
-  else
-    (exec 3<>"/dev/tcp/127.0.0.1/$1" && printf 'PING\r\n' >&3 && IFS= read -r -t 2 line <&3 && [[ "$line" == +PONG* ]]) 2>/dev/null
-  fi
+# free_port PORT: PORT when nothing listens there, else the next free one.
+free_port() {
+	local p=$1
+	while port_open "$p"; do
+		p=$((p + 1))
+		[ "$p" -lt $(($1 + 20)) ] || die "no free port in $1..$p on 127.0.0.1"
+	done
+	echo "$p"
 }
 
-ensure_redis() {
-  if [ -n "${REDIS_URL:-}" ]; then echo "$REDIS_URL"; return; fi
-  local url="redis://127.0.0.1:$redis_port/0"
-  if redis_answers "$redis_port"; then echo "$url"; return; fi
-  command -v redis-server >/dev/null 2>&1 || install_pkg redis-server "Redis"
-  mkdir -p "$data/redis"
-  log "starting redis-server on 127.0.0.1:$redis_port (data in .data/redis)"
-  redis-server --daemonize yes --bind 127.0.0.1 --port "$redis_port" --dir "$data/redis" \
-    --pidfile "$data/redis/redis.pid" --logfile "$data/redis/redis.log" \
-    --save "" --appendonly no >&2 || die "redis-server did not start; see .data/redis/redis.log"
-  for _ in $(seq 100); do
-    redis_answers "$redis_port" && { echo "$url"; return; }
-    sleep 0.2
-  done
-  die "redis-server did not answer on 127.0.0.1:$redis_port within 20s; see .data/redis/redis.log"
+# --- Redis -----------------------------------------------------------------------
+
+# redis_ping PORT: a Redis on 127.0.0.1:PORT answers PING with PONG.
+redis_ping() {
+	if have redis-cli; then
+		[ "$(timeout 5 redis-cli -h 127.0.0.1 -p "$1" ping 2>/dev/null)" = PONG ]
+	else
+		timeout 5 bash -c '
+			exec 3<>"/dev/tcp/127.0.0.1/$1" && printf "PING\r\n" >&3 &&
+				IFS= read -r reply <&3 && [[ $reply == +PONG* ]]' _ "$1" 2>/dev/null
+	fi
 }
 
-# --- Postgres ----------------------------------------------------------------
-
-pg_bin() { # the newest installed server binaries
-  ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1
+# own_redis_port: the port of the Redis this script started, if it runs.
+own_redis_port() {
+	local pid
+	[ -s "$redis_dir/redis.pid" ] || return 1
+	pid=$(<"$redis_dir/redis.pid")
+	kill -0 "$pid" 2>/dev/null && grep -q redis "/proc/$pid/comm" 2>/dev/null || return 1
+	sed -n 's/^port //p' "$redis_dir/redis.conf" 2>/dev/null | grep . || return 1
 }
 
-pg_answers() {
-  if command -v psql >/dev/null 2>&1; then
-    psql -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -tAc 'select 1' >/dev/null 2>&1
-  else
-    (exec 3<>"/dev/tcp/127.0.0.1/$pg_port") 2>/dev/null
-  fi
+# find_redis: the port of a usable Redis (ours first), or fails.
+find_redis() {
+	local port
+	if port=$(own_redis_port) && redis_ping "$port"; then
+		log "Redis: ours answers on 127.0.0.1:$port"
+	elif port=$redis_port && redis_ping "$port"; then
+		log "Redis: using the one answering on 127.0.0.1:$port"
+	else
+		return 1
+	fi
+	echo "$port"
 }
 
-# run_pg runs a server binary as the postgres OS user when we are root
-# (initdb and postgres refuse to run as root).
-run_pg() {
-  if [ "$(id -u)" = 0 ]; then runuser -u postgres -- "$@"; else "$@"; fi
+start_redis() {
+	local port
+	# The package may just have started the system's (systemd), or another
+	# instance ours while we waited for the lock.
+	find_redis && return
+	have redis-server || apt_install redis-server
+	have redis-server || die "no redis-server on PATH even after installing redis-server"
+	find_redis && return
+	port=$(free_port "$redis_port")
+	[ "$port" = "$redis_port" ] ||
+		log "Redis: 127.0.0.1:$redis_port is held by a server that does not answer PING (a password?); using port $port"
+	mkdir -p "$redis_dir"
+	cat >"$redis_dir/redis.conf" <<EOF
+# Written by scripts/services.sh: a throwaway Redis for development and tests.
+bind 127.0.0.1
+port $port
+protected-mode yes
+daemonize yes
+dir "$redis_dir"
+pidfile "$redis_dir/redis.pid"
+logfile "$redis_dir/redis.log"
+save ""
+appendonly no
+EOF
+	log "Redis: starting ours on 127.0.0.1:$port (data and log in $redis_dir)"
+	rm -f "$redis_dir/redis.pid"
+	redis-server "$redis_dir/redis.conf" </dev/null >&2 3>&- 9>&- ||
+		die "redis-server did not start; see $redis_dir/redis.log"
+	for _ in $(seq 100); do
+		redis_ping "$port" && { echo "$port"; return; }
+		sleep 0.2
+	done
+	tail -n 20 "$redis_dir/redis.log" >&2 || true
+	die "our Redis does not answer PING on 127.0.0.1:$port after 20s; see $redis_dir/redis.log"
 }
 
-ensure_postgres() {
-  if [ -n "${DATABASE_URL:-}" ]; then echo "$DATABASE_URL"; return; fi
-  local url="postgres://postgres@127.0.0.1:$pg_port/$db_name?sslmode=disable"
-  if ! pg_answers; then
-    [ -n "$(pg_bin)" ] || install_pkg postgresql "Postgres"
-    command -v psql >/dev/null 2>&1 || install_pkg postgresql-client "the Postgres client"
-    local bin dir="$data/postgres" sock="$data/postgres-run"
-    bin=$(pg_bin)
-    [ -n "$bin" ] || die "no Postgres server binaries under /usr/lib/postgresql: install postgresql"
-    mkdir -p "$dir" "$sock"
-    if [ "$(id -u)" = 0 ]; then
-      id postgres >/dev/null 2>&1 || die "no postgres OS user: install the postgresql package"
-      chown postgres "$dir" "$sock"
-      chmod 700 "$dir"
-      runuser -u postgres -- test -x "$dir" ||
-        die "the postgres user cannot reach $dir: move the checkout somewhere it can read, or set DATABASE_URL"
-    fi
-    if [ ! -f "$dir/PG_VERSION" ]; then
-      log "initialising a Postgres cluster in .data/postgres"
-      run_pg "$bin/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 >&2
-    fi
-    log "starting Postgres on 127.0.0.1:$pg_port (data in .data/postgres)"
-    run_pg "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
-      -o "-h 127.0.0.1 -p $pg_port -k $sock" start >&2 ||
-      die "Postgres did not start; see .data/postgres/server.log"
-    pg_answers || die "Postgres does not answer on 127.0.0.1:$pg_port; see .data/postgres/server.log"
-  fi
-  if [ -z "$(psql -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -tAc "select 1 from pg_database where datname = '$db_name'")" ]; then
-    psql -h 127.0.0.1 -p "$pg_port" -U postgres -d postgres -qc "CREATE DATABASE $db_name" >&2
-  fi
-  echo "$url"
+stop_redis() {
+	local pid
+	if ! own_redis_port >/dev/null; then
+		log "Redis: none of ours is running"
+		return 0
+	fi
+	pid=$(<"$redis_dir/redis.pid")
+	log "Redis: stopping ours (pid $pid)"
+	kill -TERM "$pid"
+	for _ in $(seq 100); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.2
+	done
+	die "our Redis (pid $pid) did not stop within 20s"
 }
 
-stop_ours() {
-  if [ -f "$data/redis/redis.pid" ] && kill -0 "$(cat "$data/redis/redis.pid")" 2>/dev/null; then
-    log "stopping our redis-server"
-    kill "$(cat "$data/redis/redis.pid")"
-  fi
-  if [ -f "$data/postgres/postmaster.pid" ]; then
-    log "stopping our Postgres"
-    run_pg "$(pg_bin)/pg_ctl" -D "$data/postgres" -m fast -w stop >&2 || true
-  fi
+# --- Postgres --------------------------------------------------------------------
+
+pgbin="" # the newest installed server binaries
+find_pgbin() {
+	local d
+	# shellcheck disable=SC2012
+	d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1 || true)
+	if [ -n "$d" ] && [ -x "$d/initdb" ]; then
+		pgbin=$d
+	elif have initdb && have pg_ctl; then # not Debian
+		pgbin=$(dirname "$(command -v pg_ctl)")
+	else
+		return 1
+	fi
 }
 
+# pg_dir: the data directory of our own cluster.
+pg_dir() { if [ -s "$pg_location" ]; then cat "$pg_location"; else echo "$data/postgres"; fi; }
+
+# as_pg CMD...: runs CMD as our cluster's owner: the postgres user when we are
+# root, since initdb and postgres refuse to run as root.
+as_pg() {
+	if ! is_root; then
+		"$@"
+	elif have runuser; then
+		(cd / && runuser -u postgres -- "$@")
+	else
+		(cd / && su -s /bin/sh -c '"$0" "$@"' postgres -- "$@")
+	fi
+}
+
+# own_pg_port: the port of the cluster this script started, if it runs.
+own_pg_port() {
+	local pid port
+	{ read -r pid && read -r _ && read -r _ && read -r port; } 2>/dev/null <"$(pg_dir)/postmaster.pid" || return 1
+	kill -0 "$pid" 2>/dev/null || return 1
+	echo "$port"
+}
+
+# pg_sql PORT SQL: runs SQL as user postgres over TCP, never asking for a password.
+pg_sql() {
+	local psql=psql
+	[ -x "$pgbin/psql" ] && psql=$pgbin/psql
+	PGCONNECT_TIMEOUT=5 "$psql" -X -w -q -h 127.0.0.1 -p "$1" -U postgres -d postgres \
+		-v ON_ERROR_STOP=1 -tAc "$2"
+}
+
+# pg_usable PORT: a Postgres on 127.0.0.1:PORT lets user postgres in without a password.
+pg_usable() {
+	if have pg_isready; then
+		pg_isready -q -h 127.0.0.1 -p "$1" -t 5 || return 1
+	else
+		port_open "$1" || return 1
+	fi
+	[ "$(pg_sql "$1" 'select 1' 2>/dev/null)" = 1 ]
+}
+
+# find_pg: the port of a usable Postgres (ours first), or fails.
+find_pg() {
+	local port
+	if port=$(own_pg_port) && pg_usable "$port"; then
+		log "Postgres: ours answers on 127.0.0.1:$port ($(pg_dir))"
+	elif port=$pg_port && { have psql || [ -x "$pgbin/psql" ]; } && pg_usable "$port"; then
+		log "Postgres: using the one answering on 127.0.0.1:$port"
+	else
+		return 1
+	fi
+	echo "$port"
+}
+
+start_postgres() {
+	local dir sock pglog port
+	find_pg && return # see start_redis
+	if [ -z "$pgbin" ]; then
+		apt_install postgresql
+		find_pgbin || die "no initdb in /usr/lib/postgresql/*/bin after installing postgresql"
+		find_pg && return
+	fi
+	if is_root && ! id postgres >/dev/null 2>&1; then
+		die "as root, Postgres must run as the postgres user, and there is none: install postgresql (sudo apt-get install postgresql), run as a normal user, $howto_tail"
+	fi
+
+	dir=$(pg_dir)
+	if is_root && [ "$dir" = "$data/postgres" ] && ! runuser -u postgres -- test -x "$data" 2>/dev/null; then
+		dir=/var/lib/postgresql/tollgate-$(printf '%s' "$root" | sha256sum | cut -c1-12)
+		log "Postgres: the postgres user cannot reach $data, so our cluster lives in $dir"
+		echo "$dir" >"$pg_location"
+	fi
+	sock=$dir-run # .data/postgres-run, or next to the data dir elsewhere
+	pglog=$dir.log
+	# A Unix socket path has at most ~107 bytes; without room, TCP only.
+	[ "${#sock}" -le 90 ] || sock=""
+
+	mkdir -p "$dir" ${sock:+"$sock"}
+	touch "$pglog"
+	if is_root; then chown postgres: "$dir" "$pglog" ${sock:+"$sock"}; fi
+	chmod 700 "$dir"
+	if [ ! -s "$dir/PG_VERSION" ]; then
+		log "Postgres: creating our cluster in $dir ($pgbin)"
+		as_pg "$pgbin/initdb" -D "$dir" -U postgres --auth=trust -E UTF8 --no-locale >>"$pglog" 2>&1 3>&- 9>&- || {
+			tail -n 20 "$pglog" >&2 || true
+			die "initdb failed for $dir; see $pglog"
+		}
+	fi
+	port=$(free_port "$pg_port")
+	[ "$port" = "$pg_port" ] ||
+		log "Postgres: 127.0.0.1:$pg_port is held by a server that wants a password for user postgres; using port $port"
+	log "Postgres: starting ours on 127.0.0.1:$port (log $pglog)"
+	as_pg "$pgbin/pg_ctl" -D "$dir" -o "-h 127.0.0.1 -p $port -k '$sock'" -l "$pglog" -w -t 60 start \
+		</dev/null >&2 3>&- 9>&- || {
+		tail -n 20 "$pglog" >&2 || true
+		die "our Postgres did not start; see $pglog"
+	}
+	pg_usable "$port" || die "our Postgres started but user postgres cannot connect on 127.0.0.1:$port; see $pglog"
+	echo "$port"
+}
+
+stop_postgres() {
+	if ! own_pg_port >/dev/null; then
+		log "Postgres: none of ours is running"
+		return 0
+	fi
+	find_pgbin || die "no pg_ctl to stop our cluster in $(pg_dir)"
+	log "Postgres: stopping ours ($(pg_dir))"
+	as_pg "$pgbin/pg_ctl" -D "$(pg_dir)" -m fast -w -t 60 stop >&2
+}
+
+# ensure_database PORT: the database tollgate exists.
+ensure_database() {
+	local q="select 1 from pg_database where datname = 'tollgate'"
+	[ -n "$(pg_sql "$1" "$q")" ] && return
+	log "Postgres: creating database tollgate"
+	pg_sql "$1" 'CREATE DATABASE tollgate' >/dev/null 2>&1 || [ -n "$(pg_sql "$1" "$q")" ] ||
+		die "cannot create database tollgate on 127.0.0.1:$1"
+}
+
+# --- main ------------------------------------------------------------------------
+
+find_pgbin || true
 case "${1:-up}" in
-  up)
-    r=$(ensure_redis)
-    p=$(ensure_postgres)
-    printf "export REDIS_URL='%s'\nexport DATABASE_URL='%s'\n" "$r" "$p"
-    ;;
-  stop) stop_ours ;;
-  *) die "usage: $0 [up|stop]" ;;
+up) ;;
+stop)
+	stop_redis
+	stop_postgres
+	exit 0
+	;;
+*) die "usage: scripts/services.sh [up|stop]" ;;
 esac
+
+# Find what there is; say at once everything that is missing.
+need=() rport="" pport=""
+if [ -n "${REDIS_URL:-}" ]; then
+	log "Redis: using REDIS_URL from the environment"
+elif ! rport=$(find_redis); then
+	have redis-server || need+=(redis-server)
+fi
+if [ -n "${DATABASE_URL:-}" ]; then
+	log "Postgres: using DATABASE_URL from the environment"
+elif ! pport=$(find_pg); then
+	if ! have psql && [ -z "$pgbin" ] && port_open "$pg_port"; then
+		need+=(postgresql-client) # to try the server answering on $pg_port first
+	elif [ -z "$pgbin" ]; then
+		need+=(postgresql)
+	fi
+fi
+if { [ -z "${REDIS_URL:-}" ] && [ -z "$rport" ]; } || { [ -z "${DATABASE_URL:-}" ] && [ -z "$pport" ]; }; then
+	lock
+fi
+if [ "${#need[@]}" -gt 0 ]; then apt_install "${need[@]}"; fi
+if [ -z "${REDIS_URL:-}" ]; then
+	[ -n "$rport" ] || rport=$(start_redis)
+	REDIS_URL=redis://127.0.0.1:$rport/0
+fi
+if [ -z "${DATABASE_URL:-}" ]; then
+	[ -n "$pport" ] || pport=$(start_postgres)
+	ensure_database "$pport"
+	DATABASE_URL="postgres://postgres@127.0.0.1:$pport/tollgate?sslmode=disable"
+fi
+
+printf 'export REDIS_URL=%s\nexport DATABASE_URL=%s\n' "$(shquote "$REDIS_URL")" "$(shquote "$DATABASE_URL")" >&3
