@@ -54,7 +54,7 @@ func (s *stack) start() string {
 	s.tb.Helper()
 	return startAPI(s.tb, map[string]string{
 		"REDIS_URL": s.redis, "DATABASE_URL": s.dbURL, "TOLLGATE_REDIS_PREFIX": s.prefix,
-		"TOLLGATE_SERVICE_TOKEN": serviceToken, "TOLLGATE_ROUTES": s.routes,
+		"TOLLGATE_SERVICE_TOKEN": serviceToken, "TOLLGATE_ROUTES": s.routes, "TOLLGATE_SHUTDOWN_TIMEOUT": "2s",
 	})
 }
 

@@ -91,6 +91,8 @@ func New(d Deps, opts Options) *Server {
 		WriteTimeout:          60 * time.Second,
 		IdleTimeout:           120 * time.Second,
 	})
+	// Answers sent while shutting down say Connection: close.
+	s.app.Server().CloseOnShutdown = true
 	s.routesSetup()
 	return s
 }
