@@ -47,10 +47,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	log := cfg.NewLogger(stdout)
 
-	if err := postgres.MigrateUp(cfg.DatabaseURL); err != nil {
-		return err
-	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL)
+	db, err := postgres.OpenMigrated(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}

@@ -124,3 +124,12 @@ func SchemaCurrent(ctx context.Context, db *pgxpool.Pool) error {
 	}
 	return nil
 }
+
+// OpenMigrated applies the embedded migrations and opens a pool: what every
+// binary does at start.
+func OpenMigrated(ctx context.Context, dbURL string) (*pgxpool.Pool, error) {
+	if err := MigrateUp(dbURL); err != nil {
+		return nil, err
+	}
+	return Open(ctx, dbURL)
+}
