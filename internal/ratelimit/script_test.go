@@ -221,10 +221,10 @@ func TestEveryKeyHasATTL(t *testing.T) {
 	now := d.Now
 	reset := func(name quota.LimitName) time.Time { l, _ := d.Limit(name); return l.Reset }
 	maxTTL := map[string]time.Duration{
-		"gcra":    reset(burst).Sub(now) + time.Millisecond,
-		"bucket":  reset(bucket).Sub(now) + time.Millisecond,
-		"day":     reset(daily).Sub(now) + time.Hour + time.Millisecond,
-		"month":   reset(monthly).Sub(now) + time.Hour + time.Millisecond,
+		"gcra":   reset(burst).Sub(now) + time.Millisecond,
+		"bucket": reset(bucket).Sub(now) + time.Millisecond,
+		"day":    reset(daily).Sub(now) + time.Hour + time.Millisecond,
+		"month":  reset(monthly).Sub(now) + time.Hour + time.Millisecond,
 		// Expiries are rounded up to the millisecond, so that a key never
 		// disappears before its state is empty: a PTTL read in the same
 		// millisecond can exceed the window by 1 ms.
