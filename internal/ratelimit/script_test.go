@@ -220,16 +220,18 @@ func TestEveryKeyHasATTL(t *testing.T) {
 	ctx := context.Background()
 	now := d.Now
 	reset := func(name quota.LimitName) time.Time { l, _ := d.Limit(name); return l.Reset }
+	// Expiries are rounded up to the millisecond (so a key never disappears
+	// before its state is empty) and PTTL subtracts Redis's current time
+	// rounded down to the millisecond: a PTTL can exceed the exact remaining
+	// life by up to 2 ms.
+	const slack = 2 * time.Millisecond
 	maxTTL := map[string]time.Duration{
-		"gcra":   reset(burst).Sub(now) + time.Millisecond,
-		"bucket": reset(bucket).Sub(now) + time.Millisecond,
-		"day":    reset(daily).Sub(now) + time.Hour + time.Millisecond,
-		"month":  reset(monthly).Sub(now) + time.Hour + time.Millisecond,
-		// Expiries are rounded up to the millisecond, so that a key never
-		// disappears before its state is empty: a PTTL read in the same
-		// millisecond can exceed the window by 1 ms.
-		"pending": 14*24*time.Hour + time.Millisecond,
-		"idem":    24*time.Hour + time.Millisecond,
+		"gcra":    reset(burst).Sub(now) + slack,
+		"bucket":  reset(bucket).Sub(now) + slack,
+		"day":     reset(daily).Sub(now) + time.Hour + slack,
+		"month":   reset(monthly).Sub(now) + time.Hour + slack,
+		"pending": 14*24*time.Hour + slack,
+		"idem":    24*time.Hour + slack,
 	}
 	keys := mustKeys(t, c, prefix)
 	if len(keys) != 8 {
