@@ -24,7 +24,10 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-const serviceToken = "service-token-for-tests-0123"
+const (
+	serviceToken = "service-token-for-tests-0123"
+	adminToken   = "admin-token-for-tests-012345"
+)
 
 // stack is one test's database, Redis prefix and store, shared by the API
 // instances it starts.
@@ -54,7 +57,7 @@ func (s *stack) start() string {
 	s.tb.Helper()
 	return startAPI(s.tb, map[string]string{
 		"REDIS_URL": s.redis, "DATABASE_URL": s.dbURL, "TOLLGATE_REDIS_PREFIX": s.prefix,
-		"TOLLGATE_SERVICE_TOKEN": serviceToken, "TOLLGATE_ROUTES": s.routes, "TOLLGATE_SHUTDOWN_TIMEOUT": "2s",
+		"TOLLGATE_SERVICE_TOKEN": serviceToken, "TOLLGATE_ADMIN_TOKEN": adminToken, "TOLLGATE_ROUTES": s.routes, "TOLLGATE_SHUTDOWN_TIMEOUT": "2s",
 	})
 }
 

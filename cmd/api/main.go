@@ -88,7 +88,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 
 	srv := httpapi.New(httpapi.Deps{
-		Log: log, DB: db, Redis: rdb, Catalog: cat, Gate: gate, Limits: runner,
+		Log: log, DB: db, Store: store, Redis: rdb, Catalog: cat, Gate: gate, Limits: runner,
 		Ledger: billing.NewLedger(db), Routes: table, Metrics: metrics, Now: time.Now,
 	}, httpapi.Options{
 		BodyLimit:    cfg.BodyLimit,

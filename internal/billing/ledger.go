@@ -61,22 +61,88 @@ type InvoiceLine struct {
 	AmountCents int64  `json:"amount_cents"`
 }
 
+const invoiceSelect = `
+	SELECT i.id, i.tenant_id, to_char(i.period, 'YYYY-MM'), i.status, i.currency, i.total_cents,
+	       i.created_at, i.updated_at, i.finalized_at,
+	       coalesce((SELECT json_agg(json_build_object('kind', kind, 'description', description,
+	                   'quantity', quantity, 'amount_cents', amount_cents) ORDER BY line_no)
+	                 FROM invoice_lines WHERE invoice_id = i.id), '[]')
+	FROM invoices i`
+
+func scanInvoice(row pgx.Row) (Invoice, error) {
+	var inv Invoice
+	err := row.Scan(&inv.ID, &inv.TenantID, &inv.Period, &inv.Status, &inv.Currency, &inv.TotalCents,
+		&inv.CreatedAt, &inv.UpdatedAt, &inv.FinalizedAt, &inv.Lines)
+	return inv, err
+}
+
 // TenantInvoices returns the tenant's invoices, newest first, with lines.
 func (l *Ledger) TenantInvoices(ctx context.Context, tenantID string) ([]Invoice, error) {
-	rows, err := l.db.Query(ctx, `
-		SELECT i.id, i.tenant_id, to_char(i.period, 'YYYY-MM'), i.status, i.currency, i.total_cents,
-		       i.created_at, i.updated_at, i.finalized_at,
-		       coalesce((SELECT json_agg(json_build_object('kind', kind, 'description', description,
-		                   'quantity', quantity, 'amount_cents', amount_cents) ORDER BY line_no)
-		                 FROM invoice_lines WHERE invoice_id = i.id), '[]')
-		FROM invoices i WHERE i.tenant_id = $1 ORDER BY i.period DESC`, tenantID)
+	rows, err := l.db.Query(ctx, invoiceSelect+` WHERE i.tenant_id = $1 ORDER BY i.period DESC`, tenantID)
 	if err != nil {
 		return nil, fmt.Errorf("billing: invoices: %w", err)
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Invoice, error) {
-		var inv Invoice
-		err := row.Scan(&inv.ID, &inv.TenantID, &inv.Period, &inv.Status, &inv.Currency, &inv.TotalCents,
-			&inv.CreatedAt, &inv.UpdatedAt, &inv.FinalizedAt, &inv.Lines)
-		return inv, err
-	})
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Invoice, error) { return scanInvoice(row) })
+}
+
+// UsageRow is one period (hour or day) of one meter's usage.
+type UsageRow struct {
+	PeriodStart  time.Time `json:"period_start"`
+	Meter        string    `json:"meter"`
+	Units        int64     `json:"units"`
+	Requests     int64     `json:"requests"`
+	Rejected     int64     `json:"rejected"`
+	OverageUnits int64     `json:"overage_units"`
+}
+
+// EachUsage calls fn for every row of the tenant's usage in [from, to), per
+// hour or day ("hour", "day") and meter (all meters when meter is empty),
+// oldest first. Rows are streamed from Postgres, never held all at once.
+func (l *Ledger) EachUsage(ctx context.Context, tenantID string, from, to time.Time, granularity, meter string, fn func(UsageRow) error) error {
+	rows, err := l.db.Query(ctx, `
+		SELECT (date_trunc($4, hour AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS period_start, meter,
+		       sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint, sum(overage_units)::bigint
+		FROM usage WHERE tenant_id = $1 AND hour >= $2 AND hour < $3 AND ($5 = '' OR meter = $5)
+		GROUP BY 1, 2 ORDER BY 1, 2`, tenantID, from, to, granularity, meter)
+	if err != nil {
+		return fmt.Errorf("billing: usage: %w", err)
+	}
+	defer rows.Close()
+	var r UsageRow
+	for rows.Next() {
+		if err := rows.Scan(&r.PeriodStart, &r.Meter, &r.Units, &r.Requests, &r.Rejected, &r.OverageUnits); err != nil {
+			return fmt.Errorf("billing: usage: %w", err)
+		}
+		r.PeriodStart = r.PeriodStart.UTC()
+		if err := fn(r); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("billing: usage: %w", err)
+	}
+	return nil
+}
+
+// EachInvoice calls fn for every invoice of the month starting at period,
+// by tenant, with its lines, streamed from Postgres.
+func (l *Ledger) EachInvoice(ctx context.Context, period time.Time, fn func(Invoice) error) error {
+	rows, err := l.db.Query(ctx, invoiceSelect+` WHERE i.period = $1 ORDER BY i.tenant_id`, period)
+	if err != nil {
+		return fmt.Errorf("billing: invoices: %w", err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		inv, err := scanInvoice(rows)
+		if err != nil {
+			return fmt.Errorf("billing: invoices: %w", err)
+		}
+		if err := fn(inv); err != nil {
+			return err
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("billing: invoices: %w", err)
+	}
+	return nil
 }

@@ -33,6 +33,7 @@ type source interface {
 	Tenant(ctx context.Context, id string) (quota.Tenant, error)
 	TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, error)
 	Tiers(ctx context.Context) ([]quota.Tier, error)
+	TouchKeys(ctx context.Context, used map[string]time.Time) error
 }
 
 // Principal is what a valid API key resolves to: its tenant, the tenant's
@@ -70,6 +71,9 @@ type Catalog struct {
 	tierList []quota.Tier
 	negative int
 
+	usedMu sync.Mutex
+	used   map[string]time.Time // key prefix -> last use, not yet written
+
 	loads    sync.Map // prefix or "t:"+id -> *call, for shared misses
 	onTenant []func(tenantID string)
 
@@ -88,6 +92,7 @@ func New(src source, rdb redis.UniversalClient, prefix string, log *slog.Logger,
 	return &Catalog{
 		src: src, rdb: rdb, channel: prefix + ":v1:invalidate", log: log, now: now,
 		keys: map[string]keyEntry{}, tenants: map[string]quota.Tenant{}, tiers: map[string]quota.Tier{},
+		used: map[string]time.Time{},
 		Hits: func() {}, Misses: func() {},
 	}
 }
@@ -108,6 +113,9 @@ func (c *Catalog) Resolve(ctx context.Context, secret string) (Principal, error)
 	if !ok {
 		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "malformed API key")
 	}
+	// The prefix becomes a map key that outlives the request: never keep a
+	// string that may point into a reused request buffer (Fiber's headers).
+	prefix = strings.Clone(prefix)
 	e, err := c.key(ctx, prefix)
 	if err != nil {
 		return Principal{}, err
@@ -136,6 +144,9 @@ func (c *Catalog) Resolve(ctx context.Context, secret string) (Principal, error)
 	if p.Tenant.Status == quota.StatusSuspended {
 		return p, quota.Errorf(quota.CodeForbidden, "tenant suspended")
 	}
+	c.usedMu.Lock()
+	c.used[k.Prefix] = now
+	c.usedMu.Unlock()
 	return p, nil
 }
 
@@ -345,10 +356,21 @@ func (c *Catalog) Run(ctx context.Context, refresh time.Duration, ready chan<- s
 	go func() {
 		t := time.NewTicker(refresh)
 		defer t.Stop()
+		flush := time.NewTicker(5 * time.Second)
+		defer flush.Stop()
 		for {
 			select {
 			case <-ctx.Done():
+				fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+				_ = c.FlushUsed(fctx)
+				cancel()
 				return
+			case <-flush.C:
+				fctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				if err := c.FlushUsed(fctx); err != nil && ctx.Err() == nil {
+					c.log.Warn("key last-use flush failed", "err", err)
+				}
+				cancel()
 			case <-t.C:
 				rctx, cancel := context.WithTimeout(ctx, refresh)
 				if err := c.Refresh(rctx); err != nil && ctx.Err() == nil {
@@ -387,6 +409,26 @@ func (c *Catalog) Run(ctx context.Context, refresh time.Duration, ready chan<- s
 			c.apply(m.Payload)
 		}
 	}
+}
+
+// FlushUsed writes the keys' last-use times gathered since the last flush;
+// Run calls it every few seconds, off the request path.
+func (c *Catalog) FlushUsed(ctx context.Context) error {
+	c.usedMu.Lock()
+	used := c.used
+	c.used = map[string]time.Time{}
+	c.usedMu.Unlock()
+	if err := c.src.TouchKeys(ctx, used); err != nil {
+		c.usedMu.Lock()
+		for p, t := range used { // keep them for the next flush
+			if t.After(c.used[p]) {
+				c.used[p] = t
+			}
+		}
+		c.usedMu.Unlock()
+		return err
+	}
+	return nil
 }
 
 // Refresh re-reads every cached tier, tenant and key from the source.

@@ -15,9 +15,14 @@ import (
 
 const localPrincipal = "principal"
 
-// presentedKey returns the API key of a request: Authorization: Bearer, or
-// X-API-Key.
+// presentedKey returns a copy of the request's API key (Authorization:
+// Bearer, or X-API-Key); Fiber's header strings point into a buffer that the
+// next request reuses.
 func presentedKey(c *fiber.Ctx) string {
+	return strings.Clone(headerKey(c))
+}
+
+func headerKey(c *fiber.Ctx) string {
 	if h := c.Get(fiber.HeaderAuthorization); h != "" {
 		if scheme, tok, ok := strings.Cut(h, " "); ok && strings.EqualFold(scheme, "Bearer") {
 			return strings.TrimSpace(tok)

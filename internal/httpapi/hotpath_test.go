@@ -114,4 +114,3 @@ func redisOptions(url string) (*redis.Options, error) {
 	o.Protocol = 2
 	return o, nil
 }
-

@@ -37,12 +37,14 @@ type limiter interface {
 	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
 	Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error
 	Pending(ctx context.Context, tenantID string) ([]ratelimit.PendingRow, error)
+	Grant(ctx context.Context, tenantID, period string, units int64, now time.Time) error
 }
 
 // Deps are the parts the handlers use; cmd/api builds them.
 type Deps struct {
 	Log     *slog.Logger
 	DB      *pgxpool.Pool
+	Store   *postgres.Store
 	Redis   redis.UniversalClient
 	Catalog *catalog.Catalog
 	Gate    quota.Admitter
@@ -58,6 +60,7 @@ type Server struct {
 	app      *fiber.App
 	log      *slog.Logger
 	db       *pgxpool.Pool
+	store    *postgres.Store
 	rdb      redis.UniversalClient
 	catalog  *catalog.Catalog
 	gate     quota.Admitter
@@ -66,6 +69,7 @@ type Server struct {
 	routes   *routes.Table
 	metrics  *Metrics
 	authFail *authFailures
+	now      func() time.Time
 	opts     Options
 }
 
@@ -80,7 +84,13 @@ func New(d Deps, opts Options) *Server {
 	if d.Routes == nil {
 		d.Routes = routes.Default()
 	}
-	s := &Server{log: d.Log, db: d.DB, rdb: d.Redis, catalog: d.Catalog, gate: d.Gate, limits: d.Limits,
+	if d.Store == nil && d.DB != nil {
+		d.Store = postgres.NewStore(d.DB)
+	}
+	if d.Ledger == nil && d.DB != nil {
+		d.Ledger = billing.NewLedger(d.DB)
+	}
+	s := &Server{log: d.Log, db: d.DB, store: d.Store, now: d.Now, rdb: d.Redis, catalog: d.Catalog, gate: d.Gate, limits: d.Limits,
 		ledger: d.Ledger, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now), opts: opts}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
@@ -108,6 +118,7 @@ func (s *Server) routesSetup() {
 
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
+	s.app.Get("/openapi.json", s.openapi)
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
 
 	s.app.All("/api/*", s.tenantAuth, s.metered)
@@ -115,6 +126,27 @@ func (s *Server) routesSetup() {
 	v1.Get("/usage", s.tenantAuth, s.usage)
 	v1.Get("/invoices", s.tenantAuth, s.invoices)
 	v1.Post("/check", s.check)
+
+	admin := s.app.Group("/admin/v1", s.adminAuth)
+	admin.Get("/tiers", s.listTiers)
+	admin.Post("/tiers", s.createTier)
+	admin.Get("/tiers/:slug", s.getTier)
+	admin.Patch("/tiers/:slug", s.patchTier)
+	admin.Delete("/tiers/:slug", s.deleteTier)
+	admin.Get("/tenants", s.listTenants)
+	admin.Post("/tenants", s.createTenant)
+	admin.Get("/tenants/:id", s.getTenant)
+	admin.Patch("/tenants/:id", s.patchTenant)
+	admin.Delete("/tenants/:id", s.deleteTenant)
+	admin.Get("/tenants/:id/keys", s.listKeys)
+	admin.Post("/tenants/:id/keys", s.issueKey)
+	admin.Delete("/keys/:id", s.revokeKey)
+	admin.Post("/keys/:id/rotate", s.rotateKey)
+	admin.Get("/tenants/:id/grants", s.listGrants)
+	admin.Post("/tenants/:id/grants", s.createGrant)
+	admin.Get("/tenants/:id/usage", s.tenantUsage)
+	admin.Get("/invoices", s.listInvoices)
+	admin.Get("/audit", s.listAudit)
 }
 
 func (s *Server) healthz(c *fiber.Ctx) error {

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
@@ -24,40 +25,23 @@ type Store struct {
 // NewStore returns a Store on db.
 func NewStore(db *pgxpool.Pool) *Store { return &Store{db: db} }
 
-// CreateTenant creates a tenant on an existing tier, recording its tier
-// history and an audit entry by actor.
+// CreateTenant creates a tenant on an existing tier with no overrides.
 func (s *Store) CreateTenant(ctx context.Context, actor, name, tier string) (quota.Tenant, error) {
-	if name == "" || len(name) > quota.MaxNameLen {
-		return quota.Tenant{}, quota.FieldError("name", "must be 1 to %d characters", quota.MaxNameLen)
-	}
-	secret := make([]byte, 32)
-	if _, err := rand.Read(secret); err != nil {
-		return quota.Tenant{}, fmt.Errorf("postgres: webhook secret: %w", err)
-	}
-	var t quota.Tenant
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `
-			INSERT INTO tenants (name, tier, webhook_secret) VALUES ($1, $2, $3)
-			RETURNING `+tenantColumns, name, tier, secret).
-			Scan(tenantDest(&t)...)
-		if isForeignKeyViolation(err) {
-			return quota.FieldError("tier", "no tier %q", tier)
-		}
-		if err != nil {
-			return fmt.Errorf("postgres: insert tenant: %w", err)
-		}
-		if _, err := tx.Exec(ctx, `INSERT INTO tenant_tier_history (tenant_id, tier, valid_from) VALUES ($1, $2, $3)`,
-			t.ID, t.Tier, t.CreatedAt); err != nil {
-			return fmt.Errorf("postgres: insert tier history: %w", err)
-		}
-		return audit(ctx, tx, actor, "create", "tenant", t.ID, nil, t)
-	})
-	return t, err
+	return s.CreateTenantWith(ctx, actor, quota.Tenant{Name: name, Tier: tier})
 }
 
-// IssueKey makes a new API key for tenantID and returns it with its secret,
-// which is not stored and cannot be shown again.
-func (s *Store) IssueKey(ctx context.Context, actor, tenantID, name string) (quota.IssuedKey, error) {
+func newWebhookSecret() ([]byte, error) {
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, fmt.Errorf("postgres: webhook secret: %w", err)
+	}
+	return secret, nil
+}
+
+// IssueKey makes a new API key for tenantID, valid until expires (nil:
+// until revoked), and returns it with its secret, which is not stored and
+// cannot be shown again.
+func (s *Store) IssueKey(ctx context.Context, actor, tenantID, name string, expires ...time.Time) (quota.IssuedKey, error) {
 	if len(name) > quota.MaxNameLen {
 		return quota.IssuedKey{}, quota.FieldError("name", "must be at most %d characters", quota.MaxNameLen)
 	}
@@ -65,20 +49,17 @@ func (s *Store) IssueKey(ctx context.Context, actor, tenantID, name string) (quo
 	if err != nil {
 		return quota.IssuedKey{}, fmt.Errorf("postgres: new key: %w", err)
 	}
-	out := quota.IssuedKey{Secret: k.Secret}
+	var exp *time.Time
+	if len(expires) > 0 {
+		exp = &expires[0]
+	}
+	var out quota.IssuedKey
 	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
-		err := tx.QueryRow(ctx, `
-			INSERT INTO api_keys (tenant_id, prefix, secret_sha256, name) VALUES ($1, $2, $3, $4)
-			RETURNING id, tenant_id, prefix, name, created_at`,
-			tenantID, k.Prefix, k.Hash[:], name).
-			Scan(&out.ID, &out.TenantID, &out.Prefix, &out.Name, &out.CreatedAt)
-		if isForeignKeyViolation(err) {
-			return quota.Errorf(quota.CodeNotFound, "no tenant %q", tenantID)
+		if _, err := tenantTx(ctx, tx, tenantID, "FOR SHARE"); err != nil {
+			return err
 		}
-		if err != nil {
-			return fmt.Errorf("postgres: insert key: %w", err)
-		}
-		return audit(ctx, tx, actor, "create", "api_key", out.ID, nil, out.APIKey)
+		out, err = insertKey(ctx, tx, actor, tenantID, name, k, exp)
+		return err
 	})
 	return out, err
 }
@@ -134,7 +115,7 @@ func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quo
 			if c == "tiers_pkey" {
 				return &quota.Error{Code: quota.CodeConflict, Field: "slug", Message: fmt.Sprintf("a tier %q exists", t.Slug)}
 			}
-			return &quota.Error{Code: quota.CodeConflict, Field: "rank", Message: fmt.Sprintf("another tier has rank %d", t.Rank)}
+			return &quota.Error{Code: quota.CodeInvalid, Field: "rank", Message: fmt.Sprintf("another tier has rank %d; ranks are unique", t.Rank)}
 		}
 		if err != nil {
 			return fmt.Errorf("postgres: insert tier: %w", err)
@@ -151,4 +132,30 @@ func uniqueViolation(err error) string {
 		return pe.ConstraintName
 	}
 	return ""
+}
+
+// TouchKeys records when keys were last used (prefix to time); a key's
+// last_used_at only moves forward.
+func (s *Store) TouchKeys(ctx context.Context, used map[string]time.Time) error {
+	if len(used) == 0 {
+		return nil
+	}
+	prefixes := make([]string, 0, len(used))
+	times := make([]time.Time, 0, len(used))
+	for p, t := range used {
+		prefixes = append(prefixes, p)
+		times = append(times, t)
+	}
+	_, err := s.db.Exec(ctx, `UPDATE api_keys k SET last_used_at = greatest(k.last_used_at, u.at)
+		FROM unnest($1::text[], $2::timestamptz[]) AS u(prefix, at) WHERE k.prefix = u.prefix`, prefixes, times)
+	if err != nil {
+		return fmt.Errorf("postgres: touch keys: %w", err)
+	}
+	return nil
+}
+
+// QueryRowForTest scans one row of sql into dest; tests use it to look
+// behind the API.
+func (s *Store) QueryRowForTest(ctx context.Context, sql string, dest ...any) error {
+	return s.db.QueryRow(ctx, sql).Scan(dest...)
 }

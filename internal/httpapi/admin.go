@@ -1,0 +1,669 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/csv"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// The actor recorded in the audit log for changes made with the admin token.
+const adminActor = "admin"
+
+// adminAuth lets through only requests with the admin token; with no token
+// configured it refuses everything.
+func (s *Server) adminAuth(c *fiber.Ctx) error {
+	if !bearerIs(c, s.opts.AdminToken) {
+		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tollgate-admin"`)
+		return quota.Errorf(quota.CodeUnauthorized, "the admin token is required")
+	}
+	return c.Next()
+}
+
+// page reads limit (1..200, default 50) and cursor.
+func page(c *fiber.Ctx) (postgres.Page, error) {
+	p := postgres.Page{Limit: 50, Cursor: c.Query("cursor")}
+	if v := c.Query("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > 200 {
+			return p, quota.FieldError("limit", "must be an integer between 1 and 200")
+		}
+		p.Limit = n
+	}
+	if len(p.Cursor) > 512 {
+		return p, quota.FieldError("cursor", "not a cursor of this list")
+	}
+	return p, nil
+}
+
+func list[T any](c *fiber.Ctx, items []T, next *string) error {
+	if items == nil {
+		items = []T{}
+	}
+	return c.JSON(fiber.Map{"items": items, "next_cursor": next})
+}
+
+// invalidate tells every API node about a change; a failure to publish is
+// logged, not returned: the change is committed and the periodic refresh
+// will carry it within its interval.
+func (s *Server) invalidate(ctx context.Context, kind, id string) {
+	if err := s.catalog.Invalidate(ctx, kind, id); err != nil {
+		s.log.Warn("cache invalidation not published; the periodic refresh will carry it", "kind", kind, "id", id, "err", err)
+	}
+}
+
+// ---- tiers
+
+func (s *Server) listTiers(c *fiber.Ctx) error {
+	p, err := page(c)
+	if err != nil {
+		return err
+	}
+	items, next, err := s.store.ListTiers(c.UserContext(), p)
+	if err != nil {
+		return err
+	}
+	return list(c, items, next)
+}
+
+// tierCreate is the body of POST /admin/v1/tiers: every field is required,
+// limits may be null (unlimited).
+type tierCreate struct {
+	Slug                   *string                 `json:"slug"`
+	Name                   *string                 `json:"name"`
+	Rank                   *int                    `json:"rank"`
+	PriceCents             *int64                  `json:"price_cents"`
+	BurstRate              quota.Optional[float64] `json:"burst_rate"`
+	Burst                  quota.Optional[int64]   `json:"burst"`
+	BucketCapacity         quota.Optional[int64]   `json:"bucket_capacity"`
+	BucketRefillPerSec     quota.Optional[float64] `json:"bucket_refill_per_sec"`
+	DailyQuota             quota.Optional[int64]   `json:"daily_quota"`
+	MonthlyQuota           quota.Optional[int64]   `json:"monthly_quota"`
+	Overage                *quota.Overage          `json:"overage"`
+	OveragePriceCentsPer1K *int64                  `json:"overage_price_cents_per_1k"`
+	FailOpen               *bool                   `json:"fail_open"`
+	UpgradeURL             *string                 `json:"upgrade_url"`
+}
+
+func required[T any](field string, v *T) (T, error) {
+	if v == nil {
+		var zero T
+		return zero, quota.FieldError(field, "is required")
+	}
+	return *v, nil
+}
+
+func (b tierCreate) tier() (quota.Tier, error) {
+	var t quota.Tier
+	var err error
+	if t.Slug, err = required("slug", b.Slug); err != nil {
+		return t, err
+	}
+	if t.Name, err = required("name", b.Name); err != nil {
+		return t, err
+	}
+	if t.Rank, err = required("rank", b.Rank); err != nil {
+		return t, err
+	}
+	if t.PriceCents, err = required("price_cents", b.PriceCents); err != nil {
+		return t, err
+	}
+	if t.Overage, err = required("overage", b.Overage); err != nil {
+		return t, err
+	}
+	t.BurstRate, t.Burst = b.BurstRate.Value, b.Burst.Value
+	t.BucketCapacity, t.BucketRefillPerSec = b.BucketCapacity.Value, b.BucketRefillPerSec.Value
+	t.DailyQuota, t.MonthlyQuota = b.DailyQuota.Value, b.MonthlyQuota.Value
+	if b.OveragePriceCentsPer1K != nil {
+		t.OveragePriceCentsPer1K = *b.OveragePriceCentsPer1K
+	}
+	if b.FailOpen != nil {
+		t.FailOpen = *b.FailOpen
+	}
+	if b.UpgradeURL != nil {
+		t.UpgradeURL = *b.UpgradeURL
+	}
+	return t, validURL("upgrade_url", t.UpgradeURL)
+}
+
+func (s *Server) createTier(c *fiber.Ctx) error {
+	var body tierCreate
+	if err := decodeJSON(c, &body); err != nil {
+		return err
+	}
+	t, err := body.tier()
+	if err != nil {
+		return err
+	}
+	if t, err = s.store.CreateTier(c.UserContext(), adminActor, t); err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindTier, t.Slug)
+	return c.Status(fiber.StatusCreated).JSON(t)
+}
+
+func (s *Server) getTier(c *fiber.Ctx) error {
+	t, err := s.store.Tier(c.UserContext(), c.Params("slug"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(t)
+}
+
+// tierPatch is the body of PATCH /admin/v1/tiers/{slug}: present fields
+// change; limits set to null become unlimited.
+type tierPatch struct {
+	Name                   quota.Optional[string]        `json:"name"`
+	Rank                   quota.Optional[int]           `json:"rank"`
+	PriceCents             quota.Optional[int64]         `json:"price_cents"`
+	BurstRate              quota.Optional[float64]       `json:"burst_rate"`
+	Burst                  quota.Optional[int64]         `json:"burst"`
+	BucketCapacity         quota.Optional[int64]         `json:"bucket_capacity"`
+	BucketRefillPerSec     quota.Optional[float64]       `json:"bucket_refill_per_sec"`
+	DailyQuota             quota.Optional[int64]         `json:"daily_quota"`
+	MonthlyQuota           quota.Optional[int64]         `json:"monthly_quota"`
+	Overage                quota.Optional[quota.Overage] `json:"overage"`
+	OveragePriceCentsPer1K quota.Optional[int64]         `json:"overage_price_cents_per_1k"`
+	FailOpen               quota.Optional[bool]          `json:"fail_open"`
+	UpgradeURL             quota.Optional[string]        `json:"upgrade_url"`
+}
+
+// set assigns a present, non-null value of a field that cannot be null.
+func set[T any](field string, o quota.Optional[T], dst *T) error {
+	if !o.Set {
+		return nil
+	}
+	if o.Value == nil {
+		return quota.FieldError(field, "must not be null")
+	}
+	*dst = *o.Value
+	return nil
+}
+
+// setNullable assigns a present field whose null means unlimited.
+func setNullable[T any](o quota.Optional[T], dst **T) {
+	if o.Set {
+		*dst = o.Value
+	}
+}
+
+func (p tierPatch) apply(t *quota.Tier) error {
+	for _, err := range []error{
+		set("name", p.Name, &t.Name), set("rank", p.Rank, &t.Rank), set("price_cents", p.PriceCents, &t.PriceCents),
+		set("overage", p.Overage, &t.Overage), set("overage_price_cents_per_1k", p.OveragePriceCentsPer1K, &t.OveragePriceCentsPer1K),
+		set("fail_open", p.FailOpen, &t.FailOpen), set("upgrade_url", p.UpgradeURL, &t.UpgradeURL),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	setNullable(p.BurstRate, &t.BurstRate)
+	setNullable(p.Burst, &t.Burst)
+	setNullable(p.BucketCapacity, &t.BucketCapacity)
+	setNullable(p.BucketRefillPerSec, &t.BucketRefillPerSec)
+	setNullable(p.DailyQuota, &t.DailyQuota)
+	setNullable(p.MonthlyQuota, &t.MonthlyQuota)
+	return validURL("upgrade_url", t.UpgradeURL)
+}
+
+func (s *Server) patchTier(c *fiber.Ctx) error {
+	var body tierPatch
+	if err := decodeJSON(c, &body); err != nil {
+		return err
+	}
+	t, err := s.store.UpdateTier(c.UserContext(), adminActor, c.Params("slug"), body.apply)
+	if err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindTier, t.Slug)
+	return c.JSON(t)
+}
+
+func (s *Server) deleteTier(c *fiber.Ctx) error {
+	slug := c.Params("slug")
+	if err := s.store.DeleteTier(c.UserContext(), adminActor, slug); err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindTier, slug)
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
+// ---- tenants
+
+func (s *Server) listTenants(c *fiber.Ctx) error {
+	p, err := page(c)
+	if err != nil {
+		return err
+	}
+	f := postgres.TenantFilter{Query: c.Query("q"), Tier: c.Query("tier")}
+	if len(f.Query) > quota.MaxNameLen {
+		return quota.FieldError("q", "must be at most %d characters", quota.MaxNameLen)
+	}
+	items, next, err := s.store.ListTenants(c.UserContext(), f, p)
+	if err != nil {
+		return err
+	}
+	return list(c, items, next)
+}
+
+type tenantCreate struct {
+	Name       *string         `json:"name"`
+	Tier       *string         `json:"tier"`
+	Overrides  quota.Overrides `json:"overrides"`
+	WebhookURL string          `json:"webhook_url"`
+}
+
+func (s *Server) createTenant(c *fiber.Ctx) error {
+	var body tenantCreate
+	if err := decodeJSON(c, &body); err != nil {
+		return err
+	}
+	name, err := required("name", body.Name)
+	if err != nil {
+		return err
+	}
+	tier, err := required("tier", body.Tier)
+	if err != nil {
+		return err
+	}
+	if err := validURL("webhook_url", body.WebhookURL); err != nil {
+		return err
+	}
+	t, err := s.store.CreateTenantWith(c.UserContext(), adminActor,
+		quota.Tenant{Name: name, Tier: tier, Overrides: body.Overrides, WebhookURL: body.WebhookURL})
+	if err != nil {
+		return err
+	}
+	return c.Status(fiber.StatusCreated).JSON(t)
+}
+
+func (s *Server) getTenant(c *fiber.Ctx) error {
+	t, err := s.store.Tenant(c.UserContext(), c.Params("id"))
+	if err != nil {
+		return err
+	}
+	return c.JSON(t)
+}
+
+type tenantPatch struct {
+	Name       quota.Optional[string]             `json:"name"`
+	Tier       quota.Optional[string]             `json:"tier"`
+	Status     quota.Optional[quota.TenantStatus] `json:"status"`
+	Overrides  quota.Optional[quota.Overrides]    `json:"overrides"`
+	WebhookURL quota.Optional[string]             `json:"webhook_url"`
+}
+
+func (p tenantPatch) apply(t *quota.Tenant) error {
+	for _, err := range []error{
+		set("name", p.Name, &t.Name), set("tier", p.Tier, &t.Tier), set("status", p.Status, &t.Status),
+		set("webhook_url", p.WebhookURL, &t.WebhookURL),
+	} {
+		if err != nil {
+			return err
+		}
+	}
+	if p.Overrides.Set {
+		t.Overrides = quota.Overrides{} // null clears every override
+		if p.Overrides.Value != nil {
+			t.Overrides = *p.Overrides.Value
+		}
+	}
+	return validURL("webhook_url", t.WebhookURL)
+}
+
+// patchTenant changes a tenant. A tier change applies from the next request
+// on every node; the usage already counted in the period stays counted,
+// because quota counters belong to the tenant, not to its tier.
+func (s *Server) patchTenant(c *fiber.Ctx) error {
+	var body tenantPatch
+	if err := decodeJSON(c, &body); err != nil {
+		return err
+	}
+	t, err := s.store.UpdateTenant(c.UserContext(), adminActor, c.Params("id"), body.apply)
+	if err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindTenant, t.ID)
+	return c.JSON(t)
+}
+
+func (s *Server) deleteTenant(c *fiber.Ctx) error {
+	id := c.Params("id")
+	if err := s.store.DeleteTenant(c.UserContext(), adminActor, id); err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindTenant, id)
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
+// ---- keys
+
+func (s *Server) listKeys(c *fiber.Ctx) error {
+	p, err := page(c)
+	if err != nil {
+		return err
+	}
+	items, next, err := s.store.ListKeys(c.UserContext(), c.Params("id"), p)
+	if err != nil {
+		return err
+	}
+	return list(c, items, next)
+}
+
+type keyCreate struct {
+	Name      string     `json:"name"`
+	ExpiresAt *time.Time `json:"expires_at"`
+}
+
+func (s *Server) issueKey(c *fiber.Ctx) error {
+	var body keyCreate
+	if len(c.Body()) > 0 {
+		if err := decodeJSON(c, &body); err != nil {
+			return err
+		}
+	}
+	var exp []time.Time
+	if body.ExpiresAt != nil {
+		if !body.ExpiresAt.After(s.now()) {
+			return quota.FieldError("expires_at", "must be in the future")
+		}
+		exp = append(exp, *body.ExpiresAt)
+	}
+	k, err := s.store.IssueKey(c.UserContext(), adminActor, c.Params("id"), body.Name, exp...)
+	if err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix) // forget a cached "unknown"
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.Status(fiber.StatusCreated).JSON(k)
+}
+
+func (s *Server) revokeKey(c *fiber.Ctx) error {
+	k, err := s.store.RevokeKey(c.UserContext(), adminActor, c.Params("id"))
+	if err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix)
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
+type keyRotate struct {
+	GraceSeconds *int64 `json:"grace_seconds"`
+	Name         string `json:"name"`
+}
+
+// maxGrace bounds how long a rotated key stays valid.
+const maxGrace = 30 * 24 * time.Hour
+
+func (s *Server) rotateKey(c *fiber.Ctx) error {
+	var body keyRotate
+	if err := decodeJSON(c, &body); err != nil {
+		return err
+	}
+	grace, err := required("grace_seconds", body.GraceSeconds)
+	if err != nil {
+		return err
+	}
+	if grace < 0 || grace > int64(maxGrace/time.Second) {
+		return quota.FieldError("grace_seconds", "must be between 0 and %d", int64(maxGrace/time.Second))
+	}
+	if len(body.Name) > quota.MaxNameLen {
+		return quota.FieldError("name", "must be at most %d characters", quota.MaxNameLen)
+	}
+	fresh, old, err := s.store.RotateKey(c.UserContext(), adminActor, c.Params("id"), body.Name, time.Duration(grace)*time.Second)
+	if err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindKey, old.Prefix)
+	s.invalidate(c.UserContext(), catalog.KindKey, fresh.Prefix)
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"new": fresh, "old": old})
+}
+
+// ---- grants
+
+type grantCreate struct {
+	Period *string `json:"period"`
+	Units  *int64  `json:"units"`
+}
+
+// createGrant adds units to the tenant's current day or month: recorded in
+// Postgres (for invoices and quota repair) and added to the live counter in
+// Redis, so the remaining quota and the headers show it on the next request.
+func (s *Server) createGrant(c *fiber.Ctx) error {
+	var body grantCreate
+	if err := decodeJSON(c, &body); err != nil {
+		return err
+	}
+	period, err := required("period", body.Period)
+	if err != nil {
+		return err
+	}
+	units, err := required("units", body.Units)
+	if err != nil {
+		return err
+	}
+	if period != "day" && period != "month" {
+		return quota.FieldError("period", `must be "day" or "month"`)
+	}
+	if units < 1 || units > quota.MaxQuantity {
+		return quota.FieldError("units", "must be an integer between 1 and %d", quota.MaxQuantity)
+	}
+	start := quota.DayStart(s.now())
+	if period == "month" {
+		start = quota.MonthStart(start)
+	}
+	id := c.Params("id")
+	g, err := s.store.CreateGrant(c.UserContext(), adminActor, id, period, start, units)
+	if err != nil {
+		return err
+	}
+	if err := s.limits.Grant(c.UserContext(), g.TenantID, period, units, time.Time{}); err != nil {
+		return fmt.Errorf("httpapi: grant recorded but not applied in Redis (quota repair will apply it): %w", err)
+	}
+	s.invalidate(c.UserContext(), catalog.KindTenant, g.TenantID) // clears deny caches
+	return c.Status(fiber.StatusCreated).JSON(g)
+}
+
+func (s *Server) listGrants(c *fiber.Ctx) error {
+	p, err := page(c)
+	if err != nil {
+		return err
+	}
+	items, next, err := s.store.ListGrants(c.UserContext(), c.Params("id"), p)
+	if err != nil {
+		return err
+	}
+	return list(c, items, next)
+}
+
+// ---- usage and invoices exports
+
+// wantsCSV reports whether the client asked for text/csv.
+func wantsCSV(c *fiber.Ctx) bool {
+	return c.Accepts(fiber.MIMEApplicationJSON, "text/csv") == "text/csv"
+}
+
+// parseTime reads a date (YYYY-MM-DD, UTC midnight) or an RFC 3339 time.
+func parseTime(field, v string, def time.Time) (time.Time, error) {
+	if v == "" {
+		return def, nil
+	}
+	if t, err := time.Parse(time.DateOnly, v); err == nil {
+		return t, nil
+	}
+	t, err := time.Parse(time.RFC3339, v)
+	if err != nil {
+		return t, quota.FieldError(field, "must be a date (2026-11-01) or an RFC 3339 time")
+	}
+	return t.UTC(), nil
+}
+
+// maxUsageRange bounds one usage export.
+const maxUsageRange = 2 * 366 * 24 * time.Hour
+
+func (s *Server) tenantUsage(c *fiber.Ctx) error {
+	now := s.now().UTC()
+	from, err := parseTime("from", c.Query("from"), quota.MonthStart(now))
+	if err != nil {
+		return err
+	}
+	to, err := parseTime("to", c.Query("to"), now)
+	if err != nil {
+		return err
+	}
+	if !to.After(from) {
+		return quota.FieldError("to", "must be after from")
+	}
+	if to.Sub(from) > maxUsageRange {
+		return quota.FieldError("to", "the range must be at most two years")
+	}
+	gran := c.Query("granularity", "day")
+	if gran != "hour" && gran != "day" {
+		return quota.FieldError("granularity", `must be "hour" or "day"`)
+	}
+	meter := c.Query("meter")
+	if meter != "" && !validMeter(meter) {
+		return quota.FieldError("meter", "must be 1 to 64 of a-z 0-9 _ . -")
+	}
+	t, err := s.store.Tenant(c.UserContext(), c.Params("id"))
+	if err != nil {
+		return err
+	}
+	each := func(ctx context.Context, fn func(billing.UsageRow) error) error {
+		return s.ledger.EachUsage(ctx, t.ID, from, to, gran, meter, fn)
+	}
+	if wantsCSV(c) {
+		c.Attachment(fmt.Sprintf("usage-%s-%s.csv", t.ID, from.Format("20060102")))
+		return s.stream(c, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
+			cw := csv.NewWriter(w)
+			_ = cw.Write([]string{"period_start", "meter", "units", "requests", "rejected", "overage_units"})
+			err := each(ctx, func(r billing.UsageRow) error {
+				return cw.Write([]string{r.PeriodStart.Format(time.RFC3339), r.Meter, itoa(r.Units), itoa(r.Requests),
+					itoa(r.Rejected), itoa(r.OverageUnits)})
+			})
+			cw.Flush()
+			return err
+		})
+	}
+	return s.stream(c, fiber.MIMEApplicationJSON, func(ctx context.Context, w *bufio.Writer) error {
+		return jsonItems(w, func(item func(any) error) error {
+			return each(ctx, func(r billing.UsageRow) error { return item(r) })
+		})
+	})
+}
+
+func (s *Server) listInvoices(c *fiber.Ctx) error {
+	raw := c.Query("period")
+	period, err := time.Parse("2006-01", raw)
+	if err != nil {
+		return quota.FieldError("period", "must be a month such as 2026-11")
+	}
+	each := func(ctx context.Context, fn func(billing.Invoice) error) error {
+		return s.ledger.EachInvoice(ctx, period, fn)
+	}
+	if wantsCSV(c) {
+		c.Attachment("invoices-" + raw + ".csv")
+		return s.stream(c, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
+			cw := csv.NewWriter(w)
+			_ = cw.Write([]string{"invoice_id", "tenant_id", "period", "status", "currency", "total_cents", "line", "kind", "description", "quantity", "amount_cents"})
+			err := each(ctx, func(inv billing.Invoice) error {
+				for i, l := range inv.Lines {
+					if err := cw.Write([]string{inv.ID, inv.TenantID, inv.Period, inv.Status, inv.Currency, itoa(inv.TotalCents),
+						strconv.Itoa(i + 1), l.Kind, l.Description, itoa(l.Quantity), itoa(l.AmountCents)}); err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+			cw.Flush()
+			return err
+		})
+	}
+	return s.stream(c, fiber.MIMEApplicationJSON, func(ctx context.Context, w *bufio.Writer) error {
+		return jsonItems(w, func(item func(any) error) error {
+			return each(ctx, func(inv billing.Invoice) error { return item(inv) })
+		})
+	})
+}
+
+// stream answers 200 with a body written by write after the handler
+// returns, straight from the database cursor to the socket. An error after
+// the first byte can no longer change the status: it is logged and the body
+// is cut short, which the client sees as a truncated document.
+func (s *Server) stream(c *fiber.Ctx, contentType string, write func(context.Context, *bufio.Writer) error) error {
+	c.Set(fiber.HeaderContentType, contentType)
+	c.Set(fiber.HeaderCacheControl, "no-store")
+	path := strings.Clone(c.Path()) // used after the handler returns
+	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+		defer cancel()
+		if err := write(ctx, w); err != nil {
+			s.log.Error("export failed mid-stream", "path", path, "err", err)
+		}
+		_ = w.Flush()
+	})
+	return nil
+}
+
+// jsonItems writes {"items": [...], "next_cursor": null}, one item at a time.
+func jsonItems(w *bufio.Writer, each func(item func(any) error) error) error {
+	_, _ = w.WriteString(`{"items":[`)
+	n := 0
+	err := each(func(v any) error {
+		b, err := json.Marshal(v)
+		if err != nil {
+			return err
+		}
+		if n > 0 {
+			_ = w.WriteByte(',')
+		}
+		n++
+		_, err = w.Write(b)
+		if n%256 == 0 {
+			_ = w.Flush()
+		}
+		return err
+	})
+	_, _ = w.WriteString(`],"next_cursor":null}`)
+	return err
+}
+
+// ---- audit
+
+func (s *Server) listAudit(c *fiber.Ctx) error {
+	p, err := page(c)
+	if err != nil {
+		return err
+	}
+	items, next, err := s.store.ListAudit(c.UserContext(), c.Query("entity"), c.Query("entity_id"), p)
+	if err != nil {
+		return err
+	}
+	return list(c, items, next)
+}
+
+// validURL accepts "" or an absolute http(s) URL.
+func validURL(field, v string) error {
+	if v == "" {
+		return nil
+	}
+	u, err := url.Parse(v)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(v) > quota.MaxURLLength ||
+		strings.ContainsAny(v, " \t\r\n") {
+		return quota.FieldError(field, "must be an http or https URL of at most %d characters", quota.MaxURLLength)
+	}
+	return nil
+}

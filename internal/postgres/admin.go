@@ -1,0 +1,512 @@
+package postgres
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tollgate/tollgate/internal/apikey"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// Page asks for one page of a list: at most Limit items after Cursor.
+type Page struct {
+	Limit  int
+	Cursor string // opaque, from the previous page's next cursor
+}
+
+// cursor is what an opaque cursor holds: the sort key of the last item.
+type cursor struct {
+	At time.Time `json:"a,omitzero"`
+	ID string    `json:"i"`
+	N  int64     `json:"n,omitempty"`
+}
+
+func encodeCursor(c cursor) string {
+	b, _ := json.Marshal(c)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(s string) (cursor, error) {
+	var c cursor
+	if s == "" {
+		return c, nil
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil || json.Unmarshal(b, &c) != nil || c.ID == "" {
+		return c, quota.FieldError("cursor", "not a cursor of this list")
+	}
+	return c, nil
+}
+
+// pageOf trims rows fetched with limit+1 to limit and returns the next cursor.
+func pageOf[T any](rows []T, limit int, key func(T) cursor) ([]T, *string) {
+	if len(rows) <= limit {
+		return rows, nil
+	}
+	rows = rows[:limit]
+	next := encodeCursor(key(rows[limit-1]))
+	return rows, &next
+}
+
+// ListTiers returns tiers by rank.
+func (s *Store) ListTiers(ctx context.Context, p Page) ([]quota.Tier, *string, error) {
+	c, err := decodeCursor(p.Cursor)
+	if err != nil {
+		return nil, nil, err
+	}
+	after := int64(-1)
+	if c.ID != "" {
+		after = c.N
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+tierColumns+` FROM tiers WHERE rank > $1 ORDER BY rank LIMIT $2`, after, p.Limit+1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list tiers: %w", err)
+	}
+	tiers, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Tier, error) {
+		var t quota.Tier
+		return t, row.Scan(tierDest(&t)...)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list tiers: %w", err)
+	}
+	items, next := pageOf(tiers, p.Limit, func(t quota.Tier) cursor { return cursor{ID: t.Slug, N: int64(t.Rank)} })
+	return items, next, nil
+}
+
+// Tier returns one tier or a CodeNotFound error.
+func (s *Store) Tier(ctx context.Context, slug string) (quota.Tier, error) {
+	return tierTx(ctx, s.db, slug, "")
+}
+
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func tierTx(ctx context.Context, q querier, slug, lock string) (quota.Tier, error) {
+	var t quota.Tier
+	err := q.QueryRow(ctx, `SELECT `+tierColumns+` FROM tiers WHERE slug = $1 `+lock, slug).Scan(tierDest(&t)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, quota.Errorf(quota.CodeNotFound, "no tier %q", slug)
+	}
+	if err != nil {
+		return t, fmt.Errorf("postgres: tier: %w", err)
+	}
+	return t, nil
+}
+
+// UpdateTier applies change to the tier under a row lock, validates the
+// result and stores it with an audit entry.
+func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(*quota.Tier) error) (quota.Tier, error) {
+	var out quota.Tier
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		before, err := tierTx(ctx, tx, slug, "FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		after := before
+		if err := change(&after); err != nil {
+			return err
+		}
+		after.Slug = before.Slug
+		if err := after.Validate(); err != nil {
+			return err
+		}
+		err = tx.QueryRow(ctx, `UPDATE tiers SET name = $2, rank = $3, price_cents = $4, burst_rate = $5, burst = $6,
+			bucket_capacity = $7, bucket_refill_per_sec = $8, daily_quota = $9, monthly_quota = $10, overage = $11,
+			overage_price_cents_per_1k = $12, fail_open = $13, upgrade_url = $14, updated_at = now()
+			WHERE slug = $1 RETURNING `+tierColumns,
+			slug, after.Name, after.Rank, after.PriceCents, after.BurstRate, after.Burst, after.BucketCapacity,
+			after.BucketRefillPerSec, after.DailyQuota, after.MonthlyQuota, after.Overage, after.OveragePriceCentsPer1K,
+			after.FailOpen, after.UpgradeURL).Scan(tierDest(&out)...)
+		if uniqueViolation(err) != "" {
+			return &quota.Error{Code: quota.CodeInvalid, Field: "rank", Message: fmt.Sprintf("another tier has rank %d; ranks are unique", after.Rank)}
+		}
+		if err != nil {
+			return fmt.Errorf("postgres: update tier: %w", err)
+		}
+		return audit(ctx, tx, actor, "update", "tier", slug, before, out)
+	})
+	return out, err
+}
+
+// DeleteTier deletes a tier no tenant uses or used (invoices need the
+// history); otherwise it is a CodeConflict error.
+func (s *Store) DeleteTier(ctx context.Context, actor, slug string) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		before, err := tierTx(ctx, tx, slug, "FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM tiers WHERE slug = $1`, slug)
+		if isForeignKeyViolation(err) {
+			return quota.Errorf(quota.CodeConflict, "tenants use or used tier %q; move them and keep it for their invoices", slug)
+		}
+		if err != nil {
+			return fmt.Errorf("postgres: delete tier: %w", err)
+		}
+		return audit(ctx, tx, actor, "delete", "tier", slug, before, nil)
+	})
+}
+
+// TenantFilter narrows ListTenants.
+type TenantFilter struct {
+	Query string // case-insensitive substring of the name, or the exact id
+	Tier  string
+}
+
+// ListTenants returns tenants, oldest first.
+func (s *Store) ListTenants(ctx context.Context, f TenantFilter, p Page) ([]quota.Tenant, *string, error) {
+	c, err := decodeCursor(p.Cursor)
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+tenantColumns+` FROM tenants
+		WHERE ($1 = '' OR name ILIKE '%' || replace(replace(replace($1, '\', '\\'), '%', '\%'), '_', '\_') || '%' OR id::text = $1)
+		  AND ($2 = '' OR tier = $2)
+		  AND ($3 = '' OR (created_at, id::text) > ($4, $3))
+		ORDER BY created_at, id LIMIT $5`, f.Query, f.Tier, c.ID, c.At, p.Limit+1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list tenants: %w", err)
+	}
+	ts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Tenant, error) {
+		var t quota.Tenant
+		return t, row.Scan(tenantDest(&t)...)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list tenants: %w", err)
+	}
+	items, next := pageOf(ts, p.Limit, func(t quota.Tenant) cursor { return cursor{At: t.CreatedAt, ID: t.ID} })
+	return items, next, nil
+}
+
+// CreateTenantWith creates a tenant with its name, tier, overrides and
+// webhook URL, recording its tier history and an audit entry.
+func (s *Store) CreateTenantWith(ctx context.Context, actor string, in quota.Tenant) (quota.Tenant, error) {
+	if in.Name == "" || len(in.Name) > quota.MaxNameLen {
+		return quota.Tenant{}, quota.FieldError("name", "must be 1 to %d characters", quota.MaxNameLen)
+	}
+	secret, err := newWebhookSecret()
+	if err != nil {
+		return quota.Tenant{}, err
+	}
+	var t quota.Tenant
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		tier, err := tierTx(ctx, tx, in.Tier, "FOR SHARE")
+		if quota.ErrorCode(err) == quota.CodeNotFound {
+			return quota.FieldError("tier", "no tier %q", in.Tier)
+		}
+		if err != nil {
+			return err
+		}
+		if err := in.Overrides.Apply(tier.Limits).Validate(); err != nil {
+			return overridesError(err)
+		}
+		err = tx.QueryRow(ctx, `
+			INSERT INTO tenants (name, tier, overrides, webhook_url, webhook_secret) VALUES ($1, $2, $3, $4, $5)
+			RETURNING `+tenantColumns, in.Name, in.Tier, in.Overrides, in.WebhookURL, secret).Scan(tenantDest(&t)...)
+		if err != nil {
+			return fmt.Errorf("postgres: insert tenant: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `INSERT INTO tenant_tier_history (tenant_id, tier, valid_from) VALUES ($1, $2, $3)`,
+			t.ID, t.Tier, t.CreatedAt); err != nil {
+			return fmt.Errorf("postgres: insert tier history: %w", err)
+		}
+		return audit(ctx, tx, actor, "create", "tenant", t.ID, nil, t)
+	})
+	return t, err
+}
+
+func overridesError(err error) error {
+	var e *quota.Error
+	if errors.As(err, &e) && e.Field != "" {
+		return &quota.Error{Code: e.Code, Field: "overrides." + e.Field, Message: e.Message}
+	}
+	return err
+}
+
+func tenantTx(ctx context.Context, q querier, id, lock string) (quota.Tenant, error) {
+	var t quota.Tenant
+	err := q.QueryRow(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE id::text = $1 `+lock, id).Scan(tenantDest(&t)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return t, quota.Errorf(quota.CodeNotFound, "no tenant %q", id)
+	}
+	if err != nil {
+		return t, fmt.Errorf("postgres: tenant: %w", err)
+	}
+	return t, nil
+}
+
+// UpdateTenant applies change under a row lock. A tier change closes the
+// tenant's tier history at the change and opens the new tier's.
+func (s *Store) UpdateTenant(ctx context.Context, actor, id string, change func(*quota.Tenant) error) (quota.Tenant, error) {
+	var out quota.Tenant
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		before, err := tenantTx(ctx, tx, id, "FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		after := before
+		if err := change(&after); err != nil {
+			return err
+		}
+		if after.Name == "" || len(after.Name) > quota.MaxNameLen {
+			return quota.FieldError("name", "must be 1 to %d characters", quota.MaxNameLen)
+		}
+		if after.Status != quota.StatusActive && after.Status != quota.StatusSuspended {
+			return quota.FieldError("status", `must be "active" or "suspended"`)
+		}
+		tier, err := tierTx(ctx, tx, after.Tier, "FOR SHARE")
+		if quota.ErrorCode(err) == quota.CodeNotFound {
+			return quota.FieldError("tier", "no tier %q", after.Tier)
+		}
+		if err != nil {
+			return err
+		}
+		if err := after.Overrides.Apply(tier.Limits).Validate(); err != nil {
+			return overridesError(err)
+		}
+		err = tx.QueryRow(ctx, `UPDATE tenants SET name = $2, tier = $3, status = $4, overrides = $5, webhook_url = $6,
+			updated_at = clock_timestamp() WHERE id = $1 RETURNING `+tenantColumns,
+			before.ID, after.Name, after.Tier, after.Status, after.Overrides, after.WebhookURL).Scan(tenantDest(&out)...)
+		if err != nil {
+			return fmt.Errorf("postgres: update tenant: %w", err)
+		}
+		if out.Tier != before.Tier {
+			if _, err := tx.Exec(ctx, `UPDATE tenant_tier_history SET valid_to = $2 WHERE tenant_id = $1 AND valid_to IS NULL`,
+				out.ID, out.UpdatedAt); err != nil {
+				return fmt.Errorf("postgres: close tier history: %w", err)
+			}
+			if _, err := tx.Exec(ctx, `INSERT INTO tenant_tier_history (tenant_id, tier, valid_from) VALUES ($1, $2, $3)`,
+				out.ID, out.Tier, out.UpdatedAt); err != nil {
+				return fmt.Errorf("postgres: open tier history: %w", err)
+			}
+		}
+		return audit(ctx, tx, actor, "update", "tenant", out.ID, before, out)
+	})
+	return out, err
+}
+
+// DeleteTenant deletes a tenant with its keys, grants and usage. A tenant
+// with invoices cannot be deleted (CodeConflict): suspend it instead.
+func (s *Store) DeleteTenant(ctx context.Context, actor, id string) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		before, err := tenantTx(ctx, tx, id, "FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		_, err = tx.Exec(ctx, `DELETE FROM tenants WHERE id = $1`, before.ID)
+		if isForeignKeyViolation(err) {
+			return quota.Errorf(quota.CodeConflict, "tenant %s has invoices; suspend it instead", id)
+		}
+		if err != nil {
+			return fmt.Errorf("postgres: delete tenant: %w", err)
+		}
+		return audit(ctx, tx, actor, "delete", "tenant", before.ID, before, nil)
+	})
+}
+
+// ListKeys returns a tenant's keys (never their secrets), oldest first.
+func (s *Store) ListKeys(ctx context.Context, tenantID string, p Page) ([]quota.APIKey, *string, error) {
+	if _, err := tenantTx(ctx, s.db, tenantID, ""); err != nil {
+		return nil, nil, err
+	}
+	c, err := decodeCursor(p.Cursor)
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := s.db.Query(ctx, `SELECT `+keyColumns+` FROM api_keys k WHERE k.tenant_id = $1
+		AND ($2 = '' OR (k.created_at, k.id::text) > ($3, $2)) ORDER BY k.created_at, k.id LIMIT $4`,
+		tenantID, c.ID, c.At, p.Limit+1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list keys: %w", err)
+	}
+	keys, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.APIKey, error) {
+		var k quota.APIKey
+		return k, row.Scan(keyDest(&k)...)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list keys: %w", err)
+	}
+	items, next := pageOf(keys, p.Limit, func(k quota.APIKey) cursor { return cursor{At: k.CreatedAt, ID: k.ID} })
+	return items, next, nil
+}
+
+func keyTx(ctx context.Context, q querier, id, lock string) (quota.APIKey, error) {
+	var k quota.APIKey
+	err := q.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys k WHERE k.id::text = $1 `+lock, id).Scan(keyDest(&k)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return k, quota.Errorf(quota.CodeNotFound, "no key %q", id)
+	}
+	if err != nil {
+		return k, fmt.Errorf("postgres: key: %w", err)
+	}
+	return k, nil
+}
+
+// RevokeKey revokes a key at once; revoking a revoked key changes nothing.
+func (s *Store) RevokeKey(ctx context.Context, actor, id string) (quota.APIKey, error) {
+	var out quota.APIKey
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		before, err := keyTx(ctx, tx, id, "FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		if before.RevokedAt != nil {
+			out = before
+			return nil
+		}
+		if err := tx.QueryRow(ctx, `UPDATE api_keys k SET revoked_at = now() WHERE id = $1 RETURNING `+keyColumns, before.ID).
+			Scan(keyDest(&out)...); err != nil {
+			return fmt.Errorf("postgres: revoke key: %w", err)
+		}
+		return audit(ctx, tx, actor, "update", "api_key", out.ID, before, out)
+	})
+	return out, err
+}
+
+// RotateKey issues a new key for the old key's tenant and lets the old one
+// expire after grace (at once when grace is 0). It returns both.
+func (s *Store) RotateKey(ctx context.Context, actor, id, name string, grace time.Duration) (quota.IssuedKey, quota.APIKey, error) {
+	var fresh quota.IssuedKey
+	var old quota.APIKey
+	k, err := apikey.New()
+	if err != nil {
+		return fresh, old, fmt.Errorf("postgres: new key: %w", err)
+	}
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		before, err := keyTx(ctx, tx, id, "FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		if before.RevokedAt != nil {
+			return quota.Errorf(quota.CodeConflict, "key %s is revoked", id)
+		}
+		if name == "" {
+			name = before.Name
+		}
+		if err := tx.QueryRow(ctx, `UPDATE api_keys k SET expires_at = LEAST(coalesce(expires_at, 'infinity'), now() + $2)
+			WHERE id = $1 RETURNING `+keyColumns, before.ID, grace).Scan(keyDest(&old)...); err != nil {
+			return fmt.Errorf("postgres: expire old key: %w", err)
+		}
+		if err := audit(ctx, tx, actor, "update", "api_key", old.ID, before, old); err != nil {
+			return err
+		}
+		fresh, err = insertKey(ctx, tx, actor, before.TenantID, name, k, nil)
+		return err
+	})
+	return fresh, old, err
+}
+
+func insertKey(ctx context.Context, tx pgx.Tx, actor, tenantID, name string, k apikey.Key, expires *time.Time) (quota.IssuedKey, error) {
+	out := quota.IssuedKey{Secret: k.Secret}
+	err := tx.QueryRow(ctx, `
+		INSERT INTO api_keys (tenant_id, prefix, secret_sha256, name, expires_at) VALUES ($1, $2, $3, $4, $5)
+		RETURNING id, tenant_id, prefix, name, created_at, last_used_at, revoked_at, expires_at`,
+		tenantID, k.Prefix, k.Hash[:], name, expires).Scan(keyDest(&out.APIKey)...)
+	if isForeignKeyViolation(err) {
+		return out, quota.Errorf(quota.CodeNotFound, "no tenant %q", tenantID)
+	}
+	if err != nil {
+		return out, fmt.Errorf("postgres: insert key: %w", err)
+	}
+	return out, audit(ctx, tx, actor, "create", "api_key", out.ID, nil, out.APIKey)
+}
+
+// Grant is extra units for one of a tenant's days or months.
+type Grant struct {
+	ID          string    `json:"id"`
+	TenantID    string    `json:"tenant_id"`
+	Period      string    `json:"period"`
+	PeriodStart string    `json:"period_start"`
+	Units       int64     `json:"units"`
+	CreatedAt   time.Time `json:"created_at"`
+}
+
+// CreateGrant records a grant for the period starting at start.
+func (s *Store) CreateGrant(ctx context.Context, actor, tenantID, period string, start time.Time, units int64) (Grant, error) {
+	var g Grant
+	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		if _, err := tenantTx(ctx, tx, tenantID, "FOR SHARE"); err != nil {
+			return err
+		}
+		err := tx.QueryRow(ctx, `INSERT INTO grants (tenant_id, period, period_start, units) VALUES ($1, $2, $3, $4)
+			RETURNING id, tenant_id, period, to_char(period_start, 'YYYY-MM-DD'), units, created_at`,
+			tenantID, period, start, units).Scan(&g.ID, &g.TenantID, &g.Period, &g.PeriodStart, &g.Units, &g.CreatedAt)
+		if err != nil {
+			return fmt.Errorf("postgres: insert grant: %w", err)
+		}
+		return audit(ctx, tx, actor, "create", "grant", g.ID, nil, g)
+	})
+	return g, err
+}
+
+// ListGrants returns a tenant's grants, newest first.
+func (s *Store) ListGrants(ctx context.Context, tenantID string, p Page) ([]Grant, *string, error) {
+	if _, err := tenantTx(ctx, s.db, tenantID, ""); err != nil {
+		return nil, nil, err
+	}
+	c, err := decodeCursor(p.Cursor)
+	if err != nil {
+		return nil, nil, err
+	}
+	rows, err := s.db.Query(ctx, `SELECT id, tenant_id, period, to_char(period_start, 'YYYY-MM-DD'), units, created_at
+		FROM grants WHERE tenant_id = $1 AND ($2 = '' OR (created_at, id::text) < ($3, $2))
+		ORDER BY created_at DESC, id DESC LIMIT $4`, tenantID, c.ID, c.At, p.Limit+1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list grants: %w", err)
+	}
+	gs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Grant, error) {
+		var g Grant
+		return g, row.Scan(&g.ID, &g.TenantID, &g.Period, &g.PeriodStart, &g.Units, &g.CreatedAt)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list grants: %w", err)
+	}
+	items, next := pageOf(gs, p.Limit, func(g Grant) cursor { return cursor{At: g.CreatedAt, ID: g.ID} })
+	return items, next, nil
+}
+
+// AuditEntry is one recorded admin change.
+type AuditEntry struct {
+	ID       int64           `json:"id"`
+	At       time.Time       `json:"at"`
+	Actor    string          `json:"actor"`
+	Action   string          `json:"action"`
+	Entity   string          `json:"entity"`
+	EntityID string          `json:"entity_id"`
+	Before   json.RawMessage `json:"before"`
+	After    json.RawMessage `json:"after"`
+}
+
+// ListAudit returns audit entries, newest first, optionally of one entity.
+func (s *Store) ListAudit(ctx context.Context, entity, entityID string, p Page) ([]AuditEntry, *string, error) {
+	c, err := decodeCursor(p.Cursor)
+	if err != nil {
+		return nil, nil, err
+	}
+	before := int64(1) << 62
+	if c.ID != "" {
+		before = c.N
+	}
+	rows, err := s.db.Query(ctx, `SELECT id, at, actor, action, entity, entity_id, coalesce(before, 'null'), coalesce(after, 'null')
+		FROM audit_log WHERE ($1 = '' OR entity = $1) AND ($2 = '' OR entity_id = $2) AND id < $3
+		ORDER BY id DESC LIMIT $4`, entity, entityID, before, p.Limit+1)
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list audit: %w", err)
+	}
+	es, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AuditEntry, error) {
+		var e AuditEntry
+		return e, row.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Entity, &e.EntityID, &e.Before, &e.After)
+	})
+	if err != nil {
+		return nil, nil, fmt.Errorf("postgres: list audit: %w", err)
+	}
+	items, next := pageOf(es, p.Limit, func(e AuditEntry) cursor { return cursor{ID: "a", N: e.ID} })
+	return items, next, nil
+}
