@@ -407,22 +407,30 @@ type keyRotate struct {
 // maxGrace bounds how long a rotated key stays valid.
 const maxGrace = 30 * 24 * time.Hour
 
+func (b keyRotate) validate() (time.Duration, error) {
+	grace, err := required("grace_seconds", b.GraceSeconds)
+	if err != nil {
+		return 0, err
+	}
+	if grace < 0 || grace > int64(maxGrace/time.Second) {
+		return 0, quota.FieldError("grace_seconds", "must be between 0 and %d", int64(maxGrace/time.Second))
+	}
+	if len(b.Name) > quota.MaxNameLen {
+		return 0, quota.FieldError("name", "must be at most %d characters", quota.MaxNameLen)
+	}
+	return time.Duration(grace) * time.Second, nil
+}
+
 func (s *Server) rotateKey(c *fiber.Ctx) error {
 	var body keyRotate
 	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
-	grace, err := required("grace_seconds", body.GraceSeconds)
+	grace, err := body.validate()
 	if err != nil {
 		return err
 	}
-	if grace < 0 || grace > int64(maxGrace/time.Second) {
-		return quota.FieldError("grace_seconds", "must be between 0 and %d", int64(maxGrace/time.Second))
-	}
-	if len(body.Name) > quota.MaxNameLen {
-		return quota.FieldError("name", "must be at most %d characters", quota.MaxNameLen)
-	}
-	fresh, old, err := s.store.RotateKey(c.UserContext(), adminActor, c.Params("id"), body.Name, time.Duration(grace)*time.Second)
+	fresh, old, err := s.store.RotateKey(c.UserContext(), adminActor, c.Params("id"), body.Name, grace)
 	if err != nil {
 		return err
 	}
@@ -442,24 +450,32 @@ type grantCreate struct {
 // createGrant adds units to the tenant's current day or month: recorded in
 // Postgres (for invoices and quota repair) and added to the live counter in
 // Redis, so the remaining quota and the headers show it on the next request.
+func (b grantCreate) validate() (string, int64, error) {
+	period, err := required("period", b.Period)
+	if err != nil {
+		return "", 0, err
+	}
+	units, err := required("units", b.Units)
+	if err != nil {
+		return "", 0, err
+	}
+	if period != "day" && period != "month" {
+		return "", 0, quota.FieldError("period", `must be "day" or "month"`)
+	}
+	if units < 1 || units > quota.MaxQuantity {
+		return "", 0, quota.FieldError("units", "must be an integer between 1 and %d", quota.MaxQuantity)
+	}
+	return period, units, nil
+}
+
 func (s *Server) createGrant(c *fiber.Ctx) error {
 	var body grantCreate
 	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
-	period, err := required("period", body.Period)
+	period, units, err := body.validate()
 	if err != nil {
 		return err
-	}
-	units, err := required("units", body.Units)
-	if err != nil {
-		return err
-	}
-	if period != "day" && period != "month" {
-		return quota.FieldError("period", `must be "day" or "month"`)
-	}
-	if units < 1 || units > quota.MaxQuantity {
-		return quota.FieldError("units", "must be an integer between 1 and %d", quota.MaxQuantity)
 	}
 	start := quota.DayStart(s.now())
 	if period == "month" {

@@ -1,0 +1,140 @@
+package httpapi
+
+import (
+	"bytes"
+	"io"
+	"log/slog"
+	"net/http/httptest"
+	"strconv"
+	"testing"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// decoders are the admin (and service) request bodies with the validation
+// their handlers run before touching the database.
+var decoders = []func(c *fiber.Ctx) error{
+	func(c *fiber.Ctx) error {
+		var b tierCreate
+		if err := decodeJSON(c, &b); err != nil {
+			return err
+		}
+		t, err := b.tier()
+		if err != nil {
+			return err
+		}
+		return t.Validate()
+	},
+	func(c *fiber.Ctx) error {
+		var b tierPatch
+		if err := decodeJSON(c, &b); err != nil {
+			return err
+		}
+		t := quota.Tier{Slug: "pro", Name: "Pro", Rank: 1, Overage: quota.OverageBlock}
+		if err := b.apply(&t); err != nil {
+			return err
+		}
+		return t.Validate()
+	},
+	func(c *fiber.Ctx) error {
+		var b tenantCreate
+		if err := decodeJSON(c, &b); err != nil {
+			return err
+		}
+		if _, err := required("name", b.Name); err != nil {
+			return err
+		}
+		if _, err := required("tier", b.Tier); err != nil {
+			return err
+		}
+		if err := validURL("webhook_url", b.WebhookURL); err != nil {
+			return err
+		}
+		return b.Overrides.Apply(quota.Limits{DailyQuota: quota.Ptr(int64(10))}).Validate()
+	},
+	func(c *fiber.Ctx) error {
+		var b tenantPatch
+		if err := decodeJSON(c, &b); err != nil {
+			return err
+		}
+		t := quota.Tenant{Name: "x", Tier: "free", Status: quota.StatusActive}
+		if err := b.apply(&t); err != nil {
+			return err
+		}
+		return t.Overrides.Apply(quota.Limits{}).Validate()
+	},
+	func(c *fiber.Ctx) error {
+		var b keyRotate
+		if err := decodeJSON(c, &b); err != nil {
+			return err
+		}
+		_, err := b.validate()
+		return err
+	},
+	func(c *fiber.Ctx) error {
+		var b grantCreate
+		if err := decodeJSON(c, &b); err != nil {
+			return err
+		}
+		_, _, err := b.validate()
+		return err
+	},
+	func(c *fiber.Ctx) error {
+		var b keyCreate
+		return decodeJSON(c, &b)
+	},
+	func(c *fiber.Ctx) error {
+		var b CheckRequest
+		return decodeJSON(c, &b)
+	},
+}
+
+func decoderApp() *fiber.App {
+	app := fiber.New(fiber.Config{ErrorHandler: errorHandler(slog.New(slog.NewTextHandler(io.Discard, nil)))})
+	app.Post("/:kind", func(c *fiber.Ctx) error {
+		k, _ := strconv.Atoi(c.Params("kind"))
+		if err := decoders[k](c); err != nil {
+			return err
+		}
+		return c.SendStatus(fiber.StatusNoContent)
+	})
+	return app
+}
+
+// FuzzAdminDecoders feeds arbitrary bodies to every admin decoder: each must
+// answer 204 (valid) or a 4xx problem, never a 5xx or a panic. Seeds live in
+// testdata/fuzz/FuzzAdminDecoders; run longer with
+// go test -fuzz FuzzAdminDecoders ./internal/httpapi/.
+func FuzzAdminDecoders(f *testing.F) {
+	for i, seed := range []string{
+		`{"slug": "gold", "name": "Gold", "rank": 15, "price_cents": 9900, "burst_rate": 20, "burst": 40, "overage": "bill", "overage_price_cents_per_1k": 30}`,
+		`{"daily_quota": null, "burst_rate": 1e308, "burst": 9223372036854775807}`,
+		`{"name": "Acme", "tier": "free", "overrides": {"daily_quota": -1, "burst": null}}`,
+		`{"status": "suspended", "overrides": null, "tier": null}`,
+		`{"grace_seconds": 3600}`,
+		`{"period": "month", "units": 1e400}`,
+		`{"name": "k", "expires_at": "2030-01-01T00:00:00Z"}`,
+		`{"api_key": 5, "meter": ["m"], "cost": -0.5}`,
+	} {
+		f.Add(uint8(i), []byte(seed))
+	}
+	app := decoderApp()
+	f.Fuzz(func(t *testing.T, kind uint8, body []byte) {
+		k := int(kind) % len(decoders)
+		req := httptest.NewRequest("POST", "/"+strconv.Itoa(k), bytes.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := app.Test(req, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode >= 500 {
+			t.Fatalf("decoder %d answered %d to %q", k, resp.StatusCode, body)
+		}
+		if resp.StatusCode != 204 && resp.Header.Get("Content-Type") != ContentTypeProblem {
+			t.Fatalf("decoder %d answered %d without a problem body to %q", k, resp.StatusCode, body)
+		}
+	})
+}
