@@ -102,5 +102,6 @@ func (r *Runner) Refund(ctx context.Context, tenantID, meter string, cost, overa
 	if err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)
 	}
+	r.active.add(tenantID)
 	return nil
 }

@@ -35,6 +35,7 @@ func mustRead(name string) string {
 type Runner struct {
 	c      redis.UniversalClient
 	prefix string
+	active activeSet // tenants with usage counted since the last ReportActive
 }
 
 var _ quota.Admitter = (*Runner)(nil)
@@ -95,6 +96,9 @@ func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, 
 		idem = idemHash(req.Meter, req.IdempotencyKey)
 	}
 	res, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p)
+	if err == nil && mode != "dry" {
+		r.active.add(req.TenantID) // admitted or refused, its pending usage changed
+	}
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
 	}

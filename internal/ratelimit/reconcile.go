@@ -1,0 +1,309 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// This file is the Redis side of the worker's reconciliation: which tenants
+// have usage to flush, taking and dropping batches, and repairing counters
+// after Redis lost data. The Postgres side is internal/billing.
+
+var (
+	claimScript   = redis.NewScript(mustRead("claim.lua"))
+	finishScript  = redis.NewScript(mustRead("finish.lua"))
+	restoreScript = redis.NewScript(mustRead("restore.lua"))
+)
+
+// flushingTTL bounds an abandoned batch: far longer than any worker outage
+// we expect to recover from, so a batch is never lost to expiry in practice.
+const flushingTTL = 30 * 24 * time.Hour
+
+// activeTTL bounds the active-tenant set if no worker ever reads it.
+const activeTTL = 7 * 24 * time.Hour
+
+// activeSet records the tenants this node admitted for since its last report.
+type activeSet struct {
+	mu sync.Mutex
+	m  map[string]struct{}
+}
+
+func (a *activeSet) add(id string) {
+	a.mu.Lock()
+	if a.m == nil {
+		a.m = map[string]struct{}{}
+	}
+	a.m[id] = struct{}{}
+	a.mu.Unlock()
+}
+
+func (a *activeSet) take() []string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	out := make([]string, 0, len(a.m))
+	for id := range a.m {
+		out = append(out, id)
+	}
+	a.m = nil
+	return out
+}
+
+func (r *Runner) activeKey() string { return r.prefix + ":v1:active" }
+func (r *Runner) epochKey() string  { return r.prefix + ":v1:epoch" }
+
+// ReportActive adds the tenants this node counted usage for since the last
+// report to the active set the worker reads. It is not on the request path:
+// cmd/api calls it about once a second. A node that dies before reporting
+// leaves its tenants' pending usage to the worker's sweep.
+func (r *Runner) ReportActive(ctx context.Context) error {
+	ids := r.active.take()
+	if len(ids) == 0 {
+		return nil
+	}
+	members := make([]any, len(ids))
+	for i, id := range ids {
+		members[i] = id
+	}
+	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.SAdd(ctx, r.activeKey(), members...)
+		p.Expire(ctx, r.activeKey(), activeTTL)
+		return nil
+	})
+	if err != nil {
+		for _, id := range ids { // report them next time
+			r.active.add(id)
+		}
+		return fmt.Errorf("ratelimit: report active: %w", err)
+	}
+	return nil
+}
+
+// ActiveTenants returns the tenants reported active since the worker last
+// marked them done.
+func (r *Runner) ActiveTenants(ctx context.Context) ([]string, error) {
+	ids, err := r.c.SMembers(ctx, r.activeKey()).Result()
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: active tenants: %w", err)
+	}
+	return ids, nil
+}
+
+// SweepTenants finds every tenant with pending or in-flight usage by
+// scanning the keyspace (every master of a cluster). It is the worker's
+// safety net for tenants whose API node died before reporting them; its cost
+// grows with the keyspace, so the worker runs it rarely.
+func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
+	seen := map[string]struct{}{}
+	var mu sync.Mutex
+	scan := func(ctx context.Context, c *redis.Client) error {
+		for _, suffix := range []string{"}:pending", "}:flushing"} {
+			iter := c.Scan(ctx, 0, r.prefix+":v1:{t:*"+suffix, 1000).Iterator()
+			for iter.Next(ctx) {
+				k := iter.Val()
+				start := strings.Index(k, "{t:") + 3
+				end := strings.LastIndex(k, suffix)
+				if start < 3 || end < start {
+					continue
+				}
+				mu.Lock()
+				seen[k[start:end]] = struct{}{}
+				mu.Unlock()
+			}
+			if err := iter.Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var err error
+	switch c := r.c.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachMaster(ctx, scan)
+	case *redis.Client:
+		err = scan(ctx, c)
+	default:
+		err = fmt.Errorf("unsupported client %T", r.c)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: sweep: %w", err)
+	}
+	out := make([]string, 0, len(seen))
+	for id := range seen {
+		out = append(out, id)
+	}
+	return out, nil
+}
+
+// Batch is one tenant's usage taken from Redis for one flush.
+type Batch struct {
+	TenantID string
+	ID       string // recorded in Postgres with the rows: exactly once
+	Rows     []PendingRow
+}
+
+func newBatchID() string {
+	b := make([]byte, 16)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// Claim takes the pending usage of each tenant as a batch (or returns the
+// batch already in flight), in one pipelined round trip. Tenants with
+// nothing to flush are left out.
+func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error) {
+	cmds := make([]*redis.Cmd, len(tenantIDs))
+	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range tenantIDs {
+			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing")},
+				newBatchID(), flushingTTL.Milliseconds())
+		}
+		return nil
+	})
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := r.loadScripts(ctx, claimScript, finishScript); err != nil {
+			return nil, err
+		}
+		return r.Claim(ctx, tenantIDs)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: claim: %w", err)
+	}
+	var out []Batch
+	for i, cmd := range cmds {
+		flat, err := cmd.StringSlice()
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit: claim %s: %w", tenantIDs[i], err)
+		}
+		if len(flat) == 0 {
+			continue
+		}
+		h := make(map[string]string, len(flat)/2)
+		for j := 0; j+1 < len(flat); j += 2 {
+			h[flat[j]] = flat[j+1]
+		}
+		b := Batch{TenantID: tenantIDs[i], ID: h["batch"]}
+		delete(h, "batch")
+		if b.Rows, err = ParsePending(h); err != nil {
+			return nil, fmt.Errorf("ratelimit: claim %s: %w", tenantIDs[i], err)
+		}
+		out = append(out, b)
+	}
+	return out, nil
+}
+
+// Finish drops batches Postgres has recorded, in one pipelined round trip.
+func (r *Runner) Finish(ctx context.Context, batches []Batch) error {
+	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, b := range batches {
+			finishScript.EvalSha(ctx, p, []string{r.key(b.TenantID, "flushing")}, b.ID)
+		}
+		return nil
+	})
+	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := r.loadScripts(ctx, claimScript, finishScript); err != nil {
+			return err
+		}
+		return r.Finish(ctx, batches)
+	}
+	if err != nil {
+		return fmt.Errorf("ratelimit: finish: %w", err)
+	}
+	return nil
+}
+
+// Done takes tenants out of the active set after their usage was flushed.
+// A tenant that counted new usage meanwhile is reported again by its API
+// node within a second, and the sweep finds it in any case.
+func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
+	if len(tenantIDs) == 0 {
+		return nil
+	}
+	members := make([]any, len(tenantIDs))
+	for i, id := range tenantIDs {
+		members[i] = id
+	}
+	if err := r.c.SRem(ctx, r.activeKey(), members...).Err(); err != nil {
+		return fmt.Errorf("ratelimit: done: %w", err)
+	}
+	return nil
+}
+
+// loadScripts loads scripts on every node (pipelined EVALSHA does not fall
+// back to EVAL by itself).
+func (r *Runner) loadScripts(ctx context.Context, scripts ...*redis.Script) error {
+	load := func(ctx context.Context, c *redis.Client) error {
+		for _, s := range scripts {
+			if err := s.Load(ctx, c).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	var err error
+	switch c := r.c.(type) {
+	case *redis.ClusterClient:
+		err = c.ForEachShard(ctx, load)
+	case *redis.Client:
+		err = load(ctx, c)
+	}
+	if err != nil {
+		return fmt.Errorf("ratelimit: load scripts: %w", err)
+	}
+	return nil
+}
+
+// EpochLost reports whether Redis lost its data since the last call: the
+// epoch key the worker keeps is gone (first start, restart without
+// persistence, FLUSHALL, a failover to an empty replica). It sets the key
+// again, so the answer is true once per loss.
+func (r *Runner) EpochLost(ctx context.Context) (bool, error) {
+	set, err := r.c.SetNX(ctx, r.epochKey(), newBatchID(), activeTTL).Result()
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: epoch: %w", err)
+	}
+	if !set {
+		r.c.Expire(ctx, r.epochKey(), activeTTL)
+	}
+	return set, nil
+}
+
+// Recorded is what Postgres holds for a tenant's current day and month.
+type Recorded struct {
+	TenantID             string
+	DayUnits, MonthUnits int64
+	DayGrant, MonthGrant int64
+}
+
+// Restore repairs the tenants' day and month counters for the periods
+// containing at (see lua/restore.lua), pipelined.
+func (r *Runner) Restore(ctx context.Context, at time.Time, recs []Recorded) error {
+	at = at.UTC()
+	day, month := quota.DayStart(at), quota.MonthStart(at)
+	y, m, _ := at.Date()
+	dayExp := day.Add(25 * time.Hour).UnixMilli()
+	monthExp := month.AddDate(0, 1, 0).Add(time.Hour).UnixMilli()
+	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, rec := range recs {
+			id := rec.TenantID
+			// Pipelined EVALSHA cannot fall back on NOSCRIPT; repairs are
+			// rare, so send the script itself.
+			restoreScript.Eval(ctx, p, []string{r.key(id, "day"), r.key(id, "month"), r.key(id, "pending")},
+				day.Unix()/86400, y*100+int(m), day.Unix(), month.Unix(),
+				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, dayExp, monthExp)
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ratelimit: restore: %w", err)
+	}
+	return nil
+}
