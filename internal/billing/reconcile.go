@@ -89,29 +89,48 @@ func union(a, b []string) []string {
 	return out
 }
 
+// flushChunk flushes the tenants' usage. A tenant whose claim resumed a
+// batch left in flight gets a second claim in the same cycle, so its newer
+// pending usage does not wait for another cycle.
 func (r *Reconciler) flushChunk(ctx context.Context, ids []string) error {
+	for round := 0; len(ids) > 0 && round < 3; round++ {
+		resumed, err := r.flushOnce(ctx, ids)
+		if err != nil {
+			return err
+		}
+		ids = resumed
+	}
+	return nil
+}
+
+func (r *Reconciler) flushOnce(ctx context.Context, ids []string) (resumed []string, err error) {
 	batches, err := r.rl.Claim(ctx, ids)
 	if err != nil {
-		return err
+		return nil, err
+	}
+	for _, b := range batches {
+		if b.Resumed {
+			resumed = append(resumed, b.TenantID)
+		}
 	}
 	if err := r.hook("claimed"); err != nil {
-		return err
+		return nil, err
 	}
 	if len(batches) > 0 {
 		if err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error { return r.record(ctx, tx, batches) }); err != nil {
-			return err
+			return nil, err
 		}
 		if err := r.hook("committed"); err != nil {
-			return err
+			return nil, err
 		}
 		if err := r.rl.Finish(ctx, batches); err != nil {
-			return err
+			return nil, err
 		}
 		if err := r.hook("finished"); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	return r.rl.Done(ctx, ids)
+	return resumed, r.rl.Done(ctx, ids)
 }
 
 // record inserts the batches' ids and, for the ids that are new, their usage
@@ -127,21 +146,25 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []ratelimit.
 		units                     int64
 	)
 	for _, b := range batches {
-		if !validUUID(b.TenantID) {
-			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", b.TenantID, "batch", b.ID)
+		tenant := b.TenantID
+		if !validUUID(tenant) {
+			// Recorded as flushed (so it is not retried forever) under the
+			// zero id; its rows are dropped.
+			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", tenant, "batch", b.ID)
+			tenant = "00000000-0000-0000-0000-000000000000"
 		}
 		var u, q int64
 		for _, row := range b.Rows {
 			u += row.Units
 			q += row.Requests
 			rBatch = append(rBatch, b.ID)
-			rTenant = append(rTenant, b.TenantID)
+			rTenant = append(rTenant, tenant)
 			rHour = append(rHour, row.Hour)
 			rMeter = append(rMeter, row.Meter)
 			rUnits, rReq = append(rUnits, row.Units), append(rReq, row.Requests)
 			rRej, rOver = append(rRej, row.Rejected), append(rOver, row.Overage)
 		}
-		bIDs, bTenants = append(bIDs, b.ID), append(bTenants, b.TenantID)
+		bIDs, bTenants = append(bIDs, b.ID), append(bTenants, tenant)
 		bUnits, bRequests = append(bUnits, max(u, 0)), append(bRequests, max(q, 0))
 		units += u
 	}
@@ -150,18 +173,17 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []ratelimit.
 	tag, err := tx.Exec(ctx, `
 		WITH new AS (
 			INSERT INTO usage_batches (batch_id, tenant_id, units, requests)
-			SELECT b.id, CASE WHEN b.tenant ~* '^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$'
-			                  THEN b.tenant::uuid ELSE '00000000-0000-0000-0000-000000000000' END, b.units, b.requests
-			FROM unnest($1::text[], $2::text[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
+			SELECT b.id, b.tenant, b.units, b.requests
+			FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
 			ON CONFLICT (batch_id) DO NOTHING
 			RETURNING batch_id
 		)
 		INSERT INTO usage AS u (tenant_id, hour, meter, units, requests, rejected, overage_units)
 		SELECT t.id, r.hour, r.meter, sum(r.units), sum(r.requests), sum(r.rejected), sum(r.overage)
-		FROM unnest($5::text[], $6::text[], $7::timestamptz[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
+		FROM unnest($5::text[], $6::uuid[], $7::timestamptz[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
 		     AS r(batch, tenant, hour, meter, units, requests, rejected, overage)
 		JOIN new ON new.batch_id = r.batch
-		JOIN tenants t ON t.id::text = r.tenant
+		JOIN tenants t ON t.id = r.tenant
 		GROUP BY t.id, r.hour, r.meter
 		ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET
 			units = u.units + EXCLUDED.units, requests = u.requests + EXCLUDED.requests,
@@ -194,7 +216,7 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 			       + coalesce((SELECT sum(g.units) FROM grants g WHERE g.tenant_id = t.id
 			                   AND g.period = 'month' AND g.period_start = $2::date), 0) AS quota
 			FROM tenants t JOIN tiers tr ON tr.slug = t.tier
-			WHERE t.id::text = ANY($1)
+			WHERE t.id = ANY($1::uuid[])
 		), used AS (
 			SELECT q.id, q.quota, coalesce(sum(u.units), 0)::bigint AS units
 			FROM q LEFT JOIN usage u ON u.tenant_id = q.id AND u.hour >= $2 AND u.hour < $3

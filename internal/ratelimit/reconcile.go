@@ -148,6 +148,10 @@ type Batch struct {
 	TenantID string
 	ID       string // recorded in Postgres with the rows: exactly once
 	Rows     []PendingRow
+	// Resumed is true when the batch was already in flight (an earlier
+	// flush stopped, or another worker is flushing it): the tenant's newer
+	// pending usage is still waiting behind it.
+	Resumed bool
 }
 
 func newBatchID() string {
@@ -161,10 +165,12 @@ func newBatchID() string {
 // nothing to flush are left out.
 func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error) {
 	cmds := make([]*redis.Cmd, len(tenantIDs))
+	proposed := make([]string, len(tenantIDs))
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range tenantIDs {
+			proposed[i] = newBatchID()
 			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing")},
-				newBatchID(), flushingTTL.Milliseconds())
+				proposed[i], flushingTTL.Milliseconds())
 		}
 		return nil
 	})
@@ -190,7 +196,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error)
 		for j := 0; j+1 < len(flat); j += 2 {
 			h[flat[j]] = flat[j+1]
 		}
-		b := Batch{TenantID: tenantIDs[i], ID: h["batch"]}
+		b := Batch{TenantID: tenantIDs[i], ID: h["batch"], Resumed: h["batch"] != proposed[i]}
 		delete(h, "batch")
 		if b.Rows, err = ParsePending(h); err != nil {
 			return nil, fmt.Errorf("ratelimit: claim %s: %w", tenantIDs[i], err)
@@ -220,16 +226,31 @@ func (r *Runner) Finish(ctx context.Context, batches []Batch) error {
 	return nil
 }
 
-// Done takes tenants out of the active set after their usage was flushed.
-// A tenant that counted new usage meanwhile is reported again by its API
-// node within a second, and the sweep finds it in any case.
+// Done takes tenants out of the active set after their usage was flushed,
+// except those that have pending usage again: they stay for the next cycle.
+// (A tenant that counts usage after this check is reported again by its API
+// node within a second, and the sweep finds it in any case.)
 func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
-	members := make([]any, len(tenantIDs))
+	exists := make([]*redis.IntCmd, len(tenantIDs))
+	if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range tenantIDs {
+			exists[i] = p.Exists(ctx, r.key(id, "pending"), r.key(id, "flushing"))
+		}
+		return nil
+	}); err != nil {
+		return fmt.Errorf("ratelimit: done: %w", err)
+	}
+	var members []any
 	for i, id := range tenantIDs {
-		members[i] = id
+		if exists[i].Val() == 0 {
+			members = append(members, id)
+		}
+	}
+	if len(members) == 0 {
+		return nil
 	}
 	if err := r.c.SRem(ctx, r.activeKey(), members...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: done: %w", err)
