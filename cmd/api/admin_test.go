@@ -396,11 +396,17 @@ func TestAdminTenantListSearchAndDelete(t *testing.T) {
 	if r := admin(t, "GET", base+"/admin/v1/tenants/"+ids[0], ""); r.status != 404 {
 		t.Fatalf("after delete: %d, want 404", r.status)
 	}
-	if _, err := s.store.Exec(context.Background(), `INSERT INTO invoices (tenant_id, period) VALUES ($1, '2026-10-01')`, ids[1]); err != nil {
+	if _, err := s.store.Exec(context.Background(), `INSERT INTO invoices (tenant_id, period) VALUES ($1, '2026-11-01')`, ids[2]); err != nil {
+		t.Fatal(err)
+	}
+	if r := admin(t, "DELETE", base+"/admin/v1/tenants/"+ids[2], ""); r.status != 204 {
+		t.Fatalf("delete a tenant with only a draft invoice: %d, want 204", r.status)
+	}
+	if _, err := s.store.Exec(context.Background(), `INSERT INTO invoices (tenant_id, period, status, finalized_at) VALUES ($1, '2026-10-01', 'final', now())`, ids[1]); err != nil {
 		t.Fatal(err)
 	}
 	if r := admin(t, "DELETE", base+"/admin/v1/tenants/"+ids[1], ""); r.status != 409 {
-		t.Fatalf("delete a tenant with invoices: %d, want 409", r.status)
+		t.Fatalf("delete a tenant with a final invoice: %d, want 409", r.status)
 	}
 }
 

@@ -87,6 +87,23 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		log.Warn("cache invalidation channel not subscribed yet; continuing")
 	}
 
+	// Tell the worker which tenants counted usage, once a second, off the
+	// request path; once more after the last request (below).
+	go func() {
+		t := time.NewTicker(time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-bg.Done():
+				return
+			case <-t.C:
+				if err := runner.ReportActive(bg); err != nil {
+					log.Warn("reporting active tenants failed; retrying", "err", err)
+				}
+			}
+		}
+	}()
+
 	srv := httpapi.New(httpapi.Deps{
 		Log: log, DB: db, Store: store, Redis: rdb, Catalog: cat, Gate: gate, Limits: runner,
 		Ledger: billing.NewLedger(db), Routes: table, Metrics: metrics, Now: time.Now,
@@ -119,6 +136,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("api: serve: %w", err)
 	}
+	stopBG()
+	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if err := runner.ReportActive(rctx); err != nil {
+		log.Warn("last report of active tenants failed; the worker's sweep will find them", "err", err)
+	}
+	cancel()
 	log.Info("stopped")
 	return nil
 }

@@ -1,17 +1,28 @@
 // Command worker reconciles usage counted in Redis into Postgres and bills it.
-// It is wiring only: configuration, connections and the loop of steps.
+// It is wiring only: configuration, connections, the loop of steps and its
+// metrics endpoint.
 package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/config"
 	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/worker"
 )
@@ -43,20 +54,81 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer rdb.Close()
 
+	rec := billing.NewReconciler(db, ratelimit.New(rdb, cfg.RedisPrefix), time.Now, log)
+	alerts := billing.NewDeliverer(db, nil, time.Now)
+	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
+	var lastFlush time.Time
+	reg, cycle := workerMetrics(rec, alerts, func() time.Time { return lastFlush })
+
 	loop := &worker.Loop{
 		Interval: cfg.ReconcileInterval,
 		Log:      log,
 		Steps: []worker.Step{
-			{Name: "ping", Run: func(ctx context.Context) error {
-				if err := rdb.Ping(ctx).Err(); err != nil {
-					return fmt.Errorf("redis: %w", err)
+			// Repair first: counters lost with Redis are restored before the
+			// flush moves what is still pending.
+			{Name: "repair", Run: rec.Repair},
+			{Name: "flush", Run: func(ctx context.Context) error {
+				if err := rec.Flush(ctx); err != nil {
+					return err
 				}
-				return db.Ping(ctx)
+				lastFlush = time.Now()
+				return nil
 			}},
+			{Name: "invoices", Run: invoices.Run},
+			{Name: "alerts", Run: alerts.Run},
 		},
+		OnCycle: func(d time.Duration, _ int) { cycle.Observe(d.Seconds()) },
 	}
-	log.Info("worker started", "interval", cfg.ReconcileInterval.String())
+
+	ln, err := net.Listen("tcp", cfg.WorkerMetricsAddr)
+	if err != nil {
+		return fmt.Errorf("TOLLGATE_WORKER_METRICS_ADDR: listen %s: %w", cfg.WorkerMetricsAddr, err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			log.Error("metrics server failed", "err", err)
+		}
+	}()
+	log.Info("worker started", "interval", cfg.ReconcileInterval.String(), "metrics_addr", ln.Addr().String())
+
 	err = loop.Run(ctx)
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	_ = srv.Shutdown(sctx)
+	cancel()
 	log.Info("worker stopped")
 	return err
 }
+
+// workerMetrics registers the worker's series: cycle duration, tenants and
+// units flushed, lag since the last successful flush, webhook outcomes.
+func workerMetrics(rec *billing.Reconciler, alerts *billing.Deliverer, lastFlush func() time.Time) (*prometheus.Registry, prometheus.Histogram) {
+	reg := prometheus.NewRegistry()
+	cycle := prometheus.NewHistogram(prometheus.HistogramOpts{
+		Name: "tollgate_worker_cycle_seconds", Help: "Duration of one worker cycle.",
+		Buckets: prometheus.ExponentialBuckets(0.001, 4, 10),
+	})
+	counter := func(name, help string, v func() int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help}, func() float64 { return float64(v()) })
+	}
+	reg.MustRegister(cycle,
+		counter("tollgate_worker_tenants_flushed_total", "Tenant batches flushed into the ledger.", rec.TenantsFlushed.Load),
+		counter("tollgate_worker_units_flushed_total", "Units flushed into the ledger.", rec.UnitsFlushed.Load),
+		counter("tollgate_webhook_delivered_total", "Alerts delivered to their webhook.", alerts.Delivered.Load),
+		counter("tollgate_webhook_failures_total", "Failed webhook attempts that will be retried.", alerts.Retried.Load),
+		counter("tollgate_webhook_given_up_total", "Alerts given up after the last attempt.", alerts.Failed.Load),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tollgate_worker_lag_seconds", Help: "Seconds since the last successful flush.",
+		}, func() float64 {
+			if t := lastFlush(); !t.IsZero() {
+				return time.Since(t).Seconds()
+			}
+			return 0
+		}),
+		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	)
+	return reg, cycle
+}
+

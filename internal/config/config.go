@@ -34,6 +34,7 @@ type Config struct {
 	ShutdownTimeout   time.Duration           // TOLLGATE_SHUTDOWN_TIMEOUT
 	BodyLimit         int                     // TOLLGATE_BODY_LIMIT
 	InvoiceGrace      time.Duration           // TOLLGATE_INVOICE_GRACE
+	WorkerMetricsAddr string                  // TOLLGATE_WORKER_METRICS_ADDR
 }
 
 // Var documents one environment variable.
@@ -57,6 +58,7 @@ var Vars = []Var{
 	{"TOLLGATE_SHUTDOWN_TIMEOUT", "10s", "how long graceful shutdown waits for in-flight work"},
 	{"TOLLGATE_BODY_LIMIT", "1048576", "largest accepted request body, in bytes"},
 	{"TOLLGATE_INVOICE_GRACE", "48h", "how long after a month ends late usage is still accepted before its invoices are final"},
+	{"TOLLGATE_WORKER_METRICS_ADDR", "127.0.0.1:9091", "the worker's /metrics listen address (host:port; port 0 picks a free one)"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -120,6 +122,10 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.InvoiceGrace, err = duration(get, "TOLLGATE_INVOICE_GRACE", 0, 31*24*time.Hour); err != nil {
 		return c, err
+	}
+	c.WorkerMetricsAddr = get("TOLLGATE_WORKER_METRICS_ADDR")
+	if _, _, err := net.SplitHostPort(c.WorkerMetricsAddr); err != nil {
+		return c, fmt.Errorf("config: TOLLGATE_WORKER_METRICS_ADDR: %q is not host:port", c.WorkerMetricsAddr)
 	}
 	return c, nil
 }

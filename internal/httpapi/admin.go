@@ -683,3 +683,16 @@ func validURL(field, v string) error {
 	}
 	return nil
 }
+
+// listAlerts lists threshold alerts with their delivery state, newest first.
+func (s *Server) listAlerts(c *fiber.Ctx) error {
+	p, err := page(c)
+	if err != nil {
+		return err
+	}
+	items, next, err := s.alerts.List(c.UserContext(), c.Query("status"), p.Limit, p.Cursor)
+	if err != nil {
+		return err
+	}
+	return list(c, items, next)
+}

@@ -50,6 +50,7 @@ type Deps struct {
 	Gate    quota.Admitter
 	Limits  limiter
 	Ledger  *billing.Ledger
+	Alerts  *billing.Deliverer // for listing alerts
 	Routes  *routes.Table
 	Metrics *Metrics
 	Now     func() time.Time
@@ -66,6 +67,7 @@ type Server struct {
 	gate     quota.Admitter
 	limits   limiter
 	ledger   *billing.Ledger
+	alerts   *billing.Deliverer
 	routes   *routes.Table
 	metrics  *Metrics
 	authFail *authFailures
@@ -90,8 +92,11 @@ func New(d Deps, opts Options) *Server {
 	if d.Ledger == nil && d.DB != nil {
 		d.Ledger = billing.NewLedger(d.DB)
 	}
+	if d.Alerts == nil && d.DB != nil {
+		d.Alerts = billing.NewDeliverer(d.DB, nil, d.Now)
+	}
 	s := &Server{log: d.Log, db: d.DB, store: d.Store, now: d.Now, rdb: d.Redis, catalog: d.Catalog, gate: d.Gate, limits: d.Limits,
-		ledger: d.Ledger, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now), opts: opts}
+		ledger: d.Ledger, alerts: d.Alerts, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now), opts: opts}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
 		BodyLimit:             opts.BodyLimit,
@@ -147,6 +152,7 @@ func (s *Server) routesSetup() {
 	admin.Get("/tenants/:id/usage", s.tenantUsage)
 	admin.Get("/invoices", s.listInvoices)
 	admin.Get("/audit", s.listAudit)
+	admin.Get("/alerts", s.listAlerts)
 }
 
 func (s *Server) healthz(c *fiber.Ctx) error {

@@ -292,17 +292,21 @@ func (s *Store) UpdateTenant(ctx context.Context, actor, id string, change func(
 	return out, err
 }
 
-// DeleteTenant deletes a tenant with its keys, grants and usage. A tenant
-// with invoices cannot be deleted (CodeConflict): suspend it instead.
+// DeleteTenant deletes a tenant with its keys, grants, usage and draft
+// invoices. A tenant with a final invoice cannot be deleted (CodeConflict):
+// suspend it instead.
 func (s *Store) DeleteTenant(ctx context.Context, actor, id string) error {
 	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		before, err := tenantTx(ctx, tx, id, "FOR UPDATE")
 		if err != nil {
 			return err
 		}
+		if _, err := tx.Exec(ctx, `DELETE FROM invoices WHERE tenant_id = $1 AND status = 'draft'`, before.ID); err != nil {
+			return fmt.Errorf("postgres: delete draft invoices: %w", err)
+		}
 		_, err = tx.Exec(ctx, `DELETE FROM tenants WHERE id = $1`, before.ID)
 		if isForeignKeyViolation(err) {
-			return quota.Errorf(quota.CodeConflict, "tenant %s has invoices; suspend it instead", id)
+			return quota.Errorf(quota.CodeConflict, "tenant %s has final invoices; suspend it instead", id)
 		}
 		if err != nil {
 			return fmt.Errorf("postgres: delete tenant: %w", err)

@@ -1,0 +1,681 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"math/bits"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// Invoicer keeps every tenant's invoice of the current calendar month (UTC)
+// current as a draft, and finalizes past months once their grace period is
+// over. A final invoice never changes again.
+//
+// Rating choices, where the contract is silent:
+//
+//   - Subscription: one line per stretch of the month the tenant spent on a
+//     tier (tenant_tier_history, clipped to the month and to the tenant's
+//     lifetime, so a tenant created mid-month pays from its created_at). The
+//     amount is the tier's price prorated by seconds, rounded half up to the
+//     cent; the lines of a month with several tiers may therefore add up to a
+//     cent more or less than an exact split.
+//   - Prices: tiers keep no price history, so every line uses the tier's
+//     price as it is when the invoice is (re)generated. A price change during
+//     the month reprices the whole month's draft; a final invoice keeps the
+//     prices it was finalized with.
+//   - Overage: usage.overage_units (recorded by the admission engine for bill
+//     tiers past quota plus grants) are billed at the overage price of the
+//     tier in force at the end of the month, rounded up to the cent.
+//     If that tier does not bill overage (a downgrade to a block tier), the
+//     price of the latest billing tier of the month is used instead, so a
+//     downgrade on the last day cannot wipe out the month's overage charges.
+//   - Included: the month's units with the monthly quota of the tier in force
+//     at month end, after the tenant's overrides (overrides have no history
+//     either: the current ones are used).
+//   - Grants are listed at amount 0: shown, not charged.
+//
+// Run is one idempotent step of the worker; Generate recomputes one invoice.
+type Invoicer struct {
+	// TenantsPerRun bounds the tenants one Run regenerates, to keep a worker
+	// cycle short; 0 means DefaultTenantsPerRun. Set it before the first Run.
+	TenantsPerRun int
+
+	db    *pgxpool.Pool
+	now   func() time.Time
+	grace time.Duration
+	batch int // tenants per transaction
+
+	mu sync.Mutex // one Run at a time; guards the fields below
+	// sweepMonth and sweepAfter let a Run stopped by its budget or its
+	// context resume the current month's sweep where it stopped.
+	sweepMonth time.Time
+	sweepAfter string
+	// closedThrough is the latest month this Invoicer has seen fully final;
+	// closing is skipped until the next month ends.
+	closedThrough time.Time
+}
+
+// DefaultTenantsPerRun is the tenants one Run regenerates unless
+// Invoicer.TenantsPerRun says otherwise: about a second of work.
+const DefaultTenantsPerRun = 10_000
+
+// invoiceBatch bounds the tenants, and so the rows, one transaction handles.
+const invoiceBatch = 500
+
+// firstTenantID sorts before every tenant id: the start of a keyset sweep.
+const firstTenantID = "00000000-0000-0000-0000-000000000000"
+
+// NewInvoicer returns an Invoicer on db that reads the time from now and
+// finalizes a month once now >= month end + grace (a negative grace is 0).
+// The grace leaves the worker time to flush the month's last usage.
+func NewInvoicer(db *pgxpool.Pool, now func() time.Time, grace time.Duration) *Invoicer {
+	return &Invoicer{db: db, now: now, grace: max(grace, 0), batch: invoiceBatch}
+}
+
+// Run is one idempotent worker step. First it closes past months: once the
+// previous month's end plus the grace has passed, every tenant that existed
+// during it gets its invoice regenerated a last time and finalized; earlier
+// months that still have drafts (a worker that was down) are closed the same
+// way. Then it regenerates the current month's draft of every tenant created
+// before the month's end.
+//
+// Tenants are handled in keyset-paginated batches of 500, each in its own
+// transaction, so memory stays bounded however many tenants there are; an
+// invoice whose content did not change is not rewritten. One Run handles at
+// most TenantsPerRun tenants (closing first, then the current month's
+// sweep); the next Run carries on where it stopped, as it does after a Run
+// cut short by its context. A draft is therefore at most
+// (tenants / TenantsPerRun) cycles old.
+func (i *Invoicer) Run(ctx context.Context) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	now := i.now().UTC()
+	cur := quota.MonthStart(now)
+	prev := cur.AddDate(0, -1, 0)
+	left := i.TenantsPerRun
+	if left <= 0 {
+		left = DefaultTenantsPerRun
+	}
+
+	if !i.closedThrough.Equal(prev) && !now.Before(prev.AddDate(0, 1, 0).Add(i.grace)) {
+		rows, err := i.db.Query(ctx, `SELECT DISTINCT period FROM invoices WHERE status = 'draft' AND period < $1 ORDER BY period`, prev)
+		if err != nil {
+			return fmt.Errorf("billing: open months: %w", err)
+		}
+		months, err := pgx.CollectRows(rows, pgx.RowTo[time.Time])
+		if err != nil {
+			return fmt.Errorf("billing: open months: %w", err)
+		}
+		for _, m := range append(months, prev) {
+			done, err := i.closeMonth(ctx, now, m.UTC(), &left)
+			if err != nil || !done {
+				return err
+			}
+		}
+		i.closedThrough = prev
+	}
+
+	if !i.sweepMonth.Equal(cur) {
+		i.sweepMonth, i.sweepAfter = cur, firstTenantID
+	}
+	end := cur.AddDate(0, 1, 0)
+	for left > 0 {
+		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE created_at < $1 AND id > $2::uuid ORDER BY id LIMIT $3`,
+			end, i.sweepAfter, min(i.batch, left))
+		if err != nil {
+			return err
+		}
+		if len(ids) > 0 {
+			if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, cur, ids) }); err != nil {
+				return err
+			}
+			i.sweepAfter = ids[len(ids)-1]
+		}
+		if len(ids) < min(i.batch, left) {
+			i.sweepAfter = firstTenantID // done: the next Run starts a new sweep
+			return nil
+		}
+		left -= len(ids)
+	}
+	return nil
+}
+
+// closeMonth finalizes the invoice of every tenant created before the end of
+// month whose invoice is not final yet, creating it when missing, within the
+// budget of *left tenants. It reports whether the month is closed.
+func (i *Invoicer) closeMonth(ctx context.Context, now, month time.Time, left *int) (bool, error) {
+	after := firstTenantID
+	for *left > 0 {
+		limit := min(i.batch, *left)
+		ids, err := i.tenantBatch(ctx, `
+			SELECT t.id::text FROM tenants t
+			WHERE t.created_at < $1 AND t.id > $2::uuid
+			  AND NOT EXISTS (SELECT 1 FROM invoices i WHERE i.tenant_id = t.id AND i.period = $4 AND i.status = 'final')
+			ORDER BY t.id LIMIT $3`, month.AddDate(0, 1, 0), after, limit, month)
+		if err != nil {
+			return false, err
+		}
+		if len(ids) > 0 {
+			if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, month, ids) }); err != nil {
+				return false, err
+			}
+			after = ids[len(ids)-1]
+		}
+		if len(ids) < limit {
+			return true, nil
+		}
+		*left -= len(ids)
+	}
+	return false, nil
+}
+
+func (i *Invoicer) tenantBatch(ctx context.Context, sql string, args ...any) ([]string, error) {
+	rows, err := i.db.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, fmt.Errorf("billing: list tenants: %w", err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("billing: list tenants: %w", err)
+	}
+	return ids, nil
+}
+
+// Generate recomputes the tenant's invoice for the calendar month containing
+// month and returns it with its lines. The invoice is a draft until the
+// month's end plus the grace, and final from then on; a final invoice is
+// returned unchanged. An unknown tenant, or one created after the month, is
+// a CodeNotFound error; a month after the current one is CodeInvalid.
+func (i *Invoicer) Generate(ctx context.Context, tenantID string, month time.Time) (Invoice, error) {
+	now := i.now().UTC()
+	month = quota.MonthStart(month)
+	if month.After(quota.MonthStart(now)) {
+		return Invoice{}, quota.Errorf(quota.CodeInvalid, "no invoice yet for %s", month.Format("2006-01"))
+	}
+	var inv Invoice
+	err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error {
+		var id string
+		var created time.Time
+		err := tx.QueryRow(ctx, `SELECT id::text, created_at FROM tenants WHERE id::text = $1`, tenantID).Scan(&id, &created)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return quota.Errorf(quota.CodeNotFound, "no tenant %q", tenantID)
+		}
+		if err != nil {
+			return fmt.Errorf("billing: tenant: %w", err)
+		}
+		if !created.Before(month.AddDate(0, 1, 0)) {
+			return quota.Errorf(quota.CodeNotFound, "tenant %s did not exist in %s", id, month.Format("2006-01"))
+		}
+		if err := i.generateTx(ctx, tx, now, month, []string{id}); err != nil {
+			return err
+		}
+		inv, err = scanInvoice(tx.QueryRow(ctx, invoiceSelect+` WHERE i.tenant_id = $1 AND i.period = $2`, id, month))
+		if err != nil {
+			return fmt.Errorf("billing: read invoice: %w", err)
+		}
+		return nil
+	})
+	return inv, err
+}
+
+// ratedTenant is what generateTx gathers for one tenant.
+type ratedTenant struct {
+	id, invoiceID string
+	created       time.Time
+	overrides     quota.Overrides
+	current       TierSegment // the tenant's current tier, if history is missing
+	in            RatingInput
+	oldLines      []InvoiceLine
+	oldTotal      int64
+}
+
+// generateTx regenerates the month's invoices of the tenants ids (sorted
+// ascending) that existed during the month, in a handful of statements for
+// the whole batch. It first creates missing invoices and locks the draft
+// ones in tenant order, so that two workers regenerating the same invoices
+// take turns (and each reads the data committed before it) instead of
+// deadlocking. Final invoices are left alone; drafts whose lines did not
+// change are not rewritten.
+func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Time, ids []string) error {
+	end := month.AddDate(0, 1, 0)
+	final := !now.Before(end.Add(i.grace))
+
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO invoices (tenant_id, period, created_at, updated_at)
+		SELECT t.id, $2, $4, $4 FROM tenants t WHERE t.id = ANY($1::uuid[]) AND t.created_at < $3 ORDER BY t.id
+		ON CONFLICT (tenant_id, period) DO NOTHING`, ids, month, end, now); err != nil {
+		return fmt.Errorf("billing: insert invoices: %w", err)
+	}
+
+	rows, err := tx.Query(ctx, `
+		SELECT i.id::text, t.id::text, i.total_cents, t.created_at, t.overrides,
+		       tr.slug, tr.name, tr.price_cents, tr.monthly_quota, tr.overage, tr.overage_price_cents_per_1k
+		FROM invoices i JOIN tenants t ON t.id = i.tenant_id JOIN tiers tr ON tr.slug = t.tier
+		WHERE i.tenant_id = ANY($1::uuid[]) AND i.period = $2 AND i.status = 'draft'
+		ORDER BY i.tenant_id FOR UPDATE OF i`, ids, month)
+	if err != nil {
+		return fmt.Errorf("billing: lock invoices: %w", err)
+	}
+	var ts []*ratedTenant
+	byID := map[string]*ratedTenant{}
+	for rows.Next() {
+		t := &ratedTenant{in: RatingInput{Start: month, End: end}}
+		c := &t.current
+		if err := rows.Scan(&t.invoiceID, &t.id, &t.oldTotal, &t.created, &t.overrides,
+			&c.Tier, &c.Name, &c.PriceCents, &c.MonthlyQuota, &c.Overage, &c.OveragePriceCentsPer1K); err != nil {
+			rows.Close()
+			return fmt.Errorf("billing: lock invoices: %w", err)
+		}
+		ts = append(ts, t)
+		byID[t.id] = t
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("billing: lock invoices: %w", err)
+	}
+	if len(ts) == 0 {
+		return nil
+	}
+	if err := loadRatingInputs(ctx, tx, month, end, ts, byID); err != nil {
+		return err
+	}
+
+	// Rate, and keep only the invoices that change.
+	var (
+		invIDs []string
+		totals []int64
+		lines  struct {
+			invoiceID   []string
+			no          []int32
+			kind, descr []string
+			qty, amount []int64
+		}
+	)
+	for _, t := range ts {
+		t.in.Segments = clipToLifetime(t.in.Segments, t.created, month, end)
+		if len(t.in.Segments) == 0 { // no history: the current tier since creation
+			c := t.current
+			c.From, c.To = t.created, end
+			t.in.Segments = clipToLifetime([]TierSegment{c}, t.created, month, end)
+		}
+		for k := range t.in.Segments {
+			s := &t.in.Segments[k]
+			s.MonthlyQuota = t.overrides.Apply(quota.Limits{MonthlyQuota: s.MonthlyQuota}).MonthlyQuota
+		}
+		got := Rate(t.in)
+		total := TotalCents(got)
+		if !final && total == t.oldTotal && slices.Equal(got, t.oldLines) {
+			continue
+		}
+		invIDs = append(invIDs, t.invoiceID)
+		totals = append(totals, total)
+		for n, l := range got {
+			lines.invoiceID = append(lines.invoiceID, t.invoiceID)
+			lines.no = append(lines.no, int32(n+1))
+			lines.kind = append(lines.kind, l.Kind)
+			lines.descr = append(lines.descr, l.Description)
+			lines.qty = append(lines.qty, l.Quantity)
+			lines.amount = append(lines.amount, l.AmountCents)
+		}
+	}
+	if len(invIDs) == 0 {
+		return nil
+	}
+
+	var finalizedAt *time.Time
+	status := "draft"
+	if final {
+		status, finalizedAt = "final", &now
+	}
+	if _, err := tx.Exec(ctx, `
+		UPDATE invoices i SET total_cents = v.total, status = $3, finalized_at = $4, updated_at = $5
+		FROM unnest($1::uuid[], $2::bigint[]) AS v(id, total) WHERE i.id = v.id`,
+		invIDs, totals, status, finalizedAt, now); err != nil {
+		return fmt.Errorf("billing: update invoices: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `DELETE FROM invoice_lines WHERE invoice_id = ANY($1::uuid[])`, invIDs); err != nil {
+		return fmt.Errorf("billing: delete invoice lines: %w", err)
+	}
+	if _, err := tx.Exec(ctx, `
+		INSERT INTO invoice_lines (invoice_id, line_no, kind, description, quantity, amount_cents)
+		SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::bigint[], $6::bigint[])`,
+		lines.invoiceID, lines.no, lines.kind, lines.descr, lines.qty, lines.amount); err != nil {
+		return fmt.Errorf("billing: insert invoice lines: %w", err)
+	}
+	return nil
+}
+
+// loadRatingInputs fills the rating inputs of the tenants ts (also indexed by id)
+// for [start, end), and their invoices' current lines.
+func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts []*ratedTenant, byID map[string]*ratedTenant) error {
+	ids := make([]string, len(ts))
+	invIDs := make([]string, len(ts))
+	byInvoice := make(map[string]*ratedTenant, len(ts))
+	for k, t := range ts {
+		ids[k], invIDs[k] = t.id, t.invoiceID
+		byInvoice[t.invoiceID] = t
+	}
+
+	var tenantID string
+	var s TierSegment
+	var validTo *time.Time
+	rows, err := tx.Query(ctx, `
+		SELECT h.tenant_id::text, tr.slug, tr.name, tr.price_cents, tr.monthly_quota, tr.overage,
+		       tr.overage_price_cents_per_1k, h.valid_from, h.valid_to
+		FROM tenant_tier_history h JOIN tiers tr ON tr.slug = h.tier
+		WHERE h.tenant_id = ANY($1::uuid[]) AND h.valid_from < $3 AND (h.valid_to IS NULL OR h.valid_to > $2)
+		ORDER BY h.tenant_id, h.valid_from`, ids, start, end)
+	if err != nil {
+		return fmt.Errorf("billing: tier history: %w", err)
+	}
+	_, err = pgx.ForEachRow(rows, []any{&tenantID, &s.Tier, &s.Name, &s.PriceCents, &s.MonthlyQuota, &s.Overage,
+		&s.OveragePriceCentsPer1K, &s.From, &validTo}, func() error {
+		seg := s
+		seg.To = end
+		if validTo != nil {
+			seg.To = *validTo
+		}
+		t := byID[tenantID]
+		t.in.Segments = append(t.in.Segments, seg)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("billing: tier history: %w", err)
+	}
+
+	var units, overage int64
+	rows, err = tx.Query(ctx, `
+		SELECT tenant_id::text, sum(units)::bigint, sum(overage_units)::bigint
+		FROM usage WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3
+		GROUP BY tenant_id`, ids, start, end)
+	if err != nil {
+		return fmt.Errorf("billing: usage: %w", err)
+	}
+	_, err = pgx.ForEachRow(rows, []any{&tenantID, &units, &overage}, func() error {
+		t := byID[tenantID]
+		t.in.Units, t.in.OverageUnits = units, overage
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("billing: usage: %w", err)
+	}
+
+	var g InvoiceGrant
+	rows, err = tx.Query(ctx, `
+		SELECT tenant_id::text, period, period_start, units FROM grants
+		WHERE tenant_id = ANY($1::uuid[])
+		  AND ((period = 'month' AND period_start = $2::date) OR (period = 'day' AND period_start >= $2::date AND period_start < $3::date))
+		ORDER BY tenant_id, period_start, period DESC, created_at, id`, ids, start, end)
+	if err != nil {
+		return fmt.Errorf("billing: grants: %w", err)
+	}
+	_, err = pgx.ForEachRow(rows, []any{&tenantID, &g.Period, &g.PeriodStart, &g.Units}, func() error {
+		t := byID[tenantID]
+		t.in.Grants = append(t.in.Grants, g)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("billing: grants: %w", err)
+	}
+
+	var invoiceID string
+	var l InvoiceLine
+	rows, err = tx.Query(ctx, `
+		SELECT invoice_id::text, kind, description, quantity, amount_cents FROM invoice_lines
+		WHERE invoice_id = ANY($1::uuid[]) ORDER BY invoice_id, line_no`, invIDs)
+	if err != nil {
+		return fmt.Errorf("billing: invoice lines: %w", err)
+	}
+	_, err = pgx.ForEachRow(rows, []any{&invoiceID, &l.Kind, &l.Description, &l.Quantity, &l.AmountCents}, func() error {
+		t := byInvoice[invoiceID]
+		t.oldLines = append(t.oldLines, l)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("billing: invoice lines: %w", err)
+	}
+	return nil
+}
+
+// clipToLifetime clips segments to [start, end) and to the tenant's life from
+// created, dropping what is left empty.
+func clipToLifetime(segs []TierSegment, created, start, end time.Time) []TierSegment {
+	from := start
+	if created.After(from) {
+		from = created
+	}
+	out := segs[:0]
+	for _, s := range segs {
+		if s.From.Before(from) {
+			s.From = from
+		}
+		if s.To.After(end) {
+			s.To = end
+		}
+		if s.To.After(s.From) {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// TierSegment is a stretch [From, To) of a month that a tenant spent on one
+// tier, with what rating needs of the tier.
+type TierSegment struct {
+	Tier       string // slug
+	Name       string
+	PriceCents int64 // per full month
+	// MonthlyQuota is the tenant's monthly quota on this tier (the tier's,
+	// or the tenant's override); nil means unlimited.
+	MonthlyQuota           *int64
+	Overage                quota.Overage
+	OveragePriceCentsPer1K int64
+	From, To               time.Time
+}
+
+// InvoiceGrant is extra units granted for a day or for the month.
+type InvoiceGrant struct {
+	Period      string    // "day" or "month"
+	PeriodStart time.Time // UTC midnight
+	Units       int64
+}
+
+// RatingInput is everything Rate needs for one tenant's month.
+type RatingInput struct {
+	Start, End time.Time // the month, [Start, End)
+	// Segments are the tiers the tenant was on, clipped to the month and to
+	// the tenant's lifetime, oldest first.
+	Segments []TierSegment
+	// Units and OverageUnits are the month's sums of usage.units and
+	// usage.overage_units.
+	Units, OverageUnits int64
+	// Grants are the month's grant and the grants of its days.
+	Grants []InvoiceGrant
+}
+
+// Rate returns the lines of a month's invoice: one subscription line per tier
+// segment, one included line, one overage line when there are overage units,
+// and one line per grant. Amounts are whole cents, never negative: the
+// subscription is price × segment seconds / month seconds rounded half up,
+// the overage ceil(overage units × price per 1,000 / 1,000). Contiguous
+// segments of the same tier at the same price count as one. See Invoicer for
+// which tier's prices apply.
+func Rate(in RatingInput) []InvoiceLine {
+	monthSecs := in.End.Unix() - in.Start.Unix()
+	if monthSecs <= 0 {
+		return nil
+	}
+	in.Segments = slices.Clone(in.Segments)
+	slices.SortStableFunc(in.Segments, func(a, b TierSegment) int { return a.From.Compare(b.From) })
+	var segs []TierSegment
+	for _, s := range in.Segments {
+		if s.From.Before(in.Start) {
+			s.From = in.Start
+		}
+		if s.To.After(in.End) {
+			s.To = in.End
+		}
+		if !s.To.After(s.From) {
+			continue
+		}
+		if n := len(segs); n > 0 && segs[n-1].To.Equal(s.From) && segs[n-1].Tier == s.Tier && segs[n-1].PriceCents == s.PriceCents {
+			segs[n-1].To = s.To
+			continue
+		}
+		segs = append(segs, s)
+	}
+
+	var lines []InvoiceLine
+	monthDays := monthSecs / 86400
+	for _, s := range segs {
+		secs := s.To.Unix() - s.From.Unix()
+		lines = append(lines, InvoiceLine{
+			Kind: "subscription",
+			Description: fmt.Sprintf("%s plan, %s – %s (%s of %d days)",
+				s.Name, lineDay(s.From), lineDay(s.To), lineDays(secs), monthDays),
+			Quantity:    secs,
+			AmountCents: mulDivCents(s.PriceCents, 2*secs, monthSecs, 2*monthSecs),
+		})
+	}
+
+	included := InvoiceLine{Kind: "included", Description: "Usage", Quantity: max(in.Units, 0)}
+	if len(segs) > 0 {
+		last := segs[len(segs)-1]
+		q := "unlimited units"
+		if last.MonthlyQuota != nil {
+			q = lineUnits(*last.MonthlyQuota) + " units"
+		}
+		included.Description = fmt.Sprintf("Usage, included in %s plan: %s per month", last.Name, q)
+	}
+	lines = append(lines, included)
+
+	if in.OverageUnits > 0 {
+		var price int64
+		name := "no plan"
+		for k := len(segs) - 1; k >= 0; k-- {
+			if k == len(segs)-1 || segs[k].Overage == quota.OverageBill {
+				price, name = segs[k].OveragePriceCentsPer1K, segs[k].Name
+			}
+			if segs[k].Overage == quota.OverageBill {
+				break
+			}
+		}
+		lines = append(lines, InvoiceLine{
+			Kind:        "overage",
+			Description: fmt.Sprintf("Overage: %s units at %s per 1,000 (%s plan)", lineUnits(in.OverageUnits), lineMoney(price), name),
+			Quantity:    in.OverageUnits,
+			AmountCents: mulDivCents(in.OverageUnits, price, 999, 1000),
+		})
+	}
+
+	grants := slices.Clone(in.Grants)
+	slices.SortStableFunc(grants, func(a, b InvoiceGrant) int {
+		if c := a.PeriodStart.Compare(b.PeriodStart); c != 0 {
+			return c
+		}
+		if a.Period == b.Period {
+			return 0
+		}
+		if a.Period == "month" {
+			return -1
+		}
+		return 1
+	})
+	for _, g := range grants {
+		if g.Units <= 0 {
+			continue
+		}
+		when := g.PeriodStart.UTC().Format("2006-01-02")
+		if g.Period == "month" {
+			when = g.PeriodStart.UTC().Format("January 2006")
+		}
+		lines = append(lines, InvoiceLine{
+			Kind:        "grant",
+			Description: fmt.Sprintf("Grant: %s extra units for %s (not charged)", lineUnits(g.Units), when),
+			Quantity:    g.Units,
+		})
+	}
+	return lines
+}
+
+// TotalCents returns the sum of the lines' amounts, saturating at the
+// largest int64 rather than overflowing.
+func TotalCents(lines []InvoiceLine) int64 {
+	var total int64
+	for _, l := range lines {
+		if l.AmountCents > math.MaxInt64-total {
+			return math.MaxInt64
+		}
+		total += l.AmountCents
+	}
+	return total
+}
+
+// mulDivCents returns (a×b + add) / d for non-negative a, b, add and positive d,
+// through a 128-bit product so that nothing overflows, saturating at the
+// largest int64. Rounding up is add = d-1; half up is add = d/2.
+func mulDivCents(a, b, add, d int64) int64 {
+	if a <= 0 || b <= 0 || d <= 0 {
+		return 0
+	}
+	hi, lo := bits.Mul64(uint64(a), uint64(b))
+	var c uint64
+	lo, c = bits.Add64(lo, uint64(max(add, 0)), 0)
+	hi += c
+	if hi >= uint64(d) {
+		return math.MaxInt64
+	}
+	q, _ := bits.Div64(hi, lo, uint64(d))
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return int64(q)
+}
+
+// lineDay shows a segment boundary: its UTC date, with the time of day
+// when it is not midnight.
+func lineDay(t time.Time) string {
+	t = t.UTC()
+	if t.Equal(quota.DayStart(t)) {
+		return t.Format("2006-01-02")
+	}
+	return t.Format("2006-01-02 15:04")
+}
+
+// lineDays shows seconds as days with one decimal, rounded half up.
+func lineDays(secs int64) string {
+	tenths := (secs*10 + 43200) / 86400
+	return fmt.Sprintf("%d.%d", tenths/10, tenths%10)
+}
+
+// lineMoney shows cents as dollars: 50 → "$0.50".
+func lineMoney(c int64) string { return fmt.Sprintf("$%d.%02d", c/100, c%100) }
+
+// lineUnits groups digits by thousands: 1234567 → "1,234,567".
+func lineUnits(n int64) string {
+	s := strconv.FormatInt(n, 10)
+	neg := len(s) > 0 && s[0] == '-'
+	if neg {
+		s = s[1:]
+	}
+	var out []byte
+	for k := range len(s) {
+		if k > 0 && (len(s)-k)%3 == 0 {
+			out = append(out, ',')
+		}
+		out = append(out, s[k])
+	}
+	if neg {
+		return "-" + string(out)
+	}
+	return string(out)
+}
