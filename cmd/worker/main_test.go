@@ -12,10 +12,12 @@ import (
 func TestWorkerRunsAndStopsGracefully(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{
-		"REDIS_URL":                   testenv.RedisURL(t),
-		"DATABASE_URL":                testenv.NewDatabase(t),
-		"TOLLGATE_RECONCILE_INTERVAL": "100ms",
-		"TOLLGATE_LOG_LEVEL":          "debug",
+		"REDIS_URL":                    testenv.RedisURL(t),
+		"DATABASE_URL":                 testenv.NewDatabase(t),
+		"TOLLGATE_RECONCILE_INTERVAL":  "100ms",
+		"TOLLGATE_LOG_LEVEL":           "debug",
+		"TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
+		"TOLLGATE_REDIS_PREFIX":        testenv.Prefix(t, testenv.Redis(t)),
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
 	defer cancel()
