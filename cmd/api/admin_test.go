@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/billing"
 )
 
 const tierJSON = `{"slug": "gold", "name": "Gold", "rank": 15, "price_cents": 9900, "burst_rate": 20, "burst": 40,
@@ -455,5 +457,56 @@ func TestAdminUsageExportJSONAndCSV(t *testing.T) {
 	}
 	if r := admin(t, "GET", base+"/admin/v1/invoices?period=2026-11", ""); r.status != 200 || len(r.json(t)["items"].([]any)) != 0 {
 		t.Fatalf("invoices: %d %s", r.status, r.body)
+	}
+}
+
+// TestInvoicesReachTenantAndAdmin runs the invoicer, then reads the invoice
+// through the tenant's and the admin's routes.
+func TestInvoicesReachTenantAndAdmin(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tenant, key := s.tenant("pro")
+	other, otherKey := s.tenant("free")
+	now := time.Now().UTC()
+	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
+	if _, err := s.store.Exec(context.Background(), `INSERT INTO usage (tenant_id, hour, meter, units, requests) VALUES ($1, $2, 'demo', 1234, 10)`,
+		tenant.ID, month); err != nil {
+		t.Fatal(err)
+	}
+	inv := billing.NewInvoicer(s.store.Pool(), time.Now, 48*time.Hour)
+	if err := inv.Run(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mine := do(t, "GET", base+"/v1/invoices", key, "").json(t)["items"].([]any)
+	if len(mine) != 1 {
+		t.Fatalf("tenant invoices = %v, want this month's draft", mine)
+	}
+	first := mine[0].(map[string]any)
+	if first["tenant_id"] != tenant.ID || first["status"] != "draft" || first["period"] != month.Format("2006-01") {
+		t.Fatalf("invoice = %v", first)
+	}
+	for _, it := range do(t, "GET", base+"/v1/invoices", otherKey, "").json(t)["items"].([]any) {
+		if it.(map[string]any)["tenant_id"] != other.ID {
+			t.Fatalf("tenant B sees invoice %v", it)
+		}
+	}
+	all := admin(t, "GET", base+"/admin/v1/invoices?period="+month.Format("2006-01"), "").json(t)["items"].([]any)
+	if len(all) != 2 {
+		t.Fatalf("admin invoices of the month: %d, want 2", len(all))
+	}
+	csvBody := do(t, "GET", base+"/admin/v1/invoices?period="+month.Format("2006-01"), adminToken, "", "Accept", "text/csv")
+	recs, err := csv.NewReader(strings.NewReader(string(csvBody.body))).ReadAll()
+	if err != nil || len(recs) < 3 || recs[0][0] != "invoice_id" {
+		t.Fatalf("invoices CSV = %v, %v", recs, err)
+	}
+	found := false
+	for _, r := range recs[1:] {
+		if r[1] == tenant.ID && r[7] == "included" && r[9] == "1234" {
+			found = true
+		}
+	}
+	if !found {
+		t.Fatalf("the CSV has no included line of 1234 units for %s: %v", tenant.ID, recs)
 	}
 }

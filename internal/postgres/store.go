@@ -159,3 +159,6 @@ func (s *Store) TouchKeys(ctx context.Context, used map[string]time.Time) error 
 func (s *Store) QueryRowForTest(ctx context.Context, sql string, dest ...any) error {
 	return s.db.QueryRow(ctx, sql).Scan(dest...)
 }
+
+// Pool returns the store's pool, for parts that read the same database.
+func (s *Store) Pool() *pgxpool.Pool { return s.db }

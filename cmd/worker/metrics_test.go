@@ -1,0 +1,47 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/billing"
+)
+
+func TestWorkerMetricsSeries(t *testing.T) {
+	rec := billing.NewReconciler(nil, nil, time.Now, nil)
+	alerts := billing.NewDeliverer(nil, nil, time.Now)
+	rec.UnitsFlushed.Add(42)
+	alerts.Retried.Add(3)
+	reg, cycle := workerMetrics(rec, alerts, func() time.Time { return time.Now().Add(-2 * time.Second) })
+	cycle.Observe(0.25)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		for _, m := range f.GetMetric() {
+			switch {
+			case m.GetCounter() != nil:
+				got[f.GetName()] = m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				got[f.GetName()] = m.GetGauge().GetValue()
+			case m.GetHistogram() != nil:
+				got[f.GetName()] = float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	for name, want := range map[string]float64{
+		"tollgate_worker_units_flushed_total":   42,
+		"tollgate_worker_tenants_flushed_total": 0,
+		"tollgate_webhook_failures_total":       3,
+		"tollgate_worker_cycle_seconds":         1,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (present %t), want %v", name, v, ok, want)
+		}
+	}
+	if lag := got["tollgate_worker_lag_seconds"]; lag < 2 || lag > 60 {
+		t.Errorf("tollgate_worker_lag_seconds = %v, want about 2", lag)
+	}
+}
