@@ -131,4 +131,3 @@ func workerMetrics(rec *billing.Reconciler, alerts *billing.Deliverer, lastFlush
 	)
 	return reg, cycle
 }
-
