@@ -48,7 +48,17 @@ func page(c *fiber.Ctx) (postgres.Page, error) {
 	return p, nil
 }
 
-func list[T any](c *fiber.Ctx, items []T, next *string) error {
+// paged answers a list route: it reads limit and cursor, fetches one page
+// and writes {items, next_cursor}.
+func paged[T any](c *fiber.Ctx, fetch func(postgres.Page) ([]T, *string, error)) error {
+	p, err := page(c)
+	if err != nil {
+		return err
+	}
+	items, next, err := fetch(p)
+	if err != nil {
+		return err
+	}
 	if items == nil {
 		items = []T{}
 	}
@@ -67,15 +77,7 @@ func (s *Server) invalidate(ctx context.Context, kind, id string) {
 // ---- tiers
 
 func (s *Server) listTiers(c *fiber.Ctx) error {
-	p, err := page(c)
-	if err != nil {
-		return err
-	}
-	items, next, err := s.store.ListTiers(c.UserContext(), p)
-	if err != nil {
-		return err
-	}
-	return list(c, items, next)
+	return paged(c, func(p postgres.Page) ([]quota.Tier, *string, error) { return s.store.ListTiers(c.UserContext(), p) })
 }
 
 // tierCreate is the body of POST /admin/v1/tiers: every field is required,
@@ -243,19 +245,13 @@ func (s *Server) deleteTier(c *fiber.Ctx) error {
 // ---- tenants
 
 func (s *Server) listTenants(c *fiber.Ctx) error {
-	p, err := page(c)
-	if err != nil {
-		return err
-	}
 	f := postgres.TenantFilter{Query: c.Query("q"), Tier: c.Query("tier")}
 	if len(f.Query) > quota.MaxNameLen {
 		return quota.FieldError("q", "must be at most %d characters", quota.MaxNameLen)
 	}
-	items, next, err := s.store.ListTenants(c.UserContext(), f, p)
-	if err != nil {
-		return err
-	}
-	return list(c, items, next)
+	return paged(c, func(p postgres.Page) ([]quota.Tenant, *string, error) {
+		return s.store.ListTenants(c.UserContext(), f, p)
+	})
 }
 
 type tenantCreate struct {
@@ -351,15 +347,9 @@ func (s *Server) deleteTenant(c *fiber.Ctx) error {
 // ---- keys
 
 func (s *Server) listKeys(c *fiber.Ctx) error {
-	p, err := page(c)
-	if err != nil {
-		return err
-	}
-	items, next, err := s.store.ListKeys(c.UserContext(), c.Params("id"), p)
-	if err != nil {
-		return err
-	}
-	return list(c, items, next)
+	return paged(c, func(p postgres.Page) ([]quota.APIKey, *string, error) {
+		return s.store.ListKeys(c.UserContext(), c.Params("id"), p)
+	})
 }
 
 type keyCreate struct {
@@ -494,15 +484,9 @@ func (s *Server) createGrant(c *fiber.Ctx) error {
 }
 
 func (s *Server) listGrants(c *fiber.Ctx) error {
-	p, err := page(c)
-	if err != nil {
-		return err
-	}
-	items, next, err := s.store.ListGrants(c.UserContext(), c.Params("id"), p)
-	if err != nil {
-		return err
-	}
-	return list(c, items, next)
+	return paged(c, func(p postgres.Page) ([]postgres.Grant, *string, error) {
+		return s.store.ListGrants(c.UserContext(), c.Params("id"), p)
+	})
 }
 
 // ---- usage and invoices exports
@@ -660,15 +644,9 @@ func jsonItems(w *bufio.Writer, each func(item func(any) error) error) error {
 // ---- audit
 
 func (s *Server) listAudit(c *fiber.Ctx) error {
-	p, err := page(c)
-	if err != nil {
-		return err
-	}
-	items, next, err := s.store.ListAudit(c.UserContext(), c.Query("entity"), c.Query("entity_id"), p)
-	if err != nil {
-		return err
-	}
-	return list(c, items, next)
+	return paged(c, func(p postgres.Page) ([]postgres.AuditEntry, *string, error) {
+		return s.store.ListAudit(c.UserContext(), c.Query("entity"), c.Query("entity_id"), p)
+	})
 }
 
 // validURL accepts "" or an absolute http(s) URL.
@@ -686,13 +664,7 @@ func validURL(field, v string) error {
 
 // listAlerts lists threshold alerts with their delivery state, newest first.
 func (s *Server) listAlerts(c *fiber.Ctx) error {
-	p, err := page(c)
-	if err != nil {
-		return err
-	}
-	items, next, err := s.alerts.List(c.UserContext(), c.Query("status"), p.Limit, p.Cursor)
-	if err != nil {
-		return err
-	}
-	return list(c, items, next)
+	return paged(c, func(p postgres.Page) ([]billing.Alert, *string, error) {
+		return s.alerts.List(c.UserContext(), c.Query("status"), p.Limit, p.Cursor)
+	})
 }
