@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -33,7 +35,41 @@ func decodeJSON(c *fiber.Ctx, v any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return quota.Errorf(quota.CodeInvalid, "the body must hold one JSON object and nothing after it")
 	}
+	if field := nulField(reflect.ValueOf(v), ""); field != "" {
+		return quota.FieldError(field, "must not contain NUL characters")
+	}
 	return nil
+}
+
+// nulField returns the JSON name of the first string in v holding a NUL
+// byte, which Postgres cannot store in text, or "".
+func nulField(v reflect.Value, name string) string {
+	switch v.Kind() {
+	case reflect.Pointer, reflect.Interface:
+		if !v.IsNil() {
+			return nulField(v.Elem(), name)
+		}
+	case reflect.String:
+		if strings.ContainsRune(v.String(), 0) {
+			return name
+		}
+	case reflect.Struct:
+		t := v.Type()
+		for i := range t.NumField() {
+			f := t.Field(i)
+			if !f.IsExported() {
+				continue
+			}
+			child := name
+			if tag, _, _ := strings.Cut(f.Tag.Get("json"), ","); tag != "" && tag != "-" {
+				child = strings.TrimPrefix(name+"."+tag, ".")
+			}
+			if got := nulField(v.Field(i), child); got != "" {
+				return got
+			}
+		}
+	}
+	return ""
 }
 
 func jsonError(err error) error {
@@ -76,4 +112,35 @@ func jsonKind(k string) string {
 	default:
 		return fmt.Sprintf("a %s", k)
 	}
+}
+
+// checkQuery refuses query parameters that are not valid UTF-8 or hold NUL
+// or other control characters: they can only be mistakes or probes, and
+// Postgres would refuse them as text.
+func checkQuery(c *fiber.Ctx) error {
+	var bad string
+	c.Context().QueryArgs().VisitAll(func(k, v []byte) {
+		if bad == "" && (!printable(k) || !printable(v)) {
+			bad = string(k)
+			if !utf8.ValidString(bad) {
+				bad = "query"
+			}
+		}
+	})
+	if bad != "" {
+		return quota.FieldError(bad, "must be valid UTF-8 without control characters")
+	}
+	return c.Next()
+}
+
+func printable(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
 }

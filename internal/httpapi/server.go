@@ -127,12 +127,12 @@ func (s *Server) routesSetup() {
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
 
 	s.app.All("/api/*", s.tenantAuth, s.metered)
-	v1 := s.app.Group("/v1")
+	v1 := s.app.Group("/v1", checkQuery)
 	v1.Get("/usage", s.tenantAuth, s.usage)
 	v1.Get("/invoices", s.tenantAuth, s.invoices)
 	v1.Post("/check", s.check)
 
-	admin := s.app.Group("/admin/v1", s.adminAuth)
+	admin := s.app.Group("/admin/v1", s.adminAuth, checkQuery)
 	admin.Get("/tiers", s.listTiers)
 	admin.Post("/tiers", s.createTier)
 	admin.Get("/tiers/:slug", s.getTier)
