@@ -61,7 +61,7 @@ func TestKill9UnderLoadLosesAndDoublesNothing(t *testing.T) {
 		defer wg.Done()
 		rnd := rand.New(rand.NewPCG(7, 7))
 		last := time.Now()
-		for n := 0; n < 50_000; n++ { // bounded
+		for n := 0; n < 500_000; n++ { // bounded
 			select {
 			case <-stop:
 				return
@@ -93,10 +93,26 @@ func TestKill9UnderLoadLosesAndDoublesNothing(t *testing.T) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
 		cmd.Env = env
 		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		var before int64
+		_ = db.QueryRow(ctx, `SELECT count(*) FROM usage_batches`).Scan(&before)
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
-		time.Sleep(time.Duration(200+rnd.IntN(400)) * time.Millisecond)
+		// Kill it at a random moment once it is flushing: every kill lands
+		// mid-work, however slowly the machine starts the process.
+		for deadline := time.Now().Add(30 * time.Second); ; {
+			var n int64
+			_ = db.QueryRow(ctx, `SELECT count(*) FROM usage_batches`).Scan(&n)
+			if n > before {
+				break
+			}
+			if time.Now().After(deadline) {
+				_ = cmd.Process.Kill()
+				t.Fatal("a worker flushed nothing within 30 s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		time.Sleep(time.Duration(rnd.IntN(300)) * time.Millisecond)
 		if err := cmd.Process.Kill(); err != nil { // SIGKILL
 			t.Fatal(err)
 		}

@@ -57,6 +57,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	rec := billing.NewReconciler(db, ratelimit.New(rdb, cfg.RedisPrefix), time.Now, log)
 	alerts := billing.NewDeliverer(db, nil, time.Now)
 	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
+	invoices.FullSweepEvery = 15 * time.Minute
 	var lastFlush time.Time
 	reg, cycle := workerMetrics(rec, alerts, func() time.Time { return lastFlush })
 
@@ -74,7 +75,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 				lastFlush = time.Now()
 				return nil
 			}},
-			{Name: "invoices", Run: invoices.Run},
+			{Name: "invoices", Run: func(ctx context.Context) error {
+				// Drafts of the tenants just flushed; every 15 minutes, all.
+				if err := invoices.Refresh(ctx, rec.TakeFlushed()); err != nil {
+					return err
+				}
+				return invoices.Run(ctx)
+			}},
 			{Name: "alerts", Run: alerts.Run},
 		},
 		OnCycle: func(d time.Duration, _ int) { cycle.Observe(d.Seconds()) },

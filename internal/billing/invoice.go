@@ -63,6 +63,14 @@ type Invoicer struct {
 	// closedThrough is the latest month this Invoicer has seen fully final;
 	// closing is skipped until the next month ends.
 	closedThrough time.Time
+
+	// FullSweepEvery spaces the current month's sweeps over every tenant:
+	// zero sweeps (within the budget) on every Run. Between sweeps the
+	// worker keeps drafts current with Refresh, for the tenants whose usage
+	// it just flushed, so that a cycle's work grows with the active tenants;
+	// the sweeps catch what Refresh does not see (tier changes, grants).
+	FullSweepEvery time.Duration
+	sweepStarted   time.Time
 }
 
 // DefaultTenantsPerRun is the tenants one Run regenerates unless
@@ -128,6 +136,12 @@ func (i *Invoicer) Run(ctx context.Context) error {
 	if !i.sweepMonth.Equal(cur) {
 		i.sweepMonth, i.sweepAfter = cur, firstTenantID
 	}
+	if i.sweepAfter == firstTenantID { // not in the middle of a sweep
+		if !i.sweepStarted.IsZero() && now.Sub(i.sweepStarted) < i.FullSweepEvery {
+			return nil
+		}
+		i.sweepStarted = now
+	}
 	end := cur.AddDate(0, 1, 0)
 	for left > 0 {
 		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE created_at < $1 AND id > $2::uuid ORDER BY id LIMIT $3`,
@@ -146,6 +160,33 @@ func (i *Invoicer) Run(ctx context.Context) error {
 			return nil
 		}
 		left -= len(ids)
+	}
+	return nil
+}
+
+// Refresh regenerates the current month's drafts of the given tenants (those
+// the worker just flushed usage for), in batches; tenants that do not exist
+// or were created after the month are skipped, final invoices untouched.
+func (i *Invoicer) Refresh(ctx context.Context, tenantIDs []string) error {
+	if len(tenantIDs) == 0 {
+		return nil
+	}
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	now := i.now().UTC()
+	cur := quota.MonthStart(now)
+	for start := 0; start < len(tenantIDs); start += i.batch {
+		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE id::text = ANY($1) AND created_at < $2 ORDER BY id`,
+			tenantIDs[start:min(start+i.batch, len(tenantIDs))], cur.AddDate(0, 1, 0))
+		if err != nil {
+			return err
+		}
+		if len(ids) == 0 {
+			continue
+		}
+		if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, cur, ids) }); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -45,6 +46,22 @@ type Reconciler struct {
 
 	// Counters for the worker's metrics.
 	TenantsFlushed, UnitsFlushed, Batches atomic.Int64
+
+	flushedMu sync.Mutex
+	flushed   map[string]struct{} // tenants recorded since the last TakeFlushed
+}
+
+// TakeFlushed returns the tenants whose usage was recorded since the last
+// call (the invoices step refreshes their drafts).
+func (r *Reconciler) TakeFlushed() []string {
+	r.flushedMu.Lock()
+	defer r.flushedMu.Unlock()
+	out := make([]string, 0, len(r.flushed))
+	for id := range r.flushed {
+		out = append(out, id)
+	}
+	r.flushed = nil
+	return out
 }
 
 // NewReconciler returns a Reconciler on the ledger db and the Redis runner rl.
@@ -120,6 +137,14 @@ func (r *Reconciler) flushOnce(ctx context.Context, ids []string) (resumed []str
 		if err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error { return r.record(ctx, tx, batches) }); err != nil {
 			return nil, err
 		}
+		r.flushedMu.Lock()
+		if r.flushed == nil {
+			r.flushed = map[string]struct{}{}
+		}
+		for _, b := range batches {
+			r.flushed[b.TenantID] = struct{}{}
+		}
+		r.flushedMu.Unlock()
 		if err := r.hook("committed"); err != nil {
 			return nil, err
 		}
