@@ -429,15 +429,15 @@ func TestAuthenticationFailures(t *testing.T) {
 	base := s.start()
 	_, key := s.tenant("free")
 	suspended, skey := s.tenant("free")
-	if _, err := s.store.Exec(context.Background(), `UPDATE tenants SET status = 'suspended' WHERE id = $1`, suspended.ID); err != nil {
+	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE tenants SET status = 'suspended' WHERE id = $1`, suspended.ID); err != nil {
 		t.Fatal(err)
 	}
 	revokedT, rkey := s.tenant("free")
 	expiredT, ekey := s.tenant("free")
-	if _, err := s.store.Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1`, revokedT.ID); err != nil {
+	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1`, revokedT.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.store.Exec(context.Background(), `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE tenant_id = $1`, expiredT.ID); err != nil {
+	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE tenant_id = $1`, expiredT.ID); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -571,7 +571,7 @@ func TestAdminChangeReachesTheOtherInstanceWithinASecond(t *testing.T) {
 	if r := do(t, "GET", baseB+"/api/demo/echo", key, ""); !strings.Contains(r.header.Get("RateLimit-Policy"), `"daily";q=10;`) {
 		t.Fatalf("before: policy %q, want daily q=10", r.header.Get("RateLimit-Policy"))
 	}
-	if _, err := s.store.Exec(context.Background(), `UPDATE tenants SET tier = $2, updated_at = now() WHERE id = $1`, tenant.ID, big.Slug); err != nil {
+	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE tenants SET tier = $2, updated_at = now() WHERE id = $1`, tenant.ID, big.Slug); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()

@@ -7,6 +7,6 @@ import (
 )
 
 func storeExec(s *postgres.Store, sql string, args ...any) (int64, error) {
-	tag, err := s.Exec(context.Background(), sql, args...)
+	tag, err := s.Pool().Exec(context.Background(), sql, args...)
 	return tag.RowsAffected(), err
 }

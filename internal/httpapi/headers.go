@@ -52,10 +52,17 @@ func tightest(d quota.Decision) (quota.LimitState, bool) {
 	return best, true
 }
 
-// setRateLimitHeaders writes the draft-ietf-httpapi-ratelimit-headers-10
-// fields (one item per active limit), the X-RateLimit-* trio for the
-// tightest limit and, on a refusal that can ever pass, Retry-After.
+// setRateLimitHeaders writes a decision's headers: the
+// draft-ietf-httpapi-ratelimit-headers-10 fields (one item per active limit),
+// the X-RateLimit-* trio for the tightest limit, Retry-After on a refusal that
+// can ever pass, and the markers of a fail-open or replayed decision.
 func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
+	if d.Degraded {
+		c.Set("Tollgate-Degraded", "fail-open")
+	}
+	if d.Replayed {
+		c.Set("Idempotent-Replayed", "true")
+	}
 	if len(d.Limits) > 0 {
 		var policy, state strings.Builder
 		for i, l := range d.Limits {

@@ -61,9 +61,6 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		s.count(route, "unavailable", p.Tier.Slug)
 		return err
 	}
-	if d.Degraded {
-		c.Set("Tollgate-Degraded", "fail-open")
-	}
 	if !d.Allowed {
 		s.count(route, "refused", p.Tier.Slug)
 		setRateLimitHeaders(c, d)
@@ -78,12 +75,6 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	}
 	// Proxying replaces the response headers, so the quota headers go last.
 	setRateLimitHeaders(c, d)
-	if d.Degraded {
-		c.Set("Tollgate-Degraded", "fail-open")
-	}
-	if d.Replayed {
-		c.Set("Idempotent-Replayed", "true")
-	}
 	if route.RefundOn5xx && !d.Replayed && !d.Degraded && (err != nil || c.Response().StatusCode() >= 500) {
 		// The refund must not be lost to a client that hung up.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)

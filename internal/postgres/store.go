@@ -92,13 +92,9 @@ func isForeignKeyViolation(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "23503"
 }
 
-// Exec runs one statement; tests use it to change rows behind the cache.
-func (s *Store) Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error) {
-	return s.db.Exec(ctx, sql, args...)
-}
-
-// CreateTier validates and inserts a tier. A duplicate slug or rank is a
-// CodeConflict error.
+// CreateTier validates and inserts a tier. A duplicate slug is a
+// CodeConflict error; a duplicate rank is a CodeInvalid error naming rank
+// (ranks are unique, a validation rule).
 func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quota.Tier, error) {
 	if err := t.Validate(); err != nil {
 		return quota.Tier{}, err
@@ -152,12 +148,6 @@ func (s *Store) TouchKeys(ctx context.Context, used map[string]time.Time) error 
 		return fmt.Errorf("postgres: touch keys: %w", err)
 	}
 	return nil
-}
-
-// QueryRowForTest scans one row of sql into dest; tests use it to look
-// behind the API.
-func (s *Store) QueryRowForTest(ctx context.Context, sql string, dest ...any) error {
-	return s.db.QueryRow(ctx, sql).Scan(dest...)
 }
 
 // Pool returns the store's pool, for parts that read the same database.
