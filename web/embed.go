@@ -4,7 +4,8 @@ package web
 
 import "embed"
 
-// FS holds the static files under static/.
+// FS holds the page templates under templates/ and the static files
+// (stylesheet, script, robots.txt) under static/.
 //
-//go:embed static
+//go:embed templates static
 var FS embed.FS

@@ -111,6 +111,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		BodyLimit:    cfg.BodyLimit,
 		AdminToken:   cfg.AdminToken,
 		ServiceToken: cfg.ServiceToken,
+		RedisPrefix:  cfg.RedisPrefix,
+		SessionTTL:   cfg.SessionTTL,
 	})
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

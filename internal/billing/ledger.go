@@ -17,26 +17,38 @@ type Ledger struct {
 // NewLedger returns a Ledger on db.
 func NewLedger(db *pgxpool.Pool) *Ledger { return &Ledger{db: db} }
 
-// DayUsage is one UTC day of a tenant's usage.
-type DayUsage struct {
-	Date     time.Time `json:"-"`
-	Units    int64     `json:"units"`
-	Requests int64     `json:"requests"`
-	Rejected int64     `json:"rejected"`
+// Totals are usage summed over a period: units, requests admitted and
+// requests refused.
+type Totals struct {
+	Units    int64 `json:"units"`
+	Requests int64 `json:"requests"`
+	Rejected int64 `json:"rejected"`
 }
 
-// DailyUsage returns the tenant's flushed usage per UTC day in [from, to),
-// days without usage left out.
-func (l *Ledger) DailyUsage(ctx context.Context, tenantID string, from, to time.Time) ([]DayUsage, error) {
+// TenantTotals returns the flushed usage in [from, to) of each tenant of
+// ids, summed over meters and hours; tenants without usage are absent.
+func (l *Ledger) TenantTotals(ctx context.Context, ids []string, from, to time.Time) (map[string]Totals, error) {
 	rows, err := l.db.Query(ctx, `
-		SELECT (date_trunc('day', hour AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS date,
-		       sum(units)::bigint AS units, sum(requests)::bigint AS requests, sum(rejected)::bigint AS rejected
-		FROM usage WHERE tenant_id = $1 AND hour >= $2 AND hour < $3
-		GROUP BY 1 ORDER BY 1`, tenantID, from, to)
+		SELECT tenant_id::text, sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint
+		FROM usage WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3
+		GROUP BY tenant_id`, ids, from, to)
 	if err != nil {
-		return nil, fmt.Errorf("billing: daily usage: %w", err)
+		return nil, fmt.Errorf("billing: tenant totals: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowToStructByName[DayUsage])
+	defer rows.Close()
+	out := make(map[string]Totals, len(ids))
+	for rows.Next() {
+		var id string
+		var t Totals
+		if err := rows.Scan(&id, &t.Units, &t.Requests, &t.Rejected); err != nil {
+			return nil, fmt.Errorf("billing: tenant totals: %w", err)
+		}
+		out[id] = t
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("billing: tenant totals: %w", err)
+	}
+	return out, nil
 }
 
 // Invoice is a tenant's bill for one calendar month.
@@ -122,6 +134,39 @@ func (l *Ledger) EachUsage(ctx context.Context, tenantID string, from, to time.T
 		return fmt.Errorf("billing: usage: %w", err)
 	}
 	return nil
+}
+
+// InvoicePage returns at most limit invoices of the month starting at
+// period, by tenant id, after the tenant id after ("" for the first page),
+// and whether more follow.
+func (l *Ledger) InvoicePage(ctx context.Context, period time.Time, after string, limit int) ([]Invoice, bool, error) {
+	if after == "" {
+		after = firstTenantID
+	}
+	rows, err := l.db.Query(ctx, invoiceSelect+` WHERE i.period = $1 AND i.tenant_id > $2::uuid ORDER BY i.tenant_id LIMIT $3`,
+		period, after, limit+1)
+	if err != nil {
+		return nil, false, fmt.Errorf("billing: invoices: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Invoice, error) { return scanInvoice(row) })
+	if err != nil {
+		return nil, false, fmt.Errorf("billing: invoices: %w", err)
+	}
+	if len(out) > limit {
+		return out[:limit], true, nil
+	}
+	return out, false, nil
+}
+
+// InvoiceSummary returns the number of invoices of the month starting at
+// period and the sum of their totals.
+func (l *Ledger) InvoiceSummary(ctx context.Context, period time.Time) (count, totalCents int64, err error) {
+	err = l.db.QueryRow(ctx, `SELECT count(*), coalesce(sum(total_cents), 0)::bigint FROM invoices WHERE period = $1`, period).
+		Scan(&count, &totalCents)
+	if err != nil {
+		return 0, 0, fmt.Errorf("billing: invoice summary: %w", err)
+	}
+	return count, totalCents, nil
 }
 
 // EachInvoice calls fn for every invoice of the month starting at period,

@@ -125,7 +125,34 @@ func (c *Catalog) Resolve(ctx context.Context, secret string) (Principal, error)
 	if e.missing || !apikey.Equal(e.rec.Hash, hash[:]) {
 		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "unknown API key")
 	}
-	k := e.rec.Key
+	p, err := c.keyPrincipal(ctx, e.rec.Key)
+	if err != nil {
+		return p, err
+	}
+	c.usedMu.Lock()
+	c.used[p.KeyPrefix] = c.now()
+	c.usedMu.Unlock()
+	return p, nil
+}
+
+// KeyPrincipal returns the principal of the key with the visible prefix,
+// checked as Resolve checks it but without a secret: for a dashboard
+// session, which remembers the key it was opened with by prefix only, so
+// that revoking the key or suspending the tenant ends the session. An
+// unknown, revoked or expired key is CodeUnauthorized, a suspended tenant
+// CodeForbidden. It does not count as a use of the key.
+func (c *Catalog) KeyPrincipal(ctx context.Context, prefix string) (Principal, error) {
+	e, err := c.key(ctx, strings.Clone(prefix))
+	if err != nil {
+		return Principal{}, err
+	}
+	if e.missing {
+		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "unknown API key")
+	}
+	return c.keyPrincipal(ctx, e.rec.Key)
+}
+
+func (c *Catalog) keyPrincipal(ctx context.Context, k quota.APIKey) (Principal, error) {
 	now := c.now()
 	if k.RevokedAt != nil && !k.RevokedAt.After(now) {
 		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "API key revoked")
@@ -144,9 +171,6 @@ func (c *Catalog) Resolve(ctx context.Context, secret string) (Principal, error)
 	if p.Tenant.Status == quota.StatusSuspended {
 		return p, quota.Errorf(quota.CodeForbidden, "tenant suspended")
 	}
-	c.usedMu.Lock()
-	c.used[k.Prefix] = now
-	c.usedMu.Unlock()
 	return p, nil
 }
 

@@ -217,3 +217,44 @@ func TestRefreshCoversAMissedMessage(t *testing.T) {
 		t.Fatalf("after refresh: tier %q upgrade %+v err %v, want enterprise with no upgrade", p.Tier.Slug, p.Upgrade, err)
 	}
 }
+
+// TestKeyPrincipalFollowsTheKey checks the lookup dashboard sessions use: by
+// prefix, ended by revocation, expiry and suspension like Resolve.
+func TestKeyPrincipalFollowsTheKey(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, nodes, _ := mustNodes(t, 1)
+	c := nodes[0]
+	tenant, key := mustTenantKey(t, store, "free")
+	p, err := c.KeyPrincipal(ctx, key.Prefix)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Tenant.ID != tenant.ID || p.KeyID != key.ID || p.Tier.Slug != "free" {
+		t.Fatalf("got tenant %s key %s tier %s, want %s %s free", p.Tenant.ID, p.KeyID, p.Tier.Slug, tenant.ID, key.ID)
+	}
+	if _, err := c.KeyPrincipal(ctx, "tg_nosuchkey"); quota.ErrorCode(err) != quota.CodeUnauthorized {
+		t.Errorf("unknown prefix: %v, want CodeUnauthorized", err)
+	}
+
+	if _, err := store.UpdateTenant(ctx, "test", tenant.ID, func(t *quota.Tenant) error { t.Status = quota.StatusSuspended; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Invalidate(ctx, KindTenant, tenant.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.KeyPrincipal(ctx, key.Prefix); quota.ErrorCode(err) != quota.CodeForbidden {
+		t.Errorf("suspended tenant: %v, want CodeForbidden", err)
+	}
+
+	_, other := mustTenantKey(t, store, "free")
+	if _, err := store.RevokeKey(ctx, "test", other.ID); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Invalidate(ctx, KindKey, other.Prefix); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.KeyPrincipal(ctx, other.Prefix); quota.ErrorCode(err) != quota.CodeUnauthorized {
+		t.Errorf("revoked key: %v, want CodeUnauthorized", err)
+	}
+}

@@ -35,6 +35,7 @@ type Config struct {
 	BodyLimit         int                     // TOLLGATE_BODY_LIMIT
 	InvoiceGrace      time.Duration           // TOLLGATE_INVOICE_GRACE
 	WorkerMetricsAddr string                  // TOLLGATE_WORKER_METRICS_ADDR
+	SessionTTL        time.Duration           // TOLLGATE_SESSION_TTL
 }
 
 // Var documents one environment variable.
@@ -59,6 +60,7 @@ var Vars = []Var{
 	{"TOLLGATE_BODY_LIMIT", "1048576", "largest accepted request body, in bytes"},
 	{"TOLLGATE_INVOICE_GRACE", "48h", "how long after a month ends late usage is still accepted before its invoices are final"},
 	{"TOLLGATE_WORKER_METRICS_ADDR", "127.0.0.1:9091", "the worker's /metrics listen address (host:port; port 0 picks a free one)"},
+	{"TOLLGATE_SESSION_TTL", "8h", "lifetime of a dashboard or console sign-in, Go duration, 5m to 720h"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -126,6 +128,9 @@ func Load(getenv func(string) string) (Config, error) {
 	c.WorkerMetricsAddr = get("TOLLGATE_WORKER_METRICS_ADDR")
 	if _, _, err := net.SplitHostPort(c.WorkerMetricsAddr); err != nil {
 		return c, fmt.Errorf("config: TOLLGATE_WORKER_METRICS_ADDR: %q is not host:port", c.WorkerMetricsAddr)
+	}
+	if c.SessionTTL, err = duration(get, "TOLLGATE_SESSION_TTL", 5*time.Minute, 720*time.Hour); err != nil {
+		return c, err
 	}
 	return c, nil
 }

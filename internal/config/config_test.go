@@ -26,6 +26,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"LogFormat", c.LogFormat, "json"},
 		{"AdminToken", c.AdminToken, ""},
 		{"RedisPrefix", c.RedisPrefix, "tg"},
+		{"SessionTTL", c.SessionTTL, 8 * time.Hour},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -67,6 +68,8 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_BODY_LIMIT", "lots"},
 		{"TOLLGATE_SHUTDOWN_TIMEOUT", "forever"},
 		{"TOLLGATE_INVOICE_GRACE", "1y"},
+		{"TOLLGATE_SESSION_TTL", "1m"},
+		{"TOLLGATE_SESSION_TTL", "always"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {

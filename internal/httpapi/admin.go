@@ -437,9 +437,7 @@ type grantCreate struct {
 	Units  *int64  `json:"units"`
 }
 
-// createGrant adds units to the tenant's current day or month: recorded in
-// Postgres (for invoices and quota repair) and added to the live counter in
-// Redis, so the remaining quota and the headers show it on the next request.
+// validate returns the grant's period ("day" or "month") and units.
 func (b grantCreate) validate() (string, int64, error) {
 	period, err := required("period", b.Period)
 	if err != nil {
@@ -463,24 +461,35 @@ func (s *Server) createGrant(c *fiber.Ctx) error {
 	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
-	period, units, err := body.validate()
+	g, err := s.grant(c.UserContext(), adminActor, c.Params("id"), body)
 	if err != nil {
 		return err
+	}
+	return c.Status(fiber.StatusCreated).JSON(g)
+}
+
+// grant adds units to the tenant's current day or month, for the API and
+// the console: recorded in Postgres (for invoices and quota repair) and added
+// to the live counter in Redis, so the remaining quota and the headers show
+// it on the next request.
+func (s *Server) grant(ctx context.Context, actor, tenantID string, body grantCreate) (postgres.Grant, error) {
+	period, units, err := body.validate()
+	if err != nil {
+		return postgres.Grant{}, err
 	}
 	start := quota.DayStart(s.now())
 	if period == "month" {
 		start = quota.MonthStart(start)
 	}
-	id := c.Params("id")
-	g, err := s.store.CreateGrant(c.UserContext(), adminActor, id, period, start, units)
+	g, err := s.store.CreateGrant(ctx, actor, tenantID, period, start, units)
 	if err != nil {
-		return err
+		return g, err
 	}
-	if err := s.limits.Grant(c.UserContext(), g.TenantID, period, units, time.Time{}); err != nil {
-		return fmt.Errorf("httpapi: grant recorded but not applied in Redis (quota repair will apply it): %w", err)
+	if err := s.limits.Grant(ctx, g.TenantID, period, units, time.Time{}); err != nil {
+		return g, fmt.Errorf("httpapi: grant recorded but not applied in Redis (quota repair will apply it): %w", err)
 	}
-	s.invalidate(c.UserContext(), catalog.KindTenant, g.TenantID) // clears deny caches
-	return c.Status(fiber.StatusCreated).JSON(g)
+	s.invalidate(ctx, catalog.KindTenant, g.TenantID) // clears deny caches
+	return g, nil
 }
 
 func (s *Server) listGrants(c *fiber.Ctx) error {
@@ -565,37 +574,63 @@ func (s *Server) tenantUsage(c *fiber.Ctx) error {
 	})
 }
 
-func (s *Server) listInvoices(c *fiber.Ctx) error {
-	raw := c.Query("period")
+// parsePeriod reads a month such as 2026-11.
+func parsePeriod(raw string) (time.Time, error) {
 	period, err := time.Parse("2006-01", raw)
 	if err != nil {
-		return quota.FieldError("period", "must be a month such as 2026-11")
+		return period, quota.FieldError("period", "must be a month such as 2026-11")
 	}
-	each := func(ctx context.Context, fn func(billing.Invoice) error) error {
-		return s.ledger.EachInvoice(ctx, period, fn)
+	return period, nil
+}
+
+// tenantSummary answers a tenant's usage exactly as the tenant's own
+// GET /v1/usage would: limits, this month's days and meters, upgrade hint.
+func (s *Server) tenantSummary(c *fiber.Ctx) error {
+	p, err := s.catalog.Principal(c.UserContext(), c.Params("id"))
+	if err != nil {
+		return err
+	}
+	u, err := s.usageFor(c.UserContext(), p)
+	if err != nil {
+		return err
+	}
+	return c.JSON(u)
+}
+
+func (s *Server) listInvoices(c *fiber.Ctx) error {
+	raw := c.Query("period")
+	period, err := parsePeriod(raw)
+	if err != nil {
+		return err
 	}
 	if wantsCSV(c) {
-		c.Attachment("invoices-" + raw + ".csv")
-		return s.stream(c, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
-			cw := csv.NewWriter(w)
-			_ = cw.Write([]string{"invoice_id", "tenant_id", "period", "status", "currency", "total_cents", "line", "kind", "description", "quantity", "amount_cents"})
-			err := each(ctx, func(inv billing.Invoice) error {
-				for i, l := range inv.Lines {
-					if err := cw.Write([]string{inv.ID, inv.TenantID, inv.Period, inv.Status, inv.Currency, itoa(inv.TotalCents),
-						strconv.Itoa(i + 1), l.Kind, l.Description, itoa(l.Quantity), itoa(l.AmountCents)}); err != nil {
-						return err
-					}
-				}
-				return nil
-			})
-			cw.Flush()
-			return err
-		})
+		return s.invoicesCSV(c, raw, period)
 	}
 	return s.stream(c, fiber.MIMEApplicationJSON, func(ctx context.Context, w *bufio.Writer) error {
 		return jsonItems(w, func(item func(any) error) error {
-			return each(ctx, func(inv billing.Invoice) error { return item(inv) })
+			return s.ledger.EachInvoice(ctx, period, func(inv billing.Invoice) error { return item(inv) })
 		})
+	})
+}
+
+// invoicesCSV streams the invoices of a month as CSV, one row per line, for
+// the admin API and the console's download.
+func (s *Server) invoicesCSV(c *fiber.Ctx, raw string, period time.Time) error {
+	c.Attachment("invoices-" + raw + ".csv")
+	return s.stream(c, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
+		cw := csv.NewWriter(w)
+		_ = cw.Write([]string{"invoice_id", "tenant_id", "period", "status", "currency", "total_cents", "line", "kind", "description", "quantity", "amount_cents"})
+		err := s.ledger.EachInvoice(ctx, period, func(inv billing.Invoice) error {
+			for i, l := range inv.Lines {
+				if err := cw.Write([]string{inv.ID, inv.TenantID, inv.Period, inv.Status, inv.Currency, itoa(inv.TotalCents),
+					strconv.Itoa(i + 1), l.Kind, l.Description, itoa(l.Quantity), itoa(l.AmountCents)}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		cw.Flush()
+		return err
 	})
 }
 

@@ -92,7 +92,7 @@ var decoders = []func(c *fiber.Ctx) error{
 }
 
 func decoderApp() *fiber.App {
-	app := fiber.New(fiber.Config{ErrorHandler: errorHandler(slog.New(slog.NewTextHandler(io.Discard, nil)))})
+	app := fiber.New(fiber.Config{ErrorHandler: errorHandler(slog.New(slog.NewTextHandler(io.Discard, nil)), nil)})
 	app.Post("/:kind", func(c *fiber.Ctx) error {
 		k, _ := strconv.Atoi(c.Params("kind"))
 		if err := decoders[k](c); err != nil {

@@ -35,6 +35,7 @@ var statusOf = map[string]int{
 	quota.CodeTooLarge:      http.StatusRequestEntityTooLarge,
 	quota.CodeUnsupported:   http.StatusUnsupportedMediaType,
 	quota.CodeNotAcceptable: http.StatusNotAcceptable,
+	quota.CodeTooMany:       http.StatusTooManyRequests,
 	quota.CodeUnavailable:   http.StatusServiceUnavailable,
 	quota.CodeInternal:      http.StatusInternalServerError,
 }
@@ -69,8 +70,10 @@ func writeProblem(c *fiber.Ctx, p Problem) error {
 // errorHandler is the one place where errors become HTTP answers. Tollgate's
 // *quota.Error maps by code; Fiber's own errors (unknown route, body too large,
 // method not allowed) keep their status; anything else is a bug or an I/O
-// failure, logged once here and answered as "internal error".
-func errorHandler(log *slog.Logger) fiber.ErrorHandler {
+// failure, logged once here and answered as "internal error". Under the
+// dashboard's and the console's paths the problem is rendered by page, as
+// HTML; everywhere else it is problem+json.
+func errorHandler(log *slog.Logger, page func(*fiber.Ctx, Problem) error) fiber.ErrorHandler {
 	return func(c *fiber.Ctx, err error) error {
 		var qe *quota.Error
 		var fe *fiber.Error
@@ -98,6 +101,13 @@ func errorHandler(log *slog.Logger) fiber.ErrorHandler {
 		default:
 			log.Error("internal error", "err", err, "path", c.Path(), "request_id", requestID(c))
 			p.Status, p.Detail = http.StatusInternalServerError, "internal error"
+		}
+		if page != nil && isPagePath(c.Path()) {
+			perr := page(c, p)
+			if perr == nil {
+				return nil
+			}
+			log.Error("error page failed", "err", perr, "path", c.Path(), "request_id", requestID(c))
 		}
 		return writeProblem(c, p)
 	}

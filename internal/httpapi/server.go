@@ -29,6 +29,10 @@ type Options struct {
 	BodyLimit    int
 	AdminToken   string
 	ServiceToken string
+	// RedisPrefix prefixes the dashboard's session keys (default "tg").
+	RedisPrefix string
+	// SessionTTL is the lifetime of a dashboard or console sign-in (default 8h).
+	SessionTTL time.Duration
 }
 
 // limiter is what the HTTP layer needs of the Redis side beyond admission:
@@ -37,6 +41,7 @@ type limiter interface {
 	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
 	Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error
 	Pending(ctx context.Context, tenantID string) ([]ratelimit.PendingRow, error)
+	PendingMany(ctx context.Context, tenantIDs []string) (map[string][]ratelimit.PendingRow, error)
 	Grant(ctx context.Context, tenantID, period string, units int64, now time.Time) error
 }
 
@@ -73,7 +78,23 @@ type Server struct {
 	authFail *authFailures
 	now      func() time.Time
 	opts     Options
+	views    *views
+	assets   map[string]asset
 }
+
+// The dashboard's templates and files are embedded: failing to parse them is
+// a bug of the build, caught by any test, not a condition to handle.
+var pageViews, pageAssets = func() (*views, map[string]asset) {
+	v, err := loadViews()
+	if err != nil {
+		panic(err)
+	}
+	a, err := loadAssets()
+	if err != nil {
+		panic(err)
+	}
+	return v, a
+}()
 
 // New builds the Fiber app with every route registered.
 func New(d Deps, opts Options) *Server {
@@ -95,13 +116,20 @@ func New(d Deps, opts Options) *Server {
 	if d.Alerts == nil && d.DB != nil {
 		d.Alerts = billing.NewDeliverer(d.DB, nil, d.Now)
 	}
+	if opts.RedisPrefix == "" {
+		opts.RedisPrefix = "tg"
+	}
+	if opts.SessionTTL <= 0 {
+		opts.SessionTTL = 8 * time.Hour
+	}
 	s := &Server{log: d.Log, db: d.DB, store: d.Store, now: d.Now, rdb: d.Redis, catalog: d.Catalog, gate: d.Gate, limits: d.Limits,
-		ledger: d.Ledger, alerts: d.Alerts, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now), opts: opts}
+		ledger: d.Ledger, alerts: d.Alerts, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now), opts: opts,
+		views: pageViews, assets: pageAssets}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
 		BodyLimit:             opts.BodyLimit,
 		DisableStartupMessage: true,
-		ErrorHandler:          errorHandler(d.Log),
+		ErrorHandler:          errorHandler(d.Log, s.errorPage),
 		ReadTimeout:           30 * time.Second,
 		WriteTimeout:          60 * time.Second,
 		IdleTimeout:           120 * time.Second,
@@ -150,9 +178,44 @@ func (s *Server) routesSetup() {
 	admin.Get("/tenants/:id/grants", s.listGrants)
 	admin.Post("/tenants/:id/grants", s.createGrant)
 	admin.Get("/tenants/:id/usage", s.tenantUsage)
+	admin.Get("/tenants/:id/summary", s.tenantSummary)
 	admin.Get("/invoices", s.listInvoices)
 	admin.Get("/audit", s.listAudit)
 	admin.Get("/alerts", s.listAlerts)
+
+	// The web pages: the tenants' dashboard and the admins' console. Every
+	// POST of a signed-in area is checked for its CSRF token by the session
+	// middleware; the sign-in forms check theirs themselves.
+	s.app.Get("/", func(c *fiber.Ctx) error { return c.Redirect("/dashboard", fiber.StatusFound) })
+	s.app.Get("/robots.txt", s.robots)
+	s.app.Get("/assets/:file", s.serveAsset)
+	dash := s.app.Group("/dashboard", checkQuery)
+	dash.Get("/login", s.dashLoginForm)
+	dash.Post("/login", s.dashLogin)
+	dash.Post("/logout", s.tenantSession, s.dashLogout)
+	dash.Get("", s.tenantSession, s.dashHome)
+	dash.Get("/invoices/:id", s.tenantSession, s.dashInvoice)
+	con := s.app.Group("/console", checkQuery)
+	con.Get("/login", s.consoleLoginForm)
+	con.Post("/login", s.consoleLogin)
+	con.Post("/logout", s.adminSession, s.consoleLogout)
+	con.Get("", s.adminSession, s.consoleHome)
+	con.Get("/tiers", s.adminSession, s.consoleTiers)
+	con.Post("/tiers", s.adminSession, s.consoleCreateTier)
+	con.Get("/tiers/new", s.adminSession, s.consoleNewTier)
+	con.Get("/tiers/:slug", s.adminSession, s.consoleTierForm)
+	con.Post("/tiers/:slug", s.adminSession, s.consoleSaveTier)
+	con.Get("/tenants", s.adminSession, s.consoleTenants)
+	con.Post("/tenants", s.adminSession, s.consoleCreateTenant)
+	con.Get("/tenants/:id", s.adminSession, s.consoleTenant)
+	con.Post("/tenants/:id/keys", s.adminSession, s.consoleIssueKey)
+	con.Post("/tenants/:id/grants", s.adminSession, s.consoleGrant)
+	con.Post("/tenants/:id/tier", s.adminSession, s.consoleSetTier)
+	con.Post("/tenants/:id/status", s.adminSession, s.consoleSetStatus)
+	con.Post("/keys/:id/revoke", s.adminSession, s.consoleRevokeKey)
+	con.Get("/invoices", s.adminSession, s.consoleInvoices)
+	con.Get("/invoices.csv", s.adminSession, s.consoleInvoicesCSV)
+	con.Get("/alerts", s.adminSession, s.consoleAlerts)
 }
 
 func (s *Server) healthz(c *fiber.Ctx) error {

@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -85,6 +86,32 @@ func TestConstraints(t *testing.T) {
 	} {
 		if _, err := db.Exec(ctx, tc.sql); err == nil {
 			t.Errorf("%s: accepted, want a constraint violation", tc.name)
+		}
+	}
+}
+
+// TestSeededUpgradeHintsLinkToTheirTier checks the seeded tiers' upgrade
+// URLs: the hint of each tier names the next one up and links to where that
+// tier is bought.
+func TestSeededUpgradeHintsLinkToTheirTier(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	tiers, err := postgres.NewStore(db).Tiers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"free": "https://tollgate.example/pricing?upgrade=pro",
+		"pro":  "https://tollgate.example/contact-sales",
+	}
+	for _, tier := range tiers {
+		up := quota.UpgradeFor(tier, tiers)
+		w, ok := want[tier.Slug]
+		switch {
+		case !ok && up != nil:
+			t.Errorf("%s: upgrade hint %+v, want none (top tier)", tier.Slug, up)
+		case ok && (up == nil || up.URL != w):
+			t.Errorf("%s: upgrade hint %+v, want URL %s", tier.Slug, up, w)
 		}
 	}
 }

@@ -17,6 +17,7 @@ const (
 	CodeInternal      = "internal"       // a bug or an I/O failure (500)
 	CodeUnsupported   = "unsupported"    // unsupported media type (415)
 	CodeNotAcceptable = "not_acceptable" // no acceptable representation (406)
+	CodeTooMany       = "too_many"       // too many failed attempts; retry later (429)
 )
 
 // Error is Tollgate's one error type for failures a caller should see.

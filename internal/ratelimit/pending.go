@@ -88,6 +88,37 @@ func (r *Runner) Pending(ctx context.Context, tenantID string) ([]PendingRow, er
 	return ParsePending(h)
 }
 
+// PendingMany returns the pending usage of each tenant of ids, in one
+// pipelined round trip (the dashboard's tenant list). Tenants with nothing
+// pending are absent from the map.
+func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]PendingRow, error) {
+	for _, id := range ids {
+		if err := checkTenant(id); err != nil {
+			return nil, err
+		}
+	}
+	cmds := make([]*redis.MapStringStringCmd, len(ids))
+	if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, id := range ids {
+			cmds[i] = p.HGetAll(ctx, r.key(id, "pending"))
+		}
+		return nil
+	}); err != nil {
+		return nil, fmt.Errorf("ratelimit: pending: %w", err)
+	}
+	out := make(map[string][]PendingRow, len(ids))
+	for i, id := range ids {
+		rows, err := ParsePending(cmds[i].Val())
+		if err != nil {
+			return nil, err
+		}
+		if len(rows) > 0 {
+			out[id] = rows
+		}
+	}
+	return out, nil
+}
+
 // Refund gives back cost units (and the overage units among them) of a
 // request admitted at time at, whose upstream failed: see lua/refund.lua.
 func (r *Runner) Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error {

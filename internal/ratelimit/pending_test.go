@@ -2,6 +2,7 @@ package ratelimit
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -69,5 +70,40 @@ func TestRefundGivesBackQuotaInThePeriodOnly(t *testing.T) {
 	peek, _ = r.Peek(ctx, tenant, limits, d2.Now.Add(time.Second))
 	if l, _ := peek.Limit(quota.LimitDaily); l.Remaining != 95 {
 		t.Fatalf("today's daily remaining after yesterday's refund = %d, want 95", l.Remaining)
+	}
+}
+
+func TestPendingManyMatchesPendingPerTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	r := New(c, testenv.Prefix(t, c))
+	a, b, idle := newTenant(), newTenant(), newTenant()
+	now := time.Date(2026, 11, 22, 10, 30, 0, 0, time.UTC)
+	mustAdmit(t, r, quota.Request{TenantID: a, Meter: "m", Cost: 3, Now: now})
+	mustAdmit(t, r, quota.Request{TenantID: a, Meter: "n", Cost: 4, Now: now.Add(time.Hour)})
+	mustAdmit(t, r, quota.Request{TenantID: b, Meter: "m", Cost: 7, Now: now})
+
+	got, err := r.PendingMany(ctx, []string{a, b, idle})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range []string{a, b} {
+		want, err := r.Pending(ctx, id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if fmt.Sprint(got[id]) != fmt.Sprint(want) {
+			t.Errorf("PendingMany[%s] = %v, want %v (Pending)", id, got[id], want)
+		}
+	}
+	if len(got[a]) != 2 || len(got[b]) != 1 {
+		t.Errorf("rows: a %d, b %d; want 2 and 1", len(got[a]), len(got[b]))
+	}
+	if _, ok := got[idle]; ok {
+		t.Errorf("a tenant with nothing pending is in the map: %v", got[idle])
+	}
+	if _, err := r.PendingMany(ctx, []string{"bad{id}"}); quota.ErrorCode(err) != quota.CodeInvalid {
+		t.Errorf("PendingMany with a bad id: %v, want CodeInvalid", err)
 	}
 }

@@ -1,0 +1,543 @@
+package httpapi
+
+import (
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// The actor recorded in the audit log for changes made in the console.
+const consoleActor = "console"
+
+// consoleFlash are the confirmations a console redirect may ask for (?ok=).
+var consoleFlash = map[string]string{
+	"saved":     "Tier saved.",
+	"created":   "Created.",
+	"revoked":   "Key revoked.",
+	"granted":   "Grant added.",
+	"tier":      "Tier changed.",
+	"suspended": "Tenant suspended: its keys are refused until it is resumed.",
+	"resumed":   "Tenant resumed.",
+}
+
+func (s *Server) consoleView(c *fiber.Ctx, title, nav string, data any) view {
+	return view{Title: title, Area: adminArea.name, Nav: nav, CSRF: sessionOf(c).CSRF, Who: "admin",
+		Flash: consoleFlash[c.Query("ok")], Data: data}
+}
+
+func (s *Server) consoleHome(c *fiber.Ctx) error {
+	return c.Redirect("/console/tenants", fiber.StatusSeeOther)
+}
+
+// ---- tiers
+
+type tiersView struct {
+	Tiers []quota.Tier
+	Next  string // cursor of the next page, "" on the last
+}
+
+func (s *Server) consoleTiers(c *fiber.Ctx) error {
+	tiers, next, err := s.store.ListTiers(c.UserContext(), postgres.Page{Limit: 200, Cursor: c.Query("cursor")})
+	if err != nil {
+		return err
+	}
+	return s.render(c, fiber.StatusOK, "tiers", s.consoleView(c, "Tiers", "tiers", tiersView{Tiers: tiers, Next: strOr(next)}))
+}
+
+// strOr is *p, or "" for nil.
+func strOr(p *string) string {
+	if p == nil {
+		return ""
+	}
+	return *p
+}
+
+// tierFormView is the tier editor: the values as typed and an error beside
+// each field that has one.
+type tierFormView struct {
+	Create bool
+	Slug   string
+	Values map[string]string
+	Errors formErrors
+}
+
+var tierFields = []string{"name", "rank", "price_cents", "burst_rate", "burst", "bucket_capacity", "bucket_refill_per_sec",
+	"daily_quota", "monthly_quota", "overage", "overage_price_cents_per_1k", "fail_open", "upgrade_url"}
+
+// tierValues writes a tier as the editor's field values; unlimited is "".
+func tierValues(t quota.Tier) map[string]string {
+	i := func(p *int64) string {
+		if p == nil {
+			return ""
+		}
+		return strconv.FormatInt(*p, 10)
+	}
+	f := func(p *float64) string {
+		if p == nil {
+			return ""
+		}
+		return strconv.FormatFloat(*p, 'f', -1, 64)
+	}
+	v := map[string]string{
+		"slug": t.Slug, "name": t.Name, "rank": strconv.Itoa(t.Rank), "price_cents": itoa(t.PriceCents),
+		"burst_rate": f(t.BurstRate), "burst": i(t.Burst), "bucket_capacity": i(t.BucketCapacity),
+		"bucket_refill_per_sec": f(t.BucketRefillPerSec), "daily_quota": i(t.DailyQuota), "monthly_quota": i(t.MonthlyQuota),
+		"overage": string(t.Overage), "overage_price_cents_per_1k": itoa(t.OveragePriceCentsPer1K), "upgrade_url": t.UpgradeURL,
+	}
+	if t.FailOpen {
+		v["fail_open"] = "on"
+	}
+	return v
+}
+
+// tierFromForm parses the editor's fields; errors go to errs by field. The
+// domain's Validate, run by the store, checks the values themselves.
+func tierFromForm(errs formErrors, f map[string]string) quota.Tier {
+	t := quota.Tier{Slug: strings.TrimSpace(f["slug"]), Name: strings.TrimSpace(f["name"]),
+		Overage: quota.Overage(f["overage"]), FailOpen: f["fail_open"] == "on", UpgradeURL: strings.TrimSpace(f["upgrade_url"])}
+	if v := f["fail_open"]; v != "" && v != "on" {
+		errs.add(quota.FieldError("fail_open", "must be on or absent"))
+	}
+	if rank := intField(errs, f, "rank", false); rank != nil {
+		if *rank < 0 || *rank > 1_000_000 {
+			errs.add(quota.FieldError("rank", "must be between 0 and 1000000"))
+		} else {
+			t.Rank = int(*rank)
+		}
+	}
+	if p := intField(errs, f, "price_cents", false); p != nil {
+		t.PriceCents = *p
+	}
+	if p := intField(errs, f, "overage_price_cents_per_1k", true); p != nil {
+		t.OveragePriceCentsPer1K = *p
+	}
+	t.BurstRate = rateField(errs, f, "burst_rate")
+	t.Burst = intField(errs, f, "burst", true)
+	t.BucketCapacity = intField(errs, f, "bucket_capacity", true)
+	t.BucketRefillPerSec = rateField(errs, f, "bucket_refill_per_sec")
+	t.DailyQuota = intField(errs, f, "daily_quota", true)
+	t.MonthlyQuota = intField(errs, f, "monthly_quota", true)
+	if err := validURL("upgrade_url", t.UpgradeURL); err != nil {
+		errs.add(err)
+	}
+	return t
+}
+
+func (s *Server) consoleTierForm(c *fiber.Ctx) error {
+	t, err := s.store.Tier(c.UserContext(), c.Params("slug"))
+	if err != nil {
+		return err
+	}
+	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "Tier "+t.Name, "tiers",
+		tierFormView{Slug: t.Slug, Values: tierValues(t), Errors: formErrors{}}))
+}
+
+func (s *Server) consoleNewTier(c *fiber.Ctx) error {
+	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "New tier", "tiers",
+		tierFormView{Create: true, Values: map[string]string{"overage": "block", "price_cents": "0", "overage_price_cents_per_1k": "0"}, Errors: formErrors{}}))
+}
+
+// consoleSaveTier saves the editor: every field is replaced by the form's,
+// then the tier is validated exactly as PATCH /admin/v1/tiers/{slug}
+// validates it. A bad value is shown beside its field and changes nothing.
+func (s *Server) consoleSaveTier(c *fiber.Ctx) error {
+	slug := c.Params("slug")
+	f, err := readForm(c, append([]string{csrfField}, tierFields...)...)
+	if err != nil {
+		return err
+	}
+	errs := formErrors{}
+	t := tierFromForm(errs, f)
+	if len(errs) == 0 {
+		saved, err := s.store.UpdateTier(c.UserContext(), consoleActor, slug, func(cur *quota.Tier) error {
+			t.Slug = cur.Slug
+			*cur = t
+			return nil
+		})
+		if err == nil {
+			s.invalidate(c.UserContext(), catalog.KindTier, saved.Slug)
+			return c.Redirect("/console/tiers?ok=saved#tier-"+url.PathEscape(saved.Slug), fiber.StatusSeeOther)
+		}
+		if quota.ErrorCode(err) != quota.CodeInvalid {
+			return err
+		}
+		errs.add(err)
+	}
+	return s.render(c, fiber.StatusBadRequest, "tier", s.consoleView(c, "Tier "+slug, "tiers",
+		tierFormView{Slug: slug, Values: f, Errors: errs}))
+}
+
+func (s *Server) consoleCreateTier(c *fiber.Ctx) error {
+	f, err := readForm(c, append([]string{csrfField, "slug"}, tierFields...)...)
+	if err != nil {
+		return err
+	}
+	errs := formErrors{}
+	t := tierFromForm(errs, f)
+	status := fiber.StatusBadRequest
+	if len(errs) == 0 {
+		created, err := s.store.CreateTier(c.UserContext(), consoleActor, t)
+		if err == nil {
+			s.invalidate(c.UserContext(), catalog.KindTier, created.Slug)
+			return c.Redirect("/console/tiers?ok=created#tier-"+url.PathEscape(created.Slug), fiber.StatusSeeOther)
+		}
+		switch quota.ErrorCode(err) {
+		case quota.CodeInvalid:
+		case quota.CodeConflict:
+			status = fiber.StatusConflict
+		default:
+			return err
+		}
+		errs.add(err)
+	}
+	return s.render(c, status, "tier", s.consoleView(c, "New tier", "tiers",
+		tierFormView{Create: true, Values: f, Errors: errs}))
+}
+
+// ---- tenants
+
+type tenantRow struct {
+	Tenant       quota.Tenant
+	TierName     string
+	Month        billing.Totals
+	MonthlyQuota *int64 // after overrides; nil when unlimited
+}
+
+type tenantsView struct {
+	Query  string
+	Rows   []tenantRow
+	Next   string
+	Tiers  []quota.Tier
+	Values map[string]string // the create form
+	Errors formErrors
+}
+
+func (s *Server) consoleTenants(c *fiber.Ctx) error {
+	return s.renderTenants(c, fiber.StatusOK, map[string]string{}, formErrors{})
+}
+
+// renderTenants lists tenants matching ?q= (a name substring or an id) with
+// their tier, status and this month's usage, flushed plus pending: the sum
+// of the tenant's /v1/usage daily rows.
+func (s *Server) renderTenants(c *fiber.Ctx, status int, values map[string]string, errs formErrors) error {
+	ctx := c.UserContext()
+	q := strings.TrimSpace(c.Query("q"))
+	if len(q) > quota.MaxNameLen {
+		return quota.FieldError("q", "must be at most %d characters", quota.MaxNameLen)
+	}
+	tenants, next, err := s.store.ListTenants(ctx, postgres.TenantFilter{Query: q}, postgres.Page{Limit: 50, Cursor: c.Query("cursor")})
+	if err != nil {
+		return err
+	}
+	tiers, err := s.store.Tiers(ctx)
+	if err != nil {
+		return err
+	}
+	bySlug := map[string]quota.Tier{}
+	for _, t := range tiers {
+		bySlug[t.Slug] = t
+	}
+	ids := make([]string, len(tenants))
+	for i, t := range tenants {
+		ids[i] = t.ID
+	}
+	totals, err := s.monthTotals(ctx, ids)
+	if err != nil {
+		return err
+	}
+	v := tenantsView{Query: q, Next: strOr(next), Tiers: tiers, Values: values, Errors: errs}
+	for _, t := range tenants {
+		tier := bySlug[t.Tier]
+		v.Rows = append(v.Rows, tenantRow{Tenant: t, TierName: tier.Name, Month: totals[t.ID],
+			MonthlyQuota: t.Overrides.Apply(tier.Limits).MonthlyQuota})
+	}
+	return s.render(c, status, "tenants", s.consoleView(c, "Tenants", "tenants", v))
+}
+
+func (s *Server) consoleCreateTenant(c *fiber.Ctx) error {
+	f, err := readForm(c, csrfField, "name", "tier")
+	if err != nil {
+		return err
+	}
+	t, err := s.store.CreateTenantWith(c.UserContext(), consoleActor, quota.Tenant{Name: strings.TrimSpace(f["name"]), Tier: f["tier"]})
+	if err != nil {
+		if quota.ErrorCode(err) != quota.CodeInvalid {
+			return err
+		}
+		errs := formErrors{}
+		errs.add(err)
+		return s.renderTenants(c, fiber.StatusBadRequest, f, errs)
+	}
+	return c.Redirect("/console/tenants/"+t.ID+"?ok=created", fiber.StatusSeeOther)
+}
+
+// consoleTenantView is a tenant's page: its usage as the tenant sees it,
+// its keys and grants, and the forms that change them.
+type consoleTenantView struct {
+	View     tenantView
+	Keys     []quota.APIKey
+	MoreKeys bool
+	Grants   []postgres.Grant
+	Tiers    []quota.Tier
+	Issued   *quota.IssuedKey // a key just issued, with the secret shown this once
+	Values   map[string]string
+	Errors   formErrors
+}
+
+func (s *Server) renderTenant(c *fiber.Ctx, status int, id string, extra consoleTenantView) error {
+	ctx := c.UserContext()
+	p, err := s.catalog.Principal(ctx, id)
+	if err != nil {
+		return err
+	}
+	tv, err := s.tenantViewOf(ctx, p)
+	if err != nil {
+		return err
+	}
+	keys, nextKeys, err := s.store.ListKeys(ctx, id, postgres.Page{Limit: 200})
+	if err != nil {
+		return err
+	}
+	grants, _, err := s.store.ListGrants(ctx, id, postgres.Page{Limit: 20})
+	if err != nil {
+		return err
+	}
+	tiers, err := s.catalog.Tiers(ctx)
+	if err != nil {
+		return err
+	}
+	v := extra
+	v.View, v.Keys, v.MoreKeys, v.Grants, v.Tiers = tv, keys, nextKeys != nil, grants, tiers
+	if v.Values == nil {
+		v.Values = map[string]string{}
+	}
+	if v.Errors == nil {
+		v.Errors = formErrors{}
+	}
+	pv := s.consoleView(c, p.Tenant.Name, "tenants", v)
+	if v.Issued != nil {
+		pv.Flash = ""
+	}
+	return s.render(c, status, "tenant", pv)
+}
+
+func (s *Server) consoleTenant(c *fiber.Ctx) error {
+	return s.renderTenant(c, fiber.StatusOK, c.Params("id"), consoleTenantView{})
+}
+
+// tenantFormError re-renders the tenant page with err beside its field, or
+// returns err when it is not a validation error.
+func (s *Server) tenantFormError(c *fiber.Ctx, id string, f map[string]string, err error) error {
+	if quota.ErrorCode(err) != quota.CodeInvalid {
+		return err
+	}
+	errs := formErrors{}
+	errs.add(err)
+	return s.renderTenant(c, fiber.StatusBadRequest, id, consoleTenantView{Values: f, Errors: errs})
+}
+
+// consoleIssueKey issues a key and shows its secret on the answer itself,
+// never in a URL or a later page.
+func (s *Server) consoleIssueKey(c *fiber.Ctx) error {
+	id := c.Params("id")
+	f, err := readForm(c, csrfField, "name")
+	if err != nil {
+		return err
+	}
+	k, err := s.store.IssueKey(c.UserContext(), consoleActor, id, strings.TrimSpace(f["name"]))
+	if err != nil {
+		return s.tenantFormError(c, id, f, err)
+	}
+	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix)
+	return s.renderTenant(c, fiber.StatusCreated, id, consoleTenantView{Issued: &k})
+}
+
+func (s *Server) consoleRevokeKey(c *fiber.Ctx) error {
+	if _, err := readForm(c, csrfField); err != nil {
+		return err
+	}
+	k, err := s.store.RevokeKey(c.UserContext(), consoleActor, c.Params("id"))
+	if err != nil {
+		return err
+	}
+	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix)
+	return c.Redirect("/console/tenants/"+k.TenantID+"?ok=revoked#keys", fiber.StatusSeeOther)
+}
+
+func (s *Server) consoleGrant(c *fiber.Ctx) error {
+	id := c.Params("id")
+	f, err := readForm(c, csrfField, "period", "units")
+	if err != nil {
+		return err
+	}
+	errs := formErrors{}
+	period := f["period"]
+	units := intField(errs, f, "units", false)
+	if len(errs) > 0 {
+		return s.renderTenant(c, fiber.StatusBadRequest, id, consoleTenantView{Values: f, Errors: errs})
+	}
+	if _, err := s.grant(c.UserContext(), consoleActor, id, grantCreate{Period: &period, Units: units}); err != nil {
+		return s.tenantFormError(c, id, f, err)
+	}
+	return c.Redirect("/console/tenants/"+url.PathEscape(id)+"?ok=granted#grants", fiber.StatusSeeOther)
+}
+
+// consoleUpdateTenant changes one field of a tenant (tier or status) as
+// PATCH /admin/v1/tenants/{id} does.
+func (s *Server) consoleUpdateTenant(c *fiber.Ctx, field string, change func(*quota.Tenant, string), ok func(quota.Tenant) string) error {
+	id := c.Params("id")
+	f, err := readForm(c, csrfField, field)
+	if err != nil {
+		return err
+	}
+	t, err := s.store.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
+		change(t, f[field])
+		return nil
+	})
+	if err != nil {
+		return s.tenantFormError(c, id, f, err)
+	}
+	s.invalidate(c.UserContext(), catalog.KindTenant, t.ID)
+	return c.Redirect("/console/tenants/"+t.ID+"?ok="+ok(t), fiber.StatusSeeOther)
+}
+
+func (s *Server) consoleSetTier(c *fiber.Ctx) error {
+	return s.consoleUpdateTenant(c, "tier", func(t *quota.Tenant, v string) { t.Tier = v },
+		func(quota.Tenant) string { return "tier" })
+}
+
+func (s *Server) consoleSetStatus(c *fiber.Ctx) error {
+	return s.consoleUpdateTenant(c, "status", func(t *quota.Tenant, v string) { t.Status = quota.TenantStatus(v) },
+		func(t quota.Tenant) string {
+			if t.Status == quota.StatusSuspended {
+				return "suspended"
+			}
+			return "resumed"
+		})
+}
+
+// ---- invoices and alerts
+
+type invoiceRow struct {
+	billing.Invoice
+	TenantName string
+}
+
+type invoicesView struct {
+	Period     string
+	Rows       []invoiceRow
+	Next       string // tenant id to continue after
+	Count      int64
+	TotalCents int64
+}
+
+// tenantNames maps tenant ids to names, for lists that show them.
+func (s *Server) tenantNames(c *fiber.Ctx, ids []string) (map[string]string, error) {
+	out := map[string]string{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	ts, err := s.store.TenantsByID(c.UserContext(), ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, t := range ts {
+		out[t.ID] = t.Name
+	}
+	return out, nil
+}
+
+// consolePeriod reads ?period=, by default the current month.
+func (s *Server) consolePeriod(c *fiber.Ctx) (string, error) {
+	raw := c.Query("period")
+	if raw == "" {
+		return quota.MonthStart(s.now()).Format("2006-01"), nil
+	}
+	_, err := parsePeriod(raw)
+	return raw, err
+}
+
+func (s *Server) consoleInvoices(c *fiber.Ctx) error {
+	raw, err := s.consolePeriod(c)
+	if err != nil {
+		return err
+	}
+	period, _ := parsePeriod(raw)
+	after := c.Query("after")
+	if after != "" && !validUUID(after) {
+		return quota.FieldError("after", "must be a tenant id")
+	}
+	invs, more, err := s.ledger.InvoicePage(c.UserContext(), period, after, 100)
+	if err != nil {
+		return err
+	}
+	count, total, err := s.ledger.InvoiceSummary(c.UserContext(), period)
+	if err != nil {
+		return err
+	}
+	ids := make([]string, len(invs))
+	for i, inv := range invs {
+		ids[i] = inv.TenantID
+	}
+	names, err := s.tenantNames(c, ids)
+	if err != nil {
+		return err
+	}
+	v := invoicesView{Period: raw, Count: count, TotalCents: total}
+	for _, inv := range invs {
+		v.Rows = append(v.Rows, invoiceRow{Invoice: inv, TenantName: names[inv.TenantID]})
+	}
+	if more {
+		v.Next = invs[len(invs)-1].TenantID
+	}
+	return s.render(c, fiber.StatusOK, "invoices", s.consoleView(c, "Invoices "+raw, "invoices", v))
+}
+
+// consoleInvoicesCSV downloads the month's invoices as the admin API's CSV.
+func (s *Server) consoleInvoicesCSV(c *fiber.Ctx) error {
+	raw, err := s.consolePeriod(c)
+	if err != nil {
+		return err
+	}
+	period, _ := parsePeriod(raw)
+	return s.invoicesCSV(c, raw, period)
+}
+
+type alertRow struct {
+	billing.Alert
+	TenantName string
+}
+
+type alertsView struct {
+	Status string
+	Rows   []alertRow
+	Next   string
+}
+
+func (s *Server) consoleAlerts(c *fiber.Ctx) error {
+	status := c.Query("status")
+	alerts, next, err := s.alerts.List(c.UserContext(), status, 50, c.Query("cursor"))
+	if err != nil {
+		return err
+	}
+	ids := make([]string, len(alerts))
+	for i, a := range alerts {
+		ids[i] = a.TenantID
+	}
+	names, err := s.tenantNames(c, ids)
+	if err != nil {
+		return err
+	}
+	v := alertsView{Status: status, Next: strOr(next)}
+	for _, a := range alerts {
+		v.Rows = append(v.Rows, alertRow{Alert: a, TenantName: names[a.TenantID]})
+	}
+	return s.render(c, fiber.StatusOK, "alerts", s.consoleView(c, "Alerts", "alerts", v))
+}

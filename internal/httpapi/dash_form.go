@@ -1,0 +1,101 @@
+package httpapi
+
+import (
+	"errors"
+	"math"
+	"strconv"
+	"strings"
+	"unicode/utf8"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// maxFormValue bounds one form field; the longest legitimate one is a URL.
+const maxFormValue = quota.MaxURLLength
+
+// readForm reads a urlencoded body as strictly as decodeJSON reads JSON:
+// only the named fields, each at most once, each valid UTF-8 without control
+// characters and at most maxFormValue bytes. Absent fields are absent from
+// the map. Every failure is a CodeInvalid error naming the field.
+func readForm(c *fiber.Ctx, fields ...string) (map[string]string, error) {
+	allowed := make(map[string]bool, len(fields))
+	for _, f := range fields {
+		allowed[f] = true
+	}
+	out := map[string]string{}
+	var bad error
+	c.Context().PostArgs().VisitAll(func(k, v []byte) {
+		if bad != nil {
+			return
+		}
+		name := string(k)
+		switch {
+		case !allowed[name]:
+			if !utf8.ValidString(name) || !printable(k) {
+				name = "form"
+			}
+			bad = quota.FieldError(name, "unknown field")
+		case len(v) > maxFormValue:
+			bad = quota.FieldError(name, "must be at most %d characters", maxFormValue)
+		case !printable(v):
+			bad = quota.FieldError(name, "must be valid UTF-8 without control characters")
+		default:
+			if _, dup := out[name]; dup {
+				bad = quota.FieldError(name, "given more than once")
+				return
+			}
+			out[name] = string(v)
+		}
+	})
+	return out, bad
+}
+
+// formErrors collects the field errors of one form submission, to show each
+// beside its field.
+type formErrors map[string]string
+
+func (e formErrors) add(err error) {
+	var field, msg string
+	var qe *quota.Error
+	if errors.As(err, &qe) && qe.Field != "" {
+		field, msg = qe.Field, qe.Message
+	} else {
+		field, msg = "form", quota.ErrorMessage(err)
+	}
+	if _, ok := e[field]; !ok {
+		e[field] = strings.ReplaceAll(msg, ", or null", ", or empty for unlimited")
+	}
+}
+
+// intField parses a whole number; "" is nil when nullable, else an error.
+func intField(errs formErrors, f map[string]string, name string, nullable bool) *int64 {
+	v := strings.TrimSpace(strings.ReplaceAll(f[name], ",", ""))
+	if v == "" {
+		if !nullable {
+			errs.add(quota.FieldError(name, "is required"))
+		}
+		return nil
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil {
+		errs.add(quota.FieldError(name, "must be a whole number"))
+		return nil
+	}
+	return &n
+}
+
+// rateField parses a number of units per second; "" is nil (unlimited).
+func rateField(errs formErrors, f map[string]string, name string) *float64 {
+	v := strings.TrimSpace(f[name])
+	if v == "" {
+		return nil
+	}
+	x, err := strconv.ParseFloat(v, 64)
+	if err != nil || math.IsNaN(x) || math.IsInf(x, 0) {
+		errs.add(quota.FieldError(name, "must be a number, such as 0.5 or 10"))
+		return nil
+	}
+	return &x
+}

@@ -1,0 +1,454 @@
+package httpapi
+
+// Sign-in sessions of the dashboard and the console.
+//
+// A tenant signs in with an API key, an admin with the admin token. The
+// browser gets only a random session id, in an HttpOnly, SameSite=Lax cookie
+// scoped to its area's path (Secure when the request came over HTTPS, as a
+// TLS-terminating proxy says with X-Forwarded-Proto); the key or token is
+// never stored in the browser. The session lives in Redis under the SHA-256
+// of the id, so a copy of Redis holds no usable cookie, for
+// TOLLGATE_SESSION_TTL from sign-in; signing out deletes it.
+//
+// A tenant session remembers its key by prefix, never the secret, and every
+// page checks that key as an API call would: revoking or expiring it ends the
+// session, suspending the tenant refuses its pages. An admin session
+// remembers a MAC of the admin token, so changing TOLLGATE_ADMIN_TOKEN ends
+// every admin session.
+//
+// CSRF: every state-changing form carries the session's random token
+// (synchronizer token), compared in constant time; the sign-in forms, which
+// have no session yet, carry a token that must equal a cookie set with the
+// form (double submit). Every POST must also come from this origin when the
+// browser says where it came from (Origin, Sec-Fetch-Site).
+
+import (
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// area is one signed-in part of the site.
+type area struct {
+	kind   string // "tenant" or "admin"
+	name   string // "dashboard" or "console", for templates
+	base   string // the path every page of the area is under
+	cookie string // the session cookie
+}
+
+var (
+	tenantArea = area{kind: "tenant", name: "dashboard", base: "/dashboard", cookie: "tg_dashboard"}
+	adminArea  = area{kind: "admin", name: "console", base: "/console", cookie: "tg_console"}
+)
+
+// loginCookie is the double-submit CSRF cookie of a sign-in form.
+const loginCookie = "tg_login"
+
+const (
+	localSession = "session"
+	csrfField    = "_csrf"
+)
+
+// session is what Redis keeps of a sign-in.
+type session struct {
+	Kind      string    `json:"kind"`
+	TenantID  string    `json:"tenant_id,omitempty"`
+	KeyPrefix string    `json:"key_prefix,omitempty"`
+	AdminMAC  string    `json:"admin_mac,omitempty"`
+	CSRF      string    `json:"csrf"`
+	CreatedAt time.Time `json:"created_at"`
+
+	id string // the cookie value; never stored
+}
+
+// randomToken returns 32 random bytes, base64url: 43 characters.
+func randomToken() (string, error) {
+	b := make([]byte, 32)
+	if _, err := rand.Read(b); err != nil {
+		return "", fmt.Errorf("httpapi: random token: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(b), nil
+}
+
+// validToken reports whether s looks like a randomToken, before it is used
+// as part of a Redis key or compared.
+func validToken(s string) bool {
+	if len(s) != 43 {
+		return false
+	}
+	_, err := base64.RawURLEncoding.DecodeString(s)
+	return err == nil
+}
+
+func (s *Server) sessionKey(id string) string {
+	sum := sha256.Sum256([]byte(id))
+	return s.opts.RedisPrefix + ":v1:session:" + hex.EncodeToString(sum[:])
+}
+
+// adminMAC binds an admin session to the admin token it was opened with.
+func adminMAC(token string) string {
+	m := hmac.New(sha256.New, []byte(token))
+	m.Write([]byte("tollgate console session"))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// startSession stores a new session and sets its cookie.
+func (s *Server) startSession(c *fiber.Ctx, a area, sess session) error {
+	id, err := randomToken()
+	if err != nil {
+		return err
+	}
+	if sess.CSRF, err = randomToken(); err != nil {
+		return err
+	}
+	sess.Kind, sess.CreatedAt = a.kind, s.now().UTC()
+	b, err := json.Marshal(sess)
+	if err != nil {
+		return fmt.Errorf("httpapi: session: %w", err)
+	}
+	if err := s.rdb.Set(c.UserContext(), s.sessionKey(id), b, s.opts.SessionTTL).Err(); err != nil {
+		return fmt.Errorf("httpapi: store session: %w", err)
+	}
+	s.setCookie(c, a.cookie, id, a.base, s.opts.SessionTTL)
+	return nil
+}
+
+func (s *Server) setCookie(c *fiber.Ctx, name, value, path string, ttl time.Duration) {
+	ck := &fiber.Cookie{Name: name, Value: value, Path: path, HTTPOnly: true,
+		SameSite: fiber.CookieSameSiteLaxMode, Secure: c.Protocol() == "https"}
+	if ttl > 0 {
+		ck.MaxAge = int(ttl / time.Second)
+	} else {
+		ck.MaxAge, ck.Expires = -1, time.Unix(0, 0)
+	}
+	c.Cookie(ck)
+}
+
+// loadSession returns the area's session of the request, if it has a live one.
+func (s *Server) loadSession(c *fiber.Ctx, a area) (session, bool, error) {
+	id := c.Cookies(a.cookie)
+	if !validToken(id) {
+		return session{}, false, nil
+	}
+	id = strings.Clone(id)
+	raw, err := s.rdb.Get(c.UserContext(), s.sessionKey(id)).Bytes()
+	if errors.Is(err, redis.Nil) {
+		return session{}, false, nil
+	}
+	if err != nil {
+		return session{}, false, fmt.Errorf("httpapi: load session: %w", err)
+	}
+	var sess session
+	if err := json.Unmarshal(raw, &sess); err != nil || sess.Kind != a.kind {
+		return session{}, false, nil
+	}
+	sess.id = id
+	return sess, true, nil
+}
+
+// endSession deletes the session and its cookie.
+func (s *Server) endSession(c *fiber.Ctx, a area, sess session) error {
+	s.setCookie(c, a.cookie, "", a.base, 0)
+	if sess.id == "" {
+		return nil
+	}
+	if err := s.rdb.Del(c.UserContext(), s.sessionKey(sess.id)).Err(); err != nil {
+		return fmt.Errorf("httpapi: end session: %w", err)
+	}
+	return nil
+}
+
+func sessionOf(c *fiber.Ctx) session {
+	sess, _ := c.Locals(localSession).(session)
+	return sess
+}
+
+// toLogin sends a request without a live session to the area's sign-in page,
+// which brings it back to the page it asked for (GET only) afterwards.
+func toLogin(c *fiber.Ctx, a area, reason string) error {
+	q := url.Values{}
+	if c.Method() == fiber.MethodGet && c.Path() != a.base+"/login" {
+		q.Set("next", strings.Clone(c.OriginalURL()))
+	}
+	if reason != "" {
+		q.Set("m", reason)
+	}
+	loc := a.base + "/login"
+	if len(q) > 0 {
+		loc += "?" + q.Encode()
+	}
+	return c.Redirect(loc, fiber.StatusSeeOther)
+}
+
+// safeNext returns next when it is a page of the area, else the area's home:
+// a sign-in never redirects elsewhere.
+func safeNext(a area, next string) string {
+	u, err := url.Parse(next)
+	if err != nil || next == "" || u.Scheme != "" || u.Host != "" || u.User != nil || strings.HasPrefix(next, "//") ||
+		strings.Contains(next, `\`) || !(u.Path == a.base || strings.HasPrefix(u.Path, a.base+"/")) ||
+		u.Path == a.base+"/login" {
+		return a.base
+	}
+	return next
+}
+
+// sameOrigin refuses a state-changing request that the browser says came
+// from another site. Browsers send Origin with every form POST; a request
+// without Origin (not a browser, or a very old one) is left to the token.
+func sameOrigin(c *fiber.Ctx) error {
+	if site := c.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
+		return quota.Errorf(quota.CodeForbidden, "cross-site form submission refused")
+	}
+	if o := c.Get(fiber.HeaderOrigin); o != "" {
+		u, err := url.Parse(o)
+		if err != nil || !strings.EqualFold(u.Host, c.Hostname()) {
+			return quota.Errorf(quota.CodeForbidden, "cross-origin form submission refused")
+		}
+	}
+	return nil
+}
+
+// checkCSRF compares the form's token with want in constant time.
+func checkCSRF(c *fiber.Ctx, want string) error {
+	if err := sameOrigin(c); err != nil {
+		return err
+	}
+	got := string(c.Context().PostArgs().Peek(csrfField))
+	if want == "" || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+		return quota.Errorf(quota.CodeForbidden, "the form has expired or did not come from this site; reload the page and try again")
+	}
+	return nil
+}
+
+// formPost refuses a POST whose body is not a urlencoded form, the only kind
+// the pages send.
+func formPost(c *fiber.Ctx) error {
+	ct := strings.ToLower(strings.TrimSpace(strings.Split(c.Get(fiber.HeaderContentType), ";")[0]))
+	if ct != fiber.MIMEApplicationForm {
+		return quota.Errorf(quota.CodeUnsupported, "the body must be a form (application/x-www-form-urlencoded)")
+	}
+	return nil
+}
+
+// tenantSession lets through requests of a signed-in tenant whose key is
+// still valid, with the principal in the locals; a POST must carry the
+// session's CSRF token.
+func (s *Server) tenantSession(c *fiber.Ctx) error {
+	sess, ok, err := s.loadSession(c, tenantArea)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return toLogin(c, tenantArea, "")
+	}
+	p, err := s.catalog.KeyPrincipal(c.UserContext(), sess.KeyPrefix)
+	switch quota.ErrorCode(err) {
+	case quota.CodeUnauthorized:
+		if err := s.endSession(c, tenantArea, sess); err != nil {
+			return err
+		}
+		return toLogin(c, tenantArea, "key")
+	case quota.CodeForbidden:
+		if err := s.endSession(c, tenantArea, sess); err != nil {
+			return err
+		}
+		return quota.Errorf(quota.CodeForbidden, "this account is suspended; contact support")
+	}
+	if err != nil {
+		return err
+	}
+	if p.Tenant.ID != sess.TenantID {
+		if err := s.endSession(c, tenantArea, sess); err != nil {
+			return err
+		}
+		return toLogin(c, tenantArea, "key")
+	}
+	if c.Method() == fiber.MethodPost {
+		if err := formPost(c); err != nil {
+			return err
+		}
+		if err := checkCSRF(c, sess.CSRF); err != nil {
+			return err
+		}
+	}
+	c.Locals(localSession, sess)
+	c.Locals(localPrincipal, p)
+	return c.Next()
+}
+
+// adminSession lets through requests of a signed-in admin whose session was
+// opened with the current admin token; a POST must carry the CSRF token.
+func (s *Server) adminSession(c *fiber.Ctx) error {
+	sess, ok, err := s.loadSession(c, adminArea)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return toLogin(c, adminArea, "")
+	}
+	if s.opts.AdminToken == "" || !hmac.Equal([]byte(sess.AdminMAC), []byte(adminMAC(s.opts.AdminToken))) {
+		if err := s.endSession(c, adminArea, sess); err != nil {
+			return err
+		}
+		return toLogin(c, adminArea, "token")
+	}
+	if c.Method() == fiber.MethodPost {
+		if err := formPost(c); err != nil {
+			return err
+		}
+		if err := checkCSRF(c, sess.CSRF); err != nil {
+			return err
+		}
+	}
+	c.Locals(localSession, sess)
+	return c.Next()
+}
+
+// loginView is the data of a sign-in page.
+type loginView struct {
+	Next    string
+	Message string // why the user is here (session ended), from an allow-list
+	Error   string // why the last attempt failed
+}
+
+var loginReasons = map[string]string{
+	"key":       "Your sign-in has ended: the API key was revoked or has expired.",
+	"token":     "Your sign-in has ended: the admin token has changed.",
+	"signedout": "You are signed out.",
+}
+
+// loginForm shows the area's sign-in form with a fresh double-submit token.
+func (s *Server) loginForm(c *fiber.Ctx, a area, status int, lv loginView) error {
+	tok, err := randomToken()
+	if err != nil {
+		return err
+	}
+	s.setCookie(c, loginCookie, tok, a.base+"/login", time.Hour)
+	title := "Sign in"
+	if a == adminArea {
+		title = "Admin sign-in"
+	}
+	return s.render(c, status, "login", view{Title: title, Area: a.name, CSRF: tok, Data: lv})
+}
+
+func (s *Server) showLogin(c *fiber.Ctx, a area) error {
+	if _, ok, err := s.loadSession(c, a); err != nil {
+		return err
+	} else if ok {
+		return c.Redirect(safeNext(a, c.Query("next")), fiber.StatusSeeOther)
+	}
+	return s.loginForm(c, a, fiber.StatusOK, loginView{Next: safeNext(a, c.Query("next")), Message: loginReasons[c.Query("m")]})
+}
+
+func (s *Server) dashLoginForm(c *fiber.Ctx) error    { return s.showLogin(c, tenantArea) }
+func (s *Server) consoleLoginForm(c *fiber.Ctx) error { return s.showLogin(c, adminArea) }
+
+// checkLogin checks a sign-in POST: its form, origin, double-submit token and
+// the address's failed attempts. It returns the form's fields.
+func (s *Server) checkLogin(c *fiber.Ctx, secretField string) (map[string]string, error) {
+	if err := formPost(c); err != nil {
+		return nil, err
+	}
+	if err := sameOrigin(c); err != nil {
+		return nil, err
+	}
+	if wait, blocked := s.authFail.blocked(c.IP()); blocked {
+		c.Set(fiber.HeaderRetryAfter, itoa(ceilSeconds(wait)))
+		return nil, &quota.Error{Code: quota.CodeTooMany, Message: "too many failed sign-ins from this address; try again in a minute"}
+	}
+	f, err := readForm(c, csrfField, secretField, "next")
+	if err != nil {
+		return nil, err
+	}
+	if err := checkLoginToken(c, f[csrfField]); err != nil {
+		return nil, err
+	}
+	return f, nil
+}
+
+func checkLoginToken(c *fiber.Ctx, got string) error {
+	want := c.Cookies(loginCookie)
+	if !validToken(want) || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+		return quota.Errorf(quota.CodeForbidden, "the sign-in form has expired; reload the page and try again")
+	}
+	return nil
+}
+
+// dashLogin exchanges an API key for a tenant session.
+func (s *Server) dashLogin(c *fiber.Ctx) error {
+	f, err := s.checkLogin(c, "api_key")
+	if err != nil {
+		return err
+	}
+	next := safeNext(tenantArea, f["next"])
+	p, err := s.catalog.Resolve(c.UserContext(), strings.TrimSpace(f["api_key"]))
+	switch quota.ErrorCode(err) {
+	case quota.CodeUnauthorized:
+		s.authFail.record(c.IP())
+		s.metrics.AuthFailures.Inc()
+		return s.loginForm(c, tenantArea, fiber.StatusUnauthorized, loginView{Next: next,
+			Error: "That API key is not valid: it is unknown, revoked or expired."})
+	case quota.CodeForbidden:
+		return s.loginForm(c, tenantArea, fiber.StatusForbidden, loginView{Next: next,
+			Error: "This account is suspended; contact support."})
+	}
+	if err != nil {
+		return err
+	}
+	if err := s.startSession(c, tenantArea, session{TenantID: p.Tenant.ID, KeyPrefix: p.KeyPrefix}); err != nil {
+		return err
+	}
+	s.setCookie(c, loginCookie, "", tenantArea.base+"/login", 0)
+	return c.Redirect(next, fiber.StatusSeeOther)
+}
+
+// consoleLogin exchanges the admin token for an admin session.
+func (s *Server) consoleLogin(c *fiber.Ctx) error {
+	f, err := s.checkLogin(c, "token")
+	if err != nil {
+		return err
+	}
+	next := safeNext(adminArea, f["next"])
+	tok := strings.TrimSpace(f["token"])
+	if s.opts.AdminToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.AdminToken)) != 1 {
+		s.authFail.record(c.IP())
+		s.metrics.AuthFailures.Inc()
+		msg := "That is not the admin token."
+		if s.opts.AdminToken == "" {
+			msg = "The console is disabled: the server has no TOLLGATE_ADMIN_TOKEN."
+		}
+		return s.loginForm(c, adminArea, fiber.StatusUnauthorized, loginView{Next: next, Error: msg})
+	}
+	if err := s.startSession(c, adminArea, session{AdminMAC: adminMAC(s.opts.AdminToken)}); err != nil {
+		return err
+	}
+	s.setCookie(c, loginCookie, "", adminArea.base+"/login", 0)
+	return c.Redirect(next, fiber.StatusSeeOther)
+}
+
+func (s *Server) logout(c *fiber.Ctx, a area) error {
+	if _, err := readForm(c, csrfField); err != nil {
+		return err
+	}
+	if err := s.endSession(c, a, sessionOf(c)); err != nil {
+		return err
+	}
+	return c.Redirect(a.base+"/login?m=signedout", fiber.StatusSeeOther)
+}
+
+func (s *Server) dashLogout(c *fiber.Ctx) error    { return s.logout(c, tenantArea) }
+func (s *Server) consoleLogout(c *fiber.Ctx) error { return s.logout(c, adminArea) }

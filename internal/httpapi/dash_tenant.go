@@ -1,0 +1,87 @@
+package httpapi
+
+import (
+	"context"
+	"html/template"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// tenantView is one tenant's usage as the dashboard and the console's tenant
+// page show it: the numbers of GET /v1/usage, arranged for a page.
+type tenantView struct {
+	Tenant    quota.Tenant
+	Tier      quota.Tier
+	Limits    quota.Limits // after overrides; the rates of the burst limits
+	Usage     UsageJSON
+	Burst     *LimitJSON // nil when the limit is off
+	Bucket    *LimitJSON
+	Daily     *LimitJSON
+	Monthly   *LimitJSON
+	Month     billing.Totals
+	MonthName string
+	Chart     template.HTML
+	Invoices  []billing.Invoice
+}
+
+func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantView, error) {
+	u, err := s.usageFor(ctx, p)
+	if err != nil {
+		return tenantView{}, err
+	}
+	invoices, err := s.ledger.TenantInvoices(ctx, p.Tenant.ID)
+	if err != nil {
+		return tenantView{}, err
+	}
+	month := u.monthStart
+	v := tenantView{Tenant: p.Tenant, Tier: p.Tier, Limits: p.Limits, Usage: u, Month: u.Month(),
+		MonthName: month.Format("January 2006"), Chart: dailyChart(month, u.Daily), Invoices: invoices}
+	for name, dst := range map[quota.LimitName]**LimitJSON{
+		quota.LimitBurst: &v.Burst, quota.LimitBucket: &v.Bucket, quota.LimitDaily: &v.Daily, quota.LimitMonthly: &v.Monthly,
+	} {
+		if l, ok := u.Limit(name); ok {
+			*dst = &l
+		}
+	}
+	return v, nil
+}
+
+// dashHome is the tenant's dashboard: tier, quotas, burst limits, the
+// month's chart, usage by meter, invoices and the upgrade hint.
+func (s *Server) dashHome(c *fiber.Ctx) error {
+	p := principalOf(c)
+	v, err := s.tenantViewOf(c.UserContext(), p)
+	if err != nil {
+		return err
+	}
+	return s.render(c, fiber.StatusOK, "dashboard", view{Title: "Usage", Area: tenantArea.name, Nav: "usage",
+		CSRF: sessionOf(c).CSRF, Who: p.Tenant.Name, Data: v})
+}
+
+// invoiceView is the data of an invoice page.
+type invoiceView struct {
+	Invoice billing.Invoice
+	Tenant  quota.Tenant
+}
+
+// dashInvoice shows one of the tenant's own invoices; another tenant's id
+// is not found, exactly like an id that does not exist.
+func (s *Server) dashInvoice(c *fiber.Ctx) error {
+	p := principalOf(c)
+	invoices, err := s.ledger.TenantInvoices(c.UserContext(), p.Tenant.ID)
+	if err != nil {
+		return err
+	}
+	id := c.Params("id")
+	for _, inv := range invoices {
+		if inv.ID == id {
+			return s.render(c, fiber.StatusOK, "invoice", view{Title: "Invoice " + inv.Period, Area: tenantArea.name,
+				Nav: "usage", CSRF: sessionOf(c).CSRF, Who: p.Tenant.Name, Data: invoiceView{Invoice: inv, Tenant: p.Tenant}})
+		}
+	}
+	return quota.Errorf(quota.CodeNotFound, "no such invoice")
+}
