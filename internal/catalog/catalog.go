@@ -177,6 +177,11 @@ func (c *Catalog) keyPrincipal(ctx context.Context, k quota.APIKey) (Principal, 
 // Principal returns the tenant with id, its tier, limits and upgrade hint
 // (without key fields), from the cache.
 func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, error) {
+	// The id may become a map key that outlives the request: never keep a
+	// string that may point into a reused request buffer (a Fiber route
+	// parameter). A corrupted key would keep a stale tenant past its
+	// invalidation.
+	tenantID = strings.Clone(tenantID)
 	t, err := c.tenant(ctx, tenantID)
 	if err != nil {
 		return Principal{}, err

@@ -4,10 +4,12 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
@@ -256,5 +258,36 @@ func TestKeyPrincipalFollowsTheKey(t *testing.T) {
 	}
 	if _, err := c.KeyPrincipal(ctx, other.Prefix); quota.ErrorCode(err) != quota.CodeUnauthorized {
 		t.Errorf("revoked key: %v, want CodeUnauthorized", err)
+	}
+}
+
+// TestPrincipalKeepsNoBorrowedID: a tenant id that points into a buffer the
+// caller reuses (a Fiber route parameter) must not become a cache key, or an
+// invalidation can miss the entry and a stale tenant comes back.
+func TestPrincipalKeepsNoBorrowedID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	store, nodes, _ := mustNodes(t, 1)
+	c := nodes[0]
+	tenant, _ := mustTenantKey(t, store, "free")
+	buf := []byte(tenant.ID)
+	borrowed := unsafe.String(&buf[0], len(buf))
+	if _, err := c.Principal(ctx, borrowed); err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, strings.Repeat("x", len(buf))) // the buffer serves another request
+	if _, err := store.UpdateTenant(ctx, "test", tenant.ID, func(t *quota.Tenant) error { t.Tier = "pro"; return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Invalidate(ctx, KindTenant, tenant.ID); err != nil {
+		t.Fatal(err)
+	}
+	copy(buf, tenant.ID) // and holds the same id again
+	p, err := c.Principal(ctx, tenant.ID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Tier.Slug != "pro" {
+		t.Errorf("after the tier change and its invalidation, tier %q, want pro", p.Tier.Slug)
 	}
 }

@@ -18,9 +18,9 @@ import (
 // no inline style).
 
 const (
-	chartW, chartH                         = 720, 280
+	chartW, chartH                         = 720, 294
 	chartLeft, chartRight                  = 64, 16
-	chartTop, chartBottom                  = 40, 48
+	chartTop, chartBottom                  = 54, 48
 	chartPlotW, chartPlotH                 = chartW - chartLeft - chartRight, chartH - chartTop - chartBottom
 	chartMarkerHalf, chartMarkerH, chartFS = 5, 8, 11
 )

@@ -61,6 +61,7 @@ var viewFuncs = template.FuncMap{
 	"rateOr":   formatRate,
 	"pct":      percent,
 	"sub":      func(a, b int64) int64 { return a - b },
+	"share":    func(n, pct int64) int64 { return n * pct / 100 },
 	"deref":    func(p *int64) int64 { return *p },
 	"isoTime":  func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"fieldErr": func(errs map[string]string, field string) string { return errs[field] },
