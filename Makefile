@@ -12,6 +12,8 @@ BENCHFLAGS ?=
 
 # `svc=$(…) && eval` rather than `eval "$(…)"`, which would ignore a failure.
 SERVICES = svc=$$(scripts/services.sh) && eval "$$svc"
+# The headless Chromium of the dashboard's browser tests (installed when missing).
+BROWSER = brw=$$(scripts/services.sh browser) && eval "$$brw"
 # $(call token,VAR,FILE): keep VAR from the environment, else read it from
 # .data/FILE, made once with 32 random hex characters.
 token = if [ -z "$${$(1):-}" ]; then \
@@ -33,9 +35,9 @@ run: build
 	trap 'kill $$worker 2>/dev/null || true; wait $$worker 2>/dev/null || true' EXIT; \
 	bin/api
 
-## test: go vet, then every test with -race against real Redis and Postgres
+## test: go vet, then every test with -race against real Redis, Postgres and a headless Chromium
 test:
-	@$(SERVICES) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
+	@$(SERVICES) && $(BROWSER) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
 
 ## bench: the Go benchmarks, then an api on loopback under load: req/s, p50/p99 of an unmetered and a metered route
 BENCH_ADDR ?= 127.0.0.1:18080

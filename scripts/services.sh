@@ -4,6 +4,10 @@
 #
 #   eval "$(scripts/services.sh)"   prints `export REDIS_URL='…'` and `export DATABASE_URL='…'`
 #   scripts/services.sh stop        stops only the servers this script started
+#   scripts/services.sh browser     prints `export TOLLGATE_CHROMIUM='…'`, the headless
+#                                   browser of the dashboard tests: TOLLGATE_CHROMIUM
+#                                   when set, else chromium (or Chrome) on PATH, else
+#                                   Debian's chromium package, installed with apt-get
 #
 # For each of the two, independently:
 #   1. REDIS_URL / DATABASE_URL set in the environment: used as is; nothing is
@@ -25,7 +29,7 @@ redis_dir=$data/redis
 redis_port=6379
 pg_port=5432
 pg_location=$data/postgres.location # our cluster's data dir, when not $data/postgres
-howto_tail="or set REDIS_URL and DATABASE_URL to servers you already have"
+howto_tail="or set REDIS_URL and DATABASE_URL to servers you already have (any Redis 6+ and PostgreSQL 13+ will do)"
 
 # Keep stdout (fd 3) for the export lines; everything else writes to stderr.
 # Daemons we start get `3>&- 9>&-`, or `$(scripts/services.sh)` would wait for
@@ -53,7 +57,7 @@ apt_updated=0
 # apt_install PACKAGE...: installs Debian packages, or exits saying what to install.
 apt_install() {
 	local howto="install $*: sudo apt-get install $*, $howto_tail"
-	have apt-get || die "no apt-get on this machine: $howto (any Redis 6+ and PostgreSQL 13+ will do)"
+	have apt-get || die "no apt-get on this machine: $howto"
 	can_root || die "not root and no password-less sudo to run apt-get: $howto"
 	log "installing $* with apt-get"
 	if [ "$apt_updated" = 0 ]; then
@@ -307,17 +311,48 @@ ensure_database() {
 		die "cannot create database tollgate on 127.0.0.1:$1"
 }
 
+# --- the dashboard tests' browser ---------------------------------------------------
+
+# find_browser: the path of a Chromium or Chrome on PATH, or fails.
+find_browser() {
+	local b
+	for b in chromium chromium-browser google-chrome google-chrome-stable; do
+		command -v "$b" && return
+	done
+	return 1
+}
+
+browser() {
+	local path
+	if [ -n "${TOLLGATE_CHROMIUM:-}" ]; then
+		path=$(command -v "$TOLLGATE_CHROMIUM") || die "TOLLGATE_CHROMIUM=$TOLLGATE_CHROMIUM is not an executable"
+	elif ! path=$(find_browser); then
+		howto_tail="or set TOLLGATE_CHROMIUM to a Chromium or Chrome you already have"
+		lock
+		path=$(find_browser) || {
+			apt_install chromium
+			path=$(find_browser) || die "chromium was installed but is not on PATH"
+		}
+	fi
+	log "browser: $path"
+	printf 'export TOLLGATE_CHROMIUM=%s\n' "$(shquote "$path")" >&3
+}
+
 # --- main ------------------------------------------------------------------------
 
 find_pgbin || true
 case "${1:-up}" in
 up) ;;
+browser)
+	browser
+	exit 0
+	;;
 stop)
 	stop_redis
 	stop_postgres
 	exit 0
 	;;
-*) die "usage: scripts/services.sh [up|stop]" ;;
+*) die "usage: scripts/services.sh [up|stop|browser]" ;;
 esac
 
 # Find what there is; say at once everything that is missing.

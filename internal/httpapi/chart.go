@@ -124,17 +124,17 @@ func dayLabel(d DayJSON) string {
 		d.Date, formatNum(d.Units), formatNum(d.Requests), formatNum(d.Rejected)))
 }
 
-// chartScale returns a round step (1, 2 or 5 × 10^k) and the axis top, a
-// multiple of it at or above peak, with at most five steps.
+// chartScale returns a round whole step (1, 2, 2.5 or 5 × 10^k) and the axis
+// top, a multiple of it at or above peak, with at most four steps.
 func chartScale(peak int64) (step, top int64) {
 	if peak <= 0 {
 		return 5, 20
 	}
 	raw := float64(peak) / 4
 	mag := math.Pow(10, math.Floor(math.Log10(raw)))
-	for _, m := range []float64{1, 2, 5, 10} {
-		if m*mag >= raw {
-			step = max(int64(m*mag), 1)
+	for _, m := range []float64{1, 2, 2.5, 5, 10} {
+		if v := m * mag; v >= raw && v == math.Trunc(v) {
+			step = max(int64(v), 1)
 			break
 		}
 	}

@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"path"
 	"strings"
 	"time"
 
@@ -199,8 +200,8 @@ func toLogin(c *fiber.Ctx, a area, reason string) error {
 func safeNext(a area, next string) string {
 	u, err := url.Parse(next)
 	if err != nil || next == "" || u.Scheme != "" || u.Host != "" || u.User != nil || strings.HasPrefix(next, "//") ||
-		strings.Contains(next, `\`) || !(u.Path == a.base || strings.HasPrefix(u.Path, a.base+"/")) ||
-		u.Path == a.base+"/login" {
+		strings.Contains(next, `\`) || path.Clean(u.Path) != u.Path || u.RawPath != "" ||
+		!(u.Path == a.base || strings.HasPrefix(u.Path, a.base+"/")) || u.Path == a.base+"/login" {
 		return a.base
 	}
 	return next
