@@ -560,3 +560,46 @@ func TestPagesHeadersAndAssets(t *testing.T) {
 }
 
 func postgresPage() postgres.Page { return postgres.Page{Limit: 50} }
+
+// TestPagesDuringARedisOutage: with Redis down the pages answer 503 pages
+// (an outage to wait out, not an internal error) and recover with it.
+func TestPagesDuringARedisOutage(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	proc := testenv.StartRedis(t)
+	s.redis = proc.URL
+	_, key := s.tenant("free")
+	base := s.start()
+	c := newWebClient(t, base)
+	c.mustSignIn("dashboard", key)
+	admin := newWebClient(t, base)
+	admin.mustSignIn("console", adminToken)
+
+	proc.Stop()
+	for _, tc := range []struct {
+		c    *webClient
+		path string
+	}{{c, "/dashboard"}, {admin, "/console/tenants"}} {
+		r := tc.c.get(tc.path)
+		if r.status != 503 || !isHTML(r) || !strings.Contains(string(r.body), "unavailable") {
+			t.Errorf("GET %s with Redis down: %d %s, want a 503 page", tc.path, r.status, r.header.Get("Content-Type"))
+		}
+	}
+	tok := newWebClient(t, base)
+	if r := tok.signIn("dashboard", key); r.status != 503 {
+		t.Errorf("sign-in with Redis down: %d, want 503", r.status)
+	}
+
+	proc.Start()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		r := newWebClient(t, base).signIn("dashboard", key)
+		if r.status == 303 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no recovery 10 s after Redis came back: sign-in %d", r.status)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}

@@ -72,6 +72,7 @@ Tollgate is ready on %[1]s
 Try:
   curl -i -H 'Authorization: Bearer %[3]s' %[1]s/api/demo/echo
   curl -s %[1]s/readyz
+  open %[1]s/dashboard (sign in with the API key) and %[1]s/console (the admin token)
 
 `, base, tenantID, key.Secret, admin)
 	return nil

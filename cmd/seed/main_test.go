@@ -26,8 +26,9 @@ func TestSeedCreatesDemoTenantAndPrintsAWorkingKey(t *testing.T) {
 		if m == nil {
 			t.Fatalf("output has no demo API key:\n%s", out.String())
 		}
-		if !strings.Contains(out.String(), "admin-token-0123456789") || !strings.Contains(out.String(), "curl") {
-			t.Fatalf("output lacks the admin token or a curl line:\n%s", out.String())
+		if !strings.Contains(out.String(), "admin-token-0123456789") || !strings.Contains(out.String(), "curl") ||
+			!strings.Contains(out.String(), "/dashboard") || !strings.Contains(out.String(), "/console") {
+			t.Fatalf("output lacks the admin token, a curl line or the dashboard's addresses:\n%s", out.String())
 		}
 		keys = append(keys, m[1])
 	}

@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"html/template"
 	"io/fs"
@@ -147,6 +148,22 @@ func pageHeaders(c *fiber.Ctx) {
 	c.Set(fiber.HeaderXContentTypeOptions, "nosniff")
 	c.Set(fiber.HeaderXFrameOptions, "DENY")
 	c.Set(fiber.HeaderReferrerPolicy, "same-origin")
+}
+
+// unavailable turns a failure of Redis or Postgres under a page into a 503
+// page: the page cannot be drawn or the sign-in kept until they answer
+// again, which is an outage to wait out, not a bug. The cause is logged here
+// (the error handler logs only internal errors); a quota.Error passes as is.
+func (s *Server) unavailable(err error) error {
+	if err == nil {
+		return nil
+	}
+	var qe *quota.Error
+	if errors.As(err, &qe) {
+		return err
+	}
+	s.log.Error("page unavailable: a dependency failed", "err", err)
+	return quota.Errorf(quota.CodeUnavailable, "this page is unavailable for a moment; try again shortly")
 }
 
 // errorPage renders a problem as an HTML page, for the page areas.

@@ -122,7 +122,7 @@ func (s *Server) startSession(c *fiber.Ctx, a area, sess session) error {
 		return fmt.Errorf("httpapi: session: %w", err)
 	}
 	if err := s.rdb.Set(c.UserContext(), s.sessionKey(id), b, s.opts.SessionTTL).Err(); err != nil {
-		return fmt.Errorf("httpapi: store session: %w", err)
+		return s.unavailable(fmt.Errorf("httpapi: store session: %w", err))
 	}
 	s.setCookie(c, a.cookie, id, a.base, s.opts.SessionTTL)
 	return nil
@@ -151,7 +151,7 @@ func (s *Server) loadSession(c *fiber.Ctx, a area) (session, bool, error) {
 		return session{}, false, nil
 	}
 	if err != nil {
-		return session{}, false, fmt.Errorf("httpapi: load session: %w", err)
+		return session{}, false, s.unavailable(fmt.Errorf("httpapi: load session: %w", err))
 	}
 	var sess session
 	if err := json.Unmarshal(raw, &sess); err != nil || sess.Kind != a.kind {
@@ -168,7 +168,7 @@ func (s *Server) endSession(c *fiber.Ctx, a area, sess session) error {
 		return nil
 	}
 	if err := s.rdb.Del(c.UserContext(), s.sessionKey(sess.id)).Err(); err != nil {
-		return fmt.Errorf("httpapi: end session: %w", err)
+		return s.unavailable(fmt.Errorf("httpapi: end session: %w", err))
 	}
 	return nil
 }
@@ -270,7 +270,7 @@ func (s *Server) tenantSession(c *fiber.Ctx) error {
 		return quota.Errorf(quota.CodeForbidden, "this account is suspended; contact support")
 	}
 	if err != nil {
-		return err
+		return s.unavailable(err)
 	}
 	if p.Tenant.ID != sess.TenantID {
 		if err := s.endSession(c, tenantArea, sess); err != nil {

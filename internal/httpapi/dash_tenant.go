@@ -31,11 +31,11 @@ type tenantView struct {
 func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantView, error) {
 	u, err := s.usageFor(ctx, p)
 	if err != nil {
-		return tenantView{}, err
+		return tenantView{}, s.unavailable(err)
 	}
 	invoices, err := s.ledger.TenantInvoices(ctx, p.Tenant.ID)
 	if err != nil {
-		return tenantView{}, err
+		return tenantView{}, s.unavailable(err)
 	}
 	month := u.monthStart
 	v := tenantView{Tenant: p.Tenant, Tier: p.Tier, Limits: p.Limits, Usage: u, Month: u.Month(),
