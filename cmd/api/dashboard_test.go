@@ -99,8 +99,8 @@ const readUsagePage = `(() => {
 	return {
 		tier: document.getElementById("tier-name").dataset.tier,
 		limits: {burst: lim("limit-burst"), bucket: lim("limit-bucket"), daily: lim("limit-daily"), monthly: lim("limit-monthly")},
-		daily: rows("#daily-table tbody tr[data-date]", "data-date"),
-		meters: rows("#meters-table tbody tr[data-meter]", "data-meter"),
+		daily: rows("#daily-table tbody tr[data-key]", "data-key"),
+		meters: rows("#meters-table tbody tr[data-key]", "data-key"),
 		bars: [...document.querySelectorAll("svg.chart rect.bar[data-date]")].map(b => ({key: b.dataset.date, units: b.dataset.units})),
 		marks: [...document.querySelectorAll("svg.chart .refusal")].map(g => ({key: g.dataset.date, rejected: txt(g, "text")})),
 		month: {units: txt(document, "#month-units"), requests: txt(document, "#month-requests"), rejected: txt(document, "#month-rejected")},

@@ -438,18 +438,27 @@ type invoicesView struct {
 	TotalCents int64
 }
 
-// tenantNames maps tenant ids to names, for lists that show them.
-func (s *Server) tenantNames(c *fiber.Ctx, ids []string) (map[string]string, error) {
-	out := map[string]string{}
-	if len(ids) == 0 {
+// tenantNames returns the name of each item's tenant, in the items' order,
+// for the lists that show them.
+func tenantNames[T any](s *Server, c *fiber.Ctx, items []T, tenantID func(T) string) ([]string, error) {
+	out := make([]string, len(items))
+	if len(items) == 0 {
 		return out, nil
+	}
+	ids := make([]string, len(items))
+	for i, it := range items {
+		ids[i] = tenantID(it)
 	}
 	ts, err := s.store.TenantsByID(c.UserContext(), ids)
 	if err != nil {
 		return nil, err
 	}
+	byID := make(map[string]string, len(ts))
 	for _, t := range ts {
-		out[t.ID] = t.Name
+		byID[t.ID] = t.Name
+	}
+	for i, id := range ids {
+		out[i] = byID[id]
 	}
 	return out, nil
 }
@@ -482,17 +491,13 @@ func (s *Server) consoleInvoices(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	ids := make([]string, len(invs))
-	for i, inv := range invs {
-		ids[i] = inv.TenantID
-	}
-	names, err := s.tenantNames(c, ids)
+	names, err := tenantNames(s, c, invs, func(inv billing.Invoice) string { return inv.TenantID })
 	if err != nil {
 		return err
 	}
 	v := invoicesView{Period: raw, Count: count, TotalCents: total}
-	for _, inv := range invs {
-		v.Rows = append(v.Rows, invoiceRow{Invoice: inv, TenantName: names[inv.TenantID]})
+	for i, inv := range invs {
+		v.Rows = append(v.Rows, invoiceRow{Invoice: inv, TenantName: names[i]})
 	}
 	if more {
 		v.Next = invs[len(invs)-1].TenantID
@@ -527,17 +532,13 @@ func (s *Server) consoleAlerts(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	ids := make([]string, len(alerts))
-	for i, a := range alerts {
-		ids[i] = a.TenantID
-	}
-	names, err := s.tenantNames(c, ids)
+	names, err := tenantNames(s, c, alerts, func(a billing.Alert) string { return a.TenantID })
 	if err != nil {
 		return err
 	}
 	v := alertsView{Status: status, Next: strOr(next)}
-	for _, a := range alerts {
-		v.Rows = append(v.Rows, alertRow{Alert: a, TenantName: names[a.TenantID]})
+	for i, a := range alerts {
+		v.Rows = append(v.Rows, alertRow{Alert: a, TenantName: names[i]})
 	}
 	return s.render(c, fiber.StatusOK, "alerts", s.consoleView(c, "Alerts", "alerts", v))
 }

@@ -257,27 +257,33 @@ func (s *Server) tenantSession(c *fiber.Ctx) error {
 		return toLogin(c, tenantArea, "")
 	}
 	p, err := s.catalog.KeyPrincipal(c.UserContext(), sess.KeyPrefix)
-	switch quota.ErrorCode(err) {
-	case quota.CodeUnauthorized:
-		if err := s.endSession(c, tenantArea, sess); err != nil {
-			return err
-		}
-		return toLogin(c, tenantArea, "key")
-	case quota.CodeForbidden:
+	switch code := quota.ErrorCode(err); {
+	case code == quota.CodeUnauthorized || err == nil && p.Tenant.ID != sess.TenantID:
+		return s.expire(c, tenantArea, sess, "key")
+	case code == quota.CodeForbidden:
 		if err := s.endSession(c, tenantArea, sess); err != nil {
 			return err
 		}
 		return quota.Errorf(quota.CodeForbidden, "this account is suspended; contact support")
-	}
-	if err != nil {
+	case err != nil:
 		return s.unavailable(err)
 	}
-	if p.Tenant.ID != sess.TenantID {
-		if err := s.endSession(c, tenantArea, sess); err != nil {
-			return err
-		}
-		return toLogin(c, tenantArea, "key")
+	c.Locals(localPrincipal, p)
+	return enter(c, sess)
+}
+
+// expire ends a session that no longer holds and sends to the sign-in page,
+// saying why.
+func (s *Server) expire(c *fiber.Ctx, a area, sess session, reason string) error {
+	if err := s.endSession(c, a, sess); err != nil {
+		return err
 	}
+	return toLogin(c, a, reason)
+}
+
+// enter lets through a request with a live session: a POST must be a form
+// carrying the session's CSRF token.
+func enter(c *fiber.Ctx, sess session) error {
 	if c.Method() == fiber.MethodPost {
 		if err := formPost(c); err != nil {
 			return err
@@ -287,7 +293,6 @@ func (s *Server) tenantSession(c *fiber.Ctx) error {
 		}
 	}
 	c.Locals(localSession, sess)
-	c.Locals(localPrincipal, p)
 	return c.Next()
 }
 
@@ -302,21 +307,9 @@ func (s *Server) adminSession(c *fiber.Ctx) error {
 		return toLogin(c, adminArea, "")
 	}
 	if s.opts.AdminToken == "" || !hmac.Equal([]byte(sess.AdminMAC), []byte(adminMAC(s.opts.AdminToken))) {
-		if err := s.endSession(c, adminArea, sess); err != nil {
-			return err
-		}
-		return toLogin(c, adminArea, "token")
+		return s.expire(c, adminArea, sess, "token")
 	}
-	if c.Method() == fiber.MethodPost {
-		if err := formPost(c); err != nil {
-			return err
-		}
-		if err := checkCSRF(c, sess.CSRF); err != nil {
-			return err
-		}
-	}
-	c.Locals(localSession, sess)
-	return c.Next()
+	return enter(c, sess)
 }
 
 // loginView is the data of a sign-in page.
@@ -410,10 +403,16 @@ func (s *Server) dashLogin(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if err := s.startSession(c, tenantArea, session{TenantID: p.Tenant.ID, KeyPrefix: p.KeyPrefix}); err != nil {
+	return s.signedIn(c, tenantArea, session{TenantID: p.Tenant.ID, KeyPrefix: p.KeyPrefix}, next)
+}
+
+// signedIn starts the session of a successful sign-in, drops the sign-in
+// form's cookie and goes on to next.
+func (s *Server) signedIn(c *fiber.Ctx, a area, sess session, next string) error {
+	if err := s.startSession(c, a, sess); err != nil {
 		return err
 	}
-	s.setCookie(c, loginCookie, "", tenantArea.base+"/login", 0)
+	s.setCookie(c, loginCookie, "", a.base+"/login", 0)
 	return c.Redirect(next, fiber.StatusSeeOther)
 }
 
@@ -434,11 +433,7 @@ func (s *Server) consoleLogin(c *fiber.Ctx) error {
 		}
 		return s.loginForm(c, adminArea, fiber.StatusUnauthorized, loginView{Next: next, Error: msg})
 	}
-	if err := s.startSession(c, adminArea, session{AdminMAC: adminMAC(s.opts.AdminToken)}); err != nil {
-		return err
-	}
-	s.setCookie(c, loginCookie, "", adminArea.base+"/login", 0)
-	return c.Redirect(next, fiber.StatusSeeOther)
+	return s.signedIn(c, adminArea, session{AdminMAC: adminMAC(s.opts.AdminToken)}, next)
 }
 
 func (s *Server) logout(c *fiber.Ctx, a area) error {

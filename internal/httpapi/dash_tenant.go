@@ -25,7 +25,22 @@ type tenantView struct {
 	Month     billing.Totals
 	MonthName string
 	Chart     template.HTML
+	Days      usageTable // this month's days
+	Meters    usageTable // this month's meters
 	Invoices  []billing.Invoice
+}
+
+// usageTable is one table of usage rows (days or meters) for the "usage"
+// partial: the table's id, the header of its first column and its rows.
+type usageTable struct {
+	ID, Key string
+	Rows    []usageRow
+}
+
+// usageRow is a day or a meter of a usageTable.
+type usageRow struct {
+	Key                       string
+	Units, Requests, Rejected int64
 }
 
 func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantView, error) {
@@ -39,7 +54,14 @@ func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantV
 	}
 	month := u.monthStart
 	v := tenantView{Tenant: p.Tenant, Tier: p.Tier, Limits: p.Limits, Usage: u, Month: u.Month(),
-		MonthName: month.Format("January 2006"), Chart: dailyChart(month, u.Daily), Invoices: invoices}
+		MonthName: month.Format("January 2006"), Chart: dailyChart(month, u.Daily), Invoices: invoices,
+		Days: usageTable{ID: "daily-table", Key: "Date"}, Meters: usageTable{ID: "meters-table", Key: "Meter"}}
+	for _, d := range u.Daily {
+		v.Days.Rows = append(v.Days.Rows, usageRow{d.Date, d.Units, d.Requests, d.Rejected})
+	}
+	for _, m := range u.Meters {
+		v.Meters.Rows = append(v.Meters.Rows, usageRow{m.Meter, m.Units, m.Requests, m.Rejected})
+	}
 	for name, dst := range map[quota.LimitName]**LimitJSON{
 		quota.LimitBurst: &v.Burst, quota.LimitBucket: &v.Bucket, quota.LimitDaily: &v.Daily, quota.LimitMonthly: &v.Monthly,
 	} {
