@@ -405,3 +405,43 @@ func TestBrowserTenantCannotOpenOtherTenantsOrAdminPages(t *testing.T) {
 	checkPage(t, b)
 	testenv.Screenshot(t, b, "")
 }
+
+// TestBrowserUnlimitedQuotasStillShowTheUsage: a plan without a daily quota
+// (the seeded Enterprise) shows today's and the month's units instead of a
+// meter, equal to the API's days; the top tier offers no upgrade.
+func TestBrowserUnlimitedQuotasStillShowTheUsage(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	_, key := s.tenant("enterprise")
+	base := s.start()
+	for range 3 {
+		mustStatus(t, do(t, "GET", base+"/api/demo/echo", key, ""), 200)
+	}
+	mustStatus(t, do(t, "POST", base+"/api/demo/report", key, ""), 201)
+	b := browser(t, desktopW, desktopH)
+	if st := signIn(t, b, base, "dashboard", key); st != 200 {
+		t.Fatalf("sign-in: %d", st)
+	}
+	want := getUsage(t, base, key)
+	compareUsage(t, evalJS[pageUsage](t, b, readUsagePage), want)
+	var today int64
+	for _, d := range want.Daily {
+		if d.Date == time.Now().UTC().Format(time.DateOnly) {
+			today = d.Units
+		}
+	}
+	if today != 13 {
+		t.Errorf("API: %d units today, want 13 (the test's premise)", today)
+	}
+	if got := text(t, b, "#limit-daily .used"); got != commas(today) {
+		t.Errorf("today's units on the page %q, want %s", got, commas(today))
+	}
+	if got := text(t, b, "#limit-daily"); !strings.Contains(got, "unlimited") {
+		t.Errorf("today's card %q does not say the quota is unlimited", got)
+	}
+	if got := text(t, b, "#upgrade"); got != "<none>" || want.Upgrade != nil {
+		t.Errorf("the top tier offers an upgrade: page %q, API %+v", got, want.Upgrade)
+	}
+	checkPage(t, b)
+	testenv.Screenshot(t, b, "")
+}

@@ -65,7 +65,9 @@ func (e formErrors) add(err error) {
 		field, msg = "form", quota.ErrorMessage(err)
 	}
 	if _, ok := e[field]; !ok {
-		e[field] = strings.ReplaceAll(msg, ", or null", ", or empty for unlimited")
+		// The domain speaks JSON, where unlimited is null; a form leaves it empty.
+		msg = strings.ReplaceAll(msg, ", or null", ", or empty for unlimited")
+		e[field] = strings.ReplaceAll(msg, "null", "empty")
 	}
 }
 

@@ -57,6 +57,17 @@ type UsageJSON struct {
 	Upgrade  *quota.Upgrade `json:"upgrade"`
 
 	monthStart time.Time // the month of Daily and Meters, by Redis time
+	today      string    // the date the limits were read on (Redis time)
+}
+
+// Today is today's row of Daily (zero when nothing was used today).
+func (u UsageJSON) Today() DayJSON {
+	for _, d := range u.Daily {
+		if d.Date == u.today {
+			return d
+		}
+	}
+	return DayJSON{Date: u.today}
 }
 
 // Month sums the daily rows: the month's usage so far.
@@ -133,6 +144,7 @@ func (s *Server) usageFor(ctx context.Context, p catalog.Principal) (UsageJSON, 
 		}
 	}
 	u := UsageJSON{TenantID: p.Tenant.ID, Tier: p.Tier.Slug, Limits: limitsJSON(d), Upgrade: p.Upgrade, monthStart: from,
+		today: d.Now.UTC().Format(time.DateOnly),
 		Daily: make([]DayJSON, 0, len(days)), Meters: make([]MeterJSON, 0, len(meters))}
 	for _, dj := range days {
 		u.Daily = append(u.Daily, *dj)
