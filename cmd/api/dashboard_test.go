@@ -406,13 +406,14 @@ func TestBrowserTenantCannotOpenOtherTenantsOrAdminPages(t *testing.T) {
 	testenv.Screenshot(t, b, "")
 }
 
-// TestBrowserUnlimitedQuotasStillShowTheUsage: a plan without a daily quota
-// (the seeded Enterprise) shows today's and the month's units instead of a
-// meter, equal to the API's days; the top tier offers no upgrade.
+// TestBrowserUnlimitedQuotasStillShowTheUsage: a plan without daily and
+// monthly quotas shows today's and the month's units instead of meters,
+// equal to the API's days; the top tier offers no upgrade.
 func TestBrowserUnlimitedQuotasStillShowTheUsage(t *testing.T) {
 	t.Parallel()
 	s := mustStack(t)
-	_, key := s.tenant("enterprise")
+	top := s.tier(1000, quota.Limits{BurstRate: quota.Ptr(1e-6), Burst: quota.Ptr(int64(100))}) // stable, as stableTier
+	_, key := s.tenant(top.Slug)
 	base := s.start()
 	for range 3 {
 		mustStatus(t, do(t, "GET", base+"/api/demo/echo", key, ""), 200)
@@ -438,6 +439,9 @@ func TestBrowserUnlimitedQuotasStillShowTheUsage(t *testing.T) {
 	}
 	if got := text(t, b, "#limit-daily"); !strings.Contains(got, "unlimited") {
 		t.Errorf("today's card %q does not say the quota is unlimited", got)
+	}
+	if got := text(t, b, "#limit-monthly .used"); got != commas(today) {
+		t.Errorf("the month's units on the page %q, want %s", got, commas(today))
 	}
 	if got := text(t, b, "#upgrade"); got != "<none>" || want.Upgrade != nil {
 		t.Errorf("the top tier offers an upgrade: page %q, API %+v", got, want.Upgrade)
