@@ -392,7 +392,7 @@ func TestBrowserPagesAtPhoneWidth(t *testing.T) {
 		{"tenant", "/console/tenants/" + tenant.ID},
 		{"tiers", "/console/tiers"},
 		{"tier", "/console/tiers/pro"},
-		{"new-tier", "/console/tiers/new"},
+		{"new-tier", "/console/new-tier"},
 		{"invoices", "/console/invoices"},
 		{"alerts", "/console/alerts"},
 	} {

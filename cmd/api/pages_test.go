@@ -378,6 +378,16 @@ func TestSignInForms(t *testing.T) {
 	_, key := s.tenant("free")
 	base := s.start()
 
+	// Sign-in forms open in two tabs both work.
+	tabs := newWebClient(t, base)
+	first := tabs.csrf("/dashboard/login")
+	if second := tabs.csrf("/dashboard/login"); second != first {
+		t.Errorf("a second sign-in page changed the form token")
+	}
+	if r := tabs.post("/dashboard/login", url.Values{"_csrf": {first}, "api_key": {key}}.Encode()); r.status != 303 {
+		t.Errorf("the first tab's sign-in after the second opened: %d, want 303", r.status)
+	}
+
 	c := newWebClient(t, base)
 	tok := c.csrf("/dashboard/login")
 	for _, tc := range []struct {
@@ -462,6 +472,7 @@ func TestPageFormsRefuseBadInput(t *testing.T) {
 		{"/console/tiers/" + tier.Slug, "name=T&rank=100&price_cents=0&overage=block&burst_rate=NaN&burst=5", 400},
 		{"/console/tiers/" + tier.Slug, "name=T&rank=100&price_cents=0&overage=block&burst_rate=1e400&burst=5", 400},
 		{"/console/tiers/" + tier.Slug, "name=T&rank=100&price_cents=0&overage=block&daily_quota=1.5", 400},
+		{"/console/tiers/" + tier.Slug, "name=T&rank=100&price_cents=0&overage=block&daily_quota=1,2", 400},
 		{"/console/tiers/" + tier.Slug, "name=T&rank=100&price_cents=0&overage=block&fail_open=maybe", 400},
 		{"/console/tiers/" + tier.Slug, "name=T&rank=100&price_cents=0&overage=block&upgrade_url=javascript:alert(1)", 400},
 		{"/console/tiers/no-such-tier", tierForm, 404},
@@ -498,6 +509,9 @@ func TestPageFormsRefuseBadInput(t *testing.T) {
 			t.Errorf("GET %s: %d, want a 4xx page", path, r.status)
 		}
 	}
+	if r := c.post("/console/tenants/"+tenant.ID+"/tier", "_csrf="+tok+"&tier=annulled"); !strings.Contains(string(r.body), `no tier &#34;annulled&#34;`) {
+		t.Errorf("the error does not name the tier as typed: %s", r.body)
+	}
 	tc := newWebClient(t, base)
 	tc.mustSignIn("dashboard", key)
 	for _, path := range []string{"/dashboard/invoices/not-a-uuid", "/dashboard/invoices/00000000-0000-0000-0000-000000000000", "/dashboard?x=%01"} {
@@ -510,6 +524,56 @@ func TestPageFormsRefuseBadInput(t *testing.T) {
 	}
 	if got := s.adminTier(tier.Slug); got.Name != tier.Name || *got.DailyQuota != 1000 {
 		t.Errorf("tier after bad input: %+v", got)
+	}
+	// Thousands separators are fine.
+	if r := c.post("/console/tenants/"+tenant.ID+"/grants", "_csrf="+tok+"&period=day&units=1,500"); r.status != 303 {
+		t.Errorf("a grant of 1,500 units: %d, want 303", r.status)
+	}
+	if got := do(t, "GET", base+"/admin/v1/tenants/"+tenant.ID+"/grants", adminToken, ""); !strings.Contains(string(got.body), `"units":1500`) {
+		t.Errorf("grants after 1,500: %s", got.body)
+	}
+}
+
+// TestConsoleTierNamedNew: any slug can be edited; the new-tier form lives
+// outside /console/tiers/.
+func TestConsoleTierNamedNew(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	if _, err := s.store.CreateTier(context.Background(), "test", quota.Tier{Slug: "new", Name: "Newish", Rank: 500, Overage: quota.OverageBlock}); err != nil {
+		t.Fatal(err)
+	}
+	base := s.start()
+	c := newWebClient(t, base)
+	c.mustSignIn("console", adminToken)
+	if r := c.get("/console/tiers/new"); r.status != 200 || !strings.Contains(string(r.body), `action="/console/tiers/new"`) {
+		t.Errorf("GET /console/tiers/new: %d, want the editor of the tier new", r.status)
+	}
+	if r := c.get("/console/new-tier"); r.status != 200 || !strings.Contains(string(r.body), `name="slug"`) {
+		t.Errorf("GET /console/new-tier: %d, want the creation form", r.status)
+	}
+}
+
+// TestDashboardSaysWhenOverageIsBilled: past the monthly quota of a tier that
+// bills overage, the quota's card says the units go on and are billed.
+func TestDashboardSaysWhenOverageIsBilled(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	tier := s.tier(100, quota.Limits{MonthlyQuota: quota.Ptr(int64(5))}, func(t *quota.Tier) {
+		t.Overage, t.OveragePriceCentsPer1K = quota.OverageBill, 100
+	})
+	_, key := s.tenant(tier.Slug)
+	base := s.start()
+	c := newWebClient(t, base)
+	c.mustSignIn("dashboard", key)
+	if r := c.get("/dashboard"); strings.Contains(string(r.body), "overage-notice") {
+		t.Error("the overage notice shows before the quota is reached")
+	}
+	for range 7 {
+		mustStatus(t, do(t, "GET", base+"/api/demo/echo", key, ""), 200)
+	}
+	r := c.get("/dashboard")
+	if !strings.Contains(string(r.body), `id="overage-notice"`) || !strings.Contains(string(r.body), `<strong id="month-units">7</strong>`) {
+		t.Errorf("past the quota: no overage notice or month total 7 in the page:\n%s", r.body)
 	}
 }
 

@@ -64,7 +64,8 @@ func dailyChart(month time.Time, days []DayJSON) template.HTML {
 	// Y axis: gridlines and labels at each step, and its title.
 	y := func(v int64) float64 { return chartTop + chartPlotH - float64(v)/float64(top)*chartPlotH }
 	b.WriteString(`<g class="axis y-axis">`)
-	for v := int64(0); v <= top; v += step {
+	for i := int64(0); i <= top/step; i++ {
+		v := i * step
 		fmt.Fprintf(&b, `<line class="grid" x1="%d" x2="%d" y1="%.1f" y2="%.1f"/>`, chartLeft, chartLeft+chartPlotW, y(v), y(v))
 		fmt.Fprintf(&b, `<text class="tick" x="%d" y="%.1f" text-anchor="end">%s</text>`, chartLeft-6, y(v)+4, formatCompact(v))
 	}
@@ -130,6 +131,7 @@ func chartScale(peak int64) (step, top int64) {
 	if peak <= 0 {
 		return 5, 20
 	}
+	peak = min(peak, 1<<60) // no day comes near; keeps top and the axis loop from overflowing
 	raw := float64(peak) / 4
 	mag := math.Pow(10, math.Floor(math.Log10(raw)))
 	for _, m := range []float64{1, 2, 2.5, 5, 10} {
@@ -138,7 +140,7 @@ func chartScale(peak int64) (step, top int64) {
 			break
 		}
 	}
-	top = (peak + step - 1) / step * step
+	top = ((peak-1)/step + 1) * step
 	return step, top
 }
 

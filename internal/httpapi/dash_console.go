@@ -291,37 +291,36 @@ type consoleTenantView struct {
 	Errors   formErrors
 }
 
-func (s *Server) renderTenant(c *fiber.Ctx, status int, id string, extra consoleTenantView) error {
+// tenantPage gathers a tenant's page: its usage, keys, grants and the tiers
+// to change to.
+func (s *Server) tenantPage(c *fiber.Ctx, id string) (consoleTenantView, error) {
 	ctx := c.UserContext()
 	p, err := s.catalog.Principal(ctx, id)
 	if err != nil {
-		return err
+		return consoleTenantView{}, err
 	}
 	tv, err := s.tenantViewOf(ctx, p)
 	if err != nil {
-		return err
+		return consoleTenantView{}, err
 	}
 	keys, nextKeys, err := s.store.ListKeys(ctx, id, postgres.Page{Limit: 200})
 	if err != nil {
-		return err
+		return consoleTenantView{}, err
 	}
 	grants, _, err := s.store.ListGrants(ctx, id, postgres.Page{Limit: 20})
 	if err != nil {
-		return err
+		return consoleTenantView{}, err
 	}
 	tiers, err := s.catalog.Tiers(ctx)
 	if err != nil {
-		return err
+		return consoleTenantView{}, err
 	}
-	v := extra
-	v.View, v.Keys, v.MoreKeys, v.Grants, v.Tiers = tv, keys, nextKeys != nil, grants, tiers
-	if v.Values == nil {
-		v.Values = map[string]string{}
-	}
-	if v.Errors == nil {
-		v.Errors = formErrors{}
-	}
-	pv := s.consoleView(c, p.Tenant.Name, "tenants", v)
+	return consoleTenantView{View: tv, Keys: keys, MoreKeys: nextKeys != nil, Grants: grants, Tiers: tiers,
+		Values: map[string]string{}, Errors: formErrors{}}, nil
+}
+
+func (s *Server) showTenant(c *fiber.Ctx, status int, v consoleTenantView) error {
+	pv := s.consoleView(c, v.View.Tenant.Name, "tenants", v)
 	if v.Issued != nil {
 		pv.Flash = ""
 	}
@@ -329,7 +328,11 @@ func (s *Server) renderTenant(c *fiber.Ctx, status int, id string, extra console
 }
 
 func (s *Server) consoleTenant(c *fiber.Ctx) error {
-	return s.renderTenant(c, fiber.StatusOK, c.Params("id"), consoleTenantView{})
+	v, err := s.tenantPage(c, c.Params("id"))
+	if err != nil {
+		return err
+	}
+	return s.showTenant(c, fiber.StatusOK, v)
 }
 
 // tenantFormError re-renders the tenant page with err beside its field, or
@@ -340,14 +343,28 @@ func (s *Server) tenantFormError(c *fiber.Ctx, id string, f map[string]string, e
 	}
 	errs := formErrors{}
 	errs.add(err)
-	return s.renderTenant(c, fiber.StatusBadRequest, id, consoleTenantView{Values: f, Errors: errs})
+	return s.tenantFormErrors(c, id, f, errs)
+}
+
+func (s *Server) tenantFormErrors(c *fiber.Ctx, id string, f map[string]string, errs formErrors) error {
+	v, err := s.tenantPage(c, id)
+	if err != nil {
+		return err
+	}
+	v.Values, v.Errors = f, errs
+	return s.showTenant(c, fiber.StatusBadRequest, v)
 }
 
 // consoleIssueKey issues a key and shows its secret on the answer itself,
-// never in a URL or a later page.
+// never in a URL or a later page. The page is gathered first, so that a key
+// is issued only when its secret can be shown.
 func (s *Server) consoleIssueKey(c *fiber.Ctx) error {
 	id := c.Params("id")
 	f, err := readForm(c, csrfField, "name")
+	if err != nil {
+		return err
+	}
+	v, err := s.tenantPage(c, id)
 	if err != nil {
 		return err
 	}
@@ -356,7 +373,11 @@ func (s *Server) consoleIssueKey(c *fiber.Ctx) error {
 		return s.tenantFormError(c, id, f, err)
 	}
 	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix)
-	return s.renderTenant(c, fiber.StatusCreated, id, consoleTenantView{Issued: &k})
+	v.Issued = &k
+	if !v.MoreKeys {
+		v.Keys = append(v.Keys, k.APIKey)
+	}
+	return s.showTenant(c, fiber.StatusCreated, v)
 }
 
 func (s *Server) consoleRevokeKey(c *fiber.Ctx) error {
@@ -381,7 +402,7 @@ func (s *Server) consoleGrant(c *fiber.Ctx) error {
 	period := f["period"]
 	units := intField(errs, f, "units", false)
 	if len(errs) > 0 {
-		return s.renderTenant(c, fiber.StatusBadRequest, id, consoleTenantView{Values: f, Errors: errs})
+		return s.tenantFormErrors(c, id, f, errs)
 	}
 	if _, err := s.grant(c.UserContext(), consoleActor, id, grantCreate{Period: &period, Units: units}); err != nil {
 		return s.tenantFormError(c, id, f, err)

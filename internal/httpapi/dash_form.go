@@ -3,6 +3,7 @@ package httpapi
 import (
 	"errors"
 	"math"
+	"regexp"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -65,15 +66,32 @@ func (e formErrors) add(err error) {
 		field, msg = "form", quota.ErrorMessage(err)
 	}
 	if _, ok := e[field]; !ok {
-		// The domain speaks JSON, where unlimited is null; a form leaves it empty.
-		msg = strings.ReplaceAll(msg, ", or null", ", or empty for unlimited")
-		e[field] = strings.ReplaceAll(msg, "null", "empty")
+		e[field] = formWords.Replace(msg)
 	}
 }
 
-// intField parses a whole number; "" is nil when nullable, else an error.
+// formWords rewrites the domain's messages, which speak JSON (where
+// unlimited is null), for a form (where it is an empty field).
+var formWords = strings.NewReplacer(
+	", or null", ", or empty for unlimited",
+	"are both set or both null", "are both set or both empty",
+	"must not be null", "must not be empty",
+)
+
+// thousands is a whole number written with thousands separators: 1,000,000.
+var thousands = regexp.MustCompile(`^-?\d{1,3}(,\d{3})+$`)
+
+// intField parses a whole number, optionally with thousands separators; ""
+// is nil when nullable, else an error.
 func intField(errs formErrors, f map[string]string, name string, nullable bool) *int64 {
-	v := strings.TrimSpace(strings.ReplaceAll(f[name], ",", ""))
+	v := strings.TrimSpace(f[name])
+	if strings.Contains(v, ",") {
+		if !thousands.MatchString(v) {
+			errs.add(quota.FieldError(name, "must be a whole number"))
+			return nil
+		}
+		v = strings.ReplaceAll(v, ",", "")
+	}
 	if v == "" {
 		if !nullable {
 			errs.add(quota.FieldError(name, "is required"))

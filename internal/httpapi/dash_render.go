@@ -63,7 +63,6 @@ var viewFuncs = template.FuncMap{
 	"pct":      percent,
 	"sub":      func(a, b int64) int64 { return a - b },
 	"share":    func(n, pct int64) int64 { return n * pct / 100 },
-	"deref":    func(p *int64) int64 { return *p },
 	"isoTime":  func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
 	"fieldErr": func(errs map[string]string, field string) string { return errs[field] },
 	"val":      func(vals map[string]string, field string) string { return vals[field] },

@@ -326,11 +326,17 @@ var loginReasons = map[string]string{
 }
 
 // loginForm shows the area's sign-in form with a fresh double-submit token.
+// The token is kept while its cookie lives, so that sign-in forms open in
+// several tabs all stay valid.
 func (s *Server) loginForm(c *fiber.Ctx, a area, status int, lv loginView) error {
-	tok, err := randomToken()
-	if err != nil {
-		return err
+	tok := c.Cookies(loginCookie)
+	if !validToken(tok) {
+		var err error
+		if tok, err = randomToken(); err != nil {
+			return err
+		}
 	}
+	tok = strings.Clone(tok)
 	s.setCookie(c, loginCookie, tok, a.base+"/login", time.Hour)
 	title := "Sign in"
 	if a == adminArea {
@@ -406,13 +412,12 @@ func (s *Server) dashLogin(c *fiber.Ctx) error {
 	return s.signedIn(c, tenantArea, session{TenantID: p.Tenant.ID, KeyPrefix: p.KeyPrefix}, next)
 }
 
-// signedIn starts the session of a successful sign-in, drops the sign-in
-// form's cookie and goes on to next.
+// signedIn starts the session of a successful sign-in and goes on to next.
+// The sign-in form's cookie stays: a form open in another tab still works.
 func (s *Server) signedIn(c *fiber.Ctx, a area, sess session, next string) error {
 	if err := s.startSession(c, a, sess); err != nil {
 		return err
 	}
-	s.setCookie(c, loginCookie, "", a.base+"/login", 0)
 	return c.Redirect(next, fiber.StatusSeeOther)
 }
 

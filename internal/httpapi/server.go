@@ -202,7 +202,7 @@ func (s *Server) routesSetup() {
 	con.Get("", s.adminSession, s.consoleHome)
 	con.Get("/tiers", s.adminSession, s.consoleTiers)
 	con.Post("/tiers", s.adminSession, s.consoleCreateTier)
-	con.Get("/tiers/new", s.adminSession, s.consoleNewTier)
+	con.Get("/new-tier", s.adminSession, s.consoleNewTier) // not under /tiers/: any name there may be a slug
 	con.Get("/tiers/:slug", s.adminSession, s.consoleTierForm)
 	con.Post("/tiers/:slug", s.adminSession, s.consoleSaveTier)
 	con.Get("/tenants", s.adminSession, s.consoleTenants)
