@@ -125,12 +125,13 @@ func (c *Catalog) Resolve(ctx context.Context, secret string) (Principal, error)
 	if e.missing || !apikey.Equal(e.rec.Hash, hash[:]) {
 		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "unknown API key")
 	}
-	p, err := c.keyPrincipal(ctx, e.rec.Key)
+	now := c.now()
+	p, err := c.keyPrincipal(ctx, e.rec.Key, now)
 	if err != nil {
 		return p, err
 	}
 	c.usedMu.Lock()
-	c.used[p.KeyPrefix] = c.now()
+	c.used[p.KeyPrefix] = now
 	c.usedMu.Unlock()
 	return p, nil
 }
@@ -149,11 +150,10 @@ func (c *Catalog) KeyPrincipal(ctx context.Context, prefix string) (Principal, e
 	if e.missing {
 		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "unknown API key")
 	}
-	return c.keyPrincipal(ctx, e.rec.Key)
+	return c.keyPrincipal(ctx, e.rec.Key, c.now())
 }
 
-func (c *Catalog) keyPrincipal(ctx context.Context, k quota.APIKey) (Principal, error) {
-	now := c.now()
+func (c *Catalog) keyPrincipal(ctx context.Context, k quota.APIKey, now time.Time) (Principal, error) {
 	if k.RevokedAt != nil && !k.RevokedAt.After(now) {
 		return Principal{}, quota.Errorf(quota.CodeUnauthorized, "API key revoked")
 	}
@@ -177,11 +177,6 @@ func (c *Catalog) keyPrincipal(ctx context.Context, k quota.APIKey) (Principal, 
 // Principal returns the tenant with id, its tier, limits and upgrade hint
 // (without key fields), from the cache.
 func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, error) {
-	// The id may become a map key that outlives the request: never keep a
-	// string that may point into a reused request buffer (a Fiber route
-	// parameter). A corrupted key would keep a stale tenant past its
-	// invalidation.
-	tenantID = strings.Clone(tenantID)
 	t, err := c.tenant(ctx, tenantID)
 	if err != nil {
 		return Principal{}, err
@@ -260,8 +255,11 @@ func (c *Catalog) tenant(ctx context.Context, id string) (quota.Tenant, error) {
 				}
 				return err
 			}
+			// The id may point into a reused request buffer (a Fiber
+			// route parameter): a map key made of it could change under
+			// the map, and an invalidation would then miss a stale entry.
 			c.mu.Lock()
-			c.tenants[id] = t
+			c.tenants[strings.Clone(id)] = t
 			c.mu.Unlock()
 			return nil
 		}); err != nil {

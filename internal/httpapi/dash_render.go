@@ -55,18 +55,16 @@ type views struct {
 }
 
 var viewFuncs = template.FuncMap{
-	"num":      formatNum,
-	"money":    formatMoney,
-	"when":     formatWhen,
-	"limitOr":  formatLimit,
-	"rateOr":   formatRate,
-	"pct":      percent,
-	"sub":      func(a, b int64) int64 { return a - b },
-	"share":    func(n, pct int64) int64 { return n * pct / 100 },
-	"isoTime":  func(t time.Time) string { return t.UTC().Format(time.RFC3339) },
-	"fieldErr": func(errs map[string]string, field string) string { return errs[field] },
-	"val":      func(vals map[string]string, field string) string { return vals[field] },
-	"field":    newFormField,
+	"num":     formatNum,
+	"money":   formatMoney,
+	"when":    formatWhen,
+	"limitOr": formatLimit,
+	"rateOr":  formatRate,
+	"pct":     percent,
+	"sub":     func(a, b int64) int64 { return a - b },
+	"share":   func(n, pct int64) int64 { return n * pct / 100 },
+	"val":     func(vals map[string]string, field string) string { return vals[field] },
+	"field":   newFormField,
 }
 
 // formField is one labelled input of a form, with its hint and its error.

@@ -22,7 +22,6 @@ type tenantView struct {
 	Bucket    *LimitJSON
 	Daily     *LimitJSON
 	Monthly   *LimitJSON
-	Month     billing.Totals
 	MonthName string
 	Chart     template.HTML
 	Days      usageTable // this month's days
@@ -53,7 +52,7 @@ func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantV
 		return tenantView{}, s.unavailable(err)
 	}
 	month := u.monthStart
-	v := tenantView{Tenant: p.Tenant, Tier: p.Tier, Limits: p.Limits, Usage: u, Month: u.Month(),
+	v := tenantView{Tenant: p.Tenant, Tier: p.Tier, Limits: p.Limits, Usage: u,
 		MonthName: month.Format("January 2006"), Chart: dailyChart(month, u.Daily), Invoices: invoices,
 		Days: usageTable{ID: "daily-table", Key: "Date"}, Meters: usageTable{ID: "meters-table", Key: "Meter"}}
 	for _, d := range u.Daily {
