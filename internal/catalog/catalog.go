@@ -7,6 +7,11 @@
 // the message arrives (well under a second). A periodic refresh re-reads every
 // cached entry in a few batch queries, covering messages lost while a node was
 // disconnected from Redis.
+//
+// Entries are versioned against invalidations: a load (a miss or a refresh)
+// that read Postgres before a change and finishes after the change's
+// invalidation drops its answer instead of caching it, so a revoked key or a
+// suspended tenant never outlives its invalidation.
 package catalog
 
 import (
@@ -77,6 +82,18 @@ type Catalog struct {
 	loads    sync.Map // prefix or "t:"+id -> *call, for shared misses
 	onTenant []func(tenantID string)
 
+	// Versions (under mu): every invalidation bumps gen; while loads are in
+	// flight, dropped remembers the gen at which each entry ("k:"+prefix,
+	// "t:"+id, "tiers") was last invalidated, droppedAll that of the last
+	// invalidation of everything. A load notes gen when it starts and
+	// stores only the entries not dropped since. Nothing is remembered
+	// while no load is in flight, so the map stays as small as the
+	// invalidations that overlap a load.
+	gen        uint64
+	loading    int
+	dropped    map[string]uint64
+	droppedAll uint64
+
 	// Hits and Misses count cache lookups (metrics).
 	Hits, Misses func()
 }
@@ -92,7 +109,7 @@ func New(src source, rdb redis.UniversalClient, prefix string, log *slog.Logger,
 	return &Catalog{
 		src: src, rdb: rdb, channel: prefix + ":v1:invalidate", log: log, now: now,
 		keys: map[string]keyEntry{}, tenants: map[string]quota.Tenant{}, tiers: map[string]quota.Tier{},
-		used: map[string]time.Time{},
+		used: map[string]time.Time{}, dropped: map[string]uint64{},
 		Hits: func() {}, Misses: func() {},
 	}
 }
@@ -181,13 +198,11 @@ func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, er
 	if err != nil {
 		return Principal{}, err
 	}
-	if err := c.ensureTiers(ctx); err != nil {
+	tiers, list, err := c.loadedTiers(ctx)
+	if err != nil {
 		return Principal{}, err
 	}
-	c.mu.RLock()
-	tier, ok := c.tiers[t.Tier]
-	list := c.tierList
-	c.mu.RUnlock()
+	tier, ok := tiers[t.Tier]
 	if !ok {
 		return Principal{}, fmt.Errorf("catalog: tenant %s is on unknown tier %q", t.ID, t.Tier)
 	}
@@ -196,12 +211,8 @@ func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, er
 
 // Tiers returns the cached tiers by rank.
 func (c *Catalog) Tiers(ctx context.Context) ([]quota.Tier, error) {
-	if err := c.ensureTiers(ctx); err != nil {
-		return nil, err
-	}
-	c.mu.RLock()
-	defer c.mu.RUnlock()
-	return c.tierList, nil
+	_, list, err := c.loadedTiers(ctx)
+	return list, err
 }
 
 func (c *Catalog) key(ctx context.Context, prefix string) (keyEntry, error) {
@@ -215,12 +226,17 @@ func (c *Catalog) key(ctx context.Context, prefix string) (keyEntry, error) {
 		}
 		c.Misses()
 		if err := c.shared(ctx, prefix, func(ctx context.Context) error {
+			since := c.beginLoad()
 			rec, err := c.src.KeyByPrefix(ctx, prefix)
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			defer c.endLoadLocked()
 			if err != nil && quota.ErrorCode(err) != quota.CodeNotFound {
 				return err
 			}
-			c.mu.Lock()
-			defer c.mu.Unlock()
+			if c.droppedLocked("k:"+prefix, since) {
+				return nil // read before a change: the loop reads again
+			}
 			if err != nil {
 				if c.negative >= maxNegative {
 					c.dropNegativeLocked()
@@ -247,7 +263,11 @@ func (c *Catalog) tenant(ctx context.Context, id string) (quota.Tenant, error) {
 		}
 		var missing error
 		if err := c.shared(ctx, "t:"+id, func(ctx context.Context) error {
+			since := c.beginLoad()
 			t, err := c.src.Tenant(ctx, id)
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			defer c.endLoadLocked()
 			if err != nil {
 				if quota.ErrorCode(err) == quota.CodeNotFound {
 					missing = err
@@ -255,12 +275,13 @@ func (c *Catalog) tenant(ctx context.Context, id string) (quota.Tenant, error) {
 				}
 				return err
 			}
+			if c.droppedLocked("t:"+id, since) {
+				return nil // read before a change: the loop reads again
+			}
 			// The id may point into a reused request buffer (a Fiber
 			// route parameter): a map key made of it could change under
 			// the map, and an invalidation would then miss a stale entry.
-			c.mu.Lock()
 			c.tenants[strings.Clone(id)] = t
-			c.mu.Unlock()
 			return nil
 		}); err != nil {
 			return quota.Tenant{}, err
@@ -301,20 +322,34 @@ func (c *Catalog) dropNegativeLocked() {
 	c.negative = 0
 }
 
-func (c *Catalog) ensureTiers(ctx context.Context) error {
-	c.mu.RLock()
-	loaded := c.tierList != nil
-	c.mu.RUnlock()
-	if loaded {
-		return nil
+// loadedTiers returns the cached tiers by slug and by rank, loading them
+// when they are not. Both are replaced whole, never changed in place, so the
+// caller may read them without the lock.
+func (c *Catalog) loadedTiers(ctx context.Context) (map[string]quota.Tier, []quota.Tier, error) {
+	for {
+		c.mu.RLock()
+		m, list := c.tiers, c.tierList
+		c.mu.RUnlock()
+		if list != nil {
+			return m, list, nil
+		}
+		if err := c.shared(ctx, "tiers", c.loadTiers); err != nil {
+			return nil, nil, err
+		}
 	}
-	return c.shared(ctx, "tiers", c.loadTiers)
 }
 
 func (c *Catalog) loadTiers(ctx context.Context) error {
+	since := c.beginLoad()
 	list, err := c.src.Tiers(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer c.endLoadLocked()
 	if err != nil {
 		return err
+	}
+	if c.droppedLocked("tiers", since) {
+		return nil // read before a change: the next lookup reads again
 	}
 	m := make(map[string]quota.Tier, len(list))
 	for _, t := range list {
@@ -323,10 +358,47 @@ func (c *Catalog) loadTiers(ctx context.Context) error {
 	if list == nil {
 		list = []quota.Tier{}
 	}
-	c.mu.Lock()
 	c.tiers, c.tierList = m, list
-	c.mu.Unlock()
 	return nil
+}
+
+// beginLoad notes that a load starts and returns the version it reads at.
+func (c *Catalog) beginLoad() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.beginLoadLocked()
+}
+
+func (c *Catalog) beginLoadLocked() uint64 {
+	c.loading++
+	return c.gen
+}
+
+// endLoadLocked notes that a load ended; with none left in flight the
+// remembered invalidations can no longer matter.
+func (c *Catalog) endLoadLocked() {
+	c.loading--
+	if c.loading == 0 {
+		clear(c.dropped)
+	}
+}
+
+// droppedLocked reports whether entry was invalidated after a load that
+// began at version since: what the load read may predate the change.
+func (c *Catalog) droppedLocked(entry string, since uint64) bool {
+	return c.droppedAll > since || c.dropped[entry] > since
+}
+
+// dropLocked records an invalidation of entry ("" for everything).
+func (c *Catalog) dropLocked(entry string) {
+	c.gen++
+	switch {
+	case c.loading == 0:
+	case entry == "":
+		c.droppedAll = c.gen
+	default:
+		c.dropped[entry] = c.gen
+	}
 }
 
 // Kinds of invalidation messages.
@@ -356,13 +428,17 @@ func (c *Catalog) apply(msg string) {
 			c.negative--
 		}
 		delete(c.keys, id)
+		c.dropLocked("k:" + id)
 	case KindTenant:
 		delete(c.tenants, id)
 		notify = c.onTenant
+		c.dropLocked("t:" + id)
 	case KindTier:
 		c.tierList, c.tiers = nil, map[string]quota.Tier{}
+		c.dropLocked("tiers")
 	default:
 		c.keys, c.tenants, c.tierList, c.negative = map[string]keyEntry{}, map[string]quota.Tenant{}, nil, 0
+		c.dropLocked("")
 	}
 	c.mu.Unlock()
 	for _, f := range notify {
@@ -458,9 +534,12 @@ func (c *Catalog) FlushUsed(ctx context.Context) error {
 	return nil
 }
 
-// Refresh re-reads every cached tier, tenant and key from the source.
+// Refresh re-reads every cached tier, tenant and key from the source. An
+// entry invalidated while it reads is left to the next lookup, which reads
+// it again.
 func (c *Catalog) Refresh(ctx context.Context) error {
-	c.mu.RLock()
+	c.mu.Lock()
+	since := c.beginLoadLocked()
 	prefixes := make([]string, 0, len(c.keys))
 	for p, e := range c.keys {
 		if !e.missing {
@@ -471,12 +550,15 @@ func (c *Catalog) Refresh(ctx context.Context) error {
 	for id := range c.tenants {
 		ids = append(ids, id)
 	}
-	c.mu.RUnlock()
+	c.mu.Unlock()
 
 	tiersErr := c.loadTiers(ctx)
 	keys, kerr := c.src.KeysByPrefix(ctx, prefixes)
 	tenants, terr := c.src.TenantsByID(ctx, ids)
 	if err := errors.Join(tiersErr, kerr, terr); err != nil {
+		c.mu.Lock()
+		c.endLoadLocked()
+		c.mu.Unlock()
 		return err
 	}
 	freshKeys := make(map[string]postgres.KeyRecord, len(keys))
@@ -493,6 +575,9 @@ func (c *Catalog) Refresh(ctx context.Context) error {
 	// missed its invalidation message becomes usable within one refresh.
 	c.dropNegativeLocked()
 	for _, p := range prefixes {
+		if c.droppedLocked("k:"+p, since) {
+			continue
+		}
 		if k, ok := freshKeys[p]; ok {
 			c.keys[p] = keyEntry{rec: k}
 		} else {
@@ -500,6 +585,9 @@ func (c *Catalog) Refresh(ctx context.Context) error {
 		}
 	}
 	for _, id := range ids {
+		if c.droppedLocked("t:"+id, since) {
+			continue
+		}
 		if t, ok := freshTenants[id]; ok {
 			if old, had := c.tenants[id]; had && !old.UpdatedAt.Equal(t.UpdatedAt) {
 				changed = append(changed, id)
@@ -510,6 +598,7 @@ func (c *Catalog) Refresh(ctx context.Context) error {
 			changed = append(changed, id)
 		}
 	}
+	c.endLoadLocked()
 	notify := c.onTenant
 	c.mu.Unlock()
 	for _, id := range changed {
