@@ -29,9 +29,16 @@ so one call touches one Redis Cluster slot, and the format version v1)
   KEYS[5] <prefix>:v1:{t:<id>}:pending hash: "<hour start, unix s>|<meter>|u"
                                        units, "|r" requests, "|x" refused
                                        requests, "|o" overage units
-  KEYS[6] <prefix>:v1:{t:<id>}:idem:<sha256 hex of meter|idempotency key>
-                                       string: the encoded first allowed
-                                       decision (optional key)
+  KEYS[6] <prefix>:v1:{t:<id>}:idem2:<sha256 hex of the idempotency key>
+                                       hash (optional key): fp (request
+                                       fingerprint), st ('run' while the first
+                                       request is in flight, 'done' once its
+                                       answer is stored), dec (the encoded
+                                       first decision), lease (us: a 'run'
+                                       record older than this is abandoned),
+                                       at (us: the first decision's time);
+                                       status/hdr/body are written by
+                                       idem.lua when the answer is stored
   A key of an unlimited limit is passed but never read or written.
 
 ARGV
@@ -48,6 +55,9 @@ ARGV
   [9]  bucket_C    token bucket capacity C, units
   [10] daily       daily quota, units (-1 = unlimited)
   [11] monthly     monthly quota, units (-1 = unlimited)
+  [12] fp          request fingerprint (with KEYS[6]): method, path, body
+  [13] lease_us    how long a first request may stay in flight, us; 0 =
+                   the record is 'done' at once (no answer to store)
 
 Return: a flat array of 22 integers
   [1] allowed (1/0)
@@ -56,14 +66,31 @@ Return: a flat array of 22 integers
       whole size)
   [4] overage units admitted past the monthly quota (bill)
   [5] now, us
-  [6] replayed (1 = the stored answer to an earlier idempotent request)
+  [6] idempotency: 0 = a first attempt (or no key), 1 = replayed (the
+      stored answer to an earlier request with the key), 2 = in flight (the
+      first request with the key has not answered yet), 3 = mismatch (the
+      key was used for a different request); 2 and 3 decide nothing and
+      report no limits (all zero)
   then for burst, bucket, daily, monthly (in this order) four integers:
       active (1/0), limit, remaining, reset (absolute us)
   After an admission, remaining and reset describe the state after it; after
   a refusal, in dry-run refusals and in peek, the state as it is.
 
+Limit changes: clamp
+  GCRA and the bucket keep their state as a time (TAT, FULL) that does not
+  know the limits it was written under. A tenant moved from a slow tier
+  (T = 1000 s) to a fast one would otherwise wait out the old debt. So the
+  stored time is clamped to the most indebted state the CURRENT limits allow:
+  TAT <= now + B*T and FULL <= now + C*U. Under unchanged limits the clamp
+  never bites (admissions keep both below it), so it changes nothing there;
+  after any change of limits the next request waits at most one new
+  interval (T, or cost*U): the new limits' own worst case. A clamped time is
+  written back in admit mode even when the request is refused: it consumes
+  nothing (it is the state the old one means under the new limits), and
+  without it every later request would be clamped, and refused, anew.
+
 GCRA (counts requests, 1 per request whatever the cost)
-  tat = max(TAT, now); new = tat + T; allowed iff new - now <= B*T.
+  tat = min(max(TAT, now), now + B*T); new = tat + T; allowed iff new - now <= B*T.
   remaining = floor((B*T - (new - now)) / T), reset = new (full again),
   refusal retry = new - B*T - now. Never more than B + t/T requests are
   admitted in any window of length t. T is 1e6/rate rounded to a whole us, so
@@ -73,7 +100,7 @@ Token bucket (counts cost units), in virtual-scheduling form
   State FULL = the time the bucket is full again; U = us per unit of refill;
   C = capacity. This is exactly a continuously refilled bucket with
   tokens(now) = C - max(0, FULL - now) / U.
-  f = max(FULL, now); new = f + cost*U; allowed iff new - now <= C*U
+  f = min(max(FULL, now), now + C*U); new = f + cost*U; allowed iff new - now <= C*U
   (i.e. tokens >= cost); remaining = floor((C*U - (new - now)) / U);
   retry = new - C*U - now; cost > C never passes (retry -1).
 
@@ -89,11 +116,16 @@ Quotas (count cost units per UTC calendar day / month)
   is a promise about the month's volume, not a licence to burst.
 
 Idempotency (KEYS[6] present, mode 'admit')
-  A stored decision younger than 24 h (by its own now, so that explicit test
-  times see the same window) is returned with replayed = 1 and nothing is
-  counted. Only allowed decisions are stored: a refusal consumed nothing, so
-  a retry with the same key is a new attempt. Dry runs and peeks ignore the
-  key.
+  A record younger than 24 h (by its own 'at', so that explicit test times
+  see the same window) decides first: another fingerprint is a mismatch (3);
+  a 'run' record whose lease has not passed is in flight (2); a 'done' record
+  is replayed (1): the replay still passes GCRA and the bucket (it is load),
+  which it consumes, but no quota and no pending usage; its answer is the
+  stored decision with the burst and bucket items of now. A refused replay
+  is an ordinary refusal. A 'run' record past its lease (its node died) is
+  a new attempt. Only allowed first attempts write a record: a refusal
+  consumed nothing, so a retry with the same key is a new attempt. Dry runs
+  and peeks ignore the key.
 
 Expiry (each key lives no longer than its state needs)
   gcra/bucket: PEXPIREAT TAT/FULL rounded up to the ms (then it is full, the
@@ -186,17 +218,29 @@ local gT, gB = tonumber(ARGV[6]), tonumber(ARGV[7])
 local bU, bC = tonumber(ARGV[8]), tonumber(ARGV[9])
 local dq, mq = tonumber(ARGV[10]), tonumber(ARGV[11])
 local idem = KEYS[6]
+local fp, lease = ARGV[12], tonumber(ARGV[13] or '0')
 
+-- replay holds the stored decision of a finished first request.
+local replay
 if mode == 'admit' and idem then
-  local s = redis.call('GET', idem)
-  if s then
-    local r = {}
-    for v in string.gmatch(s, '[^,]+') do
-      r[#r + 1] = tonumber(v)
+  local h = redis.call('HMGET', idem, 'fp', 'st', 'dec', 'lease', 'at')
+  if h[1] and tonumber(h[5]) + IDEM_US > now then
+    local code = 0
+    if h[1] ~= fp then
+      code = 3
+    elseif h[2] == 'run' and tonumber(h[4]) > now then
+      code = 2
     end
-    if r[5] + IDEM_US > now then
-      r[6] = 1
+    if code > 0 then
+      local r = {0, 0, 0, 0, now, code}
+      for i = 1, 16 do r[#r + 1] = 0 end
       return r
+    end
+    if h[2] == 'done' then
+      replay = {}
+      for v in string.gmatch(h[3], '[^,]+') do
+        replay[#replay + 1] = tonumber(v)
+      end
     end
   end
 end
@@ -211,19 +255,21 @@ local function refuse(bit, wait)
 end
 
 -- GCRA
-local gtat, gnew
+local gtat, gnew, gclamp
 if gT > 0 then
   gtat = tonumber(redis.call('GET', KEYS[1]) or '0')
   if gtat < now then gtat = now end
+  if gtat > now + gB * gT then gtat, gclamp = now + gB * gT, true end
   gnew = gtat + gT
   if gnew - now > gB * gT then refuse(1, gnew - gB * gT - now) end
 end
 
 -- token bucket
-local bf, bnew
+local bf, bnew, bclamp
 if bU > 0 then
   bf = tonumber(redis.call('GET', KEYS[2]) or '0')
   if bf < now then bf = now end
+  if bf > now + bC * bU then bf, bclamp = now + bC * bU, true end
   if cost > bC then
     refuse(2, -1)
   else
@@ -243,7 +289,7 @@ end
 local dused, dgrant, dover
 if dq >= 0 then
   dused, dgrant, dover = load(KEYS[3], day)
-  if dused + cost > dq + dgrant then
+  if not replay and dused + cost > dq + dgrant then
     if cost > dq then refuse(4, -1) else refuse(4, dnext - now) end
   end
 end
@@ -253,7 +299,7 @@ local overage = 0
 if mq >= 0 then
   mused, mgrant, mover = load(KEYS[4], month)
   local limit = mq + mgrant
-  if mused + cost > limit then
+  if not replay and mused + cost > limit then
     if bill then
       overage = math.min(cost, mused + cost - limit)
     elseif cost > mq then
@@ -269,18 +315,23 @@ if not ok or mode == 'peek' then overage = 0 end
 if ok and mode == 'admit' then
   if gT > 0 then redis.call('SET', KEYS[1], fmt(gnew), 'PXAT', pxat(gnew)) end
   if bU > 0 then redis.call('SET', KEYS[2], fmt(bnew), 'PXAT', pxat(bnew)) end
-  if dq >= 0 then
+  if dq >= 0 and not replay then
     redis.call('HSET', KEYS[3], 'period', fmt(day), 'used', fmt(dused + cost),
       'grant', fmt(dgrant), 'overage', fmt(dover))
     redis.call('PEXPIREAT', KEYS[3], pxat(dnext + HOUR_US))
   end
-  if mq >= 0 then
+  if mq >= 0 and not replay then
     redis.call('HSET', KEYS[4], 'period', fmt(month), 'used', fmt(mused + cost),
       'grant', fmt(mgrant), 'overage', fmt(mover + overage))
     redis.call('PEXPIREAT', KEYS[4], pxat(mnext + HOUR_US))
   end
 end
-if mode == 'admit' then
+if not ok and mode == 'admit' then
+  -- keep a clamp (see "Limit changes"): it consumes nothing
+  if gclamp then redis.call('SET', KEYS[1], fmt(gtat), 'PXAT', pxat(gtat)) end
+  if bclamp then redis.call('SET', KEYS[2], fmt(bf), 'PXAT', pxat(bf)) end
+end
+if mode == 'admit' and not (ok and replay) then
   local f = fmt(idiv(now, HOUR_US) * 3600) .. '|' .. meter .. '|'
   if ok then
     redis.call('HINCRBY', KEYS[5], f .. 'u', fmt(cost))
@@ -332,11 +383,22 @@ else
   add(1, mq + mgrant, mq + mgrant - mused - spent, mnext)
 end
 
+if ok and replay then
+  -- the stored decision, with the burst and bucket items of now
+  for i = 1, 8 do replay[6 + i] = res[6 + i] end
+  replay[5], replay[6] = now, 1
+  return replay
+end
 if ok and mode == 'admit' and idem then
   local enc = {}
   for i = 1, #res do
     enc[i] = fmt(res[i])
   end
-  redis.call('SET', idem, table.concat(enc, ','), 'PXAT', pxat(now + IDEM_US))
+  local st = 'done'
+  if lease > 0 then st = 'run' end
+  redis.call('DEL', idem)
+  redis.call('HSET', idem, 'fp', fp, 'st', st, 'dec', table.concat(enc, ','),
+    'lease', fmt(now + lease), 'at', fmt(now))
+  redis.call('PEXPIREAT', idem, pxat(now + IDEM_US))
 end
 return res

@@ -32,8 +32,17 @@ type Request struct {
 	FailOpen bool
 	DryRun   bool // decide without consuming or counting anything
 	// IdempotencyKey, when set, makes a repeat within 24 hours return the first
-	// decision without being counted again.
+	// decision without being counted again (see Idem).
 	IdempotencyKey string
+	// IdempotencyFingerprint identifies the request the key was first used
+	// for (method, path, body digest): the same key with another fingerprint
+	// is IdemMismatch.
+	IdempotencyFingerprint string
+	// IdempotencyLease is how long the first request with the key may stay
+	// in flight (IdemInFlight for repeats meanwhile) before its answer is
+	// stored with StoreAnswer; zero stores the decision as the answer at once
+	// (POST /v1/check has no other answer).
+	IdempotencyLease time.Duration
 	// Now, when non-zero, replaces Redis server time. Tests only.
 	Now time.Time
 }
@@ -62,14 +71,28 @@ type Decision struct {
 	// OverageUnits are the admitted units past the monthly quota (bill tiers).
 	OverageUnits int64
 	// Replayed is true when the decision is the stored answer to an earlier
-	// request with the same idempotency key.
+	// request with the same idempotency key (Idem == IdemReplayed).
 	Replayed bool
+	// Idem is what the idempotency key made of the request.
+	Idem IdemOutcome
 	// Degraded is true when Redis was unreachable and an in-process limiter
 	// of this API node decided (fail-open tiers).
 	Degraded bool
 	// Now is the time the decision was taken at (Redis server time).
 	Now time.Time
 }
+
+// IdemOutcome is what an Idempotency-Key made of a request. IdemInFlight and
+// IdemMismatch decide nothing: the request was neither admitted nor refused
+// by a limit, and the Decision carries no limits.
+type IdemOutcome int8
+
+const (
+	IdemNone     IdemOutcome = iota // no key, or the first request with it
+	IdemReplayed                    // answered from the first request's stored answer
+	IdemInFlight                    // the first request with the key is still running
+	IdemMismatch                    // the key was first used for another request
+)
 
 // Limit returns the state of the named limit and whether it is active.
 func (d Decision) Limit(name LimitName) (LimitState, bool) {
@@ -118,4 +141,13 @@ func UpgradeFor(current Tier, tiers []Tier) *Upgrade {
 		MonthlyQuota: next.MonthlyQuota,
 		URL:          next.UpgradeURL,
 	}
+}
+
+// StoredAnswer is the answer kept for an idempotency key, replayed to
+// repeats of the request: its status, the headers worth repeating as
+// "Name: value" lines, and its body.
+type StoredAnswer struct {
+	Status int
+	Header string
+	Body   []byte
 }

@@ -56,7 +56,7 @@ func TestClusterTenantKeysShareOneSlot(t *testing.T) {
 		if _, err := r.Peek(ctx, tenant, allLimits(), d.Now); err != nil {
 			t.Fatalf("tenant %s: Peek: %v", tenant, err)
 		}
-		keys := r.keys(tenant, idemHash("demo", "k"))
+		keys := r.keys(tenant, idemHash("k"))
 		want := c.ClusterKeySlot(ctx, keys[0]).Val()
 		for _, k := range keys[1:] {
 			if got := c.ClusterKeySlot(ctx, k).Val(); got != want {

@@ -17,7 +17,7 @@
 //	<prefix>:v1:{t:<id>}:day          hash period, used, grant, overage; expires 1 h after the UTC day
 //	<prefix>:v1:{t:<id>}:month        the same for the UTC month
 //	<prefix>:v1:{t:<id>}:pending      usage not yet flushed to Postgres; 14 days after its last write
-//	<prefix>:v1:{t:<id>}:idem:<hex>   first allowed decision for an idempotency key; 24 h
+//	<prefix>:v1:{t:<id>}:idem2:<hex>  idempotency record: fingerprint, state, first decision, stored answer; 24 h
 //
 // Pending usage fields are "<hour start, unix s>|<meter>|u" (units), "|r"
 // (admitted requests), "|x" (refused requests) and "|o" (overage units),
@@ -38,11 +38,16 @@
 //     refusal only adds 1 to the pending "x" counter.
 //   - A nil limit is skipped entirely: its key is neither read nor written
 //     and it is absent from Decision.Limits.
-//   - Idempotency keeps only allowed decisions (24 h, per tenant, meter and
-//     key): a refusal consumed nothing, so retrying it with the same key is a
-//     new attempt, which is what a client retrying after Retry-After wants.
-//     A repeat returns the first decision whatever its cost. Dry runs and
-//     Peek ignore idempotency keys.
+//   - Idempotency keeps only allowed decisions (24 h, per tenant and key):
+//     a refusal consumed nothing, so retrying it with the same key is a new
+//     attempt, which is what a client retrying after Retry-After wants. A
+//     repeat of the same request (fingerprint) replays the first decision
+//     and, once stored, its answer, counting no quota but passing the burst
+//     limits; a repeat while the first is in flight, or another request
+//     under the key, decides nothing (IdemInFlight, IdemMismatch). Dry runs
+//     and Peek ignore idempotency keys.
+//   - A change of limits clamps GCRA and bucket state to the worst the new
+//     limits allow, so an upgrade never leaves an old tier's debt behind.
 //   - A Redis failure is an error, never a refusal: the tier's fail-open or
 //     fail-closed policy belongs to the caller.
 //

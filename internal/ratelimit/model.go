@@ -31,7 +31,15 @@ type Model struct {
 	// Pending mirrors the pending usage hash: "<hour unix s>|<meter>|u", "|r",
 	// "|x", "|o" to counts.
 	Pending map[string]int64
-	idem    map[string][]int64 // idemHash -> stored answer
+	idem    map[string]*idemRecord // idemHash -> record
+}
+
+// idemRecord mirrors admit.lua's idempotency hash.
+type idemRecord struct {
+	fp        string
+	done      bool
+	dec       []int64
+	lease, at int64 // us
 }
 
 // Period is the state of a daily or monthly quota hash. ID is the day since
@@ -86,9 +94,10 @@ func (m *Model) Admit(req quota.Request, now time.Time) quota.Decision {
 	case req.DryRun:
 		mode = "dry"
 	case req.IdempotencyKey != "":
-		idem = idemHash(req.Meter, req.IdempotencyKey)
+		idem = idemHash(req.IdempotencyKey)
 	}
-	return decode(m.run(now.UnixMicro(), mode, req.Cost, req.Meter, req.Overage == quota.OverageBill, idem, p), p)
+	return decode(m.run(now.UnixMicro(), mode, req.Cost, req.Meter, req.Overage == quota.OverageBill,
+		idemArgs{idem, req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds()}, p), p)
 }
 
 // Peek reports the limits as they stand, as Runner.Peek does.
@@ -97,7 +106,7 @@ func (m *Model) Peek(limits quota.Limits, now time.Time) quota.Decision {
 	if err != nil {
 		panic("ratelimit: model: " + err.Error())
 	}
-	return decode(m.run(now.UnixMicro(), "peek", 1, "-", false, "", p), p)
+	return decode(m.run(now.UnixMicro(), "peek", 1, "-", false, idemArgs{}, p), p)
 }
 
 // Grant adds units to the current "day" or "month", as lua/grant.lua does.
@@ -112,13 +121,51 @@ func (m *Model) Grant(period string, units int64, now time.Time) {
 	}
 }
 
+// StoreAnswer marks the record of key answered, as lua/idem.lua 'store'
+// does (the model keeps no answer itself).
+func (m *Model) StoreAnswer(key, fp string) bool {
+	r, ok := m.idem[idemHash(key)]
+	if !ok || r.fp != fp || r.done {
+		return false
+	}
+	r.done = true
+	return true
+}
+
+// ReleaseKey forgets the record of key, as lua/idem.lua 'release' does.
+func (m *Model) ReleaseKey(key, fp string) {
+	if r, ok := m.idem[idemHash(key)]; ok && r.fp == fp && !r.done {
+		delete(m.idem, idemHash(key))
+	}
+}
+
+// idemArgs are a request's idempotency inputs: the hashed key ("" = none),
+// the fingerprint and the in-flight lease in us.
+type idemArgs struct {
+	key, fp string
+	lease   int64
+}
+
 // run is admit.lua in Go; it returns the script's flat answer.
-func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool, idem string, p params) []int64 {
-	if mode == "admit" && idem != "" {
-		if r, ok := m.idem[idem]; ok && r[4]+int64(idemWindow/time.Microsecond) > now {
-			out := append([]int64(nil), r...)
-			out[5] = 1
-			return out
+func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool, ia idemArgs, p params) []int64 {
+	var replay []int64
+	if mode == "admit" && ia.key != "" {
+		if r, ok := m.idem[ia.key]; ok && r.at+int64(idemWindow/time.Microsecond) > now {
+			code := int64(0)
+			switch {
+			case r.fp != ia.fp:
+				code = 3
+			case !r.done && r.lease > now:
+				code = 2
+			}
+			if code > 0 {
+				out := make([]int64, resultLen)
+				out[4], out[5] = now, code
+				return out
+			}
+			if r.done {
+				replay = r.dec
+			}
 		}
 	}
 
@@ -134,7 +181,9 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 	// GCRA: one emission interval T per request, burst B.
 	var gtat, gnew int64
 	if p.gcraT > 0 {
-		gtat = max(m.TAT, now)
+		// Clamped to the most indebted state the current limits allow
+		// (see "Limit changes" in lua/admit.lua).
+		gtat = min(max(m.TAT, now), now+p.burst*p.gcraT)
 		gnew = gtat + p.gcraT
 		if gnew-now > p.burst*p.gcraT {
 			refuse(bitBurst, gnew-p.burst*p.gcraT-now)
@@ -144,7 +193,7 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 	// Token bucket: U per unit, capacity C, state = time full again.
 	var bf, bnew int64
 	if p.bucketU > 0 {
-		bf = max(m.Full, now)
+		bf = min(max(m.Full, now), now+p.capacity*p.bucketU)
 		if cost > p.capacity {
 			refuse(bitBucket, -1)
 		} else {
@@ -157,7 +206,7 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 
 	day, dayNext, month, monthNext := periodsAt(now)
 	d := m.Day.current(day)
-	if p.daily >= 0 && d.Used+cost > p.daily+d.Grant {
+	if p.daily >= 0 && replay == nil && d.Used+cost > p.daily+d.Grant {
 		if cost > p.daily {
 			refuse(bitDaily, -1)
 		} else {
@@ -166,7 +215,7 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 	}
 	mo := m.Month.current(month)
 	var overage int64
-	if p.monthly >= 0 && mo.Used+cost > p.monthly+mo.Grant {
+	if p.monthly >= 0 && replay == nil && mo.Used+cost > p.monthly+mo.Grant {
 		switch {
 		case bill:
 			overage = min(cost, mo.Used+cost-(p.monthly+mo.Grant))
@@ -187,14 +236,23 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 		if p.bucketU > 0 {
 			m.Full = bnew
 		}
-		if p.daily >= 0 {
+		if p.daily >= 0 && replay == nil {
 			m.Day = Period{ID: day, Used: d.Used + cost, Grant: d.Grant, Overage: d.Overage}
 		}
-		if p.monthly >= 0 {
+		if p.monthly >= 0 && replay == nil {
 			m.Month = Period{ID: month, Used: mo.Used + cost, Grant: mo.Grant, Overage: mo.Overage + overage}
 		}
 	}
-	if mode == "admit" {
+	if !ok && mode == "admit" {
+		// A clamp is kept even on a refusal: it consumes nothing.
+		if p.gcraT > 0 && m.TAT > gtat {
+			m.TAT = gtat
+		}
+		if p.bucketU > 0 && m.Full > bf {
+			m.Full = bf
+		}
+	}
+	if mode == "admit" && !(ok && replay != nil) {
 		if m.Pending == nil {
 			m.Pending = map[string]int64{}
 		}
@@ -245,11 +303,18 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 	add(p.daily >= 0, p.daily+d.Grant, p.daily+d.Grant-d.Used-spent, dayNext)
 	add(p.monthly >= 0, p.monthly+mo.Grant, p.monthly+mo.Grant-mo.Used-spent, monthNext)
 
-	if ok && mode == "admit" && idem != "" {
+	if ok && replay != nil {
+		out := append([]int64(nil), replay...)
+		copy(out[headLen:headLen+2*perLimit], res[headLen:headLen+2*perLimit])
+		out[4], out[5] = now, 1
+		return out
+	}
+	if ok && mode == "admit" && ia.key != "" {
 		if m.idem == nil {
-			m.idem = map[string][]int64{}
+			m.idem = map[string]*idemRecord{}
 		}
-		m.idem[idem] = append([]int64(nil), res...)
+		m.idem[ia.key] = &idemRecord{fp: ia.fp, done: ia.lease == 0, dec: append([]int64(nil), res...),
+			lease: now + ia.lease, at: now}
 	}
 	return res
 }

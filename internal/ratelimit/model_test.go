@@ -20,6 +20,13 @@ type step struct {
 	dry   bool
 	idem  string
 	grant string // "day" or "month": grant cost units instead of admitting
+	store bool   // store the answer of the request with idem and fp instead of admitting
+	fp    string // idempotency fingerprint
+	lease time.Duration
+	// limits, when set, replace the case's limits from this step on (a tier
+	// change).
+	limits *quota.Limits
+	idemOutcome quota.IdemOutcome
 
 	allowed   bool
 	violated  []quota.LimitName
@@ -280,6 +287,42 @@ var tableCases = []tableCase{
 			{at: "2030-06-10T12:00:01Z", cost: 1, idem: "k", allowed: true, remaining: rem{monthly: 0}},
 		},
 	},
+	{
+		name:   "a change of limits clamps the old debt to the new limits' worst case",
+		limits: quota.Limits{BurstRate: f64(0.001), Burst: i64(1), BucketCapacity: i64(1), BucketRefillPerSec: f64(0.001)},
+		steps: []step{
+			{at: "2030-06-10T12:00:00Z", cost: 1, allowed: true},
+			{at: "2030-06-10T12:00:01Z", cost: 1, violated: []quota.LimitName{burst, bucket}, retry: 999 * time.Second},
+			// upgraded: 100/s, burst 10; bucket 100 units refilled at 100/s
+			{at: "2030-06-10T12:00:01Z", cost: 1, limits: &quota.Limits{BurstRate: f64(100), Burst: i64(10),
+				BucketCapacity: i64(100), BucketRefillPerSec: f64(100)},
+				violated: []quota.LimitName{burst, bucket}, retry: 10 * time.Millisecond,
+				remaining: rem{burst: 0, bucket: 0}},
+			{at: "2030-06-10T12:00:01.01Z", cost: 1, allowed: true, remaining: rem{burst: 0, bucket: 0}},
+			{at: "2030-06-10T12:00:02.01Z", cost: 1, allowed: true, remaining: rem{burst: 9, bucket: 99}},
+		},
+	},
+	{
+		name:   "an idempotent request is in flight until its answer is stored, then replayed through the burst limit",
+		limits: quota.Limits{BurstRate: f64(1), Burst: i64(2), MonthlyQuota: i64(10)},
+		steps: []step{
+			{at: "2030-06-10T12:00:00Z", cost: 3, idem: "k", fp: "a", lease: time.Minute, allowed: true, remaining: rem{burst: 1, monthly: 7}},
+			{at: "2030-06-10T12:00:00Z", cost: 3, idem: "k", fp: "a", lease: time.Minute, idemOutcome: quota.IdemInFlight},
+			{at: "2030-06-10T12:00:00Z", cost: 3, idem: "k", fp: "b", lease: time.Minute, idemOutcome: quota.IdemMismatch},
+			{at: "2030-06-10T12:00:00Z", idem: "k", fp: "a", store: true},
+			{at: "2030-06-10T12:00:00Z", cost: 3, idem: "k", fp: "a", lease: time.Minute, allowed: true, replayed: true,
+				idemOutcome: quota.IdemReplayed, remaining: rem{burst: 0, monthly: 7}},
+			// the burst is spent: a replay is refused like any request
+			{at: "2030-06-10T12:00:00Z", cost: 3, idem: "k", fp: "a", lease: time.Minute,
+				violated: []quota.LimitName{burst}, retry: time.Second, remaining: rem{burst: 0, monthly: 7}},
+			{at: "2030-06-10T12:00:01Z", cost: 3, idem: "k", fp: "a", lease: time.Minute, allowed: true, replayed: true,
+				idemOutcome: quota.IdemReplayed, remaining: rem{burst: 0, monthly: 7}},
+			// a first request whose node died: once its lease passed, the key runs again
+			{at: "2030-06-10T12:00:10Z", cost: 1, idem: "j", fp: "a", lease: time.Minute, allowed: true, remaining: rem{monthly: 6}},
+			{at: "2030-06-10T12:01:09Z", cost: 1, idem: "j", fp: "a", lease: time.Minute, idemOutcome: quota.IdemInFlight},
+			{at: "2030-06-10T12:01:10Z", cost: 1, idem: "j", fp: "a", lease: time.Minute, allowed: true, remaining: rem{monthly: 5}},
+		},
+	},
 }
 
 // TestTable runs every table case through the model and through the script,
@@ -294,7 +337,8 @@ func TestTable(t *testing.T) {
 				var m Model
 				runTable(t, tc,
 					func(req quota.Request, now time.Time) quota.Decision { return m.Admit(req, now) },
-					func(period string, units int64, now time.Time) { m.Grant(period, units, now) })
+					func(period string, units int64, now time.Time) { m.Grant(period, units, now) },
+					func(key, fp string) bool { return m.StoreAnswer(key, fp) })
 			})
 			t.Run("redis", func(t *testing.T) {
 				r, _ := mustRunner(t, c)
@@ -307,6 +351,13 @@ func TestTable(t *testing.T) {
 						if err := r.Grant(context.Background(), req0(tc).TenantID, period, units, now); err != nil {
 							t.Fatalf("Grant: %v", err)
 						}
+					},
+					func(key, fp string) bool {
+						ok, err := r.StoreAnswer(context.Background(), req0(tc).TenantID, key, fp, quota.StoredAnswer{Status: 200})
+						if err != nil {
+							t.Fatalf("StoreAnswer: %v", err)
+						}
+						return ok
 					})
 			})
 		})
@@ -319,16 +370,27 @@ func req0(tc tableCase) quota.Request {
 	return quota.Request{TenantID: "t1", Meter: "demo", Limits: tc.limits, Overage: tc.overage}
 }
 
-func runTable(t *testing.T, tc tableCase, admit func(quota.Request, time.Time) quota.Decision, grant func(string, int64, time.Time)) {
+func runTable(t *testing.T, tc tableCase, admit func(quota.Request, time.Time) quota.Decision,
+	grant func(string, int64, time.Time), store func(key, fp string) bool) {
 	t.Helper()
 	for i, s := range tc.steps {
 		now := at(t, s.at)
+		if s.limits != nil {
+			tc.limits = *s.limits
+		}
 		if s.grant != "" {
 			grant(s.grant, s.cost, now)
 			continue
 		}
+		if s.store {
+			if !store(s.idem, s.fp) {
+				t.Errorf("step %d: storing the answer of %q: got false, want true", i, s.idem)
+			}
+			continue
+		}
 		req := req0(tc)
-		req.Cost, req.DryRun, req.IdempotencyKey = s.cost, s.dry, s.idem
+		req.Cost, req.DryRun, req.IdempotencyKey = max(s.cost, 1), s.dry, s.idem
+		req.IdempotencyFingerprint, req.IdempotencyLease = s.fp, s.lease
 		d := admit(req, now)
 		where := func() string { return fmt.Sprintf("step %d (%s): %s", i, s.at, fmtDecision(d)) }
 		if d.Allowed != s.allowed {
@@ -345,6 +407,13 @@ func runTable(t *testing.T, tc tableCase, admit func(quota.Request, time.Time) q
 		}
 		if d.Replayed != s.replayed {
 			t.Errorf("%s\n  Replayed: got %t, want %t", where(), d.Replayed, s.replayed)
+		}
+		wantIdem := s.idemOutcome
+		if s.replayed {
+			wantIdem = quota.IdemReplayed
+		}
+		if d.Idem != wantIdem {
+			t.Errorf("%s\n  Idem: got %d, want %d", where(), d.Idem, wantIdem)
 		}
 		if s.active != nil {
 			var got []quota.LimitName
@@ -375,7 +444,7 @@ func runTable(t *testing.T, tc tableCase, admit func(quota.Request, time.Time) q
 				t.Errorf("%s\n  %s window: got %v (active %t), want %v", where(), name, l.Window, ok, want)
 			}
 		}
-		if !d.Now.Equal(now) && !d.Replayed {
+		if !d.Now.Equal(now) {
 			t.Errorf("%s\n  Now: got %v, want %v", where(), d.Now, now)
 		}
 	}

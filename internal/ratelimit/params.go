@@ -77,6 +77,9 @@ func checkRequest(req quota.Request) error {
 	if req.Cost < 1 || req.Cost > quota.MaxQuantity {
 		return quota.FieldError("cost", "must be an integer between 1 and %d", quota.MaxQuantity)
 	}
+	if req.IdempotencyLease < 0 || req.IdempotencyLease > idemWindow || len(req.IdempotencyFingerprint) > 128 {
+		return quota.FieldError("idempotency", "the lease must be 0 to 24 h and the fingerprint at most 128 bytes")
+	}
 	switch req.Overage {
 	case quota.OverageBlock, quota.OverageBill, "":
 	default:
@@ -125,12 +128,12 @@ func overageMode(o quota.Overage) string {
 	return "block"
 }
 
-// idemHash names an idempotency key. The meter takes part because the HTTP
-// contract scopes a key to tenant and route; meters contain no '|', so the
-// joined string is unambiguous. Hashing bounds the key's length whatever the
-// client sends.
-func idemHash(meter, key string) string {
-	h := sha256.Sum256([]byte(meter + "|" + key))
+// idemHash names an idempotency key. Keys are scoped to the tenant (the
+// record lives under its hash tag), not to a route: the same key on another
+// route is another request, which the fingerprint turns into IdemMismatch.
+// Hashing bounds the key's length whatever the client sends.
+func idemHash(key string) string {
+	h := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(h[:])
 }
 
@@ -143,6 +146,7 @@ func decode(r []int64, p params) quota.Decision {
 		Allowed:      r[0] == 1,
 		OverageUnits: r[3],
 		Replayed:     r[5] == 1,
+		Idem:         quota.IdemOutcome(r[5]),
 		Now:          now,
 	}
 	if !d.Allowed {

@@ -64,7 +64,7 @@ func (r *Runner) keys(tenantID, idem string) []string {
 		k[i] = r.key(tenantID, name)
 	}
 	if idem != "" {
-		k = append(k, r.key(tenantID, "idem:"+idem))
+		k = append(k, r.key(tenantID, "idem2:"+idem))
 	}
 	return k
 }
@@ -78,8 +78,11 @@ func (r *Runner) keys(tenantID, idem string) []string {
 //
 // With DryRun the decision is the one Admit would take, and nothing is
 // written. With an IdempotencyKey, the first allowed decision is kept for 24
-// hours and returned (Replayed) for repeats, which count nothing, whatever
-// their cost; refusals are not kept, since they consumed nothing.
+// hours (see lua/admit.lua): a repeat of the same request (fingerprint) is
+// replayed once the answer is stored (StoreAnswer), counting no quota but
+// passing the burst limits; while the first is in flight it is IdemInFlight,
+// and another request under the key is IdemMismatch. Refusals are not kept,
+// since they consumed nothing.
 func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, error) {
 	if err := checkRequest(req); err != nil {
 		return quota.Decision{}, err
@@ -93,9 +96,10 @@ func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, 
 	case req.DryRun:
 		mode = "dry"
 	case req.IdempotencyKey != "":
-		idem = idemHash(req.Meter, req.IdempotencyKey)
+		idem = idemHash(req.IdempotencyKey)
 	}
-	res, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p)
+	res, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p,
+		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds())
 	if err == nil && mode != "dry" {
 		r.active.add(req.TenantID) // admitted or refused, its pending usage changed
 	}
@@ -122,19 +126,19 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 	if err != nil {
 		return quota.Decision{}, err
 	}
-	res, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p)
+	res, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p, "", 0)
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: peek: %w", err)
 	}
 	return decode(res, p), nil
 }
 
-func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params) ([]int64, error) {
+func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64) ([]int64, error) {
 	// Script.Run sends EVALSHA and, when Redis answers NOSCRIPT (after a
 	// restart or SCRIPT FLUSH), EVAL, which loads the script again.
 	res, err := admitScript.Run(ctx, r.c, r.keys(tenantID, idem),
 		now, mode, cost, meter, overage,
-		p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly,
+		p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly, fp, leaseUS,
 	).Int64Slice()
 	if err != nil {
 		return nil, err

@@ -191,7 +191,7 @@ func TestKeyLayout(t *testing.T) {
 	}
 	base := prefix + ":v1:{t:" + tenant + "}:"
 	want := []string{base + "gcra", base + "bucket", base + "day", base + "month", base + "pending",
-		base + "idem:" + idemHash("demo", "k1")}
+		base + "idem2:" + idemHash("k1")}
 	for _, k := range want {
 		if !got[k] {
 			t.Errorf("key %s: missing; got %v", k, got)
@@ -231,7 +231,7 @@ func TestEveryKeyHasATTL(t *testing.T) {
 		"day":     reset(daily).Sub(now) + time.Hour + slack,
 		"month":   reset(monthly).Sub(now) + time.Hour + slack,
 		"pending": 14*24*time.Hour + slack,
-		"idem":    24*time.Hour + slack,
+		"idem2":   24*time.Hour + slack,
 	}
 	keys := mustKeys(t, c, prefix)
 	if len(keys) != 8 {
@@ -332,35 +332,64 @@ func TestIdempotentRepeat(t *testing.T) {
 	testIdempotency(t, testenv.Redis(t))
 }
 
-// testIdempotency checks, with Redis time, that a repeat returns the first
-// decision and counts nothing, that another meter is another key, and that a
-// refused attempt is not stored.
+// testIdempotency checks, with Redis time, that a repeat of the same request
+// returns the first decision and counts nothing, that another request under
+// the key is a mismatch, that a repeat while the first is in flight decides
+// nothing until its answer is stored, that a released key runs again, and
+// that a refused attempt is not stored.
 func testIdempotency(t *testing.T, c redis.UniversalClient) {
 	r, _ := mustRunner(t, c)
 	ctx := context.Background()
 	for _, tenant := range []string{newTenant(), newTenant(), newTenant()} {
 		limits := quota.Limits{MonthlyQuota: i64(10), DailyQuota: i64(10)}
-		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 4, Limits: limits, IdempotencyKey: "order-1"}
+		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 4, Limits: limits, IdempotencyKey: "order-1",
+			IdempotencyFingerprint: "GET /a", IdempotencyLease: time.Minute}
 		first := mustAdmit(t, r, req)
-		if !first.Allowed || first.Replayed {
+		if !first.Allowed || first.Idem != quota.IdemNone {
 			t.Fatalf("first: got %s, want allowed, not replayed", fmtDecision(first))
+		}
+		if d := mustAdmit(t, r, req); d.Idem != quota.IdemInFlight || d.Allowed {
+			t.Errorf("repeat in flight: got %s (idem %d), want in flight", fmtDecision(d), d.Idem)
+		}
+		stored := quota.StoredAnswer{Status: 201, Header: "Content-Type: application/json", Body: []byte(`{"id":1}`)}
+		if ok, err := r.StoreAnswer(ctx, tenant, "order-1", "GET /other", stored); err != nil || ok {
+			t.Errorf("StoreAnswer with another fingerprint: got %t, %v; want false", ok, err)
+		}
+		if ok, err := r.StoreAnswer(ctx, tenant, "order-1", "GET /a", stored); err != nil || !ok {
+			t.Fatalf("StoreAnswer: got %t, %v; want true", ok, err)
 		}
 		for range 3 {
 			again := mustAdmit(t, r, req)
 			want := first
-			want.Replayed = true
+			want.Replayed, want.Now = true, again.Now
 			if g, w := fmtDecision(again), fmtDecision(want); g != w {
 				t.Errorf("repeat:\n got  %s\n want %s", g, w)
 			}
 		}
+		if got, err := r.Answer(ctx, tenant, "order-1"); err != nil || got.Status != stored.Status ||
+			got.Header != stored.Header || string(got.Body) != string(stored.Body) {
+			t.Errorf("Answer: got %+v, %v; want %+v", got, err, stored)
+		}
 		other := req
-		other.Meter = "report"
-		if d := mustAdmit(t, r, other); d.Replayed || !d.Allowed {
-			t.Errorf("same key, other meter: got %s, want a new allowed decision", fmtDecision(d))
+		other.IdempotencyFingerprint = "POST /a"
+		if d := mustAdmit(t, r, other); d.Idem != quota.IdemMismatch || d.Allowed {
+			t.Errorf("same key, other request: got %s (idem %d), want a mismatch", fmtDecision(d), d.Idem)
 		}
 		pending := sumPending(t, c, r.key(tenant, "pending"))
-		if pending["u"] != 8 || pending["r"] != 2 {
-			t.Errorf("pending after repeats: got %v, want u=8 r=2", pending)
+		if pending["u"] != 4 || pending["r"] != 1 {
+			t.Errorf("pending after repeats: got %v, want u=4 r=1", pending)
+		}
+		// A released key runs again, as a new request.
+		rel := req
+		rel.IdempotencyKey = "order-3"
+		if d := mustAdmit(t, r, rel); !d.Allowed {
+			t.Fatalf("order-3: got %s, want allowed", fmtDecision(d))
+		}
+		if err := r.ReleaseKey(ctx, tenant, "order-3", "GET /a"); err != nil {
+			t.Fatal(err)
+		}
+		if d := mustAdmit(t, r, rel); d.Idem != quota.IdemNone || d.Allowed {
+			t.Errorf("released key: got %s (idem %d), want a new decision (refused: 8 of 10 used)", fmtDecision(d), d.Idem)
 		}
 		big := req
 		big.Cost, big.IdempotencyKey = 5, "order-2"
