@@ -25,7 +25,7 @@ type step struct {
 	lease time.Duration
 	// limits, when set, replace the case's limits from this step on (a tier
 	// change).
-	limits *quota.Limits
+	limits      *quota.Limits
 	idemOutcome quota.IdemOutcome
 
 	allowed   bool
