@@ -36,6 +36,7 @@ var statusOf = map[string]int{
 	quota.CodeUnsupported:   http.StatusUnsupportedMediaType,
 	quota.CodeNotAcceptable: http.StatusNotAcceptable,
 	quota.CodeTooMany:       http.StatusTooManyRequests,
+	quota.CodeMismatch:      http.StatusUnprocessableEntity,
 	quota.CodeUnavailable:   http.StatusServiceUnavailable,
 	quota.CodeInternal:      http.StatusInternalServerError,
 }

@@ -18,6 +18,8 @@ const (
 	CodeUnsupported   = "unsupported"    // unsupported media type (415)
 	CodeNotAcceptable = "not_acceptable" // no acceptable representation (406)
 	CodeTooMany       = "too_many"       // too many failed attempts; retry later (429)
+	// CodeMismatch: an idempotency key reused for a different request (422).
+	CodeMismatch = "mismatch"
 )
 
 // Error is Tollgate's one error type for failures a caller should see.
