@@ -101,7 +101,9 @@ func tierTx(ctx context.Context, q querier, slug, lock string) (quota.Tier, erro
 }
 
 // UpdateTier applies change to the tier under a row lock, validates the
-// result and stores it with an audit entry.
+// result and stores it with an audit entry. A change that would make the
+// effective limits of one of the tier's tenants invalid (see
+// quota.CheckTierLimits) is a CodeConflict error naming them.
 func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(*quota.Tier) error) (quota.Tier, error) {
 	var out quota.Tier
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -115,6 +117,13 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 		}
 		after.Slug = before.Slug
 		if err := after.Validate(); err != nil {
+			return err
+		}
+		overriding, err := overridingTenantsTx(ctx, tx, slug)
+		if err != nil {
+			return err
+		}
+		if err := quota.CheckTierLimits(after.Limits, overriding); err != nil {
 			return err
 		}
 		err = tx.QueryRow(ctx, `UPDATE tiers SET name = $2, rank = $3, price_cents = $4, burst_rate = $5, burst = $6,
@@ -133,6 +142,26 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 		return audit(ctx, tx, actor, "update", "tier", slug, before, out)
 	})
 	return out, err
+}
+
+// overridingTenantsTx returns the tier's tenants that override a limit,
+// oldest first; the others have the tier's limits, validated with the tier.
+// The tier's row lock keeps the set stable: a tenant change takes it shared
+// before it validates overrides against the tier.
+func overridingTenantsTx(ctx context.Context, tx pgx.Tx, slug string) ([]quota.Tenant, error) {
+	rows, err := tx.Query(ctx, `SELECT `+tenantColumns+` FROM tenants WHERE tier = $1 AND overrides <> '{}'::jsonb
+		ORDER BY created_at, id`, slug)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: tenants overriding tier: %w", err)
+	}
+	ts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Tenant, error) {
+		var t quota.Tenant
+		return t, row.Scan(tenantDest(&t)...)
+	})
+	if err != nil {
+		return nil, fmt.Errorf("postgres: tenants overriding tier: %w", err)
+	}
+	return ts, nil
 }
 
 // DeleteTier deletes a tier no tenant uses or used (invoices need the
