@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -74,6 +75,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		log.Warn("redis admission failed", "err", err)
 	}
 	gate.OnDenyHit = metrics.DenyHits.Inc
+	gate.OnRoom = func(ctx context.Context, tenantID string) {
+		if err := cat.Invalidate(ctx, catalog.KindRoom, tenantID); err != nil {
+			log.Warn("publishing a refund to the other nodes failed", "tenant_id", tenantID, "err", err)
+		}
+	}
 	cat.OnTenantChange(gate.Forget)
 
 	// The catalog listens for invalidations until shutdown.
@@ -87,8 +93,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		log.Warn("cache invalidation channel not subscribed yet; continuing")
 	}
 
-	// Tell the worker which tenants counted usage, once a second, off the
-	// request path; once more after the last request (below).
+	// Tell the worker which tenants counted usage, and count the refusals
+	// the deny cache answered, once a second, off the request path; once
+	// more after the last request (below).
 	go func() {
 		t := time.NewTicker(time.Second)
 		defer t.Stop()
@@ -97,9 +104,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			case <-bg.Done():
 				return
 			case <-t.C:
-				if err := runner.ReportActive(bg); err != nil {
-					log.Warn("reporting active tenants failed; retrying", "err", err)
-				}
+				report(bg, gate, runner, log)
 			}
 		}
 	}()
@@ -140,12 +145,22 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	stopBG()
 	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	if err := runner.ReportActive(rctx); err != nil {
-		log.Warn("last report of active tenants failed; the worker's sweep will find them", "err", err)
-	}
+	report(rctx, gate, runner, log)
 	cancel()
 	log.Info("stopped")
 	return nil
+}
+
+// report writes the refusals counted in-process, then reports the tenants
+// with usage (theirs included) to the worker. A failure is retried on the
+// next call; the worker's sweep finds the tenants of a node that died.
+func report(ctx context.Context, gate *admission.Gate, runner *ratelimit.Runner, log *slog.Logger) {
+	if err := gate.FlushRefusals(ctx); err != nil {
+		log.Warn("counting the deny cache's refusals failed; retrying", "err", err)
+	}
+	if err := runner.ReportActive(ctx); err != nil {
+		log.Warn("reporting active tenants failed; retrying", "err", err)
+	}
 }
 
 // healthcheck GETs /healthz of the local server: the Docker health check of

@@ -1,15 +1,24 @@
-// Package admission puts one quota.Admitter in front of the Redis runner:
-// every metered request of an API node goes through its Gate, which adds
+// Package admission puts one Gate in front of the Redis runner: every change
+// of an API node's quota state (admissions, dry runs, refunds, idempotent
+// answers) goes through it, which adds
 //
 //   - the deny cache: once a tenant is refused until T, its later requests of
 //     the same or a higher cost are refused in-process until T, with no Redis
-//     round trip; an admin change to the tenant clears the entry;
+//     round trip. Those refusals are still counted: the gate adds them up per
+//     tenant, meter and hour and FlushRefusals writes the sums to the pending
+//     usage (one pipeline a second, not a round trip per refusal). Whatever
+//     frees room clears the entry on every node: an admin change to the
+//     tenant or its tier, a refund, a grant (Forget, through the catalog's
+//     invalidations);
 //   - the Redis outage policy of the tenant's tier: fail-open admits through
 //     an in-process limiter at the tier's own limits (never unlimited) and
 //     marks the decision Degraded; fail-closed answers CodeUnavailable;
-//   - a short circuit breaker: after a Redis error the gate stops calling
-//     Redis for a second, then tries again, so an outage costs one timeout per
-//     second rather than one per request, and recovery is automatic.
+//   - a circuit breaker per Redis shard (the master serving the tenant's
+//     slot; the one server of a single-node Redis): after breakerErrors
+//     consecutive errors on a shard the gate stops calling it for
+//     breakerPause, then lets requests try again. Tenants on healthy shards
+//     are never paused, and a tenant's in-process limiter is dropped only
+//     when its own shard answers for it again.
 //
 // Being the one entry point is also what lets a later version coalesce the
 // admissions of concurrent requests into one Redis pipeline without changing
@@ -21,17 +30,39 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 )
 
-// breakerPause is how long the gate leaves Redis alone after an error.
-const breakerPause = time.Second
+const (
+	// breakerErrors consecutive errors on a shard open its breaker: one
+	// timeout is noise, not an outage.
+	breakerErrors = 3
+	// breakerPause is how long an open breaker leaves its shard alone.
+	breakerPause = time.Second
+	// maxLocal bounds the in-process limiters kept during an outage, and
+	// the deny cache.
+	maxLocal = 100_000
+	// maxRefusalKeys bounds the refusals waiting for FlushRefusals; past it
+	// new (tenant, meter, hour) triples are dropped, never the sums held.
+	maxRefusalKeys = 100_000
+)
 
-// maxLocal bounds the in-process limiters kept during an outage.
-const maxLocal = 100_000
+// Store is what the gate needs of the Redis side; *ratelimit.Runner
+// provides it.
+type Store interface {
+	quota.Admitter
+	Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error
+	StoreAnswer(ctx context.Context, tenantID, key, fp string, a quota.StoredAnswer) (bool, error)
+	ReleaseKey(ctx context.Context, tenantID, key, fp string) error
+	Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error)
+	CountRefused(ctx context.Context, counts []quota.RefusalCount) error
+	// Shard names the Redis node that holds the tenant's state.
+	Shard(tenantID string) string
+}
 
 type denial struct {
 	until    time.Time // local clock
@@ -39,26 +70,43 @@ type denial struct {
 	decision quota.Decision
 }
 
-// Gate is the API node's Admitter. It is safe for concurrent use.
+type refusalKey struct {
+	tenant, meter string
+	hour          int64 // unix s
+}
+
+type breaker struct {
+	fails     int
+	openUntil time.Time
+}
+
+// Gate is the API node's door to quota state. It is safe for concurrent use.
 type Gate struct {
-	redis quota.Admitter
+	store Store
 	now   func() time.Time
 
-	mu        sync.Mutex
-	deny      map[string]denial
-	local     map[string]*ratelimit.Model
-	downUntil time.Time
+	mu       sync.Mutex
+	deny     map[string]denial
+	local    map[string]*ratelimit.Model
+	breakers map[string]*breaker
+	refused  map[refusalKey]int64
+
+	nLocal, nBreakers atomic.Int32 // fast paths: none kept
 
 	// OnRedisError is called on every Redis failure (metrics).
 	OnRedisError func(error)
 	// OnDenyHit is called when the deny cache answers (metrics).
 	OnDenyHit func()
+	// OnRoom is called after this node freed room for a tenant (a refund),
+	// so that every node drops its deny entry (the catalog publishes it).
+	OnRoom func(ctx context.Context, tenantID string)
 }
 
-// New returns a Gate in front of the Redis admitter r.
-func New(r quota.Admitter, now func() time.Time) *Gate {
-	return &Gate{redis: r, now: now, deny: map[string]denial{}, local: map[string]*ratelimit.Model{},
-		OnRedisError: func(error) {}, OnDenyHit: func() {}}
+// New returns a Gate in front of the Redis store s.
+func New(s Store, now func() time.Time) *Gate {
+	return &Gate{store: s, now: now, deny: map[string]denial{}, local: map[string]*ratelimit.Model{},
+		breakers: map[string]*breaker{}, refused: map[refusalKey]int64{},
+		OnRedisError: func(error) {}, OnDenyHit: func() {}, OnRoom: func(context.Context, string) {}}
 }
 
 // Admit decides on req. It returns an error only when the decision cannot be
@@ -70,14 +118,20 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 		g.OnDenyHit()
 		return d, nil
 	}
-	g.mu.Lock()
-	down := now.Before(g.downUntil)
-	g.mu.Unlock()
-	if !down {
-		d, err := g.redis.Admit(ctx, req)
+	shard := ""
+	if g.nBreakers.Load() > 0 {
+		shard = g.store.Shard(req.TenantID)
+	}
+	if shard == "" || !g.open(shard, now) {
+		d, err := g.store.Admit(ctx, req)
 		if err == nil {
-			g.recovered()
-			if !d.Allowed && !req.DryRun {
+			if g.nBreakers.Load() > 0 {
+				g.closeBreaker(g.store.Shard(req.TenantID))
+			}
+			if g.nLocal.Load() > 0 {
+				g.dropLocal(req.TenantID)
+			}
+			if !d.Allowed && !req.DryRun && d.Idem == quota.IdemNone {
 				g.remember(req, d, now)
 			}
 			return d, nil
@@ -87,9 +141,7 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 			return d, err
 		}
 		g.OnRedisError(err)
-		g.mu.Lock()
-		g.downUntil = now.Add(breakerPause)
-		g.mu.Unlock()
+		g.failed(g.store.Shard(req.TenantID), now)
 	}
 	if !req.FailOpen {
 		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,
@@ -98,9 +150,56 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 	return g.admitLocally(req, now)
 }
 
+// open reports whether shard's breaker is open at now.
+func (g *Gate) open(shard string, now time.Time) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b, ok := g.breakers[shard]
+	return ok && now.Before(b.openUntil)
+}
+
+// failed counts an error on shard and opens its breaker at breakerErrors.
+// An open breaker whose pause ended and fails again reopens at once.
+func (g *Gate) failed(shard string, now time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	b, ok := g.breakers[shard]
+	if !ok {
+		if len(g.breakers) >= maxLocal {
+			return // a storm of shard names cannot grow this without bound
+		}
+		b = &breaker{}
+		g.breakers[shard] = b
+		g.nBreakers.Add(1)
+	}
+	b.fails++
+	if b.fails >= breakerErrors {
+		b.openUntil = now.Add(breakerPause)
+	}
+}
+
+func (g *Gate) closeBreaker(shard string) {
+	g.mu.Lock()
+	if _, ok := g.breakers[shard]; ok {
+		delete(g.breakers, shard)
+		g.nBreakers.Add(-1)
+	}
+	g.mu.Unlock()
+}
+
+// dropLocal forgets the tenant's outage limiter once its own shard answered.
+func (g *Gate) dropLocal(tenantID string) {
+	g.mu.Lock()
+	if _, ok := g.local[tenantID]; ok {
+		delete(g.local, tenantID)
+		g.nLocal.Add(-1)
+	}
+	g.mu.Unlock()
+}
+
 // denied answers from the deny cache when req is at least as costly as a
-// request refused until a time still to come. Idempotent requests skip it:
-// their first decision may be stored in Redis.
+// request refused until a time still to come, and counts the refusal.
+// Idempotent requests skip it: their first decision may be stored in Redis.
 func (g *Gate) denied(req quota.Request, now time.Time) (quota.Decision, bool) {
 	if req.IdempotencyKey != "" {
 		return quota.Decision{}, false
@@ -122,6 +221,12 @@ func (g *Gate) denied(req quota.Request, now time.Time) (quota.Decision, bool) {
 	elapsed := now.Sub(e.until.Add(-e.decision.RetryAfter))
 	d.RetryAfter -= elapsed
 	d.Now = d.Now.Add(elapsed)
+	if !req.DryRun {
+		k := refusalKey{tenant: req.TenantID, meter: req.Meter, hour: d.Now.Unix() / 3600 * 3600}
+		if _, held := g.refused[k]; held || len(g.refused) < maxRefusalKeys {
+			g.refused[k]++
+		}
+	}
 	return d, true
 }
 
@@ -137,39 +242,103 @@ func (g *Gate) remember(req quota.Request, d quota.Decision, now time.Time) {
 	g.deny[req.TenantID] = denial{until: now.Add(d.RetryAfter), cost: req.Cost, decision: d}
 }
 
-// Forget clears what the gate holds for a tenant; the catalog calls it on
-// every admin change to the tenant.
+// Forget clears what the gate holds for a tenant, or for every tenant when
+// tenantID is "" (a tier changed). The catalog calls it on every node for
+// every admin change to the tenant or its tier and for every KindRoom
+// message. Outage limiters are kept: they stand for Redis state this node
+// cannot see, and go when the tenant's shard answers.
 func (g *Gate) Forget(tenantID string) {
 	g.mu.Lock()
-	delete(g.deny, tenantID)
-	delete(g.local, tenantID)
-	g.mu.Unlock()
-}
-
-// recovered drops the outage's in-process limiters once Redis answers again.
-func (g *Gate) recovered() {
-	g.mu.Lock()
-	if len(g.local) > 0 {
-		g.local = map[string]*ratelimit.Model{}
+	if tenantID == "" {
+		g.deny = map[string]denial{}
+	} else {
+		delete(g.deny, tenantID)
 	}
 	g.mu.Unlock()
 }
 
-// admitLocally decides with the in-process reference model at the tenant's
-// own limits and local time. Quotas start from zero on this node, so during
-// an outage a tenant gets at most its quotas per node: a bounded, never an
+// Refund gives back the units of an admitted request whose upstream failed
+// (see ratelimit.Runner.Refund), releases its idempotency key so that a
+// retry runs again, and clears the tenant's deny entries on every node: the
+// refund may have made room.
+func (g *Gate) Refund(ctx context.Context, req quota.Request, d quota.Decision) error {
+	if err := g.store.Refund(ctx, req.TenantID, req.Meter, req.Cost, d.OverageUnits, d.Now); err != nil {
+		return err
+	}
+	var err error
+	if req.IdempotencyKey != "" {
+		err = g.store.ReleaseKey(ctx, req.TenantID, req.IdempotencyKey, req.IdempotencyFingerprint)
+	}
+	g.Forget(req.TenantID)
+	g.OnRoom(ctx, req.TenantID)
+	return err
+}
+
+// StoreAnswer keeps the answer of the first request with an idempotency key
+// for its repeats.
+func (g *Gate) StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) error {
+	_, err := g.store.StoreAnswer(ctx, req.TenantID, req.IdempotencyKey, req.IdempotencyFingerprint, a)
+	return err
+}
+
+// ReleaseKey forgets the first request with an idempotency key that will
+// have no answer to store (it failed before answering).
+func (g *Gate) ReleaseKey(ctx context.Context, req quota.Request) error {
+	return g.store.ReleaseKey(ctx, req.TenantID, req.IdempotencyKey, req.IdempotencyFingerprint)
+}
+
+// Answer reads the stored answer replayed to a repeat (Decision.Replayed).
+func (g *Gate) Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error) {
+	return g.store.Answer(ctx, req.TenantID, req.IdempotencyKey)
+}
+
+// FlushRefusals writes the refusals the deny cache answered since the last
+// call to the tenants' pending usage, in one pipeline; cmd/api calls it
+// about once a second, off the request path. On an error the counts are
+// kept for the next call.
+func (g *Gate) FlushRefusals(ctx context.Context) error {
+	g.mu.Lock()
+	if len(g.refused) == 0 {
+		g.mu.Unlock()
+		return nil
+	}
+	held := g.refused
+	g.refused = map[refusalKey]int64{}
+	g.mu.Unlock()
+	counts := make([]quota.RefusalCount, 0, len(held))
+	for k, n := range held {
+		counts = append(counts, quota.RefusalCount{TenantID: k.tenant, Meter: k.meter, Hour: time.Unix(k.hour, 0).UTC(), Requests: n})
+	}
+	if err := g.store.CountRefused(ctx, counts); err != nil {
+		g.mu.Lock()
+		for k, n := range held {
+			if _, ok := g.refused[k]; ok || len(g.refused) < maxRefusalKeys {
+				g.refused[k] += n
+			}
+		}
+		g.mu.Unlock()
+		return fmt.Errorf("admission: flush refusals: %w", err)
+	}
+	return nil
+}
+
+// admitLocally decides with an in-process limiter at the tenant's own
+// limits and local time. Quotas start from zero on this node, so during an
+// outage a tenant gets at most its quotas per node: a bounded, never an
 // unlimited, allowance.
 func (g *Gate) admitLocally(req quota.Request, now time.Time) (d quota.Decision, err error) {
 	req.IdempotencyKey = "" // the local limiter keeps no replay store
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	m, ok := g.local[req.TenantID]
+	l, ok := g.local[req.TenantID]
 	if !ok {
 		if len(g.local) >= maxLocal {
 			g.local = map[string]*ratelimit.Model{}
+			g.nLocal.Store(0)
 		}
-		m = &ratelimit.Model{}
-		g.local[req.TenantID] = m
+		l = &ratelimit.Model{}
+		g.local[req.TenantID] = l
+		g.nLocal.Add(1)
 	}
 	defer func() {
 		// The model panics on limits the runner would have refused; those
@@ -178,8 +347,8 @@ func (g *Gate) admitLocally(req quota.Request, now time.Time) (d quota.Decision,
 			err = fmt.Errorf("admission: local limiter: %v", r)
 		}
 	}()
-	d = m.Admit(req, now)
-	m.Pending = nil // usage admitted in fail-open mode is not billed (see README)
+	d = l.Admit(req, now)
+	l.Pending = nil // usage admitted in fail-open mode is not billed (see README)
 	d.Degraded = true
 	return d, nil
 }

@@ -14,15 +14,15 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-// counting wraps a real admitter and counts the calls that reach it.
+// counting wraps a real runner and counts the admissions that reach it.
 type counting struct {
-	quota.Admitter
+	*ratelimit.Runner
 	calls atomic.Int64
 }
 
 func (c *counting) Admit(ctx context.Context, r quota.Request) (quota.Decision, error) {
 	c.calls.Add(1)
-	return c.Admitter.Admit(ctx, r)
+	return c.Runner.Admit(ctx, r)
 }
 
 // clock is a settable clock for the gate.
@@ -37,7 +37,7 @@ func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unloc
 func mustLiveGate(tb testing.TB) (*Gate, *counting, *clock) {
 	tb.Helper()
 	rdb := testenv.Redis(tb)
-	inner := &counting{Admitter: ratelimit.New(rdb, testenv.Prefix(tb, rdb))}
+	inner := &counting{Runner: ratelimit.New(rdb, testenv.Prefix(tb, rdb))}
 	clk := &clock{t: time.Now()}
 	return New(inner, clk.now), inner, clk
 }
@@ -46,7 +46,7 @@ func mustDeadGate(tb testing.TB) (*Gate, *counting, *clock) {
 	tb.Helper()
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	tb.Cleanup(func() { dead.Close() })
-	inner := &counting{Admitter: ratelimit.New(dead, "dead")}
+	inner := &counting{Runner: ratelimit.New(dead, "dead")}
 	clk := &clock{t: time.Now()}
 	return New(inner, clk.now), inner, clk
 }
@@ -131,13 +131,183 @@ func TestFailClosedIsUnavailableAndBreakerSparesRedis(t *testing.T) {
 			t.Fatalf("fail-closed tier: code %q (%v), want %q", got, err, quota.CodeUnavailable)
 		}
 	}
-	if got := inner.calls.Load(); got != 1 {
-		t.Fatalf("%d Redis calls during the breaker pause, want 1", got)
+	if got := inner.calls.Load(); got != breakerErrors {
+		t.Fatalf("%d Redis calls for 5 requests, want %d (the breaker opens after %d errors)", got, breakerErrors, breakerErrors)
 	}
 	clk.add(breakerPause)
 	_, _ = g.Admit(context.Background(), req)
+	if got := inner.calls.Load(); got != breakerErrors+1 {
+		t.Fatalf("after the pause: %d Redis calls, want %d (the gate must try again)", got, breakerErrors+1)
+	}
+	// Half-open: one more error reopens it at once.
+	_, _ = g.Admit(context.Background(), req)
+	if got := inner.calls.Load(); got != breakerErrors+1 {
+		t.Fatalf("after a failed retry: %d Redis calls, want %d (open again)", got, breakerErrors+1)
+	}
+}
+
+// twoShards routes tenants to one of two real runners, as a Redis Cluster
+// routes slots to masters: tenants named "a-…" live on a dead server.
+type twoShards struct {
+	dead, live *counting
+}
+
+func (s *twoShards) of(tenant string) *counting {
+	if tenant[0] == 'a' {
+		return s.dead
+	}
+	return s.live
+}
+
+func (s *twoShards) Admit(ctx context.Context, r quota.Request) (quota.Decision, error) {
+	return s.of(r.TenantID).Admit(ctx, r)
+}
+func (s *twoShards) Refund(ctx context.Context, tenant, meter string, cost, over int64, at time.Time) error {
+	return s.of(tenant).Refund(ctx, tenant, meter, cost, over, at)
+}
+func (s *twoShards) StoreAnswer(ctx context.Context, tenant, key, fp string, a quota.StoredAnswer) (bool, error) {
+	return s.of(tenant).StoreAnswer(ctx, tenant, key, fp, a)
+}
+func (s *twoShards) ReleaseKey(ctx context.Context, tenant, key, fp string) error {
+	return s.of(tenant).ReleaseKey(ctx, tenant, key, fp)
+}
+func (s *twoShards) Answer(ctx context.Context, tenant, key string) (quota.StoredAnswer, error) {
+	return s.of(tenant).Answer(ctx, tenant, key)
+}
+func (s *twoShards) CountRefused(ctx context.Context, counts []quota.RefusalCount) error {
+	return s.live.CountRefused(ctx, counts)
+}
+func (s *twoShards) Shard(tenant string) string { return tenant[:1] }
+
+func mustTwoShardGate(tb testing.TB) (*Gate, *twoShards, *clock) {
+	tb.Helper()
+	live, _, _ := mustLiveGate(tb)
+	dead, _, _ := mustDeadGate(tb)
+	s := &twoShards{dead: dead.store.(*counting), live: live.store.(*counting)}
+	clk := &clock{t: time.Now()}
+	return New(s, clk.now), s, clk
+}
+
+// TestBreakerIsPerShard: errors on one shard pause that shard only.
+func TestBreakerIsPerShard(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g, s, _ := mustTwoShardGate(t)
+	onDead := quota.Request{TenantID: "a-" + testenv.RandomHex(4), Meter: "demo", Cost: 1,
+		Limits: quota.Limits{DailyQuota: quota.Ptr(int64(100))}, Overage: quota.OverageBlock}
+	for range 2 * breakerErrors {
+		if _, err := g.Admit(ctx, onDead); quota.ErrorCode(err) != quota.CodeUnavailable {
+			t.Fatalf("tenant on the dead shard: %v, want unavailable", err)
+		}
+	}
+	if got := s.dead.calls.Load(); got != breakerErrors {
+		t.Fatalf("dead shard: %d calls, want %d (then the breaker is open)", got, breakerErrors)
+	}
+	for i := range 3 {
+		req := dailyOf(100)
+		req.TenantID = "b-" + testenv.RandomHex(4)
+		d, err := g.Admit(ctx, req)
+		if err != nil || !d.Allowed || d.Degraded {
+			t.Fatalf("tenant %d on the live shard: %+v, %v; want admitted by Redis", i, d, err)
+		}
+	}
+	if got := s.live.calls.Load(); got != 3 {
+		t.Fatalf("live shard: %d calls, want 3 (its breaker is closed)", got)
+	}
+}
+
+// TestOneErrorDoesNotOpenTheBreaker: a single error is noise.
+func TestOneErrorDoesNotOpenTheBreaker(t *testing.T) {
+	t.Parallel()
+	g, inner, _ := mustDeadGate(t)
+	req := dailyOf(100)
+	_, _ = g.Admit(context.Background(), req)
+	_, _ = g.Admit(context.Background(), req)
 	if got := inner.calls.Load(); got != 2 {
-		t.Fatalf("after the pause: %d Redis calls, want 2 (the gate must try again)", got)
+		t.Fatalf("%d Redis calls for 2 requests, want 2: one error must not open the breaker", got)
+	}
+}
+
+// TestLocalLimiterLastsUntilItsOwnShardAnswers: a tenant's fail-open
+// limiter survives another shard's successes.
+func TestLocalLimiterLastsUntilItsOwnShardAnswers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g, _, _ := mustTwoShardGate(t)
+	onDead := quota.Request{TenantID: "a-" + testenv.RandomHex(4), Meter: "demo", Cost: 1, FailOpen: true,
+		Overage: quota.OverageBlock, Limits: quota.Limits{BurstRate: quota.Ptr(0.001), Burst: quota.Ptr(int64(2))}}
+	for i := range 2 {
+		if d, err := g.Admit(ctx, onDead); err != nil || !d.Allowed || !d.Degraded {
+			t.Fatalf("fail-open request %d: %+v, %v; want admitted in-process", i, d, err)
+		}
+	}
+	live := dailyOf(100)
+	live.TenantID = "b-" + testenv.RandomHex(4)
+	if d, err := g.Admit(ctx, live); err != nil || !d.Allowed {
+		t.Fatalf("live shard: %+v, %v", d, err)
+	}
+	if d, err := g.Admit(ctx, onDead); err != nil || d.Allowed {
+		t.Fatalf("after another shard answered: %+v, %v; want refused (burst of 2 spent in-process)", d, err)
+	}
+}
+
+// TestDenyCacheRefusalsAreCounted: every refusal reaches the pending usage,
+// the ones answered in-process through FlushRefusals.
+func TestDenyCacheRefusalsAreCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g, inner, _ := mustLiveGate(t)
+	req := dailyOf(1)
+	if d, _ := g.Admit(ctx, req); !d.Allowed {
+		t.Fatal("first request refused")
+	}
+	for range 7 {
+		if d, err := g.Admit(ctx, req); err != nil || d.Allowed {
+			t.Fatalf("%+v, %v; want refused", d, err)
+		}
+	}
+	if got := inner.calls.Load(); got != 2 {
+		t.Fatalf("%d Redis calls, want 2 (6 refusals from the deny cache)", got)
+	}
+	if err := g.FlushRefusals(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := inner.Pending(ctx, req.TenantID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var refused int64
+	for _, r := range rows {
+		refused += r.Rejected
+	}
+	if refused != 7 {
+		t.Fatalf("pending refusals: got %d, want 7", refused)
+	}
+	if err := g.FlushRefusals(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if rows, _ := inner.Pending(ctx, req.TenantID); rows[0].Rejected != 7 {
+		t.Fatalf("a second flush counted again: got %d, want 7", rows[0].Rejected)
+	}
+}
+
+// TestForgetAllClearsEveryDenyEntry: a tier change clears every tenant.
+func TestForgetAllClearsEveryDenyEntry(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g, inner, _ := mustLiveGate(t)
+	reqs := []quota.Request{dailyOf(1), dailyOf(1)}
+	for _, r := range reqs {
+		g.Admit(ctx, r)
+		g.Admit(ctx, r) // refused: remembered
+	}
+	before := inner.calls.Load()
+	g.Forget("")
+	for _, r := range reqs {
+		g.Admit(ctx, r)
+	}
+	if got := inner.calls.Load() - before; got != 2 {
+		t.Fatalf("after Forget(\"\"): %d Redis calls for 2 tenants, want 2", got)
 	}
 }
 

@@ -115,7 +115,8 @@ func New(src source, rdb redis.UniversalClient, prefix string, log *slog.Logger,
 }
 
 // OnTenantChange registers f to run when a tenant's entry is invalidated
-// (the deny cache clears the tenant's entry).
+// or its room changed (the deny cache clears the tenant's entry); f("")
+// means every tenant may have changed (a tier's limits did).
 func (c *Catalog) OnTenantChange(f func(tenantID string)) {
 	c.mu.Lock()
 	c.onTenant = append(c.onTenant, f)
@@ -406,6 +407,9 @@ const (
 	KindKey    = "key"    // id: key prefix
 	KindTenant = "tenant" // id: tenant id
 	KindTier   = "tier"   // id: tier slug
+	// KindRoom says a tenant has room again that no cached entry shows (a
+	// refund, a grant): only what OnTenantChange hooks hold is dropped.
+	KindRoom = "room" // id: tenant id
 )
 
 // Invalidate drops the entry on this node at once and publishes the change
@@ -433,12 +437,16 @@ func (c *Catalog) apply(msg string) {
 		delete(c.tenants, id)
 		notify = c.onTenant
 		c.dropLocked("t:" + id)
+	case KindRoom:
+		notify = c.onTenant // the cached tenant is still right
 	case KindTier:
 		c.tierList, c.tiers = nil, map[string]quota.Tier{}
 		c.dropLocked("tiers")
+		notify, id = c.onTenant, "" // a tier's limits are every tenant's on it
 	default:
 		c.keys, c.tenants, c.tierList, c.negative = map[string]keyEntry{}, map[string]quota.Tenant{}, nil, 0
 		c.dropLocked("")
+		notify, id = c.onTenant, ""
 	}
 	c.mu.Unlock()
 	for _, f := range notify {

@@ -151,3 +151,12 @@ type StoredAnswer struct {
 	Header string
 	Body   []byte
 }
+
+// RefusalCount is a number of refused requests of a tenant's meter in one
+// hour, counted outside the admission script (the deny cache).
+type RefusalCount struct {
+	TenantID string
+	Meter    string
+	Hour     time.Time
+	Requests int64
+}
