@@ -11,8 +11,23 @@
 //	]}
 //
 // A request matches the route with the longest path prefix whose method is
-// its own or "*". For an upstream route, the rest of the path after the
-// prefix is appended to the upstream URL's path, and the query string is kept.
+// its own or "*". For an upstream route, the route's path is replaced by the
+// upstream URL's path and the rest follows, with the query string.
+//
+// Paths are matched and forwarded as the client sent them, escapes included:
+// nothing is decoded and re-encoded, so the upstream receives the rest of the
+// path and the query byte for byte (a%20b stays a%20b, group%2Fproject stays
+// one segment). A path holding a dot segment ("." or "..") in any spelling an
+// upstream might decode matches no route, so the API answers 404 and the
+// request is neither metered nor forwarded. The spellings are: %2e for a dot,
+// %2f, %5c and \ between segments as well as /, and a ;parameter after the
+// dots ("..;x", which Tomcat reads as ".."). A malformed escape, a control
+// byte, space, ? or # in the path is refused the same way. Refusing rather
+// than resolving (RFC 3986 remove_dot_segments) gives every accepted path one
+// meaning: the route metered is the route forwarded to, whatever decoding the
+// upstream does, and nothing below a route's base can name a path above it.
+// Clients resolve dot segments before sending (RFC 3986, section 5.2), so
+// only handmade requests hold them.
 package routes
 
 import (
@@ -47,6 +62,8 @@ type Route struct {
 	RefundOn5xx bool   `json:"refund_on_5xx,omitempty"`
 
 	upstream *url.URL
+	origin   string // scheme://host of the upstream, for Target
+	base     string // the upstream's path, escaped as configured
 	timeout  time.Duration
 }
 
@@ -56,16 +73,52 @@ func (r *Route) UpstreamURL() *url.URL { return r.upstream }
 // UpstreamTimeout bounds the whole upstream exchange.
 func (r *Route) UpstreamTimeout() time.Duration { return r.timeout }
 
-// Target returns the upstream URL for a request path and raw query.
+// Target returns the upstream URL for a raw request path that Match gave r
+// for, and the raw query. The route's path is replaced by the upstream's; the
+// rest of the path and the query are copied as they are, never unescaped or
+// escaped again (url.URL.String would escape the % of a%20b once more). The
+// one exception: fasthttp's server lets spaces and control bytes through in
+// a query, and those are escaped, so that the upstream's request line stays
+// a method, a target and a version.
 func (r *Route) Target(path, rawQuery string) string {
-	u := *r.upstream
 	rest := strings.TrimPrefix(path, r.Path)
-	u.Path = strings.TrimSuffix(u.Path, "/") + "/" + strings.TrimPrefix(rest, "/")
-	if rest == "" {
-		u.Path = r.upstream.Path
+	dir, sep := strings.TrimSuffix(r.base, "/"), ""
+	switch {
+	case rest == "":
+		dir = r.base
+	case strings.HasSuffix(r.Path, "/"):
+		sep = "/" // the route's slash, which TrimPrefix took
 	}
-	u.RawQuery = rawQuery
-	return u.String()
+	q := ""
+	if rawQuery != "" {
+		q = "?"
+	}
+	return r.origin + dir + sep + rest + q + escapeControls(rawQuery)
+}
+
+// escapeControls escapes the bytes no request-target may hold: controls,
+// space, DEL, and # (which would start a fragment). It returns s itself when
+// there are none, which is every query a well-behaved client sends.
+func escapeControls(s string) string {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c == 0x7f || c == '#' {
+			n++
+		}
+	}
+	if n == 0 {
+		return s
+	}
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(s)+2*n)
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c == 0x7f || c == '#' {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		} else {
+			b = append(b, c)
+		}
+	}
+	return string(b)
 }
 
 // Table is a validated set of routes.
@@ -139,8 +192,8 @@ func (r *Route) validate() error {
 	if !slices.Contains(methods, r.Method) {
 		return fmt.Errorf("method %q is not one of %v", r.Method, methods)
 	}
-	if !strings.HasPrefix(r.Path, "/api/") || strings.ContainsAny(r.Path, "?#* ") {
-		return fmt.Errorf("path %q must start with /api/ and hold no ?, #, * or space", r.Path)
+	if !strings.HasPrefix(r.Path, "/api/") || strings.ContainsAny(r.Path, "?#* ") || !acceptable(r.Path) {
+		return fmt.Errorf("path %q must start with /api/ and hold no ?, #, * or space, no dot segment and no malformed escape", r.Path)
 	}
 	if !meterRE.MatchString(r.Meter) {
 		return fmt.Errorf("meter %q must be 1 to 64 of a-z 0-9 _ . -", r.Meter)
@@ -163,7 +216,13 @@ func (r *Route) validate() error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
 			return fmt.Errorf("upstream %q must be an http(s) URL without a query", r.Upstream)
 		}
-		r.upstream = u
+		if u.Path != "" && !acceptable(u.EscapedPath()) {
+			return fmt.Errorf("upstream %q must hold no dot segment", r.Upstream)
+		}
+		r.upstream, r.base = u, u.EscapedPath()
+		o := *u
+		o.Path, o.RawPath, o.ForceQuery, o.Fragment, o.RawFragment = "", "", false, "", ""
+		r.origin = o.String()
 		r.timeout = 30 * time.Second
 		if r.Timeout != "" {
 			if r.timeout, err = time.ParseDuration(r.Timeout); err != nil || r.timeout <= 0 || r.timeout > 10*time.Minute {
@@ -176,8 +235,12 @@ func (r *Route) validate() error {
 	return nil
 }
 
-// Match returns the route for a request, or nil.
+// Match returns the route for a request's raw path (as sent, still escaped),
+// or nil. A path that acceptable refuses matches nothing.
 func (t *Table) Match(method, path string) *Route {
+	if !acceptable(path) {
+		return nil
+	}
 	for _, r := range t.routes {
 		if (r.Method == "*" || r.Method == method) && matchPrefix(path, r.Path) {
 			return r
@@ -197,3 +260,57 @@ func matchPrefix(path, prefix string) bool {
 
 // All returns the routes, longest path first.
 func (t *Table) All() []*Route { return t.routes }
+
+// acceptable reports whether a raw path may be matched and forwarded: it
+// starts with /, its escapes are well formed, it holds no byte that would
+// end or split a request-target, and none of its segments is a dot segment
+// in any spelling (see the package comment). It reads the path once and
+// allocates nothing: it runs on every metered request.
+func acceptable(path string) bool {
+	if path == "" || path[0] != '/' {
+		return false
+	}
+	dots, other, param := 0, false, false // of the segment read so far
+	for i := 0; i < len(path); i++ {
+		c := path[i]
+		switch {
+		case c <= ' ' || c == 0x7f || c == '?' || c == '#':
+			return false
+		case c == '%':
+			if i+2 >= len(path) || !isHex(path[i+1]) || !isHex(path[i+2]) {
+				return false
+			}
+			c = unhex(path[i+1])<<4 | unhex(path[i+2])
+			i += 2
+		}
+		switch {
+		case c == '/' || c == '\\':
+			if !other && (dots == 1 || dots == 2) {
+				return false
+			}
+			dots, other, param = 0, false, false
+		case param:
+		case c == ';':
+			param = true
+		case c == '.':
+			dots++
+		default:
+			other = true
+		}
+	}
+	return other || (dots != 1 && dots != 2)
+}
+
+func isHex(c byte) bool {
+	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'
+}
+
+func unhex(c byte) byte {
+	switch {
+	case c <= '9':
+		return c - '0'
+	case c <= 'F':
+		return c - 'A' + 10
+	}
+	return c - 'a' + 10
+}

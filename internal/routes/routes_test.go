@@ -74,6 +74,9 @@ func TestParseRejects(t *testing.T) {
 		{"bad timeout", `{"routes": [{"method": "GET", "path": "/api/a", "meter": "a", "cost": 1, "upstream": "http://x", "timeout": "1y"}]}`, "timeout"},
 		{"twice", `{"routes": [{"method": "GET", "path": "/api/a", "meter": "a", "cost": 1, "handler": "echo"}, {"method": "get", "path": "/api/a", "meter": "b", "cost": 1, "handler": "echo"}]}`, "twice"},
 		{"not JSON", `routes: []`, "invalid"},
+		{"dot segment in path", `{"routes": [{"method": "GET", "path": "/api/a/../b", "meter": "a", "cost": 1, "handler": "echo"}]}`, "dot segment"},
+		{"bad escape in path", `{"routes": [{"method": "GET", "path": "/api/a%zz", "meter": "a", "cost": 1, "handler": "echo"}]}`, "escape"},
+		{"dot segment in upstream", `{"routes": [{"method": "GET", "path": "/api/a", "meter": "a", "cost": 1, "upstream": "http://x/v1/%2e%2e/"}]}`, "dot segment"},
 	} {
 		_, err := Parse([]byte(tc.doc))
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -93,5 +96,90 @@ func TestLoadNamesTheVariable(t *testing.T) {
 	tab, err := Load(p)
 	if err != nil || tab.Match("GET", "/api/a").Cost != 3 {
 		t.Fatalf("Load = %v, %v; want the file's table", tab, err)
+	}
+}
+
+// proxyTable is the table of the path tests: routes with and without a
+// trailing slash, upstreams with and without a path.
+func proxyTable(tb testing.TB) *Table {
+	tb.Helper()
+	tab, err := Parse([]byte(`{"routes": [
+		{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "http://up.test/v1/ok/"},
+		{"method": "GET", "path": "/api/up/special", "meter": "special", "cost": 1, "upstream": "http://up.test:8080/v2"},
+		{"method": "*", "path": "/api/bare/", "meter": "bare", "cost": 1, "upstream": "https://bare.test"},
+		{"method": "*", "path": "/api/sp", "meter": "sp", "cost": 1, "upstream": "http://u:p@sp.test/a%20b/?"},
+		{"method": "GET", "path": "/api/echo", "meter": "echo", "cost": 1, "handler": "echo"}
+	]}`))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tab
+}
+
+func TestTargetKeepsThePathAsSent(t *testing.T) {
+	tab := proxyTable(t)
+	for _, tc := range []struct{ path, query, want string }{
+		{"/api/up/files/a%20b", "", "http://up.test/v1/ok/files/a%20b"},
+		{"/api/up/files/a%2520b", "", "http://up.test/v1/ok/files/a%2520b"},
+		{"/api/up/group%2Fproject/raw", "ref=main", "http://up.test/v1/ok/group%2Fproject/raw?ref=main"},
+		{"/api/up/%E2%82%AC/é", "q=a%20b&r=%2F+x&s", "http://up.test/v1/ok/%E2%82%AC/é?q=a%20b&r=%2F+x&s"},
+		{"/api/up/x//y/", "", "http://up.test/v1/ok/x//y/"},
+		{"/api/up//x", "", "http://up.test/v1/ok//x"},
+		{"/api/up/", "a=1", "http://up.test/v1/ok/?a=1"},
+		{"/api/up/..x/.y/...", "", "http://up.test/v1/ok/..x/.y/..."},
+		{"/api/up/special", "", "http://up.test:8080/v2"},
+		{"/api/up/special/deep%3F", "", "http://up.test:8080/v2/deep%3F"},
+		{"/api/bare/", "", "https://bare.test"},
+		{"/api/bare/x", "", "https://bare.test/x"},
+		{"/api/sp", "", "http://u:p@sp.test/a%20b/"},
+		{"/api/sp/x%20y", "z", "http://u:p@sp.test/a%20b/x%20y?z"},
+		{"/api/up/q", "a b\tc\x7f#%20", "http://up.test/v1/ok/q?a%20b%09c%7F%23%20"},
+	} {
+		r := tab.Match("GET", tc.path)
+		if r == nil {
+			t.Errorf("Match(GET, %q) = nil, want a route", tc.path)
+			continue
+		}
+		if got := r.Target(tc.path, tc.query); got != tc.want {
+			t.Errorf("Target(%q, %q) = %q, want %q", tc.path, tc.query, got, tc.want)
+		}
+	}
+}
+
+func TestMatchRefusesDotSegments(t *testing.T) {
+	tab := proxyTable(t)
+	for _, path := range []string{
+		"/api/up/..", "/api/up/.", "/api/up/a/../../secret", "/api/up/./x", "/api/up/x/.",
+		"/api/up/%2e%2e", "/api/up/%2E%2E/x", "/api/up/.%2e/x", "/api/up/%2e./x", "/api/up/%2e/x",
+		"/api/up/a%2f..%2fx", "/api/up/a%2F..", "/api/up/a%5c..%5cx", "/api/up/a%5C.", `/api/up/a\..\x`,
+		"/api/up/..;/x", "/api/up/.;jsessionid=1/x", "/api/up/..%3bx/y",
+		"/api/echo/..", "/api/echo/../up/x", "/api/up/x/../../echo",
+		"/api/up/%zz", "/api/up/%2", "/api/up/%", "/api/up/%%2e%2e",
+		"/api/up/a b", "/api/up/a\x00b", "/api/up/a\x7fb", "/api/up/a?b", "/api/up/a#b", "api/up/x", "",
+	} {
+		if r := tab.Match("GET", path); r != nil {
+			t.Errorf("Match(GET, %q) = route %s, want nil", path, r.Path)
+		}
+	}
+	// Dots that are not a whole segment, and escapes that decode to neither
+	// a dot nor a separator, are ordinary.
+	for _, path := range []string{
+		"/api/up/..x", "/api/up/x..", "/api/up/...", "/api/up/.well-known/x", "/api/up/%2e%2e%2e",
+		"/api/up/a%252e%252e", "/api/up/;x/y", "/api/up/a;..", "/api/up/%00", "/api/up/é",
+	} {
+		if r := tab.Match("GET", path); r == nil || r.Meter != "up" {
+			t.Errorf("Match(GET, %q) = %v, want route /api/up/", path, r)
+		}
+	}
+}
+
+// BenchmarkMatchAndTarget is the table's share of a proxied request.
+func BenchmarkMatchAndTarget(b *testing.B) {
+	tab := proxyTable(b)
+	const path, query = "/api/up/v3/users/12345/files/report%202024.pdf", "page=2&size=50"
+	b.ReportAllocs()
+	for b.Loop() {
+		r := tab.Match("GET", path)
+		_ = r.Target(path, query)
 	}
 }
