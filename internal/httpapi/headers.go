@@ -79,19 +79,21 @@ func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
 	if l, ok := tightest(d); ok {
 		c.Set("X-RateLimit-Limit", strconv.FormatInt(l.Limit, 10))
 		c.Set("X-RateLimit-Remaining", strconv.FormatInt(l.Remaining, 10))
-		c.Set("X-RateLimit-Reset", strconv.FormatInt(unixCeil(l.Reset), 10))
+		c.Set("X-RateLimit-Reset", strconv.FormatInt(resetTime(l.Reset).Unix(), 10))
 	}
 	if !d.Allowed && d.RetryAfter >= 0 {
 		c.Set(fiber.HeaderRetryAfter, strconv.FormatInt(max(1, ceilSeconds(d.RetryAfter)), 10))
 	}
 }
 
-func unixCeil(t time.Time) int64 {
-	s := t.Unix()
-	if t.Nanosecond() > 0 {
-		s++
+// resetTime is a limit's reset as every answer shows it (X-RateLimit-Reset,
+// the problem's and /v1/usage's reset): rounded up to the whole second, so
+// that no client that waits for it is early, and all of them agree.
+func resetTime(t time.Time) time.Time {
+	if r := t.Truncate(time.Second); !r.Equal(t) {
+		return r.Add(time.Second).UTC()
 	}
-	return s
+	return t.UTC()
 }
 
 // refusalProblem is the 429 body of API.md: the refusing limits, the state
@@ -106,7 +108,7 @@ func refusalProblem(d quota.Decision, upgrade *quota.Upgrade, instance string) P
 	if l, ok := tightest(d); ok {
 		extra["limit"] = l.Limit
 		extra["remaining"] = l.Remaining
-		extra["reset"] = l.Reset.UTC().Format(time.RFC3339)
+		extra["reset"] = resetTime(l.Reset).Format(time.RFC3339)
 	}
 	if d.RetryAfter >= 0 {
 		secs := max(1, ceilSeconds(d.RetryAfter))

@@ -1,0 +1,153 @@
+package httpapi
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/routes"
+)
+
+// Idempotency-Key on metered routes, after the IETF Idempotency-Key draft
+// and Stripe's practice:
+//
+//   - the key is scoped to the tenant for 24 hours; the first request with it
+//     is identified by its fingerprint: method, path and query as sent, and
+//     the SHA-256 of its body;
+//   - a repeat of the same request is answered with the first answer,
+//     stored after it was sent: its status, the headers in replayHeaders and
+//     the body up to MaxReplayBody, marked Idempotent-Replayed: true; neither
+//     the handler nor the upstream runs again and no quota is counted, but
+//     the repeat still passes (and consumes) the burst limits, since it is
+//     load all the same;
+//   - a repeat while the first is still in flight is 409, to be retried;
+//   - the same key with another method, path or body is 422;
+//   - a first request that was refunded (an upstream 5xx on a refunding
+//     route) releases its key: it did not happen, so a retry runs again;
+//   - a first request whose node died before storing the answer holds the
+//     key for the route's upstream timeout plus a margin (the lease); then a
+//     retry runs again.
+
+// MaxReplayBody is the largest answer body stored for replays. The first
+// answer to a larger body is sent as usual; its repeats get 409, since
+// running the request again is what the key forbids.
+const MaxReplayBody = 1 << 20
+
+// leaseMargin is added to a route's timeout for the in-flight lease.
+const leaseMargin = 30 * time.Second
+
+// builtinLease is the lease of the built-in handlers' requests.
+const builtinLease = 30 * time.Second
+
+// replayHeaders are the answer headers stored and replayed: those that
+// describe the representation. Hop-by-hop headers, cookies and the rate
+// limit headers (recomputed for every answer) are never stored.
+var replayHeaders = []string{
+	fiber.HeaderContentType, fiber.HeaderContentEncoding, fiber.HeaderContentLanguage,
+	fiber.HeaderContentDisposition, fiber.HeaderCacheControl, fiber.HeaderETag,
+	fiber.HeaderLastModified, fiber.HeaderLocation, fiber.HeaderVary, fiber.HeaderExpires,
+}
+
+// headerTooLarge marks a stored answer whose body was not kept.
+const headerTooLarge = "Tollgate-Replay-Too-Large"
+
+// fingerprint identifies a metered request for its idempotency key.
+func fingerprint(c *fiber.Ctx) string {
+	body := sha256.Sum256(c.Body())
+	h := sha256.New()
+	h.Write(c.Request().Header.Method())
+	h.Write([]byte{'\n'})
+	h.Write(c.Request().RequestURI())
+	h.Write([]byte{'\n'})
+	h.Write(body[:])
+	return hex.EncodeToString(h.Sum(nil))
+}
+
+// idempotent fills req's idempotency fields from the request's
+// Idempotency-Key, if any.
+func idempotent(c *fiber.Ctx, route *routes.Route, req *quota.Request) error {
+	key, err := idempotencyKey(c)
+	if err != nil || key == "" {
+		return err
+	}
+	req.IdempotencyKey = strings.Clone(key)
+	req.IdempotencyFingerprint = fingerprint(c)
+	req.IdempotencyLease = builtinLease
+	if route.UpstreamURL() != nil {
+		req.IdempotencyLease = route.UpstreamTimeout() + leaseMargin
+	}
+	return nil
+}
+
+// idemRefusal answers a request its idempotency key decided: in flight or
+// mismatched. It reports false for any other decision.
+func idemRefusal(d quota.Decision) error {
+	switch d.Idem {
+	case quota.IdemInFlight:
+		return quota.Errorf(quota.CodeConflict, "a request with this Idempotency-Key is still in flight; retry once it has answered")
+	case quota.IdemMismatch:
+		return &quota.Error{Code: quota.CodeMismatch, Field: "Idempotency-Key",
+			Message: "this Idempotency-Key was used for a different request (method, path or body); use a new key"}
+	}
+	return nil
+}
+
+// replay answers a repeat with the first request's stored answer.
+func (s *Server) replay(c *fiber.Ctx, req quota.Request, d quota.Decision) error {
+	a, err := s.gate.Answer(c.UserContext(), req)
+	if errors.Is(err, ratelimit.ErrNoAnswer) {
+		return quota.Errorf(quota.CodeConflict, "the answer to this Idempotency-Key is no longer stored; use a new key")
+	}
+	if err != nil {
+		return err
+	}
+	setRateLimitHeaders(c, d)
+	for _, line := range strings.Split(a.Header, "\n") {
+		if name, value, ok := strings.Cut(line, ": "); ok {
+			if name == headerTooLarge {
+				return quota.Errorf(quota.CodeConflict,
+					"the first answer to this Idempotency-Key (%s bytes) was larger than the %d bytes stored for replays; it ran once and is not run again",
+					value, MaxReplayBody)
+			}
+			c.Set(name, value)
+		}
+	}
+	c.Status(a.Status)
+	return c.Send(a.Body)
+}
+
+// storeAnswer keeps the answer just made for the repeats of req. It runs
+// after the handler, whether or not the client is still there.
+func (s *Server) storeAnswer(c *fiber.Ctx, req quota.Request) {
+	resp := c.Response()
+	var hdr strings.Builder
+	for _, name := range replayHeaders {
+		if v := resp.Header.Peek(name); len(v) > 0 {
+			hdr.WriteString(name)
+			hdr.WriteString(": ")
+			hdr.Write(v)
+			hdr.WriteByte('\n')
+		}
+	}
+	a := quota.StoredAnswer{Status: resp.StatusCode(), Body: resp.Body()}
+	if len(a.Body) > MaxReplayBody {
+		hdr.WriteString(headerTooLarge + ": " + strconv.Itoa(len(a.Body)))
+		a.Body = nil
+	}
+	a.Header = hdr.String()
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
+	defer cancel()
+	if err := s.gate.StoreAnswer(ctx, req, a); err != nil {
+		// The key stays in flight until its lease ends: repeats get 409
+		// meanwhile, never a second run.
+		s.log.Error("storing an idempotent answer failed", "tenant_id", req.TenantID, "err", err)
+	}
+}
