@@ -86,8 +86,8 @@ func rawGet(tb testing.TB, base, target, key string) reply {
 }
 
 // TestProxyRefusesDotSegments: a path holding a dot segment, in any spelling
-// an upstream might decode, names no route (404) and never reaches the
-// upstream; nothing is metered.
+// an upstream might decode, is bad input (400 naming the path) and never
+// reaches the upstream; nothing is metered.
 func TestProxyRefusesDotSegments(t *testing.T) {
 	t.Parallel()
 	base, rec, key := mustProxyStack(t)
@@ -114,8 +114,8 @@ func TestProxyRefusesDotSegments(t *testing.T) {
 		"/api/up/x/../../echo",
 	} {
 		r := rawGet(t, base, target, key)
-		if r.status != 404 || r.header.Get("Content-Type") != "application/problem+json" {
-			t.Errorf("GET %s: status %d type %q, want 404 problem+json (%s)", target, r.status, r.header.Get("Content-Type"), r.body)
+		if r.status != 400 || r.header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(r.body), `"field":"path"`) {
+			t.Errorf("GET %s: status %d type %q, want 400 problem+json naming the path (%s)", target, r.status, r.header.Get("Content-Type"), r.body)
 		}
 		if got := rec.take(); len(got) != 0 {
 			t.Errorf("GET %s: the upstream received %q, want nothing", target, got)

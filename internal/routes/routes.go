@@ -18,7 +18,7 @@
 // nothing is decoded and re-encoded, so the upstream receives the rest of the
 // path and the query byte for byte (a%20b stays a%20b, group%2Fproject stays
 // one segment). A path holding a dot segment ("." or "..") in any spelling an
-// upstream might decode matches no route, so the API answers 404 and the
+// upstream might decode matches no route (Acceptable is false), so the API answers 400 and the
 // request is neither metered nor forwarded. The spellings are: %2e for a dot,
 // %2f, %5c and \ between segments as well as /, and a ;parameter after the
 // dots ("..;x", which Tomcat reads as ".."). A malformed escape, a control
@@ -234,6 +234,11 @@ func (r *Route) validate() error {
 	}
 	return nil
 }
+
+// Acceptable reports whether a raw path may be matched at all; a path it
+// refuses (dot segments in any spelling, bad escapes) is bad input, not an
+// unknown route.
+func Acceptable(path string) bool { return acceptable(path) }
 
 // Match returns the route for a request's raw path (as sent, still escaped),
 // or nil. A path that acceptable refuses matches nothing.
