@@ -6,22 +6,39 @@ current one is stale: it is reset (used, grant and overage to 0) before the
 grant is added, exactly as admit.lua treats it. The grant ends with its period:
 the next period starts with none.
 
+A grant with an id is applied once: its id is marked in the period's hash
+(field g:<id>), and a grant whose id is marked adds nothing, so the API and
+the worker's grants step may both send it, any number of times. A grant
+with an id names its period (ARGV[5]) and is applied only while that period
+is the current one (Redis time); otherwise nothing is written and the answer
+says so. So a mark matters only within its own period: marks left in a hash
+that admit.lua reset for a new period are never read again, and go with the
+hash (it expires, or this script deletes a stale hash before resetting it).
+Without an id (ARGV[4] empty) every call adds.
+
 Units, epoch, precision: as in admit.lua (integer microseconds since the Unix
 epoch, UTC; integers exact below 2^53; numbers written with '%d').
 
 KEYS
   KEYS[1] <prefix>:v1:{t:<id>}:day or <prefix>:v1:{t:<id>}:month
-          hash: period, used, grant, overage (see admit.lua)
+          hash: period, used, grant, overage (see admit.lua), and
+          g:<grant id> = units for each grant with an id applied in the
+          period (admit.lua reads only its four fields)
 
 ARGV
   [1] now_us  explicit time in us; 0 = Redis TIME
   [2] period  'day' | 'month'
   [3] units   units to add, 1..2^40
+  [4] grant id, or '' (optional): apply this grant once
+  [5] the grant's period id (days since epoch, or year*100+month); 0 or
+      absent = the period that contains now
 
-Return: a flat array of 6 integers
+Return: a flat array of 7 integers
   [1] period id (days since epoch, or year*100+month)
   [2] used  [3] grant (after this call)  [4] overage
   [5] reset: start of the next period, us  [6] now, us
+  [7] 1 = the units were added; 0 = this grant id was applied before;
+      -1 = the grant's period is not the current one (nothing written)
 
 Expiry: end of the period + 1 h, as admit.lua sets it (shifted by TIME - now
 when an explicit now lies in the past).
@@ -98,13 +115,28 @@ local day, dnext, month, mnext = periods(now)
 local id, reset = day, dnext
 if ARGV[2] == 'month' then id, reset = month, mnext end
 
+local gid = ARGV[4] or ''
+local want = tonumber(ARGV[5] or '0') or 0
 local h = redis.call('HMGET', KEYS[1], 'period', 'used', 'grant', 'overage')
 local used, grant, over = 0, 0, 0
-if tonumber(h[1]) == id then
+local current = tonumber(h[1]) == id
+if current then
   used, grant, over = tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
+end
+if want ~= 0 and want ~= id then
+  return {id, used, grant, over, reset, now, -1}
+end
+if gid ~= '' and current and redis.call('HEXISTS', KEYS[1], 'g:' .. gid) == 1 then
+  return {id, used, grant, over, reset, now, 0}
+end
+if not current then
+  redis.call('DEL', KEYS[1]) -- a past period's hash, with its grant marks
 end
 grant = grant + tonumber(ARGV[3])
 redis.call('HSET', KEYS[1], 'period', fmt(id), 'used', fmt(used), 'grant', fmt(grant),
   'overage', fmt(over))
+if gid ~= '' then
+  redis.call('HSET', KEYS[1], 'g:' .. gid, ARGV[3])
+end
 redis.call('PEXPIREAT', KEYS[1], fmt(-idiv(-(reset + HOUR_US + shift), 1000)))
-return {id, used, grant, over, reset, now}
+return {id, used, grant, over, reset, now, 1}

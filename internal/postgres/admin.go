@@ -451,7 +451,9 @@ func insertKey(ctx context.Context, tx pgx.Tx, actor, tenantID, name string, k a
 	return out, audit(ctx, tx, actor, "create", "api_key", out.ID, nil, out.APIKey)
 }
 
-// Grant is extra units for one of a tenant's days or months.
+// Grant is extra units for one of a tenant's days or months. Applied says
+// whether it is in the tenant's counter in Redis; until it is, the worker's
+// grants step applies it (see ApplyGrants).
 type Grant struct {
 	ID          string    `json:"id"`
 	TenantID    string    `json:"tenant_id"`
@@ -459,24 +461,125 @@ type Grant struct {
 	PeriodStart string    `json:"period_start"`
 	Units       int64     `json:"units"`
 	CreatedAt   time.Time `json:"created_at"`
+	Applied     bool      `json:"applied"`
 }
 
-// CreateGrant records a grant for the period starting at start.
+const grantColumns = `id, tenant_id, period, to_char(period_start, 'YYYY-MM-DD'), units, created_at, applied_at IS NOT NULL`
+
+func grantDest(g *Grant) []any {
+	return []any{&g.ID, &g.TenantID, &g.Period, &g.PeriodStart, &g.Units, &g.CreatedAt, &g.Applied}
+}
+
+func collectGrants(rows pgx.Rows) ([]Grant, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Grant, error) {
+		var g Grant
+		return g, row.Scan(grantDest(&g)...)
+	})
+}
+
+// CreateGrant records a grant of units for the tenant's period ("day" or
+// "month") starting at start, not yet applied.
 func (s *Store) CreateGrant(ctx context.Context, actor, tenantID, period string, start time.Time, units int64) (Grant, error) {
-	var g Grant
-	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+	g, _, err := s.CreateGrantIdempotent(ctx, actor, tenantID, "", period, start, units)
+	return g, err
+}
+
+// CreateGrantIdempotent is CreateGrant under an idempotency key (the admin's
+// Idempotency-Key; "" for none): it records at most one grant per tenant and
+// key. A repeat with the same period and units returns the grant first
+// recorded, with created false, and records nothing; with another period or
+// units it is a CodeMismatch error.
+func (s *Store) CreateGrantIdempotent(ctx context.Context, actor, tenantID, key, period string, start time.Time, units int64) (g Grant, created bool, err error) {
+	var idem *string
+	if key != "" {
+		idem = &key
+	}
+	err = pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		if _, err := tenantTx(ctx, tx, tenantID, "FOR SHARE"); err != nil {
 			return err
 		}
-		err := tx.QueryRow(ctx, `INSERT INTO grants (tenant_id, period, period_start, units) VALUES ($1, $2, $3, $4)
-			RETURNING id, tenant_id, period, to_char(period_start, 'YYYY-MM-DD'), units, created_at`,
-			tenantID, period, start, units).Scan(&g.ID, &g.TenantID, &g.Period, &g.PeriodStart, &g.Units, &g.CreatedAt)
-		if err != nil {
+		// A concurrent insert with the same key makes this one wait for its
+		// commit, then do nothing: the select below finds its grant.
+		err := tx.QueryRow(ctx, `INSERT INTO grants (tenant_id, period, period_start, units, idempotency_key)
+			VALUES ($1, $2, $3, $4, $5)
+			ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+			RETURNING `+grantColumns, tenantID, period, start, units, idem).Scan(grantDest(&g)...)
+		if err == nil {
+			created = true
+			return audit(ctx, tx, actor, "create", "grant", g.ID, nil, g)
+		}
+		if !errors.Is(err, pgx.ErrNoRows) {
 			return fmt.Errorf("postgres: insert grant: %w", err)
 		}
-		return audit(ctx, tx, actor, "create", "grant", g.ID, nil, g)
+		err = tx.QueryRow(ctx, `SELECT `+grantColumns+` FROM grants WHERE tenant_id = $1 AND idempotency_key = $2`,
+			tenantID, key).Scan(grantDest(&g)...)
+		if err != nil {
+			return fmt.Errorf("postgres: grant by idempotency key: %w", err)
+		}
+		if g.Period != period || g.Units != units {
+			return &quota.Error{Code: quota.CodeMismatch, Field: "Idempotency-Key", Message: fmt.Sprintf(
+				"the key was used for a grant of %d units for a %s (%s); use a new key for another grant", g.Units, g.Period, g.ID)}
+		}
+		return nil
 	})
-	return g, err
+	return g, created, err
+}
+
+// grantApplier applies a recorded grant in Redis once (*ratelimit.Runner).
+type grantApplier interface {
+	ApplyGrant(ctx context.Context, tenantID, id, period string, start time.Time, units int64) (bool, error)
+}
+
+// ApplyGrant applies g in Redis through rl and marks it applied. Applying a
+// grant twice adds it once, so a grant applied by another caller meanwhile
+// is no harm. The grant returned says whether it is applied: not, with a nil
+// error, when its period is not Redis' current one (it ended, or Redis' clock
+// is not there yet).
+func (s *Store) ApplyGrant(ctx context.Context, rl grantApplier, g Grant) (Grant, error) {
+	start, err := time.Parse(time.DateOnly, g.PeriodStart)
+	if err != nil {
+		return g, fmt.Errorf("postgres: grant %s: period start: %w", g.ID, err)
+	}
+	applied, err := rl.ApplyGrant(ctx, g.TenantID, g.ID, g.Period, start, g.Units)
+	if err != nil || !applied {
+		return g, err
+	}
+	if _, err := s.db.Exec(ctx, `UPDATE grants SET applied_at = now() WHERE id = $1 AND applied_at IS NULL`, g.ID); err != nil {
+		return g, fmt.Errorf("postgres: mark grant applied: %w", err)
+	}
+	g.Applied = true
+	return g, nil
+}
+
+// ApplyGrants applies the grants of the current day and month (at now) that
+// are not applied yet, because Redis failed when they were made, and returns
+// them. It is the worker's grants step: idempotent, and safe beside the API
+// and other workers applying the same grants. Each run takes at most 1,000,
+// oldest first; what remains waits for the next.
+func (s *Store) ApplyGrants(ctx context.Context, rl grantApplier, now time.Time) ([]Grant, error) {
+	// period_start IN (…) lets the partial index of unapplied grants serve.
+	rows, err := s.db.Query(ctx, `SELECT `+grantColumns+` FROM grants
+		WHERE applied_at IS NULL AND period_start IN ($1::date, $2::date)
+		  AND (period = 'day' AND period_start = $1::date OR period = 'month' AND period_start = $2::date)
+		ORDER BY created_at, id LIMIT 1000`, quota.DayStart(now), quota.MonthStart(now))
+	if err != nil {
+		return nil, fmt.Errorf("postgres: unapplied grants: %w", err)
+	}
+	pending, err := collectGrants(rows)
+	if err != nil {
+		return nil, fmt.Errorf("postgres: unapplied grants: %w", err)
+	}
+	var done []Grant
+	for _, g := range pending {
+		g, err := s.ApplyGrant(ctx, rl, g)
+		if err != nil {
+			return done, err
+		}
+		if g.Applied {
+			done = append(done, g)
+		}
+	}
+	return done, nil
 }
 
 // ListGrants returns a tenant's grants, newest first.
@@ -488,16 +591,13 @@ func (s *Store) ListGrants(ctx context.Context, tenantID string, p Page) ([]Gran
 	if err != nil {
 		return nil, nil, err
 	}
-	rows, err := s.db.Query(ctx, `SELECT id, tenant_id, period, to_char(period_start, 'YYYY-MM-DD'), units, created_at
+	rows, err := s.db.Query(ctx, `SELECT `+grantColumns+`
 		FROM grants WHERE tenant_id = $1 AND ($2 = '' OR (created_at, id::text) < ($3, $2))
 		ORDER BY created_at DESC, id DESC LIMIT $4`, tenantID, c.ID, c.At, p.Limit+1)
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: list grants: %w", err)
 	}
-	gs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (Grant, error) {
-		var g Grant
-		return g, row.Scan(&g.ID, &g.TenantID, &g.Period, &g.PeriodStart, &g.Units, &g.CreatedAt)
-	})
+	gs, err := collectGrants(rows)
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: list grants: %w", err)
 	}

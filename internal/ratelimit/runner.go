@@ -151,23 +151,57 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 
 // Grant adds units to the tenant's quota for the current period ("day" or
 // "month", UTC): until the period ends its limit is quota + grants. The
-// period is taken from Redis time, or from now when it is not zero.
+// period is taken from Redis time, or from now when it is not zero. Every
+// call adds: for a recorded grant, use ApplyGrant.
 func (r *Runner) Grant(ctx context.Context, tenantID string, period string, units int64, now time.Time) error {
+	_, err := r.grant(ctx, tenantID, "", period, time.Time{}, units, now)
+	return err
+}
+
+// ApplyGrant adds a recorded grant, id, of units to the tenant's quota for
+// the period ("day" or "month") that starts at start, once: applying the
+// same id again, from any node or the worker, adds nothing. It reports
+// whether the grant is in the counter, added now or before; false means its
+// period is not the current one in Redis time, and nothing was written.
+func (r *Runner) ApplyGrant(ctx context.Context, tenantID, id, period string, start time.Time, units int64) (bool, error) {
+	if id == "" {
+		return false, quota.FieldError("id", "is required")
+	}
+	if start.IsZero() {
+		return false, quota.FieldError("period_start", "is required")
+	}
+	return r.grant(ctx, tenantID, id, period, start, units, time.Time{})
+}
+
+// grant runs grant.lua: id and start are empty for a grant without an id.
+func (r *Runner) grant(ctx context.Context, tenantID, id, period string, start time.Time, units int64, now time.Time) (bool, error) {
 	if err := checkTenant(tenantID); err != nil {
-		return err
+		return false, err
 	}
 	if period != "day" && period != "month" {
-		return quota.FieldError("period", `must be "day" or "month"`)
+		return false, quota.FieldError("period", `must be "day" or "month"`)
 	}
 	if units < 1 || units > quota.MaxQuantity {
-		return quota.FieldError("units", "must be an integer between 1 and %d", quota.MaxQuantity)
+		return false, quota.FieldError("units", "must be an integer between 1 and %d", quota.MaxQuantity)
 	}
 	if err := checkNow(now); err != nil {
-		return err
+		return false, err
 	}
-	err := grantScript.Run(ctx, r.c, []string{r.key(tenantID, period)}, micros(now), period, units).Err()
+	// The script's period ids: days since the epoch, or year*100+month.
+	var periodID int64
+	if !start.IsZero() {
+		start = start.UTC()
+		periodID = start.Unix() / 86400
+		if period == "month" {
+			periodID = int64(start.Year())*100 + int64(start.Month())
+		}
+	}
+	res, err := grantScript.Run(ctx, r.c, []string{r.key(tenantID, period)}, micros(now), period, units, id, periodID).Int64Slice()
 	if err != nil {
-		return fmt.Errorf("ratelimit: grant: %w", err)
+		return false, fmt.Errorf("ratelimit: grant: %w", err)
 	}
-	return nil
+	if len(res) != 7 {
+		return false, fmt.Errorf("ratelimit: grant: script answered %d values, want 7", len(res))
+	}
+	return res[6] >= 0, nil
 }
