@@ -141,8 +141,10 @@ func TestAStaleLoadDoesNotOutliveItsInvalidation(t *testing.T) {
 				t.Fatal("the held load did not finish within 5s of its release")
 			}
 			_, err := c.Resolve(ctx, key.Secret)
-			if got := quota.ErrorCode(err); got != tc.want {
-				t.Errorf("Resolve after the change and its invalidation: code %q (%v), want %q: the stale load was kept", got, err, tc.want)
+			if err == nil {
+				t.Errorf("Resolve after the change and its invalidation: resolved, want a %q error: the stale load was kept", tc.want)
+			} else if got := quota.ErrorCode(err); got != tc.want {
+				t.Errorf("Resolve after the change and its invalidation: code %q (%v), want %q", got, err, tc.want)
 			}
 		})
 	}
