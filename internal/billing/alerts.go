@@ -5,18 +5,22 @@ import (
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
+	"crypto/tls"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -87,6 +91,15 @@ type Deliverer struct {
 	Timeout time.Duration
 	// Jitter spreads a retry delay; nil means none. NewDeliverer sets ±20 %.
 	Jitter func(time.Duration) time.Duration
+	// AllowPrivate lets webhooks reach addresses that are not public (see
+	// PublicAddr). Without it every address dialled, once its name is
+	// resolved and again on each redirect, must be public: a tenant's
+	// webhook URL must not reach into the worker's network (the cloud
+	// metadata service at 169.254.169.254, an admin port on loopback), nor
+	// get there later by changing what its name resolves to.
+	AllowPrivate bool
+	// dialAllowed replaces the rule above, for tests; nil in production.
+	dialAllowed func(netip.AddrPort) bool
 
 	// Counters since the Deliverer was made, for metrics. Delivered, Failed
 	// and Skipped count alerts reaching that status; Retried counts failed
@@ -97,34 +110,28 @@ type Deliverer struct {
 	Retried   atomic.Int64
 }
 
+// Fixed failures of a redirect, recorded as they are.
+var (
+	errRedirectScheme = errors.New("redirect to a URL that is not http or https refused")
+	errRedirectGET    = errors.New("redirect that drops the POST body refused")
+	errRedirectLoop   = fmt.Errorf("stopped after %d redirects", maxRedirects)
+)
+
 // NewDeliverer returns a Deliverer on db that posts with a copy of client
 // (nil: a default client) whose redirects are limited to http and https and
 // to 307/308, which keep the POST and its body. now is the clock for leases,
 // retry times and webhook timestamps.
+//
+// The copy's transport (client's, when it is an *http.Transport) dials
+// through a check of every address (AllowPrivate) and ignores the
+// environment's HTTP proxy, which would be the only address checked. A
+// client with another RoundTripper keeps it and answers for what it dials.
 func NewDeliverer(db *pgxpool.Pool, client *http.Client, now func() time.Time) *Deliverer {
 	c := &http.Client{}
 	if client != nil {
 		*c = *client
 	}
-	next := c.CheckRedirect
-	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
-		if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
-			return fmt.Errorf("redirect to %s URL refused", req.URL.Scheme)
-		}
-		// 301, 302 and 303 turn the POST into a GET without the payload;
-		// a 2xx to that must not count as delivered.
-		if req.Method != http.MethodPost {
-			return errors.New("redirect that drops the POST body refused")
-		}
-		if len(via) >= maxRedirects {
-			return fmt.Errorf("stopped after %d redirects", maxRedirects)
-		}
-		if next != nil {
-			return next(req, via)
-		}
-		return nil
-	}
-	return &Deliverer{
+	d := &Deliverer{
 		db: db, client: c, now: now,
 		Batch:       DefaultAlertBatch,
 		Concurrency: DefaultAlertConcurrency,
@@ -133,6 +140,151 @@ func NewDeliverer(db *pgxpool.Pool, client *http.Client, now func() time.Time) *
 		Timeout:     DefaultWebhookTimeout,
 		Jitter:      jitter20,
 	}
+	var tr *http.Transport
+	switch t := c.Transport.(type) {
+	case nil:
+		if dt, ok := http.DefaultTransport.(*http.Transport); ok {
+			tr = dt.Clone()
+		} else {
+			tr = &http.Transport{}
+		}
+	case *http.Transport:
+		tr = t.Clone()
+	}
+	if tr != nil {
+		dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: d.checkDial}
+		// DialContext wins over Dial; the TLS dialers would win over it.
+		tr.Proxy, tr.DialContext, tr.DialTLSContext, tr.DialTLS = nil, dialer.DialContext, nil, nil
+		c.Transport = tr
+	}
+	next := c.CheckRedirect
+	c.CheckRedirect = func(req *http.Request, via []*http.Request) error {
+		if req.URL.Scheme != "http" && req.URL.Scheme != "https" {
+			return errRedirectScheme
+		}
+		// 301, 302 and 303 turn the POST into a GET without the payload;
+		// a 2xx to that must not count as delivered.
+		if req.Method != http.MethodPost {
+			return errRedirectGET
+		}
+		if len(via) >= maxRedirects {
+			return errRedirectLoop
+		}
+		if next != nil {
+			return next(req, via)
+		}
+		return nil
+	}
+	return d
+}
+
+// checkDial is the webhook dialer's Control: it sees the address about to
+// be dialled, after name resolution, for the first request and for every
+// redirect, so neither a name that resolves inside (now or after a DNS
+// change) nor a redirect reaches an address that is not public.
+func (d *Deliverer) checkDial(_, address string, _ syscall.RawConn) error {
+	ap, err := netip.ParseAddrPort(address)
+	if err != nil {
+		return ErrWebhookTarget
+	}
+	ok := d.AllowPrivate || PublicAddr(ap.Addr())
+	if d.dialAllowed != nil {
+		ok = d.dialAllowed(ap)
+	}
+	if !ok {
+		return ErrWebhookTarget
+	}
+	return nil
+}
+
+// ErrWebhookTarget means that a webhook's host is, or resolves to, an
+// address that is not public.
+var ErrWebhookTarget = errors.New("refused: the webhook host is not a public address (loopback, link-local, private or reserved)")
+
+// nonPublic are the ranges PublicAddr refuses beyond those net/netip names.
+var nonPublic = []netip.Prefix{
+	netip.MustParsePrefix("0.0.0.0/8"),      // "this network": 0.0.0.0 reaches the local host
+	netip.MustParsePrefix("100.64.0.0/10"),  // carrier-grade NAT, shared address space
+	netip.MustParsePrefix("192.0.0.0/24"),   // IETF protocol assignments
+	netip.MustParsePrefix("198.18.0.0/15"),  // benchmarking
+	netip.MustParsePrefix("240.0.0.0/4"),    // reserved, and the broadcast address
+	netip.MustParsePrefix("::/96"),          // IPv4-compatible IPv6 (deprecated)
+	netip.MustParsePrefix("64:ff9b:1::/48"), // local-use NAT64
+	netip.MustParsePrefix("100::/64"),       // discard-only
+	netip.MustParsePrefix("2001::/32"),      // Teredo, which tunnels to IPv4 hosts
+	netip.MustParsePrefix("fec0::/10"),      // site-local (deprecated)
+}
+
+var (
+	nat64     = netip.MustParsePrefix("64:ff9b::/96") // the IPv4 address is the last 32 bits
+	sixToFour = netip.MustParsePrefix("2002::/16")    // the IPv4 address is bits 16 to 48
+)
+
+// PublicAddr reports whether a webhook may reach a: not loopback,
+// link-local, private (10/8, 172.16/12, 192.168/16, fc00::/7), unspecified,
+// multicast, carrier-grade NAT (100.64/10) or otherwise reserved, whether
+// written as IPv4, IPv4-mapped IPv6, or IPv4 inside a NAT64 or 6to4
+// address.
+func PublicAddr(a netip.Addr) bool {
+	a = a.Unmap().WithZone("")
+	if !a.IsValid() || a.IsLoopback() || a.IsPrivate() || a.IsUnspecified() || a.IsMulticast() ||
+		a.IsLinkLocalUnicast() || a.IsLinkLocalMulticast() || a.IsInterfaceLocalMulticast() {
+		return false
+	}
+	for _, p := range nonPublic {
+		if p.Contains(a) {
+			return false
+		}
+	}
+	b := a.As16()
+	switch {
+	case nat64.Contains(a):
+		return PublicAddr(netip.AddrFrom4([4]byte(b[12:16])))
+	case sixToFour.Contains(a):
+		return PublicAddr(netip.AddrFrom4([4]byte(b[2:6])))
+	}
+	return true
+}
+
+// CheckWebhookHost checks the host of a webhook URL without resolving it,
+// to report a mistake where it is made: a literal address must be public
+// (PublicAddr); names of this machine (localhost, *.localhost) are refused,
+// and so are numeric forms that resolvers read as IPv4 ("127.1",
+// "2130706433", "0x7f000001"). What a name resolves to is checked where it
+// counts, each time it is dialled (Deliverer.AllowPrivate): it may change
+// after any check made here.
+func CheckWebhookHost(host string) error {
+	h := strings.TrimSuffix(strings.ToLower(host), ".")
+	if a, err := netip.ParseAddr(h); err == nil {
+		if !PublicAddr(a) {
+			return ErrWebhookTarget
+		}
+		return nil
+	}
+	last := h[strings.LastIndexByte(h, '.')+1:]
+	if h == "" || h == "localhost" || strings.HasSuffix(h, ".localhost") || numericLabel(last) {
+		return ErrWebhookTarget
+	}
+	return nil
+}
+
+// numericLabel reports whether a host's last label is a number (decimal,
+// or hex with 0x), which makes the WHATWG URL parser, and inet_aton, read
+// the host as an IPv4 address; no public DNS name ends so.
+func numericLabel(s string) bool {
+	digits := "0123456789"
+	if len(s) > 2 && s[0] == '0' && s[1] == 'x' {
+		s, digits = s[2:], "0123456789abcdef"
+	}
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !strings.ContainsRune(digits, r) {
+			return false
+		}
+	}
+	return true
 }
 
 // jitter20 returns d moved by a uniformly random amount within ±20 %.
@@ -390,19 +542,46 @@ func (d *Deliverer) post(ctx context.Context, a claimedAlert) error {
 	req.Header.Set("webhook-signature", signWebhook(a.WebhookSecret, a.ID, ts, body))
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return err
+		return sendFailure(err)
 	}
 	defer resp.Body.Close()
-	snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 4*maxLastError)) // enough for 500 characters
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))       // lets the connection be reused
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10)) // lets the connection be reused
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		msg := "HTTP " + strconv.Itoa(resp.StatusCode)
-		if s := strings.TrimSpace(string(snippet)); s != "" {
-			msg += ": " + s
-		}
-		return errors.New(msg)
+		return errors.New("HTTP " + strconv.Itoa(resp.StatusCode))
 	}
 	return nil
+}
+
+// sendFailure turns the error of a POST into one of a few fixed messages
+// for last_error, which admins read. What the receiver sent never gets
+// there, not even the bytes of an answer that is not HTTP which Go's errors
+// quote: a webhook pointed at another protocol's port would otherwise read
+// that service's answer back through the admin API.
+func sendFailure(err error) error {
+	var (
+		netErr  net.Error
+		dnsErr  *net.DNSError
+		opErr   *net.OpError
+		certErr *tls.CertificateVerificationError
+		recErr  tls.RecordHeaderError
+		alert   tls.AlertError
+	)
+	for _, known := range []error{ErrWebhookTarget, errRedirectScheme, errRedirectGET, errRedirectLoop} {
+		if errors.Is(err, known) {
+			return known
+		}
+	}
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.As(err, &netErr) && netErr.Timeout():
+		return errors.New("timed out")
+	case errors.As(err, &dnsErr):
+		return errors.New("the webhook host's name does not resolve")
+	case errors.As(err, &opErr) && opErr.Op == "dial":
+		return errors.New("could not connect to the webhook host")
+	case errors.As(err, &certErr) || errors.As(err, &recErr) || errors.As(err, &alert):
+		return errors.New("TLS handshake failed")
+	}
+	return errors.New("no valid HTTP answer")
 }
 
 // truncateError makes s fit last_error: valid UTF-8 without NULs (Postgres

@@ -9,8 +9,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/netip"
 	"slices"
 	"strings"
 	"sync"
@@ -229,8 +231,11 @@ func mustRun(tb testing.TB, d *billing.Deliverer) {
 	}
 }
 
+// newTestDeliverer returns a Deliverer for the tests' loopback receivers:
+// AllowPrivate, no jitter.
 func newTestDeliverer(db *pgxpool.Pool, clock *fakeClock) *billing.Deliverer {
 	d := billing.NewDeliverer(db, nil, clock.Now)
+	d.AllowPrivate = true
 	d.Jitter = nil
 	d.Timeout = 5 * time.Second
 	return d
@@ -255,7 +260,7 @@ func TestDelivererOutcomes(t *testing.T) {
 		{name: "no webhook url is skipped", path: "-",
 			want: billing.Alert{Status: billing.AlertSkipped}, wantNext: 0},
 		{name: "receiver error is retried", path: "/hook", status: func(int) int { return 503 }, wantPosts: 1,
-			want: billing.Alert{Status: billing.AlertPending, Attempts: 1}, wantErr: "HTTP 503: receiver says no", wantNext: 10 * time.Second},
+			want: billing.Alert{Status: billing.AlertPending, Attempts: 1}, wantErr: "HTTP 503", wantNext: 10 * time.Second},
 		{name: "fifth failure waits 160s", path: "/hook", status: func(int) int { return 500 }, attempts: 4, wantPosts: 1,
 			want: billing.Alert{Status: billing.AlertPending, Attempts: 5}, wantErr: "HTTP 500", wantNext: 160 * time.Second},
 		{name: "last attempt fails", path: "/hook", status: func(int) int { return 500 }, attempts: 9, wantPosts: 1,
@@ -263,7 +268,7 @@ func TestDelivererOutcomes(t *testing.T) {
 		{name: "not an http url", path: "!",
 			want: billing.Alert{Status: billing.AlertPending, Attempts: 1}, wantErr: "not an absolute http or https URL", wantNext: 10 * time.Second},
 		{name: "redirect to ftp refused", path: "/ftp",
-			want: billing.Alert{Status: billing.AlertPending, Attempts: 1}, wantErr: "redirect to ftp URL refused", wantNext: 10 * time.Second},
+			want: billing.Alert{Status: billing.AlertPending, Attempts: 1}, wantErr: "redirect to a URL that is not http or https refused", wantNext: 10 * time.Second},
 		{name: "302 that drops the body refused", path: "/found",
 			want: billing.Alert{Status: billing.AlertPending, Attempts: 1}, wantErr: "drops the POST body", wantNext: 10 * time.Second},
 		{name: "307 followed", path: "/temp", wantPosts: 1,
@@ -457,22 +462,137 @@ func TestDelivererGivesUp(t *testing.T) {
 	}
 }
 
-// TestDelivererLastErrorTruncated: a long error body is cut to 500 characters.
-func TestDelivererLastErrorTruncated(t *testing.T) {
+// TestDelivererLastErrorHasNoBody: what a receiver answers never reaches
+// last_error, which admins read: a body is not stored, nor the bytes of an
+// answer that is not HTTP at all (a webhook pointed at another protocol's
+// port would otherwise echo what that service said).
+func TestDelivererLastErrorHasNoBody(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
 	clock := newClock(t0)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusBadRequest)
-		_, _ = io.WriteString(w, strings.Repeat("é\x00", 2000))
+		_, _ = io.WriteString(w, "secret-of-the-receiver "+strings.Repeat("é\x00", 2000))
 	}))
 	t.Cleanup(srv.Close)
-	tenantID, _ := mustTenant(t, db, srv.URL)
+	notHTTP := mustTCPServer(t, "-ERR secret-of-the-receiver\r\n")
+	for _, tc := range []struct{ url, want string }{
+		{srv.URL, "HTTP 400"},
+		{"http://" + notHTTP + "/hook", "no valid HTTP answer"},
+	} {
+		tenantID, _ := mustTenant(t, db, tc.url)
+		id := mustAlert(t, db, alertRow{TenantID: tenantID})
+		mustRun(t, newTestDeliverer(db, clock))
+		a := mustReadAlert(t, db, id)
+		if a.Status != billing.AlertPending || a.LastError != tc.want {
+			t.Errorf("%s: got %s last_error %q, want pending %q", tc.url, a.Status, a.LastError, tc.want)
+		}
+	}
+}
+
+// mustTCPServer listens on loopback and answers every connection with
+// answer, then closes it; it returns its host:port.
+func mustTCPServer(tb testing.TB, answer string) string {
+	tb.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			_, _ = io.WriteString(c, answer)
+			c.Close()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// TestDelivererRefusesPrivateTargets: a webhook URL stored before it was
+// checked (or a name that resolves inside) is refused when dialled, unless
+// AllowPrivate is set: the receiver on loopback sees nothing.
+func TestDelivererRefusesPrivateTargets(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	clock := newClock(t0)
+	rcv := mustReceiver(t, clock, nil)
+	_, port, _ := net.SplitHostPort(strings.TrimPrefix(rcv.URL, "http://"))
+	for _, u := range []string{rcv.URL + "/hook", "http://localhost:" + port + "/hook", "http://[::ffff:127.0.0.1]:" + port + "/hook"} {
+		tenantID, _ := mustTenant(t, db, u)
+		id := mustAlert(t, db, alertRow{TenantID: tenantID})
+		d := billing.NewDeliverer(db, nil, clock.Now)
+		d.Jitter = nil
+		mustRun(t, d)
+		a := mustReadAlert(t, db, id)
+		if a.Status != billing.AlertPending || a.Attempts != 1 || !strings.Contains(a.LastError, "not a public address") {
+			t.Errorf("%s: got %s attempts %d last_error %q, want pending 1 \"...not a public address\"", u, a.Status, a.Attempts, a.LastError)
+		}
+	}
+	if got := len(rcv.requests()); got != 0 {
+		t.Fatalf("the loopback receiver got %d requests, want none", got)
+	}
+}
+
+// TestDelivererChecksRedirectTargets: a redirect is dialled through the same
+// check as the first request. Both receivers are on loopback, so the test
+// lets the Deliverer dial the first one only, as if it were public.
+func TestDelivererChecksRedirectTargets(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	clock := newClock(t0)
+	inside := mustReceiver(t, clock, nil)
+	outside := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, inside.URL+"/hook", http.StatusTemporaryRedirect)
+	}))
+	t.Cleanup(outside.Close)
+	public := netip.MustParseAddrPort(strings.TrimPrefix(outside.URL, "http://"))
+	tenantID, secret := mustTenant(t, db, outside.URL+"/hook")
+	inside.setSecret(secret)
 	id := mustAlert(t, db, alertRow{TenantID: tenantID})
-	mustRun(t, newTestDeliverer(db, clock))
-	a := mustReadAlert(t, db, id)
-	if got := len([]rune(a.LastError)); got != 500 || !strings.HasPrefix(a.LastError, "HTTP 400: é") {
-		t.Errorf("got last_error of %d characters %.20q, want 500 starting HTTP 400: é", got, a.LastError)
+	d := newTestDeliverer(db, clock)
+	billing.SetDialAllowed(d, func(ap netip.AddrPort) bool { return ap == public })
+	mustRun(t, d)
+	if got := len(inside.requests()); got != 0 {
+		t.Fatalf("the redirect's target got %d requests, want none", got)
+	}
+	if a := mustReadAlert(t, db, id); a.Status != billing.AlertPending || a.LastError != billing.ErrWebhookTarget.Error() {
+		t.Errorf("got %s last_error %q, want pending %q", a.Status, a.LastError, billing.ErrWebhookTarget)
+	}
+}
+
+func TestPublicAddr(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		addr   string
+		public bool
+	}{
+		{"8.8.8.8", true}, {"2606:4700::1111", true}, {"::ffff:8.8.8.8", true}, {"64:ff9b::808:808", true}, {"2002:808:808::1", true},
+		{"127.0.0.1", false}, {"127.255.0.9", false}, {"::1", false}, {"169.254.169.254", false}, {"fe80::1", false},
+		{"fe80::1%eth0", false}, {"10.0.0.1", false}, {"172.16.0.1", false}, {"172.31.255.255", false}, {"192.168.0.1", false},
+		{"fc00::1", false}, {"fd12:3456::1", false}, {"0.0.0.0", false}, {"::", false}, {"224.0.0.1", false},
+		{"ff02::1", false}, {"100.64.0.1", false}, {"100.127.255.255", false}, {"255.255.255.255", false},
+		{"::ffff:127.0.0.1", false}, {"::ffff:169.254.169.254", false}, {"::ffff:10.0.0.1", false}, {"::127.0.0.1", false},
+		{"64:ff9b::7f00:1", false}, {"64:ff9b::a9fe:a9fe", false}, {"2002:7f00:1::1", false}, {"2002:c0a8:101::", false},
+	} {
+		if got := billing.PublicAddr(netip.MustParseAddr(tc.addr)); got != tc.public {
+			t.Errorf("PublicAddr(%s) = %t, want %t", tc.addr, got, tc.public)
+		}
+	}
+	for _, tc := range []struct {
+		host string
+		ok   bool
+	}{
+		{"hooks.example.com", true}, {"8.8.8.8", true}, {"2606:4700::1111", true}, {"1.example", true}, {"0xdead.example", true},
+		{"localhost", false}, {"LocalHost.", false}, {"a.b.localhost", false}, {"127.1", false}, {"2130706433", false},
+		{"0x7f000001", false}, {"0177.0.0.1", false}, {"example.123", false}, {"", false}, {"169.254.169.254", false},
+	} {
+		if err := billing.CheckWebhookHost(tc.host); (err == nil) != tc.ok {
+			t.Errorf("CheckWebhookHost(%q) = %v, want ok %t", tc.host, err, tc.ok)
+		}
 	}
 }
 
