@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -58,8 +59,16 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	alerts := billing.NewDeliverer(db, nil, time.Now)
 	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
 	invoices.FullSweepEvery = 15 * time.Minute
-	var lastFlush time.Time
-	reg, cycle := workerMetrics(rec, alerts, func() time.Time { return lastFlush })
+	// A month is finalized only after a flush that began after its end,
+	// swept the keyspace and completed with no batch of the month stuck.
+	invoices.FlushedThrough = rec.FlushedThrough
+	var lastFlush atomic.Int64 // unix ns; the metrics handler reads it
+	reg, cycle := workerMetrics(rec, alerts, func() time.Time {
+		if ns := lastFlush.Load(); ns != 0 {
+			return time.Unix(0, ns)
+		}
+		return time.Time{}
+	})
 
 	loop := &worker.Loop{
 		Interval: cfg.ReconcileInterval,
@@ -72,7 +81,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 				if err := rec.Flush(ctx); err != nil {
 					return err
 				}
-				lastFlush = time.Now()
+				lastFlush.Store(time.Now().UnixNano())
 				return nil
 			}},
 			{Name: "invoices", Run: func(ctx context.Context) error {
@@ -110,7 +119,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 }
 
 // workerMetrics registers the worker's series: cycle duration, tenants and
-// units flushed, lag since the last successful flush, webhook outcomes.
+// units flushed, batches stuck in flight, lag since the last successful
+// flush, webhook outcomes.
 func workerMetrics(rec *billing.Reconciler, alerts *billing.Deliverer, lastFlush func() time.Time) (*prometheus.Registry, prometheus.Histogram) {
 	reg := prometheus.NewRegistry()
 	cycle := prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -126,6 +136,10 @@ func workerMetrics(rec *billing.Reconciler, alerts *billing.Deliverer, lastFlush
 		counter("tollgate_webhook_delivered_total", "Alerts delivered to their webhook.", alerts.Delivered.Load),
 		counter("tollgate_webhook_failures_total", "Failed webhook attempts that will be retried.", alerts.Retried.Load),
 		counter("tollgate_webhook_given_up_total", "Alerts given up after the last attempt.", alerts.Failed.Load),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tollgate_worker_stuck_batches",
+			Help: "Usage batches Postgres rejected, left in flight and retried each cycle (the log names them).",
+		}, func() float64 { return float64(rec.StuckBatches()) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "tollgate_worker_lag_seconds", Help: "Seconds since the last successful flush.",
 		}, func() float64 {

@@ -36,6 +36,7 @@ func TestWorkerMetricsSeries(t *testing.T) {
 		"tollgate_worker_tenants_flushed_total": 0,
 		"tollgate_webhook_failures_total":       3,
 		"tollgate_worker_cycle_seconds":         1,
+		"tollgate_worker_stuck_batches":         0,
 	} {
 		if v, ok := got[name]; !ok || v != want {
 			t.Errorf("%s = %v (present %t), want %v", name, v, ok, want)

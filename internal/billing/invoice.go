@@ -71,6 +71,20 @@ type Invoicer struct {
 	// the sweeps catch what Refresh does not see (tier changes, grants).
 	FullSweepEvery time.Duration
 	sweepStarted   time.Time
+
+	// FlushedThrough, when set, holds finalization back until no usage
+	// counted before the month's end can still be waiting in Redis: a month
+	// is finalized only once it returns a time at or after the month's end.
+	// cmd/worker sets it to Reconciler.FlushedThrough, so that a flush that
+	// fails, or a batch stuck in flight, keeps the month's invoices drafts
+	// however long the grace. Nil finalizes on the grace alone.
+	FlushedThrough func() time.Time
+}
+
+// flushedThrough reports whether all usage counted before end is in the
+// ledger, as far as FlushedThrough knows.
+func (i *Invoicer) flushedThrough(end time.Time) bool {
+	return i.FlushedThrough == nil || !i.FlushedThrough().Before(end)
 }
 
 // DefaultTenantsPerRun is the tenants one Run regenerates unless
@@ -84,14 +98,16 @@ const invoiceBatch = 500
 const firstTenantID = "00000000-0000-0000-0000-000000000000"
 
 // NewInvoicer returns an Invoicer on db that reads the time from now and
-// finalizes a month once now >= month end + grace (a negative grace is 0).
-// The grace leaves the worker time to flush the month's last usage.
+// finalizes a month once now >= month end + grace (a negative grace is 0)
+// and FlushedThrough, if set, has passed the month's end. The grace leaves
+// late usage (refunds, settlements) time to arrive.
 func NewInvoicer(db *pgxpool.Pool, now func() time.Time, grace time.Duration) *Invoicer {
 	return &Invoicer{db: db, now: now, grace: max(grace, 0), batch: invoiceBatch}
 }
 
 // Run is one idempotent worker step. First it closes past months: once the
-// previous month's end plus the grace has passed, every tenant that existed
+// previous month's end plus the grace has passed, and the usage counted
+// before its end is flushed (FlushedThrough), every tenant that existed
 // during it gets its invoice regenerated a last time and finalized; earlier
 // months that still have drafts (a worker that was down) are closed the same
 // way. Then it regenerates the current month's draft of every tenant created
@@ -115,7 +131,7 @@ func (i *Invoicer) Run(ctx context.Context) error {
 		left = DefaultTenantsPerRun
 	}
 
-	if !i.closedThrough.Equal(prev) && !now.Before(prev.AddDate(0, 1, 0).Add(i.grace)) {
+	if !i.closedThrough.Equal(prev) && !now.Before(cur.Add(i.grace)) && i.flushedThrough(cur) {
 		rows, err := i.db.Query(ctx, `SELECT DISTINCT period FROM invoices WHERE status = 'draft' AND period < $1 ORDER BY period`, prev)
 		if err != nil {
 			return fmt.Errorf("billing: open months: %w", err)
@@ -234,7 +250,8 @@ func (i *Invoicer) tenantBatch(ctx context.Context, sql string, args ...any) ([]
 
 // Generate recomputes the tenant's invoice for the calendar month containing
 // month and returns it with its lines. The invoice is a draft until the
-// month's end plus the grace, and final from then on; a final invoice is
+// month's end plus the grace (and FlushedThrough past the month's end), and
+// final from then on; a final invoice is
 // returned unchanged. An unknown tenant, or one created after the month, is
 // a CodeNotFound error; a month after the current one is CodeInvalid.
 func (i *Invoicer) Generate(ctx context.Context, tenantID string, month time.Time) (Invoice, error) {
@@ -289,7 +306,7 @@ type ratedTenant struct {
 // change are not rewritten.
 func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Time, ids []string) error {
 	end := month.AddDate(0, 1, 0)
-	final := !now.Before(end.Add(i.grace))
+	final := !now.Before(end.Add(i.grace)) && i.flushedThrough(end)
 
 	if _, err := tx.Exec(ctx, `
 		INSERT INTO invoices (tenant_id, period, created_at, updated_at)

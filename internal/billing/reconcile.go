@@ -2,13 +2,18 @@ package billing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/quota"
@@ -18,6 +23,20 @@ import (
 // chunk is how many tenants one Redis pipeline and one Postgres transaction
 // carry.
 const chunk = 500
+
+// batchRetention is how long usage_batches remembers a recorded batch's id.
+// A batch can be replayed only while its in-flight hash lives
+// (ratelimit.FlushingTTL from its claim, which comes before its record); the
+// margin covers clocks that disagree between workers and Redis.
+const batchRetention = ratelimit.FlushingTTL + 7*24*time.Hour
+
+// pruneBatch and pruneStatements bound the pruning of one flush: 100,000
+// ids, in statements short enough not to hold up the flushes of other
+// workers. A flush records far fewer batches, so pruning keeps up.
+const (
+	pruneBatch      = 5000
+	pruneStatements = 20
+)
 
 // Reconciler moves usage counted in Redis into the usage ledger, exactly
 // once, and repairs Redis' quota counters after Redis lost data.
@@ -30,6 +49,15 @@ const chunk = 500
 // flight, and the next cycle (of this or another worker) flushes that same
 // batch again, which Postgres then counts once. Two workers claiming the
 // same tenant get the same batch.
+//
+// Refunds: a refund takes its units out of the pending usage, wherever the
+// refunded request's units are by then. Once they were claimed, the pending
+// hash holds negative units, which the tenant's next batch subtracts from the
+// ledger's row (clamped at zero), after the batch that added them.
+//
+// Stuck batches: a batch Postgres rejects for its data stays in flight and is
+// retried each cycle, alone, while every other tenant's batches are recorded;
+// the worker's metrics count it and the log names it.
 type Reconciler struct {
 	db  *pgxpool.Pool
 	rl  *ratelimit.Runner
@@ -47,15 +75,23 @@ type Reconciler struct {
 	// Counters for the worker's metrics.
 	TenantsFlushed, UnitsFlushed, Batches atomic.Int64
 
-	flushedMu sync.Mutex
-	flushed   map[string]struct{} // tenants recorded since the last TakeFlushed
+	mu      sync.Mutex            // guards the fields below, read by the invoicer and metrics
+	flushed map[string]struct{}   // tenants recorded since the last TakeFlushed
+	stuck   map[string]stuckBatch // by tenant id
+	sweptAt time.Time             // start of the last completed flush that swept the keyspace
+}
+
+// stuckBatch is a batch Postgres rejected, left in flight.
+type stuckBatch struct {
+	id     string
+	oldest time.Time // its first hour of usage; zero when unknown
 }
 
 // TakeFlushed returns the tenants whose usage was recorded since the last
 // call (the invoices step refreshes their drafts).
 func (r *Reconciler) TakeFlushed() []string {
-	r.flushedMu.Lock()
-	defer r.flushedMu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	out := make([]string, 0, len(r.flushed))
 	for id := range r.flushed {
 		out = append(out, id)
@@ -64,26 +100,64 @@ func (r *Reconciler) TakeFlushed() []string {
 	return out
 }
 
+// StuckBatches returns how many batches are left in flight because Postgres
+// rejected them.
+func (r *Reconciler) StuckBatches() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.stuck)
+}
+
+func (r *Reconciler) stuckTenants() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Collect(maps.Keys(r.stuck))
+}
+
+// FlushedThrough returns a time before which all usage counted in Redis is
+// in the ledger: the start of the last flush that swept the keyspace and
+// completed, or the first hour of a batch still stuck if that is earlier.
+// It is zero until such a flush. The invoices step finalizes a month only
+// once this is past the month's end. (A refund that arrives after that, for
+// a request of the month, still changes the month's usage, not its final
+// invoice.)
+func (r *Reconciler) FlushedThrough() time.Time {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	t := r.sweptAt
+	for _, b := range r.stuck {
+		if b.oldest.Before(t) {
+			t = b.oldest
+		}
+	}
+	return t
+}
+
 // NewReconciler returns a Reconciler on the ledger db and the Redis runner rl.
 func NewReconciler(db *pgxpool.Pool, rl *ratelimit.Runner, now func() time.Time, log *slog.Logger) *Reconciler {
 	return &Reconciler{db: db, rl: rl, now: now, log: log, SweepEvery: 5 * time.Minute, hook: func(string) error { return nil }}
 }
 
 // Flush flushes every tenant reported active (and, every SweepEvery, every
-// tenant with usage left in Redis). Its work grows with the tenants active
-// since the last cycle, not with all tenants.
+// tenant with usage left in Redis), then prunes batch ids too old to be
+// replayed. Its work grows with the tenants active since the last cycle, not
+// with all tenants.
 func (r *Reconciler) Flush(ctx context.Context) error {
+	began := r.now()
 	ids, err := r.rl.ActiveTenants(ctx)
 	if err != nil {
 		return err
 	}
-	if now := r.now(); now.Sub(r.lastSweep) >= r.SweepEvery {
-		swept, err := r.rl.SweepTenants(ctx)
+	// Stuck batches are retried every cycle, also those a sweep found.
+	ids = union(ids, r.stuckTenants())
+	swept := began.Sub(r.lastSweep) >= r.SweepEvery
+	if swept {
+		all, err := r.rl.SweepTenants(ctx)
 		if err != nil {
 			return err
 		}
-		ids = union(ids, swept)
-		r.lastSweep = now
+		ids = union(ids, all)
+		r.lastSweep = began
 	}
 	for start := 0; start < len(ids); start += chunk {
 		end := min(start+chunk, len(ids))
@@ -91,7 +165,31 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 			return err
 		}
 	}
-	return nil
+	if swept {
+		r.sweepCompleted(began, ids)
+	}
+	return r.prune(ctx)
+}
+
+// sweepCompleted records a completed flush that began at began and covered
+// every tenant with usage in Redis (ids): stuck batches of other tenants are
+// gone (another worker recorded them).
+func (r *Reconciler) sweepCompleted(began time.Time, ids []string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sweptAt = began
+	if len(r.stuck) == 0 {
+		return
+	}
+	in := make(map[string]struct{}, len(ids))
+	for _, id := range ids {
+		in[id] = struct{}{}
+	}
+	for id := range r.stuck {
+		if _, ok := in[id]; !ok {
+			delete(r.stuck, id)
+		}
+	}
 }
 
 func union(a, b []string) []string {
@@ -125,63 +223,181 @@ func (r *Reconciler) flushOnce(ctx context.Context, ids []string) (resumed []str
 	if err != nil {
 		return nil, err
 	}
-	for _, b := range batches {
-		if b.Resumed {
-			resumed = append(resumed, b.TenantID)
-		}
-	}
 	if err := r.hook("claimed"); err != nil {
 		return nil, err
 	}
-	if len(batches) > 0 {
-		if err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error { return r.record(ctx, tx, batches) }); err != nil {
-			return nil, err
-		}
-		r.flushedMu.Lock()
-		if r.flushed == nil {
-			r.flushed = map[string]struct{}{}
-		}
-		for _, b := range batches {
-			r.flushed[b.TenantID] = struct{}{}
-		}
-		r.flushedMu.Unlock()
+	recorded, err := r.recordBatches(ctx, batches)
+	if err != nil {
+		return nil, err
+	}
+	r.noteRecorded(ids, batches, recorded)
+	if len(recorded) > 0 {
 		if err := r.hook("committed"); err != nil {
 			return nil, err
 		}
-		if err := r.rl.Finish(ctx, batches); err != nil {
+		if err := r.rl.Finish(ctx, recorded); err != nil {
 			return nil, err
 		}
 		if err := r.hook("finished"); err != nil {
 			return nil, err
 		}
 	}
+	for _, b := range recorded {
+		if b.Resumed {
+			resumed = append(resumed, b.TenantID)
+		}
+	}
 	return resumed, r.rl.Done(ctx, ids)
 }
 
-// record inserts the batches' ids and, for the ids that are new, their usage
-// rows; then writes the threshold crossings those rows cause to the alerts
-// outbox. All in the caller's transaction.
-func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []ratelimit.Batch) error {
+// recordBatches records the batches in one transaction and returns those
+// recorded. When Postgres rejects the transaction for its data, each batch
+// is recorded in a transaction of its own, so that the one it cannot record
+// holds back no other; that batch is marked stuck and left in flight.
+// Batches already stuck go alone from the start, so that they do not fail
+// the chunk's transaction every cycle. Any other failure (Postgres down, a
+// timeout) is the flush's error: nothing is marked stuck for it.
+func (r *Reconciler) recordBatches(ctx context.Context, batches []ratelimit.Batch) ([]ratelimit.Batch, error) {
+	var together, alone, recorded []ratelimit.Batch
+	for _, b := range batches {
+		switch {
+		case b.Err != nil:
+			r.markStuck(b, b.Err)
+		case r.isStuck(b):
+			alone = append(alone, b)
+		default:
+			together = append(together, b)
+		}
+	}
+	if len(together) > 0 {
+		switch err := r.recordTx(ctx, together); {
+		case err == nil:
+			recorded = together
+		case rejected(err):
+			alone = append(alone, together...)
+		default:
+			return nil, err
+		}
+	}
+	for _, b := range alone {
+		switch err := r.recordTx(ctx, []ratelimit.Batch{b}); {
+		case err == nil:
+			recorded = append(recorded, b)
+		case rejected(err):
+			r.markStuck(b, err)
+		default:
+			return nil, err
+		}
+	}
+	return recorded, nil
+}
+
+// rejected reports whether Postgres refused a statement for the data it
+// carried (SQLSTATE class 22, data exception, or 23, integrity constraint
+// violation): the same batch would be refused again.
+func rejected(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23"))
+}
+
+func (r *Reconciler) isStuck(b ratelimit.Batch) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.stuck[b.TenantID].id == b.ID
+}
+
+// markStuck records b as stuck, logging it the first time.
+func (r *Reconciler) markStuck(b ratelimit.Batch, err error) {
+	var oldest time.Time
+	if len(b.Rows) > 0 {
+		oldest = b.Rows[0].Hour // ParsePending sorts by hour
+	}
+	r.mu.Lock()
+	known := r.stuck[b.TenantID].id == b.ID
+	if r.stuck == nil {
+		r.stuck = map[string]stuckBatch{}
+	}
+	r.stuck[b.TenantID] = stuckBatch{id: b.ID, oldest: oldest}
+	r.mu.Unlock()
+	if !known {
+		r.log.Error("usage batch cannot be recorded: left in flight, retried each cycle; the tenant's later usage waits behind it",
+			"tenant_id", b.TenantID, "batch_id", b.ID, "err", err)
+	}
+}
+
+// noteRecorded remembers the tenants whose batches were recorded (for the
+// invoices step) and forgets the stuck batches that are gone: recorded, or
+// dropped by another worker (the tenant had no batch left to claim).
+func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []ratelimit.Batch) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.flushed == nil {
+		r.flushed = map[string]struct{}{}
+	}
+	for _, b := range recorded {
+		r.flushed[b.TenantID] = struct{}{}
+		delete(r.stuck, b.TenantID)
+	}
+	if len(r.stuck) == 0 || len(claimed) == len(ids) {
+		return
+	}
+	has := make(map[string]struct{}, len(claimed))
+	for _, b := range claimed {
+		has[b.TenantID] = struct{}{}
+	}
+	for _, id := range ids {
+		if _, ok := has[id]; !ok {
+			delete(r.stuck, id)
+		}
+	}
+}
+
+// recordTx records the batches in one transaction and counts them once it
+// committed.
+func (r *Reconciler) recordTx(ctx context.Context, batches []ratelimit.Batch) error {
+	var units int64
+	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
+		units, err = r.record(ctx, tx, batches)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	r.Batches.Add(int64(len(batches)))
+	r.TenantsFlushed.Add(int64(len(batches)))
+	r.UnitsFlushed.Add(units)
+	return nil
+}
+
+// record inserts the batches' ids and, for the ids that are new, adds their
+// usage rows to the ledger; then writes the threshold crossings those rows
+// cause to the alerts outbox. All in the caller's transaction. It returns the
+// units the new batches added.
+func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []ratelimit.Batch) (int64, error) {
 	var (
 		bIDs, bTenants            []string
 		bUnits, bRequests         []int64
 		rBatch, rTenant, rMeter   []string
 		rHour                     []time.Time
 		rUnits, rReq, rRej, rOver []int64
-		units                     int64
+		corrections               bool
 	)
 	for _, b := range batches {
 		tenant := b.TenantID
 		if !validUUID(tenant) {
 			// Recorded as flushed (so it is not retried forever) under the
 			// zero id; its rows are dropped.
-			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", tenant, "batch", b.ID)
+			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", tenant, "batch_id", b.ID)
 			tenant = "00000000-0000-0000-0000-000000000000"
 		}
 		var u, q int64
 		for _, row := range b.Rows {
 			u += row.Units
 			q += row.Requests
+			if isCorrection(row) {
+				corrections = true
+				continue
+			}
 			rBatch = append(rBatch, b.ID)
 			rTenant = append(rTenant, tenant)
 			rHour = append(rHour, row.Hour)
@@ -191,39 +407,138 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []ratelimit.
 		}
 		bIDs, bTenants = append(bIDs, b.ID), append(bTenants, tenant)
 		bUnits, bRequests = append(bUnits, max(u, 0)), append(bRequests, max(q, 0))
-		units += u
 	}
 	// Batches of tenants deleted meanwhile (or malformed ids) are recorded
 	// as flushed so they are not retried forever; their rows are dropped.
-	tag, err := tx.Exec(ctx, `
+	rows, err := tx.Query(ctx, `
 		WITH new AS (
-			INSERT INTO usage_batches (batch_id, tenant_id, units, requests)
-			SELECT b.id, b.tenant, b.units, b.requests
+			INSERT INTO usage_batches (batch_id, tenant_id, units, requests, flushed_at)
+			SELECT b.id, b.tenant, b.units, b.requests, $13
 			FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
 			ON CONFLICT (batch_id) DO NOTHING
 			RETURNING batch_id
+		), ins AS (
+			INSERT INTO usage AS u (tenant_id, hour, meter, units, requests, rejected, overage_units)
+			SELECT t.id, r.hour, r.meter, sum(r.units), sum(r.requests), sum(r.rejected), sum(r.overage)
+			FROM unnest($5::text[], $6::uuid[], $7::timestamptz[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
+			     AS r(batch, tenant, hour, meter, units, requests, rejected, overage)
+			JOIN new ON new.batch_id = r.batch
+			JOIN tenants t ON t.id = r.tenant
+			GROUP BY t.id, r.hour, r.meter
+			ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET
+				units = u.units + EXCLUDED.units, requests = u.requests + EXCLUDED.requests,
+				rejected = u.rejected + EXCLUDED.rejected, overage_units = u.overage_units + EXCLUDED.overage_units
 		)
-		INSERT INTO usage AS u (tenant_id, hour, meter, units, requests, rejected, overage_units)
-		SELECT t.id, r.hour, r.meter, sum(r.units), sum(r.requests), sum(r.rejected), sum(r.overage)
-		FROM unnest($5::text[], $6::uuid[], $7::timestamptz[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[])
-		     AS r(batch, tenant, hour, meter, units, requests, rejected, overage)
-		JOIN new ON new.batch_id = r.batch
-		JOIN tenants t ON t.id = r.tenant
-		GROUP BY t.id, r.hour, r.meter
-		ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET
-			units = u.units + EXCLUDED.units, requests = u.requests + EXCLUDED.requests,
-			rejected = u.rejected + EXCLUDED.rejected, overage_units = u.overage_units + EXCLUDED.overage_units`,
-		bIDs, bTenants, bUnits, bRequests, rBatch, rTenant, rHour, rMeter, rUnits, rReq, rRej, rOver)
+		SELECT batch_id FROM new`,
+		bIDs, bTenants, bUnits, bRequests, rBatch, rTenant, rHour, rMeter, rUnits, rReq, rRej, rOver, r.now())
 	if err != nil {
-		return fmt.Errorf("billing: record usage: %w", err)
+		return 0, fmt.Errorf("billing: record usage: %w", err)
+	}
+	newIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return 0, fmt.Errorf("billing: record usage: %w", err)
+	}
+	isNew := make(map[string]bool, len(newIDs))
+	for _, id := range newIDs {
+		isNew[id] = true
+	}
+	var units int64
+	var fixes []ratelimit.Batch
+	for _, b := range batches {
+		if !isNew[b.ID] {
+			continue
+		}
+		for _, row := range b.Rows {
+			units += row.Units
+		}
+		if corrections && validUUID(b.TenantID) {
+			fixes = append(fixes, b)
+		}
+	}
+	if len(fixes) > 0 {
+		if err := correct(ctx, tx, fixes); err != nil {
+			return 0, err
+		}
 	}
 	if err := r.recordCrossings(ctx, tx, bTenants); err != nil {
-		return err
+		return 0, err
 	}
-	r.Batches.Add(int64(len(batches)))
-	r.TenantsFlushed.Add(int64(len(batches)))
-	if tag.RowsAffected() > 0 {
-		r.UnitsFlushed.Add(units)
+	return units, nil
+}
+
+// isCorrection reports whether a pending row cannot stand as a ledger row of
+// its own: it refunds units recorded by an earlier batch (negative units or
+// overage), or more overage than its own units. Such rows are rare.
+func isCorrection(row ratelimit.PendingRow) bool {
+	return row.Units < 0 || row.Overage < 0 || row.Requests < 0 || row.Rejected < 0 || row.Overage > row.Units
+}
+
+// correct applies the correction rows of the batches (newly recorded) to the
+// ledger: the rows that exist get the deltas added, clamped at zero (overage
+// at most the units); the others are inserted, clamped likewise. They cannot
+// go through record's upsert: Postgres checks a proposed row's CHECK
+// constraints (units >= 0, overage_units <= units) before ON CONFLICT.
+// Another transaction cannot insert the same rows meanwhile, since a
+// tenant's batches are recorded one after the other; ON CONFLICT only guards
+// that.
+func correct(ctx context.Context, tx pgx.Tx, batches []ratelimit.Batch) error {
+	var (
+		tenant, meter []string
+		hour          []time.Time
+		u, q, x, o    []int64
+	)
+	for _, b := range batches {
+		for _, row := range b.Rows {
+			if isCorrection(row) {
+				tenant, hour, meter = append(tenant, b.TenantID), append(hour, row.Hour), append(meter, row.Meter)
+				u, q, x, o = append(u, row.Units), append(q, row.Requests), append(x, row.Rejected), append(o, row.Overage)
+			}
+		}
+	}
+	_, err := tx.Exec(ctx, `
+		WITH d AS (
+			SELECT t.id AS tenant_id, r.hour, r.meter, sum(r.units) AS units, sum(r.requests) AS requests,
+			       sum(r.rejected) AS rejected, sum(r.overage) AS overage
+			FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[])
+			     AS r(tenant, hour, meter, units, requests, rejected, overage)
+			JOIN tenants t ON t.id = r.tenant
+			GROUP BY t.id, r.hour, r.meter
+		), upd AS (
+			UPDATE usage u SET
+				units = greatest(u.units + d.units, 0), requests = greatest(u.requests + d.requests, 0),
+				rejected = greatest(u.rejected + d.rejected, 0),
+				overage_units = least(greatest(u.overage_units + d.overage, 0), greatest(u.units + d.units, 0))
+			FROM d WHERE u.tenant_id = d.tenant_id AND u.hour = d.hour AND u.meter = d.meter
+			RETURNING u.tenant_id, u.hour, u.meter
+		)
+		INSERT INTO usage (tenant_id, hour, meter, units, requests, rejected, overage_units)
+		SELECT d.tenant_id, d.hour, d.meter, greatest(d.units, 0), greatest(d.requests, 0), greatest(d.rejected, 0),
+		       least(greatest(d.overage, 0), greatest(d.units, 0))
+		FROM d
+		WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.tenant_id = d.tenant_id AND upd.hour = d.hour AND upd.meter = d.meter)
+		ON CONFLICT (tenant_id, hour, meter) DO NOTHING`,
+		tenant, hour, meter, u, q, x, o)
+	if err != nil {
+		return fmt.Errorf("billing: record refunds: %w", err)
+	}
+	return nil
+}
+
+// prune deletes the ids of batches recorded longer ago than any batch can be
+// replayed, oldest first, at most pruneStatements × pruneBatch per call; the
+// next flush carries on.
+func (r *Reconciler) prune(ctx context.Context) error {
+	before := r.now().Add(-batchRetention)
+	for range pruneStatements {
+		tag, err := r.db.Exec(ctx, `
+			DELETE FROM usage_batches WHERE batch_id IN (
+				SELECT batch_id FROM usage_batches WHERE flushed_at < $1 ORDER BY flushed_at LIMIT $2)`, before, pruneBatch)
+		if err != nil {
+			return fmt.Errorf("billing: prune batch ids: %w", err)
+		}
+		if tag.RowsAffected() < pruneBatch {
+			return nil
+		}
 	}
 	return nil
 }
@@ -261,12 +576,19 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 }
 
 // Repair restores the quota counters of every tenant with usage or grants
-// this month when Redis lost its data, from the ledger plus what is still
-// pending in Redis. Usage admitted during the last interval before the loss
-// and not yet flushed is gone from billing, at most one interval's worth.
+// this month when Redis lost data (on any master of a cluster: see
+// ratelimit.Runner.EpochLost), from the ledger plus what is still pending in
+// Redis. Usage admitted during the last interval before the loss and not yet
+// flushed is gone from billing, at most one interval's worth. A restore that
+// fails is retried by the next call until one succeeds.
 func (r *Reconciler) Repair(ctx context.Context) error {
 	lost, err := r.rl.EpochLost(ctx)
 	if err != nil || !lost {
+		return err
+	}
+	// Until MarkRestored, the loss stays reported: a restore cut short by an
+	// error (Postgres down, a timeout) is retried by the next cycle.
+	if err := r.rl.MarkRestoring(ctx); err != nil {
 		return err
 	}
 	now := r.now().UTC()
@@ -301,6 +623,9 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 		if err := r.rl.Restore(ctx, now, recs[start:min(start+chunk, len(recs))]); err != nil {
 			return err
 		}
+	}
+	if err := r.rl.MarkRestored(ctx); err != nil {
+		return err
 	}
 	r.log.Info("quota counters restored", "tenants", len(recs))
 	return nil

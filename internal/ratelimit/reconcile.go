@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -24,9 +26,11 @@ var (
 	restoreScript = redis.NewScript(mustRead("restore.lua"))
 )
 
-// flushingTTL bounds an abandoned batch: far longer than any worker outage
+// FlushingTTL bounds an abandoned batch: far longer than any worker outage
 // we expect to recover from, so a batch is never lost to expiry in practice.
-const flushingTTL = 30 * 24 * time.Hour
+// It is also the longest a batch can be replayed after its claim, which
+// bounds how long Postgres must remember the batch's id.
+const FlushingTTL = 30 * 24 * time.Hour
 
 // activeTTL bounds the active-tenant set if no worker ever reads it.
 const activeTTL = 7 * 24 * time.Hour
@@ -58,7 +62,6 @@ func (a *activeSet) take() []string {
 }
 
 func (r *Runner) activeKey() string { return r.prefix + ":v1:active" }
-func (r *Runner) epochKey() string  { return r.prefix + ":v1:epoch" }
 
 // ReportActive adds the tenants this node counted usage for since the last
 // report to the active set the worker reads. It is not on the request path:
@@ -152,6 +155,12 @@ type Batch struct {
 	// flush stopped, or another worker is flushing it): the tenant's newer
 	// pending usage is still waiting behind it.
 	Resumed bool
+	// Err is set, and Rows empty, when the batch holds fields that cannot be
+	// read: it cannot be recorded until they are repaired, and stays in
+	// flight meanwhile. It is returned with the other batches rather than
+	// failing the whole claim, so that one tenant's bad data holds back no
+	// other tenant.
+	Err error
 }
 
 func newBatchID() string {
@@ -170,7 +179,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error)
 		for i, id := range tenantIDs {
 			proposed[i] = newBatchID()
 			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing")},
-				proposed[i], flushingTTL.Milliseconds())
+				proposed[i], FlushingTTL.Milliseconds())
 		}
 		return nil
 	})
@@ -199,7 +208,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error)
 		b := Batch{TenantID: tenantIDs[i], ID: h["batch"], Resumed: h["batch"] != proposed[i]}
 		delete(h, "batch")
 		if b.Rows, err = ParsePending(h); err != nil {
-			return nil, fmt.Errorf("ratelimit: claim %s: %w", tenantIDs[i], err)
+			b.Rows, b.Err = nil, fmt.Errorf("ratelimit: claim %s: %w", tenantIDs[i], err)
 		}
 		out = append(out, b)
 	}
@@ -282,19 +291,148 @@ func (r *Runner) loadScripts(ctx context.Context, scripts ...*redis.Script) erro
 	return nil
 }
 
-// EpochLost reports whether Redis lost its data since the last call: the
-// epoch key the worker keeps is gone (first start, restart without
-// persistence, FLUSHALL, a failover to an empty replica). It sets the key
-// again, so the answer is true once per loss.
-func (r *Runner) EpochLost(ctx context.Context) (bool, error) {
-	set, err := r.c.SetNX(ctx, r.epochKey(), newBatchID(), activeTTL).Result()
+// Epoch keys tell the worker that Redis lost its data (first start, a restart
+// without persistence, FLUSHALL, a failover to an empty replica). A cluster
+// can lose the data of one master and not the others, so there is one epoch
+// key per master: a key whose hash tag lands in a slot that master serves.
+// The keys are derived again from CLUSTER SLOTS on every call, so they
+// follow slots that move; a resharding that gives a master another key costs
+// one needless restore, which is harmless (a restore never lowers a counter).
+//
+// A key holds epochIntact, or epochRestoring from the start of a restore
+// until it succeeded: a restore that fails (Postgres down, a timeout) is
+// retried by the next cycle rather than taken as done.
+const (
+	epochIntact    = "intact"
+	epochRestoring = "restoring"
+	clusterSlots   = 16384
+)
+
+// epochKeys returns one epoch key per master (one key on a single server).
+func (r *Runner) epochKeys(ctx context.Context) ([]string, error) {
+	cc, ok := r.c.(*redis.ClusterClient)
+	if !ok {
+		return []string{r.prefix + ":v1:epoch"}, nil
+	}
+	ranges, err := cc.ClusterSlots(ctx).Result()
 	if err != nil {
-		return false, fmt.Errorf("ratelimit: epoch: %w", err)
+		return nil, fmt.Errorf("ratelimit: epoch keys: %w", err)
 	}
-	if !set {
-		r.c.Expire(ctx, r.epochKey(), activeTTL)
+	master := func(slot int) string { // "" when no master serves it
+		for _, rg := range ranges {
+			if rg.Start <= slot && slot <= rg.End && len(rg.Nodes) > 0 {
+				return rg.Nodes[0].Addr + "/" + rg.Nodes[0].ID
+			}
+		}
+		return ""
 	}
-	return set, nil
+	masters := map[string]bool{}
+	for _, rg := range ranges {
+		if len(rg.Nodes) > 0 {
+			masters[master(rg.Start)] = true
+		}
+	}
+	// The smallest tags that land on each master, so that the keys stay the
+	// same as long as the slots do.
+	seen := map[string]bool{}
+	var keys []string
+	for n := 0; len(keys) < len(masters) && n < 1<<20; n++ {
+		tag := "e:" + strconv.Itoa(n)
+		if m := master(keySlot(tag)); m != "" && !seen[m] {
+			seen[m] = true
+			keys = append(keys, r.prefix+":v1:{"+tag+"}:epoch")
+		}
+	}
+	if len(keys) < len(masters) {
+		return nil, fmt.Errorf("ratelimit: epoch keys: no tag found for %d of %d masters", len(masters)-len(keys), len(masters))
+	}
+	return keys, nil
+}
+
+// keySlot returns the Redis Cluster slot of a key whose hash tag is tag (or
+// of the key tag without braces): CRC16/XMODEM modulo 16384.
+func keySlot(tag string) int {
+	var crc uint16
+	for i := 0; i < len(tag); i++ {
+		crc ^= uint16(tag[i]) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+	}
+	return int(crc) % clusterSlots
+}
+
+// EpochLost reports whether Redis lost data since the last restore: the
+// epoch key of some master is gone, or a restore began and has not
+// succeeded. It extends the keys' lives; it changes nothing else, so the
+// answer stays true until MarkRestored.
+func (r *Runner) EpochLost(ctx context.Context) (bool, error) {
+	keys, err := r.epochKeys(ctx)
+	if err != nil {
+		return false, err
+	}
+	gets := make([]*redis.StringCmd, len(keys))
+	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			gets[i] = p.Get(ctx, k)
+			p.Expire(ctx, k, activeTTL)
+		}
+		return nil
+	})
+	lost := false
+	for _, g := range gets {
+		v, err := g.Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+			lost = true
+		case err != nil:
+			return false, fmt.Errorf("ratelimit: epoch: %w", err)
+		case v == epochRestoring:
+			lost = true
+		}
+	}
+	return lost, nil
+}
+
+// MarkRestoring marks every master's epoch as being restored, before a
+// restore starts: until MarkRestored, EpochLost reports a loss.
+func (r *Runner) MarkRestoring(ctx context.Context) error {
+	return r.markEpoch(ctx, epochRestoring, false)
+}
+
+// MarkRestored marks the epochs intact after a successful restore, except on
+// a master whose key vanished since MarkRestoring: that master lost its data
+// again during the restore, and the next EpochLost reports it.
+func (r *Runner) MarkRestored(ctx context.Context) error {
+	return r.markEpoch(ctx, epochIntact, true)
+}
+
+func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool) error {
+	keys, err := r.epochKeys(ctx)
+	if err != nil {
+		return err
+	}
+	cmds := make([]redis.Cmder, len(keys))
+	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, k := range keys {
+			if onlyExisting {
+				cmds[i] = p.SetXX(ctx, k, value, activeTTL)
+			} else {
+				cmds[i] = p.Set(ctx, k, value, activeTTL)
+			}
+		}
+		return nil
+	})
+	for _, c := range cmds {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return fmt.Errorf("ratelimit: epoch: %w", err)
+		}
+	}
+	return nil
 }
 
 // Recorded is what Postgres holds for a tenant's current day and month.

@@ -1,0 +1,1 @@
+DROP INDEX IF EXISTS usage_batches_flushed_at;
