@@ -21,7 +21,7 @@ token = if [ -z "$${$(1):-}" ]; then \
 	  $(1)=$$(<.data/$(2)); \
 	fi; export $(1)
 
-.PHONY: run test bench build services services-stop clean
+.PHONY: run test bench bench-load build services services-stop clean
 
 ## run: start Redis/Postgres if needed, migrate, print a demo key, run the api and worker until Ctrl-C
 run: build
@@ -39,15 +39,32 @@ run: build
 test:
 	@$(SERVICES) && $(BROWSER) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
 
-## bench: the Go benchmarks, then an api on loopback under load: req/s, p50/p99 of an unmetered and a metered route
-BENCH_ADDR ?= 127.0.0.1:18080
-LOADFLAGS ?= -duration 5s -concurrency 16
+## bench: the Go benchmarks, then bench-load
 bench: build
-	@$(SERVICES) && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s $(BENCHFLAGS) $(PKGS); \
-	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn; \
-	bin/api & api=$$!; \
-	trap 'kill $$api 2>/dev/null || true; wait $$api 2>/dev/null || true' EXIT; \
-	bin/loadgen -url http://$(BENCH_ADDR) $(LOADFLAGS)
+	@$(SERVICES) && $(GO) test -run '^$$' -bench . -benchmem -benchtime 2s $(BENCHFLAGS) $(PKGS)
+	@$(MAKE) --no-print-directory bench-load
+
+## bench-load: bare Fiber, Fiber + redis_rate and the api side by side on loopback under cmd/loadgen, one table
+# The two reference servers are bin/loadgen -peer (internal/benchpeer); the
+# api is bin/api. loadgen waits until the three answer, then prints req/s,
+# p50/p99 and ratios, the open-loop p99 overhead, the Redis cost of an
+# admission and the goals of issue 12. All three are stopped on exit, even
+# on failure. LOADFLAGS='-duration 2s' for a quicker run.
+BENCH_ADDR ?= 127.0.0.1:18080
+BENCH_BARE_ADDR ?= 127.0.0.1:18081
+BENCH_REDIS_RATE_ADDR ?= 127.0.0.1:18082
+LOADFLAGS ?= -duration 5s -conns 64
+bench-load: build
+	@$(SERVICES); \
+	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn \
+		TOLLGATE_SERVICE_TOKEN=bench-service-token-0123456789 TOLLGATE_ADMIN_TOKEN=bench-admin-token-0123456789; \
+	pids=""; \
+	trap 'kill $$pids 2>/dev/null || true; wait $$pids 2>/dev/null || true' EXIT; \
+	bin/loadgen -peer bare -addr $(BENCH_BARE_ADDR) & pids="$$pids $$!"; \
+	bin/loadgen -peer redis_rate -addr $(BENCH_REDIS_RATE_ADDR) & pids="$$pids $$!"; \
+	bin/api & pids="$$pids $$!"; \
+	bin/loadgen -url http://$(BENCH_ADDR) -bare http://$(BENCH_BARE_ADDR) \
+		-redis-rate http://$(BENCH_REDIS_RATE_ADDR) $(LOADFLAGS)
 
 ## build: the binaries api, worker and seed in bin/
 build:

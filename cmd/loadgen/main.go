@@ -1,11 +1,26 @@
-// Command loadgen measures a running api on loopback: requests per second and
-// p50/p99 latency of an unmetered route (/healthz) and a metered route
-// (/api/demo/echo), one after the other in the same run, and their ratio.
-// It creates its own tenant on a tier whose limits the load cannot reach, so
-// every metered request does the full admission. `make bench` runs it.
+// Command loadgen is `make bench`'s side-by-side measurement. In one run it
+// drives, with the same load, an api and two reference servers it also
+// serves itself (package benchpeer), and prints one table:
 //
-// It only targets loopback addresses, and stops after -duration or -max
-// requests per route, whichever comes first.
+//  1. closed loop, -conns connections for -duration each: req/s, p50, p99,
+//     errors and the ratio to bare Fiber's req/s of bare Fiber, Fiber +
+//     redis_rate, the api's /healthz, a metered route admitted, a metered
+//     route refused (from the api's deny cache) and POST /v1/check;
+//  2. open loop at half the metered route's saturating rate: p50/p99 of bare
+//     Fiber and of the metered route, and the p99 overhead;
+//  3. the Redis cost of an admission (INFO commandstats over the metered
+//     phase) and the bytes a tenant keeps in Redis (MEMORY USAGE);
+//  4. a PASS/FAIL line per goal of issue 12.
+//
+// It creates its own tenants in Postgres (REDIS_URL, DATABASE_URL and
+// TOLLGATE_* are read as the api reads them). It exits 1 only when requests
+// failed: the goals are informational.
+//
+// Serving a peer instead: `loadgen -peer bare -addr 127.0.0.1:18081`, or
+// `-peer redis_rate` (Redis from REDIS_URL), until SIGINT or SIGTERM.
+//
+// It only listens on and targets loopback addresses, and every row stops
+// after -duration or -max requests, whichever comes first.
 package main
 
 import (
@@ -15,178 +30,147 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/url"
 	"os"
-	"slices"
-	"sync"
-	"sync/atomic"
+	"os/signal"
+	"syscall"
 	"time"
 
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/benchpeer"
 	"github.com/tollgate/tollgate/internal/config"
-	"github.com/tollgate/tollgate/internal/postgres"
-	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisdb"
 )
 
 func main() {
-	if err := run(context.Background(), os.Args[1:], os.Getenv, os.Stdout); err != nil {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Getenv, os.Stdout); err != nil {
 		fmt.Fprintln(os.Stderr, "loadgen:", err)
 		os.Exit(1)
 	}
 }
 
-// Result is one route's measurement.
-type Result struct {
-	Route    string
-	Requests int
-	Errors   int
-	RPS      float64
-	P50, P99 time.Duration
+// options are loadgen's flags.
+type options struct {
+	peer, addr              string // serving a peer
+	api, bare, redisRate    string // base URLs measured
+	duration                time.Duration
+	max                     int64
+	conns                   int
+	serviceToken, rdbPrefix string // from the environment, as the api reads them
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("loadgen", flag.ContinueOnError)
-	base := fs.String("url", "http://127.0.0.1:8080", "the api's base URL (loopback only)")
-	duration := fs.Duration("duration", 5*time.Second, "how long each route is driven")
-	maxReq := fs.Int("max", 200_000, "most requests per route")
-	conc := fs.Int("concurrency", 16, "concurrent clients")
+	var o options
+	fs.StringVar(&o.peer, "peer", "", `serve a reference server instead of measuring: "bare" or "redis_rate"`)
+	fs.StringVar(&o.addr, "addr", "127.0.0.1:18081", "with -peer: the loopback address to listen on")
+	fs.StringVar(&o.api, "url", "http://127.0.0.1:18080", "the api's base URL (loopback only)")
+	fs.StringVar(&o.bare, "bare", "http://127.0.0.1:18081", "base URL of a `loadgen -peer bare` (loopback only)")
+	fs.StringVar(&o.redisRate, "redis-rate", "http://127.0.0.1:18082", "base URL of a `loadgen -peer redis_rate` (loopback only)")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each row is driven (100ms to 10m)")
+	fs.Int64Var(&o.max, "max", 10_000_000, "most requests per row")
+	fs.IntVar(&o.conns, "conns", 64, "connections, each driven by its own goroutine (1 to 1024)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
-	if err := loopbackOnly(*base); err != nil {
-		return err
+	if fs.NArg() > 0 {
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	switch {
+	case o.duration < 100*time.Millisecond || o.duration > 10*time.Minute:
+		return fmt.Errorf("-duration %s: must be between 100ms and 10m", o.duration)
+	case o.max < 1:
+		return fmt.Errorf("-max %d: must be at least 1", o.max)
+	case o.conns < 1 || o.conns > 1024:
+		return fmt.Errorf("-conns %d: must be between 1 and 1024", o.conns)
 	}
 	cfg, err := config.Load(getenv)
 	if err != nil {
 		return err
 	}
-	key, err := benchKey(ctx, cfg.DatabaseURL)
+	if o.peer != "" {
+		return servePeer(ctx, o.peer, o.addr, cfg)
+	}
+	for _, u := range []struct{ flag, raw string }{{"-url", o.api}, {"-bare", o.bare}, {"-redis-rate", o.redisRate}} {
+		if err := loopbackURL(u.raw); err != nil {
+			return fmt.Errorf("%s: %w", u.flag, err)
+		}
+	}
+	o.serviceToken, o.rdbPrefix = cfg.ServiceToken, cfg.RedisPrefix
+	if o.serviceToken == "" {
+		return errors.New("TOLLGATE_SERVICE_TOKEN is not set: the /v1/check row needs the api's service token")
+	}
+	return measure(ctx, o, cfg, stdout)
+}
+
+// servePeer serves one benchpeer app on addr until ctx ends.
+func servePeer(ctx context.Context, peer, addr string, cfg config.Config) error {
+	if err := loopbackHost(hostOf(addr)); err != nil {
+		return fmt.Errorf("-addr: %w", err)
+	}
+	var app *fiber.App
+	switch peer {
+	case "bare":
+		app = benchpeer.Bare()
+	case "redis_rate":
+		rdb, err := redisdb.Open(ctx, cfg.Redis)
+		if err != nil {
+			return err
+		}
+		defer rdb.Close()
+		app = benchpeer.RedisRate(rdb, cfg.RedisPrefix+":peer")
+	default:
+		return fmt.Errorf(`-peer %q: must be "bare" or "redis_rate"`, peer)
+	}
+	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return err
+		return fmt.Errorf("-addr: %w", err)
 	}
-	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{
-		MaxIdleConns: *conc, MaxIdleConnsPerHost: *conc, IdleConnTimeout: time.Minute}}
-	if err := waitReady(ctx, client, *base); err != nil {
-		return err
+	errc := make(chan error, 1)
+	go func() { errc <- app.Listener(ln) }()
+	select {
+	case err := <-errc:
+		return fmt.Errorf("serve %s: %w", peer, err)
+	case <-ctx.Done():
 	}
-	unmetered := drive(client, *base+"/healthz", "", *duration, *maxReq, *conc)
-	metered := drive(client, *base+"/api/demo/echo", key, *duration, *maxReq, *conc)
-	fmt.Fprintf(stdout, "%-16s %10s %8s %12s %10s %10s\n", "route", "requests", "errors", "req/s", "p50", "p99")
-	for _, r := range []Result{unmetered, metered} {
-		fmt.Fprintf(stdout, "%-16s %10d %8d %12.0f %10s %10s\n", r.Route, r.Requests, r.Errors, r.RPS,
-			r.P50.Round(time.Microsecond), r.P99.Round(time.Microsecond))
+	if err := app.ShutdownWithTimeout(5 * time.Second); err != nil {
+		return fmt.Errorf("shut down %s: %w", peer, err)
 	}
-	if unmetered.RPS > 0 {
-		fmt.Fprintf(stdout, "metered/unmetered throughput ratio: %.2f (concurrency %d, %s per route)\n",
-			metered.RPS/unmetered.RPS, *conc, *duration)
-	}
-	if metered.Errors > 0 || unmetered.Errors > 0 {
-		return errors.New("some requests failed; the figures above are not to be trusted")
+	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("serve %s: %w", peer, err)
 	}
 	return nil
 }
 
-func loopbackOnly(raw string) error {
+// loopbackURL accepts http URLs of loopback hosts only.
+func loopbackURL(raw string) error {
 	u, err := url.Parse(raw)
 	if err != nil {
-		return fmt.Errorf("-url: %w", err)
+		return err
 	}
-	host := u.Hostname()
+	if u.Scheme != "http" {
+		return fmt.Errorf("%s: only http:// is supported", raw)
+	}
+	return loopbackHost(u.Hostname())
+}
+
+func loopbackHost(host string) error {
 	if host == "localhost" {
 		return nil
 	}
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
 		return nil
 	}
-	return fmt.Errorf("-url: %s is not a loopback address; loadgen only targets this machine", host)
+	return fmt.Errorf("%q is not a loopback address; loadgen only targets this machine", host)
 }
 
-// benchKey creates a tenant on a tier of limits the load cannot reach.
-func benchKey(ctx context.Context, dbURL string) (string, error) {
-	db, err := postgres.Open(ctx, dbURL)
+func hostOf(addr string) string {
+	host, _, err := net.SplitHostPort(addr)
 	if err != nil {
-		return "", err
+		return addr
 	}
-	defer db.Close()
-	store := postgres.NewStore(db)
-	big := quota.Ptr(int64(1) << 40)
-	tier := quota.Tier{Slug: "loadgen", Name: "Load generator", Rank: 1_000_000, Overage: quota.OverageBlock,
-		Limits: quota.Limits{BurstRate: quota.Ptr(1e6), Burst: quota.Ptr(int64(1e9)), BucketCapacity: quota.Ptr(int64(1e9)),
-			BucketRefillPerSec: quota.Ptr(1e6), DailyQuota: big, MonthlyQuota: big}}
-	if _, err := store.CreateTier(ctx, "loadgen", tier); err != nil && quota.ErrorCode(err) != quota.CodeConflict {
-		return "", err
-	}
-	t, err := store.CreateTenant(ctx, "loadgen", "loadgen", tier.Slug)
-	if err != nil {
-		return "", err
-	}
-	k, err := store.IssueKey(ctx, "loadgen", t.ID, "loadgen")
-	return k.Secret, err
-}
-
-func waitReady(ctx context.Context, c *http.Client, base string) error {
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		resp, err := c.Get(base + "/readyz")
-		if err == nil {
-			resp.Body.Close()
-			if resp.StatusCode == 200 {
-				return nil
-			}
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("%s/readyz did not answer 200 within 30s", base)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
-}
-
-// drive sends GETs from conc clients until d passes or max requests are sent.
-func drive(c *http.Client, target, key string, d time.Duration, max, conc int) Result {
-	var sent, errs atomic.Int64
-	lat := make([][]time.Duration, conc)
-	var wg sync.WaitGroup
-	start := time.Now()
-	stop := start.Add(d)
-	for i := range conc {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for time.Now().Before(stop) && sent.Add(1) <= int64(max) {
-				req, _ := http.NewRequest("GET", target, nil)
-				if key != "" {
-					req.Header.Set("Authorization", "Bearer "+key)
-				}
-				t0 := time.Now()
-				resp, err := c.Do(req)
-				if err == nil {
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				}
-				lat[i] = append(lat[i], time.Since(t0))
-				if err != nil || resp.StatusCode != 200 {
-					errs.Add(1)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	elapsed := time.Since(start)
-	var all []time.Duration
-	for _, l := range lat {
-		all = append(all, l...)
-	}
-	slices.Sort(all)
-	r := Result{Route: mustPath(target), Requests: len(all), Errors: int(errs.Load())}
-	if len(all) > 0 {
-		r.RPS = float64(len(all)) / elapsed.Seconds()
-		r.P50 = all[len(all)/2]
-		r.P99 = all[len(all)*99/100]
-	}
-	return r
-}
-
-func mustPath(raw string) string {
-	u, _ := url.Parse(raw)
-	return u.Path
+	return host
 }

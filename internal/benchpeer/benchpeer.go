@@ -1,0 +1,72 @@
+// Package benchpeer holds the two reference servers `make bench` measures
+// the api against, so that its figures read as ratios rather than absolute
+// numbers of one machine:
+//
+//   - Bare: Fiber answering one JSON route, the ceiling of any Fiber app on
+//     the machine;
+//   - RedisRate: the same route behind one github.com/go-redis/redis_rate
+//     GCRA check (one EVALSHA per request), what a rate limiter costs when it
+//     does the least a Redis-backed limiter can do.
+//
+// cmd/loadgen serves them (`loadgen -peer bare -addr 127.0.0.1:18081`).
+package benchpeer
+
+import (
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/gofiber/fiber/v2"
+	"github.com/redis/go-redis/v9"
+)
+
+// Path is the one route both apps serve.
+const Path = "/echo"
+
+// Echo is the answer of both apps: small, typed, encoded by c.JSON as the
+// api's demo route is.
+type Echo struct {
+	Method    string `json:"method"`
+	Path      string `json:"path"`
+	Allowed   bool   `json:"allowed"`
+	Remaining int    `json:"remaining"`
+}
+
+// limit is far above what loopback load can reach (10^6 requests a second,
+// a second's worth of burst), so RedisRate never refuses and every request
+// does the full GCRA write.
+var limit = redis_rate.Limit{Rate: 1_000_000, Burst: 1_000_000, Period: time.Second}
+
+func newApp() *fiber.App {
+	// The settings of the api's app that matter per request; everything
+	// else is Fiber's defaults.
+	return fiber.New(fiber.Config{DisableStartupMessage: true, ReadTimeout: 30 * time.Second,
+		WriteTimeout: 60 * time.Second, IdleTimeout: 120 * time.Second})
+}
+
+// Bare returns a Fiber app answering GET Path with an Echo.
+func Bare() *fiber.App {
+	app := newApp()
+	app.Get(Path, func(c *fiber.Ctx) error {
+		return c.JSON(Echo{Method: c.Method(), Path: c.Path(), Allowed: true})
+	})
+	return app
+}
+
+// RedisRate returns a Fiber app answering GET Path with an Echo after one
+// redis_rate Allow of key on rdb (redis_rate stores it as "rate:" + key);
+// 429 if refused (never, at loopback rates), 503 if Redis fails.
+func RedisRate(rdb redis.UniversalClient, key string) *fiber.App {
+	limiter := redis_rate.NewLimiter(rdb)
+	app := newApp()
+	app.Get(Path, func(c *fiber.Ctx) error {
+		res, err := limiter.Allow(c.UserContext(), key, limit)
+		if err != nil {
+			return fiber.NewError(fiber.StatusServiceUnavailable, "redis: "+err.Error())
+		}
+		if res.Allowed == 0 {
+			return c.Status(fiber.StatusTooManyRequests).JSON(Echo{Method: c.Method(), Path: c.Path()})
+		}
+		return c.JSON(Echo{Method: c.Method(), Path: c.Path(), Allowed: true, Remaining: res.Remaining})
+	})
+	return app
+}

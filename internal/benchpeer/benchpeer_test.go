@@ -1,0 +1,72 @@
+package benchpeer_test
+
+import (
+	"encoding/json"
+	"io"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/benchpeer"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+func TestPeersAnswerTheEchoRoute(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	key := "test-" + testenv.RandomHex(6)
+	t.Cleanup(func() { testenv.DeleteKeys(rdb, "rate:"+key) })
+	for _, tc := range []struct {
+		name          string
+		app           *fiber.App
+		wantRemaining bool
+	}{
+		{"bare", benchpeer.Bare(), false},
+		{"redis_rate", benchpeer.RedisRate(rdb, key), true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for i := range 3 {
+				resp, err := tc.app.Test(httptest.NewRequest("GET", benchpeer.Path, nil))
+				if err != nil {
+					t.Fatal(err)
+				}
+				body, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("request %d: status %d, want 200: %s", i, resp.StatusCode, body)
+				}
+				var got benchpeer.Echo
+				if err := json.Unmarshal(body, &got); err != nil {
+					t.Fatalf("body %q: %v", body, err)
+				}
+				if got.Method != "GET" || got.Path != benchpeer.Path || !got.Allowed {
+					t.Errorf("got %+v, want GET %s allowed", got, benchpeer.Path)
+				}
+				if tc.wantRemaining && got.Remaining <= 0 {
+					t.Errorf("got remaining %d, want > 0 (a limit the bench never reaches)", got.Remaining)
+				}
+			}
+		})
+	}
+	if n, err := rdb.Exists(t.Context(), "rate:"+key).Result(); err != nil || n != 1 {
+		t.Errorf("got %d keys rate:%s (err %v), want 1: redis_rate did not write its state", n, key, err)
+	}
+}
+
+func TestRedisRateAnswers503WhenRedisFails(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	app := benchpeer.RedisRate(rdb, "test-"+testenv.RandomHex(6))
+	if err := rdb.Close(); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := app.Test(httptest.NewRequest("GET", benchpeer.Path, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 503 {
+		t.Errorf("got status %d with Redis closed, want 503", resp.StatusCode)
+	}
+}
