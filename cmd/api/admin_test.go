@@ -188,8 +188,9 @@ func TestAdminWithoutTokenChangesNothing(t *testing.T) {
 	auditBefore = countAudit()
 	for _, rt := range routes {
 		for name, tok := range map[string]string{"no token": "", "wrong token": "admin-token-for-tests-012346", "tenant key": key, "service token": serviceToken} {
-			if r := do(t, rt.method, base+rt.path, tok, rt.body); r.status != 401 || r.header.Get("Content-Type") != "application/problem+json" {
-				t.Errorf("%s %s with %s: %d, want 401 problem+json", rt.method, rt.path, name, r.status)
+			// Past 20 failures the address is limited: 429 instead of 401.
+			if r := do(t, rt.method, base+rt.path, tok, rt.body); (r.status != 401 && r.status != 429) || r.header.Get("Content-Type") != "application/problem+json" {
+				t.Errorf("%s %s with %s: %d, want 401 or 429 problem+json", rt.method, rt.path, name, r.status)
 			}
 		}
 	}

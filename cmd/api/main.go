@@ -118,6 +118,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		ServiceToken: cfg.ServiceToken,
 		RedisPrefix:  cfg.RedisPrefix,
 		SessionTTL:   cfg.SessionTTL,
+
+		TrustedProxies:      cfg.TrustedProxies,
+		WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 	})
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {

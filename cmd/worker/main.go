@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/config"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/ratelimit"
@@ -57,6 +58,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	rec := billing.NewReconciler(db, ratelimit.New(rdb, cfg.RedisPrefix), time.Now, log)
 	alerts := billing.NewDeliverer(db, nil, time.Now)
+	alerts.AllowPrivate = cfg.WebhookAllowPrivate
 	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
 	invoices.FullSweepEvery = 15 * time.Minute
 	// A month is finalized only after a flush that began after its end,
@@ -74,6 +76,20 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Interval: cfg.ReconcileInterval,
 		Log:      log,
 		Steps: []worker.Step{
+			// Grants Redis missed when they were made (it was down) go in
+			// before the repair, which restores every recorded grant, applied
+			// or not: applied after it, a grant would count twice.
+			{Name: "grants", Run: func(ctx context.Context) error {
+				store := postgres.NewStore(db)
+				applied, err := store.ApplyGrants(ctx, ratelimit.New(rdb, cfg.RedisPrefix), time.Now())
+				if len(applied) > 0 { // lift the refusals the API nodes' deny caches hold
+					pub := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
+					for _, g := range applied {
+						err = errors.Join(err, pub.Invalidate(ctx, catalog.KindRoom, g.TenantID))
+					}
+				}
+				return err
+			}},
 			// Repair first: counters lost with Redis are restored before the
 			// flush moves what is still pending.
 			{Name: "repair", Run: rec.Repair},

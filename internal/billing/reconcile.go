@@ -604,7 +604,10 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 			SELECT tenant_id,
 			       coalesce(sum(units) FILTER (WHERE period = 'day' AND period_start = $2::date), 0)::bigint AS day_grant,
 			       coalesce(sum(units) FILTER (WHERE period = 'month' AND period_start = $1::date), 0)::bigint AS month_grant
-			FROM grants WHERE period_start >= $1::date GROUP BY tenant_id
+			-- Only applied grants: an unapplied one is the grants step's
+			-- to apply, once, by its id (restoring it here too would
+			-- count it twice).
+			FROM grants WHERE period_start >= $1::date AND applied_at IS NOT NULL GROUP BY tenant_id
 		)
 		SELECT coalesce(u.tenant_id, g.tenant_id)::text, coalesce(u.day_units, 0), coalesce(u.month_units, 0),
 		       coalesce(g.day_grant, 0), coalesce(g.month_grant, 0)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/netip"
 	"net/url"
 	"strconv"
 	"strings"
@@ -36,6 +37,10 @@ type Config struct {
 	InvoiceGrace      time.Duration           // TOLLGATE_INVOICE_GRACE
 	WorkerMetricsAddr string                  // TOLLGATE_WORKER_METRICS_ADDR
 	SessionTTL        time.Duration           // TOLLGATE_SESSION_TTL
+	// TrustedProxies are the proxies whose X-Forwarded-For is believed
+	// (TOLLGATE_TRUSTED_PROXIES); a single address is a /32 or /128.
+	TrustedProxies      []netip.Prefix
+	WebhookAllowPrivate bool // TOLLGATE_WEBHOOK_ALLOW_PRIVATE
 }
 
 // Var documents one environment variable.
@@ -61,6 +66,8 @@ var Vars = []Var{
 	{"TOLLGATE_INVOICE_GRACE", "48h", "how long after a month ends late usage is still accepted before its invoices are final"},
 	{"TOLLGATE_WORKER_METRICS_ADDR", "127.0.0.1:9091", "the worker's /metrics listen address (host:port; port 0 picks a free one)"},
 	{"TOLLGATE_SESSION_TTL", "8h", "lifetime of a dashboard or console sign-in, Go duration, 5m to 720h"},
+	{"TOLLGATE_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of the proxies in front of the api whose X-Forwarded-For is believed; unset: the client is the connection's address"},
+	{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "false", "true lets webhook URLs reach loopback, link-local and private addresses (a lab, a receiver on the same network); keep false in production"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -132,7 +139,47 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.SessionTTL, err = duration(get, "TOLLGATE_SESSION_TTL", 5*time.Minute, 720*time.Hour); err != nil {
 		return c, err
 	}
+	if c.TrustedProxies, err = ParsePrefixes(get("TOLLGATE_TRUSTED_PROXIES")); err != nil {
+		return c, fmt.Errorf("config: TOLLGATE_TRUSTED_PROXIES: %w", err)
+	}
+	if c.WebhookAllowPrivate, err = strconv.ParseBool(get("TOLLGATE_WEBHOOK_ALLOW_PRIVATE")); err != nil {
+		return c, fmt.Errorf("config: TOLLGATE_WEBHOOK_ALLOW_PRIVATE: %q is not true or false", get("TOLLGATE_WEBHOOK_ALLOW_PRIVATE"))
+	}
 	return c, nil
+}
+
+// ParsePrefixes parses a comma-separated list of IP addresses and CIDR
+// prefixes ("10.0.0.0/8, 192.0.2.7, fd00::/8"); an address is the prefix of
+// that one address. Prefixes are masked ("10.1.2.3/8" is 10.0.0.0/8) and
+// IPv4-mapped IPv6 forms are read as IPv4, so that they match the addresses
+// a connection reports. An empty list is nil.
+func ParsePrefixes(list string) ([]netip.Prefix, error) {
+	var out []netip.Prefix
+	for _, item := range strings.Split(list, ",") {
+		item = strings.TrimSpace(item)
+		if item == "" {
+			continue
+		}
+		var p netip.Prefix
+		if strings.Contains(item, "/") {
+			var err error
+			if p, err = netip.ParsePrefix(item); err != nil {
+				return nil, fmt.Errorf("%q is not an address or CIDR prefix", item)
+			}
+			if a := p.Addr(); a.Is4In6() && p.Bits() >= 96 {
+				p = netip.PrefixFrom(a.Unmap(), p.Bits()-96)
+			}
+		} else {
+			a, err := netip.ParseAddr(item)
+			if err != nil || a.Zone() != "" {
+				return nil, fmt.Errorf("%q is not an address or CIDR prefix", item)
+			}
+			a = a.Unmap()
+			p = netip.PrefixFrom(a, a.BitLen())
+		}
+		out = append(out, p.Masked())
+	}
+	return out, nil
 }
 
 func duration(get func(string) string, name string, min, max time.Duration) (time.Duration, error) {

@@ -1,6 +1,7 @@
 package config
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -27,6 +28,8 @@ func TestLoadDefaults(t *testing.T) {
 		{"AdminToken", c.AdminToken, ""},
 		{"RedisPrefix", c.RedisPrefix, "tg"},
 		{"SessionTTL", c.SessionTTL, 8 * time.Hour},
+		{"TrustedProxies", len(c.TrustedProxies), 0},
+		{"WebhookAllowPrivate", c.WebhookAllowPrivate, false},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -70,6 +73,10 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_INVOICE_GRACE", "1y"},
 		{"TOLLGATE_SESSION_TTL", "1m"},
 		{"TOLLGATE_SESSION_TTL", "always"},
+		{"TOLLGATE_TRUSTED_PROXIES", "proxy.internal"},
+		{"TOLLGATE_TRUSTED_PROXIES", "10.0.0.1, 10.0.0.0/33"},
+		{"TOLLGATE_TRUSTED_PROXIES", "fe80::1%eth0"},
+		{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "yes please"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {
@@ -80,6 +87,42 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 			t.Errorf("%s=%q: got %q, want it to name %s", tc.name, tc.value, err, tc.name)
 		}
 	}
+}
+
+func TestLoadTrustedProxiesAndWebhooks(t *testing.T) {
+	c, err := Load(env(map[string]string{
+		"TOLLGATE_TRUSTED_PROXIES":       " 10.1.2.3/8,192.0.2.7 ,, ::ffff:198.51.100.1, fd00::/8, ::ffff:203.0.113.0/120",
+		"TOLLGATE_WEBHOOK_ALLOW_PRIVATE": "true",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := fmt.Sprint(c.TrustedProxies)
+	if want := "[10.0.0.0/8 192.0.2.7/32 198.51.100.1/32 fd00::/8 203.0.113.0/24]"; got != want {
+		t.Errorf("TrustedProxies = %s, want %s", got, want)
+	}
+	if !c.WebhookAllowPrivate {
+		t.Error("WebhookAllowPrivate = false, want true")
+	}
+}
+
+// FuzzParsePrefixes: any list either parses into valid, masked prefixes of
+// unmapped addresses, or is refused; it never panics.
+func FuzzParsePrefixes(f *testing.F) {
+	for _, seed := range []string{"", "10.0.0.0/8, 192.0.2.7", "::ffff:10.0.0.1/104", "fe80::1%eth0", "1.2.3.4/", ",,", "::/0"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, list string) {
+		ps, err := ParsePrefixes(list)
+		if err != nil {
+			return
+		}
+		for _, p := range ps {
+			if !p.IsValid() || p != p.Masked() || p.Addr().Is4In6() || p.Addr().Zone() != "" {
+				t.Fatalf("ParsePrefixes(%q) gave %v", list, p)
+			}
+		}
+	})
 }
 
 func TestLoadRedactsPassword(t *testing.T) {

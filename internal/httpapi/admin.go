@@ -23,11 +23,11 @@ import (
 const adminActor = "admin"
 
 // adminAuth lets through only requests with the admin token; with no token
-// configured it refuses everything.
+// configured it refuses everything. Failed tokens are limited per address
+// (see tokenIs).
 func (s *Server) adminAuth(c *fiber.Ctx) error {
-	if !bearerIs(c, s.opts.AdminToken) {
-		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tollgate-admin"`)
-		return quota.Errorf(quota.CodeUnauthorized, "the admin token is required")
+	if err := s.bearerAuth(c, s.adminFail, s.opts.AdminToken, "tollgate-admin", "admin token"); err != nil {
+		return err
 	}
 	return c.Next()
 }
@@ -274,7 +274,7 @@ func (s *Server) createTenant(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if err := validURL("webhook_url", body.WebhookURL); err != nil {
+	if err := s.validWebhook(body.WebhookURL); err != nil {
 		return err
 	}
 	t, err := s.store.CreateTenantWith(c.UserContext(), adminActor,
@@ -327,7 +327,12 @@ func (s *Server) patchTenant(c *fiber.Ctx) error {
 	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
-	t, err := s.store.UpdateTenant(c.UserContext(), adminActor, c.Params("id"), body.apply)
+	t, err := s.store.UpdateTenant(c.UserContext(), adminActor, c.Params("id"), func(t *quota.Tenant) error {
+		if err := body.apply(t); err != nil || !body.WebhookURL.Set {
+			return err // a URL stored before it was checked is left to the worker's check
+		}
+		return s.validWebhook(t.WebhookURL)
+	})
 	if err != nil {
 		return err
 	}
@@ -456,40 +461,72 @@ func (b grantCreate) validate() (string, int64, error) {
 	return period, units, nil
 }
 
+// grantLater is the detail of a grant recorded but not yet applied.
+const grantLater = "the grant is recorded but not applied yet (Redis did not answer): " +
+	"the worker applies it within one reconcile interval (TOLLGATE_RECONCILE_INTERVAL)"
+
+// createGrant answers 201 with a grant applied at once; 202 with applied
+// false and a detail when Redis did not answer, so that the worker applies
+// it; 200 with the grant first recorded for a repeat of its Idempotency-Key.
 func (s *Server) createGrant(c *fiber.Ctx) error {
+	key, err := idempotencyKey(c)
+	if err != nil {
+		return err
+	}
 	var body grantCreate
 	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
-	g, err := s.grant(c.UserContext(), adminActor, c.Params("id"), body)
+	g, created, err := s.grant(c.UserContext(), adminActor, c.Params("id"), key, body)
 	if err != nil {
 		return err
 	}
-	return c.Status(fiber.StatusCreated).JSON(g)
+	status := fiber.StatusCreated
+	if !created {
+		status = fiber.StatusOK
+		c.Set("Idempotent-Replayed", "true")
+	}
+	if g.Applied {
+		return c.Status(status).JSON(g)
+	}
+	if created {
+		status = fiber.StatusAccepted
+	}
+	return c.Status(status).JSON(struct {
+		postgres.Grant
+		Detail string `json:"detail"`
+	}{g, grantLater})
 }
 
 // grant adds units to the tenant's current day or month, for the API and
-// the console: recorded in Postgres (for invoices and quota repair) and added
-// to the live counter in Redis, so the remaining quota and the headers show
-// it on the next request.
-func (s *Server) grant(ctx context.Context, actor, tenantID string, body grantCreate) (postgres.Grant, error) {
+// the console: recorded in Postgres (for invoices and quota repair) and
+// applied to the live counter in Redis, so the remaining quota and the
+// headers show it on the next request. A grant Redis did not take is no
+// error: it is recorded as not applied, and the worker's grants step applies
+// it. Under an idempotency key a repeat returns the grant first recorded
+// (created false), applying it if it is not yet.
+func (s *Server) grant(ctx context.Context, actor, tenantID, key string, body grantCreate) (g postgres.Grant, created bool, err error) {
 	period, units, err := body.validate()
 	if err != nil {
-		return postgres.Grant{}, err
+		return g, false, err
 	}
 	start := quota.DayStart(s.now())
 	if period == "month" {
 		start = quota.MonthStart(start)
 	}
-	g, err := s.store.CreateGrant(ctx, actor, tenantID, period, start, units)
-	if err != nil {
-		return g, err
+	g, created, err = s.store.CreateGrantIdempotent(ctx, actor, tenantID, key, period, start, units)
+	if err != nil || g.Applied {
+		return g, created, err
 	}
-	if err := s.limits.Grant(ctx, g.TenantID, period, units, time.Time{}); err != nil {
-		return g, fmt.Errorf("httpapi: grant recorded but not applied in Redis (quota repair will apply it): %w", err)
+	if g, err = s.store.ApplyGrant(ctx, s.limits, g); err != nil {
+		s.log.Warn("grant recorded but not applied; the worker's grants step will apply it",
+			"tenant_id", g.TenantID, "grant_id", g.ID, "err", err)
+		return g, created, nil
 	}
-	s.invalidate(ctx, catalog.KindTenant, g.TenantID) // clears deny caches
-	return g, nil
+	if g.Applied {
+		s.invalidate(ctx, catalog.KindRoom, g.TenantID) // clears deny caches
+	}
+	return g, created, nil
 }
 
 func (s *Server) listGrants(c *fiber.Ctx) error {
@@ -693,6 +730,22 @@ func validURL(field, v string) error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(v) > quota.MaxURLLength ||
 		strings.ContainsAny(v, " \t\r\n") {
 		return quota.FieldError(field, "must be an http or https URL of at most %d characters", quota.MaxURLLength)
+	}
+	return nil
+}
+
+// validWebhook accepts "" or an http(s) URL whose host may receive webhooks:
+// not a loopback, link-local, private or reserved address, unless
+// WebhookAllowPrivate. Names are not resolved here (what a name resolves to
+// may change after any check); the worker checks each address it dials.
+func (s *Server) validWebhook(v string) error {
+	if err := validURL("webhook_url", v); err != nil || v == "" || s.opts.WebhookAllowPrivate {
+		return err
+	}
+	u, _ := url.Parse(v) // validURL parsed it
+	if billing.CheckWebhookHost(u.Hostname()) != nil {
+		return quota.FieldError("webhook_url", "must name a public host: loopback, link-local, private and reserved addresses "+
+			"are refused (TOLLGATE_WEBHOOK_ALLOW_PRIVATE=true allows them)")
 	}
 	return nil
 }

@@ -1,7 +1,10 @@
 package httpapi
 
 import (
+	"bytes"
 	"crypto/subtle"
+	"net"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -10,7 +13,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
 )
 
 const localPrincipal = "principal"
@@ -24,91 +26,257 @@ func presentedKey(c *fiber.Ctx) string {
 
 func headerKey(c *fiber.Ctx) string {
 	if h := c.Get(fiber.HeaderAuthorization); h != "" {
-		if scheme, tok, ok := strings.Cut(h, " "); ok && strings.EqualFold(scheme, "Bearer") {
-			return strings.TrimSpace(tok)
-		}
-		return ""
+		return bearer(h)
 	}
 	return strings.TrimSpace(c.Get("X-API-Key"))
 }
 
-// bearerIs compares the request's bearer token with want in constant time;
-// an empty want refuses everything.
-func bearerIs(c *fiber.Ctx, want string) bool {
-	h := c.Get(fiber.HeaderAuthorization)
-	scheme, tok, ok := strings.Cut(h, " ")
-	if want == "" || !ok || !strings.EqualFold(scheme, "Bearer") {
-		return false
+// bearer returns the token of an Authorization header value, or "" when it
+// is not a Bearer one.
+func bearer(authorization string) string {
+	scheme, tok, ok := strings.Cut(authorization, " ")
+	if !ok || !strings.EqualFold(scheme, "Bearer") {
+		return ""
 	}
-	return subtle.ConstantTimeCompare([]byte(strings.TrimSpace(tok)), []byte(want)) == 1
+	return strings.TrimSpace(tok)
 }
 
-// authFailures limits failed key attempts per client address, in process:
-// 20 at once, then one every 3 seconds. A client over it gets 429 before its
-// key is even looked at, which blunts guessing and cache-miss floods.
+// clientIP returns the address of the client that sent the request, the one
+// every per-client decision (failed-attempt limits) and the X-Forwarded-For
+// sent upstream use: the connection's peer, or, when the peer is a trusted
+// proxy (TOLLGATE_TRUSTED_PROXIES), the right-most X-Forwarded-For address
+// that is not a trusted proxy itself. Each proxy appends the address it got
+// the request from, so everything left of that one was written by the client
+// and is never believed. Fiber's c.IP() with a ProxyHeader would take the
+// left-most address of the list: the client's choice.
+func (s *Server) clientIP(c *fiber.Ctx) netip.Addr {
+	var peer netip.Addr
+	if a, ok := c.Context().RemoteAddr().(*net.TCPAddr); ok {
+		peer = a.AddrPort().Addr()
+	}
+	if len(s.opts.TrustedProxies) == 0 {
+		return peer.Unmap()
+	}
+	return forwardedClient(peer, c.Request().Header.PeekAll(fiber.HeaderXForwardedFor), s.opts.TrustedProxies)
+}
+
+// forwardedClient walks the X-Forwarded-For header lines xff from the right,
+// starting at the connection's peer, past the trusted proxies, and returns
+// the first address that is not one. An entry that is not an address means a
+// trusted proxy passed on what it was sent without appending to it: the
+// client is then the last trusted hop as far as anyone can tell, never an
+// address the client wrote.
+func forwardedClient(peer netip.Addr, xff [][]byte, trusted []netip.Prefix) netip.Addr {
+	hop := peer.Unmap()
+	if !isTrusted(hop, trusted) {
+		return hop
+	}
+	for i := len(xff) - 1; i >= 0; i-- {
+		list := xff[i]
+		for {
+			j := bytes.LastIndexByte(list, ',')
+			a, ok := forwardedAddr(bytes.TrimSpace(list[j+1:]))
+			if !ok {
+				return hop
+			}
+			if !isTrusted(a, trusted) {
+				return a
+			}
+			hop = a
+			if j < 0 {
+				break
+			}
+			list = list[:j]
+		}
+	}
+	return hop
+}
+
+// forwardedAddr parses one X-Forwarded-For entry: an address, with or
+// without a port ("192.0.2.1:4711", "[2001:db8::1]:4711"), as some proxies
+// write them.
+func forwardedAddr(b []byte) (netip.Addr, bool) {
+	s := string(b)
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		ap, perr := netip.ParseAddrPort(s)
+		if perr != nil {
+			if len(s) < 2 || s[0] != '[' || s[len(s)-1] != ']' {
+				return netip.Addr{}, false
+			}
+			if a, err = netip.ParseAddr(s[1 : len(s)-1]); err != nil {
+				return netip.Addr{}, false
+			}
+		} else {
+			a = ap.Addr()
+		}
+	}
+	if a.Zone() != "" {
+		return netip.Addr{}, false
+	}
+	return a.Unmap(), true
+}
+
+func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
+	for _, p := range trusted {
+		if p.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// authFailures limits failed attempts to authenticate per client address,
+// in process: 20 at once, then one every 3 seconds (GCRA: tat is when the
+// address's failures will have drained). Each realm (API keys, the admin
+// token, the service token) has its own, so that failing in one locks
+// nothing in another. An IPv6 client counts by its /64, which one host
+// usually holds whole and could otherwise rotate through.
 type authFailures struct {
-	mu     sync.Mutex
-	models map[string]*ratelimit.Model
-	now    func() time.Time
+	mu  sync.Mutex
+	tat map[netip.Prefix]time.Time
+	now func() time.Time
 }
 
-var authFailureLimits = quota.Limits{BurstRate: quota.Ptr(1.0 / 3), Burst: quota.Ptr(int64(20))}
+const (
+	authFailureBurst    = 20
+	authFailureInterval = 3 * time.Second
+	// authFailureMaxAddrs bounds the memory of an address spray; entries
+	// whose failures have drained are dropped first.
+	authFailureMaxAddrs = 100_000
+)
 
 func newAuthFailures(now func() time.Time) *authFailures {
-	return &authFailures{models: map[string]*ratelimit.Model{}, now: now}
+	return &authFailures{tat: map[netip.Prefix]time.Time{}, now: now}
+}
+
+func failureKey(ip netip.Addr) netip.Prefix {
+	if ip.Is4() {
+		return netip.PrefixFrom(ip, 32)
+	}
+	p, _ := ip.Prefix(64) // the zero Prefix for an invalid address: one key for all of those
+	return p
 }
 
 // blocked reports whether ip has used up its failures, and for how long.
-func (a *authFailures) blocked(ip string) (time.Duration, bool) {
+func (a *authFailures) blocked(ip netip.Addr) (time.Duration, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	m, ok := a.models[ip]
+	return a.waitLocked(failureKey(ip), a.now())
+}
+
+func (a *authFailures) waitLocked(k netip.Prefix, now time.Time) (time.Duration, bool) {
+	tat, ok := a.tat[k]
 	if !ok {
 		return 0, false
 	}
-	d := m.Peek(authFailureLimits, a.now())
-	if l, ok := d.Limit(quota.LimitBurst); ok && l.Remaining == 0 {
-		return max(time.Second, l.Reset.Sub(d.Now)/time.Duration(*authFailureLimits.Burst)), true
+	wait := tat.Sub(now) - (authFailureBurst-1)*authFailureInterval
+	return wait, wait > 0
+}
+
+// fail counts a failed attempt from ip, unless ip has used up its failures
+// already; then it reports so, and for how long, and counts nothing.
+func (a *authFailures) fail(ip netip.Addr) (time.Duration, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	k, now := failureKey(ip), a.now()
+	if wait, blocked := a.waitLocked(k, now); blocked {
+		return wait, true
 	}
+	tat, ok := a.tat[k]
+	if !ok && len(a.tat) >= authFailureMaxAddrs {
+		for key, t := range a.tat {
+			if !t.After(now) {
+				delete(a.tat, key)
+			}
+		}
+		if len(a.tat) > authFailureMaxAddrs/2 { // a spray: start afresh rather than sweep on every failure
+			a.tat = map[netip.Prefix]time.Time{}
+		}
+	}
+	a.tat[k] = later(tat, now).Add(authFailureInterval)
 	return 0, false
 }
 
-func (a *authFailures) record(ip string) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	m, ok := a.models[ip]
-	if !ok {
-		if len(a.models) >= 100_000 {
-			a.models = map[string]*ratelimit.Model{}
-		}
-		m = &ratelimit.Model{}
-		a.models[ip] = m
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
 	}
-	m.Admit(quota.Request{TenantID: ip, Meter: "auth", Cost: 1, Limits: authFailureLimits, Overage: quota.OverageBlock}, a.now())
-	m.Pending = nil
+	return b
+}
+
+// tooManyFailures is the answer to an address that has used up its failed
+// attempts: 429 with Retry-After.
+func tooManyFailures(c *fiber.Ctx, wait time.Duration, what string) error {
+	c.Set(fiber.HeaderRetryAfter, itoa(ceilSeconds(wait)))
+	return &quota.Error{Code: quota.CodeTooMany, Message: "too many failed " + what + " from this address; retry later"}
+}
+
+// keyFailed counts a failed API key (or dashboard sign-in) from the
+// request's address and returns the 429 to answer once the address has used
+// up its failures, else nil. Only failures are counted and refused: a valid
+// key authenticates from any address, so that clients sharing an address
+// (behind one NAT or proxy) are not locked out by one of them. Keys have 238
+// random bits, so telling a right key from a wrong one helps no guesser; the
+// 429 and its Retry-After tell a misconfigured client to back off. The key
+// is looked up before it is known to fail, so a limited address's unknown
+// keys still cost a cache miss each.
+func (s *Server) keyFailed(c *fiber.Ctx, what string) error {
+	s.metrics.AuthFailures.Inc()
+	if wait, blocked := s.authFail.fail(s.clientIP(c)); blocked {
+		return tooManyFailures(c, wait, what)
+	}
+	return nil
+}
+
+// tokenIs compares a presented admin or service token with want in constant
+// time, counting failures per address in fails (an empty want refuses
+// everything). Unlike API keys, an address that has used up its failures is
+// refused before the comparison, even with the right token: these are fixed
+// secrets that may be short enough to guess, and a limit that still told a
+// right guess from a wrong one would not slow guessing at all. Only the
+// limited address is refused; the token works from any other.
+func (s *Server) tokenIs(c *fiber.Ctx, fails *authFailures, got, want, what string) (bool, error) {
+	ip := s.clientIP(c)
+	if wait, blocked := fails.blocked(ip); blocked {
+		return false, tooManyFailures(c, wait, what)
+	}
+	if want == "" || subtle.ConstantTimeCompare([]byte(got), []byte(want)) != 1 {
+		fails.fail(ip)
+		s.metrics.AuthFailures.Inc()
+		return false, nil
+	}
+	return true, nil
+}
+
+// bearerAuth checks the request's bearer token with tokenIs and answers 401
+// with a challenge for realm when it is wrong.
+func (s *Server) bearerAuth(c *fiber.Ctx, fails *authFailures, want, realm, what string) error {
+	ok, err := s.tokenIs(c, fails, bearer(c.Get(fiber.HeaderAuthorization)), want, what+"s")
+	if err != nil || ok {
+		return err
+	}
+	c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="`+realm+`"`)
+	return quota.Errorf(quota.CodeUnauthorized, "the %s is required", what)
 }
 
 // tenantAuth resolves the request's API key to a principal, kept in the
 // context's locals for the handler.
 func (s *Server) tenantAuth(c *fiber.Ctx) error {
-	ip := c.IP()
-	if wait, blocked := s.authFail.blocked(ip); blocked {
-		c.Set(fiber.HeaderRetryAfter, itoa(ceilSeconds(wait)))
-		return writeProblem(c, Problem{Status: fiber.StatusTooManyRequests, Title: "Too many failed API keys",
-			Detail: "too many requests with a bad API key from this address; retry later", Instance: c.Path()})
-	}
 	key := presentedKey(c)
 	if key == "" {
-		s.authFail.record(ip)
-		s.metrics.AuthFailures.Inc()
+		if err := s.keyFailed(c, "API keys"); err != nil {
+			return err
+		}
 		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tollgate"`)
 		return quota.Errorf(quota.CodeUnauthorized, "an API key is required: Authorization: Bearer <key> or X-API-Key: <key>")
 	}
 	p, err := s.catalog.Resolve(c.UserContext(), key)
 	if err != nil {
-		if code := quota.ErrorCode(err); code == quota.CodeUnauthorized {
-			s.authFail.record(ip)
-			s.metrics.AuthFailures.Inc()
+		if quota.ErrorCode(err) == quota.CodeUnauthorized {
+			if err := s.keyFailed(c, "API keys"); err != nil {
+				return err
+			}
 			c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tollgate", error="invalid_token"`)
 		}
 		return err

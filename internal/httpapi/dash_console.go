@@ -22,6 +22,7 @@ var consoleFlash = map[string]string{
 	"created":   "Created.",
 	"revoked":   "Key revoked.",
 	"granted":   "Grant added.",
+	"pending":   "Grant recorded; it counts once the worker applies it, within one reconcile interval.",
 	"tier":      "Tier changed.",
 	"suspended": "Tenant suspended: its keys are refused until it is resumed.",
 	"resumed":   "Tenant resumed.",
@@ -404,10 +405,15 @@ func (s *Server) consoleGrant(c *fiber.Ctx) error {
 	if len(errs) > 0 {
 		return s.tenantFormErrors(c, id, f, errs)
 	}
-	if _, err := s.grant(c.UserContext(), consoleActor, id, grantCreate{Period: &period, Units: units}); err != nil {
+	g, _, err := s.grant(c.UserContext(), consoleActor, id, "", grantCreate{Period: &period, Units: units})
+	if err != nil {
 		return s.tenantFormError(c, id, f, err)
 	}
-	return c.Redirect("/console/tenants/"+url.PathEscape(id)+"?ok=granted#grants", fiber.StatusSeeOther)
+	ok := "granted"
+	if !g.Applied { // Redis did not take it: the worker applies it
+		ok = "pending"
+	}
+	return c.Redirect("/console/tenants/"+url.PathEscape(id)+"?ok="+ok+"#grants", fiber.StatusSeeOther)
 }
 
 // consoleUpdateTenant changes one field of a tenant (tier or status) as

@@ -357,18 +357,16 @@ func (s *Server) showLogin(c *fiber.Ctx, a area) error {
 func (s *Server) dashLoginForm(c *fiber.Ctx) error    { return s.showLogin(c, tenantArea) }
 func (s *Server) consoleLoginForm(c *fiber.Ctx) error { return s.showLogin(c, adminArea) }
 
-// checkLogin checks a sign-in POST: its form, origin, double-submit token and
-// the address's failed attempts. It returns the form's fields.
+// checkLogin checks a sign-in POST: its form, origin and double-submit
+// token. It returns the form's fields. The secret itself is checked, and
+// failures limited, as the API checks it: a key as tenantAuth does, the admin
+// token as adminAuth does.
 func (s *Server) checkLogin(c *fiber.Ctx, secretField string) (map[string]string, error) {
 	if err := formPost(c); err != nil {
 		return nil, err
 	}
 	if err := sameOrigin(c); err != nil {
 		return nil, err
-	}
-	if wait, blocked := s.authFail.blocked(c.IP()); blocked {
-		c.Set(fiber.HeaderRetryAfter, itoa(ceilSeconds(wait)))
-		return nil, &quota.Error{Code: quota.CodeTooMany, Message: "too many failed sign-ins from this address; try again in a minute"}
 	}
 	f, err := readForm(c, csrfField, secretField, "next")
 	if err != nil {
@@ -398,8 +396,9 @@ func (s *Server) dashLogin(c *fiber.Ctx) error {
 	p, err := s.catalog.Resolve(c.UserContext(), strings.TrimSpace(f["api_key"]))
 	switch quota.ErrorCode(err) {
 	case quota.CodeUnauthorized:
-		s.authFail.record(c.IP())
-		s.metrics.AuthFailures.Inc()
+		if err := s.keyFailed(c, "sign-ins"); err != nil {
+			return err
+		}
 		return s.loginForm(c, tenantArea, fiber.StatusUnauthorized, loginView{Next: next,
 			Error: "That API key is not valid: it is unknown, revoked or expired."})
 	case quota.CodeForbidden:
@@ -428,10 +427,11 @@ func (s *Server) consoleLogin(c *fiber.Ctx) error {
 		return err
 	}
 	next := safeNext(adminArea, f["next"])
-	tok := strings.TrimSpace(f["token"])
-	if s.opts.AdminToken == "" || subtle.ConstantTimeCompare([]byte(tok), []byte(s.opts.AdminToken)) != 1 {
-		s.authFail.record(c.IP())
-		s.metrics.AuthFailures.Inc()
+	ok, err := s.tokenIs(c, s.adminFail, strings.TrimSpace(f["token"]), s.opts.AdminToken, "sign-ins")
+	if err != nil {
+		return err
+	}
+	if !ok {
 		msg := "That is not the admin token."
 		if s.opts.AdminToken == "" {
 			msg = "The console is disabled: the server has no TOLLGATE_ADMIN_TOKEN."

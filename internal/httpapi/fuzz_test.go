@@ -49,7 +49,7 @@ var decoders = []func(c *fiber.Ctx) error{
 		if _, err := required("tier", b.Tier); err != nil {
 			return err
 		}
-		if err := validURL("webhook_url", b.WebhookURL); err != nil {
+		if err := (&Server{}).validWebhook(b.WebhookURL); err != nil {
 			return err
 		}
 		return b.Overrides.Apply(quota.Limits{DailyQuota: quota.Ptr(int64(10))}).Validate()
@@ -61,6 +61,9 @@ var decoders = []func(c *fiber.Ctx) error{
 		}
 		t := quota.Tenant{Name: "x", Tier: "free", Status: quota.StatusActive}
 		if err := b.apply(&t); err != nil {
+			return err
+		}
+		if err := (&Server{}).validWebhook(t.WebhookURL); err != nil {
 			return err
 		}
 		return t.Overrides.Apply(quota.Limits{}).Validate()
@@ -120,6 +123,8 @@ func FuzzAdminDecoders(f *testing.F) {
 	} {
 		f.Add(uint8(i), []byte(seed))
 	}
+	f.Add(uint8(2), []byte(`{"name": "Acme", "tier": "free", "webhook_url": "http://[::ffff:a9fe:a9fe]:80/latest"}`))
+	f.Add(uint8(3), []byte(`{"webhook_url": "https://0x7f.1./hook"}`))
 	app := decoderApp()
 	f.Fuzz(func(t *testing.T, kind uint8, body []byte) {
 		k := int(kind) % len(decoders)

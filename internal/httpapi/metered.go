@@ -42,17 +42,19 @@ func idempotencyKey(c *fiber.Ctx) (string, error) {
 // upstream. The principal is already resolved by tenantAuth, from the cache.
 func (s *Server) metered(c *fiber.Ctx) error {
 	p := principalOf(c)
-	route := s.routes.Match(c.Method(), c.Path())
+	route := s.routes.Match(c.Method(), proxyPath(c))
 	if route == nil {
+		if !routes.Acceptable(proxyPath(c)) {
+			return quota.FieldError("path", "must be a plain path: no dot segments (. or .., escaped or not), bad escapes or control characters")
+		}
 		return quota.Errorf(quota.CodeNotFound, "no metered route for %s %s", c.Method(), c.Path())
-	}
-	idem, err := idempotencyKey(c)
-	if err != nil {
-		return err
 	}
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: route.Meter, Cost: route.Cost, Limits: p.Limits,
-		Overage: p.Tier.Overage, FailOpen: p.Tier.FailOpen, IdempotencyKey: idem,
+		Overage: p.Tier.Overage, FailOpen: p.Tier.FailOpen,
+	}
+	if err := idempotent(c, route, &req); err != nil {
+		return err
 	}
 	start := time.Now()
 	d, err := s.gate.Admit(c.UserContext(), req)
@@ -61,10 +63,18 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		s.count(route, "unavailable", p.Tier.Slug)
 		return err
 	}
+	if err := idemRefusal(d); err != nil {
+		s.count(route, "idempotency_conflict", p.Tier.Slug)
+		return err
+	}
 	if !d.Allowed {
 		s.count(route, "refused", p.Tier.Slug)
 		setRateLimitHeaders(c, d)
 		return writeProblem(c, refusalProblem(d, p.Upgrade, c.Path()))
+	}
+	if d.Replayed {
+		s.count(route, "replayed", p.Tier.Slug)
+		return s.replay(c, req, d)
 	}
 	s.count(route, "allowed", p.Tier.Slug)
 
@@ -75,15 +85,28 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	}
 	// Proxying replaces the response headers, so the quota headers go last.
 	setRateLimitHeaders(c, d)
-	if route.RefundOn5xx && !d.Replayed && !d.Degraded && (err != nil || c.Response().StatusCode() >= 500) {
+	switch {
+	case route.RefundOn5xx && !d.Degraded && (err != nil || c.Response().StatusCode() >= 500):
 		// The refund must not be lost to a client that hung up.
 		rctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
-		if rerr := s.limits.Refund(rctx, p.Tenant.ID, route.Meter, route.Cost, d.OverageUnits, d.Now); rerr != nil {
+		if rerr := s.gate.Refund(rctx, req, d); rerr != nil {
 			s.log.Error("refund failed", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)
 		} else {
 			c.Set("Tollgate-Refunded", itoa(route.Cost))
 		}
 		cancel()
+	case req.IdempotencyKey != "" && !d.Degraded:
+		if err != nil {
+			// No answer was made; the error handler makes one after us.
+			// Give the key back rather than store half an answer.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
+			if rerr := s.gate.ReleaseKey(rctx, req); rerr != nil {
+				s.log.Error("releasing an idempotency key failed", "tenant_id", p.Tenant.ID, "err", rerr)
+			}
+			cancel()
+		} else {
+			s.storeAnswer(c, req)
+		}
 	}
 	return err
 }
@@ -93,7 +116,9 @@ func (s *Server) count(r *routes.Route, outcome, tier string) {
 }
 
 // upstreamClient is shared by every proxied route; each call bounds itself
-// with the route's timeout.
+// with the route's timeout. DisablePathNormalizing sends the target's path as
+// routes.Target built it: fasthttp would otherwise unescape it (a%2Fb becomes
+// a/b), resolve its dot segments and escape it again.
 var upstreamClient = &fasthttp.Client{
 	NoDefaultUserAgentHeader: true,
 	DisablePathNormalizing:   true,
@@ -110,9 +135,9 @@ func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID string) err
 	h.Del(fiber.HeaderAuthorization)
 	h.Del("X-API-Key")
 	h.Set("X-Tollgate-Tenant-Id", tenantID)
-	h.Set(fiber.HeaderXForwardedFor, c.IP())
+	h.Set(fiber.HeaderXForwardedFor, s.clientIP(c).String())
 	h.SetHost(route.UpstreamURL().Host)
-	err := proxy.DoTimeout(c, route.Target(c.Path(), string(c.Request().URI().QueryString())), route.UpstreamTimeout(), upstreamClient)
+	err := proxy.DoTimeout(c, proxyTarget(c, route), route.UpstreamTimeout(), upstreamClient)
 	if err == nil {
 		c.Response().Header.Del(fiber.HeaderServer)
 		return nil

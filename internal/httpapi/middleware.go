@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -18,7 +19,7 @@ func requestID(c *fiber.Ctx) string {
 
 // accessLog logs one line per request at the edge, after the error handler
 // has set the final status.
-func accessLog(log *slog.Logger) fiber.Handler {
+func accessLog(log *slog.Logger, clientIP func(*fiber.Ctx) netip.Addr) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		start := time.Now()
 		err := c.Next()
@@ -39,7 +40,7 @@ func accessLog(log *slog.Logger) fiber.Handler {
 			slog.Int("status", status),
 			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
 			slog.String("request_id", requestID(c)),
-			slog.String("remote_ip", c.IP()),
+			slog.String("remote_ip", clientIP(c).String()),
 		)
 		return nil
 	}

@@ -6,6 +6,7 @@ package httpapi
 import (
 	"context"
 	"log/slog"
+	"net/netip"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -33,16 +34,31 @@ type Options struct {
 	RedisPrefix string
 	// SessionTTL is the lifetime of a dashboard or console sign-in (default 8h).
 	SessionTTL time.Duration
+	// TrustedProxies are the proxies whose X-Forwarded-For names the client
+	// (see clientIP); none: the client is the connection's peer.
+	TrustedProxies []netip.Prefix
+	// WebhookAllowPrivate lets tenants' webhook URLs name loopback,
+	// link-local and private addresses.
+	WebhookAllowPrivate bool
+}
+
+// gate is the door to quota state of the metered requests and /v1/check
+// (*admission.Gate): admissions, refunds and idempotent answers.
+type gate interface {
+	Admit(ctx context.Context, req quota.Request) (quota.Decision, error)
+	Refund(ctx context.Context, req quota.Request, d quota.Decision) error
+	StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) error
+	ReleaseKey(ctx context.Context, req quota.Request) error
+	Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error)
 }
 
 // limiter is what the HTTP layer needs of the Redis side beyond admission:
-// reading limits without consuming, refunding, and reading pending usage.
+// reading limits without consuming, and reading pending usage.
 type limiter interface {
 	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
-	Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error
 	Pending(ctx context.Context, tenantID string) ([]ratelimit.PendingRow, error)
 	PendingMany(ctx context.Context, tenantIDs []string) (map[string][]ratelimit.PendingRow, error)
-	Grant(ctx context.Context, tenantID, period string, units int64, now time.Time) error
+	ApplyGrant(ctx context.Context, tenantID, id, period string, start time.Time, units int64) (bool, error)
 }
 
 // Deps are the parts the handlers use; cmd/api builds them.
@@ -52,7 +68,7 @@ type Deps struct {
 	Store   *postgres.Store
 	Redis   redis.UniversalClient
 	Catalog *catalog.Catalog
-	Gate    quota.Admitter
+	Gate    gate
 	Limits  limiter
 	Ledger  *billing.Ledger
 	Alerts  *billing.Deliverer // for listing alerts
@@ -69,7 +85,7 @@ type Server struct {
 	store    *postgres.Store
 	rdb      redis.UniversalClient
 	catalog  *catalog.Catalog
-	gate     quota.Admitter
+	gate     gate
 	limits   limiter
 	ledger   *billing.Ledger
 	alerts   *billing.Deliverer
@@ -80,6 +96,11 @@ type Server struct {
 	opts     Options
 	views    *views
 	assets   map[string]asset
+
+	// authFail counts failed API keys and dashboard sign-ins; adminFail
+	// failed admin tokens (admin API and console sign-in); serviceFail failed
+	// service tokens. Realms apart: failing in one locks nothing in another.
+	adminFail, serviceFail *authFailures
 }
 
 // The dashboard's templates and files are embedded: failing to parse them is
@@ -123,7 +144,8 @@ func New(d Deps, opts Options) *Server {
 		opts.SessionTTL = 8 * time.Hour
 	}
 	s := &Server{log: d.Log, db: d.DB, store: d.Store, now: d.Now, rdb: d.Redis, catalog: d.Catalog, gate: d.Gate, limits: d.Limits,
-		ledger: d.Ledger, alerts: d.Alerts, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now), opts: opts,
+		ledger: d.Ledger, alerts: d.Alerts, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now),
+		adminFail: newAuthFailures(d.Now), serviceFail: newAuthFailures(d.Now), opts: opts,
 		views: pageViews, assets: pageAssets}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
@@ -146,7 +168,7 @@ func (s *Server) App() *fiber.App { return s.app }
 // routesSetup registers every route of the service, in one place.
 func (s *Server) routesSetup() {
 	s.app.Use(requestid.New(requestid.Config{ContextKey: localRequestID}))
-	s.app.Use(accessLog(s.log))
+	s.app.Use(accessLog(s.log, s.clientIP))
 	s.app.Use(recover.New())
 
 	s.app.Get("/healthz", s.healthz)

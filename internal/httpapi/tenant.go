@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"sort"
+	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -25,7 +26,7 @@ func limitsJSON(d quota.Decision) []LimitJSON {
 	out := make([]LimitJSON, 0, len(d.Limits))
 	for _, l := range d.Limits {
 		out = append(out, LimitJSON{Name: l.Name, Limit: l.Limit, Remaining: l.Remaining,
-			Reset: l.Reset.UTC().Format(time.RFC3339), WindowSeconds: windowSeconds(l.Window)})
+			Reset: resetTime(l.Reset).Format(time.RFC3339), WindowSeconds: windowSeconds(l.Window)})
 	}
 	return out
 }
@@ -222,9 +223,8 @@ type CheckResponse struct {
 // names the tenant (by key or id), the meter and the cost; dry_run asks
 // whether it would fit without consuming anything.
 func (s *Server) check(c *fiber.Ctx) error {
-	if !bearerIs(c, s.opts.ServiceToken) {
-		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tollgate-service"`)
-		return quota.Errorf(quota.CodeUnauthorized, "the service token is required")
+	if err := s.bearerAuth(c, s.serviceFail, s.opts.ServiceToken, "tollgate-service", "service token"); err != nil {
+		return err
 	}
 	var body CheckRequest
 	if err := decodeJSON(c, &body); err != nil {
@@ -265,11 +265,17 @@ func (s *Server) check(c *fiber.Ctx) error {
 	if len(body.IdempotencyKey) > maxIdempotencyKey {
 		return quota.FieldError("idempotency_key", "must be at most %d characters", maxIdempotencyKey)
 	}
+	// A check's answer is its decision: the key's record is complete at
+	// once (no lease), and the fingerprint is what the check asked.
 	d, err := s.gate.Admit(c.UserContext(), quota.Request{
 		TenantID: p.Tenant.ID, Meter: body.Meter, Cost: cost, Limits: p.Limits, Overage: p.Tier.Overage,
 		FailOpen: p.Tier.FailOpen, DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
+		IdempotencyFingerprint: "check " + body.Meter + " " + strconv.FormatInt(cost, 10),
 	})
 	if err != nil {
+		return err
+	}
+	if err := idemRefusal(d); err != nil {
 		return err
 	}
 	setRateLimitHeaders(c, d)
