@@ -54,6 +54,8 @@ BENCH_ADDR ?= 127.0.0.1:18080
 BENCH_BARE_ADDR ?= 127.0.0.1:18081
 BENCH_REDIS_RATE_ADDR ?= 127.0.0.1:18082
 LOADFLAGS ?= -duration 5s -conns 64
+# API_BIN: the api binary to measure (another build, to compare two versions).
+API_BIN ?= bin/api
 bench-load: build
 	@$(SERVICES); \
 	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn \
@@ -62,7 +64,7 @@ bench-load: build
 	trap 'kill $$pids 2>/dev/null || true; wait $$pids 2>/dev/null || true' EXIT; \
 	bin/loadgen -peer bare -addr $(BENCH_BARE_ADDR) & pids="$$pids $$!"; \
 	bin/loadgen -peer redis_rate -addr $(BENCH_REDIS_RATE_ADDR) & pids="$$pids $$!"; \
-	bin/api & pids="$$pids $$!"; \
+	$(API_BIN) & pids="$$pids $$!"; \
 	bin/loadgen -url http://$(BENCH_ADDR) -bare http://$(BENCH_BARE_ADDR) \
 		-redis-rate http://$(BENCH_REDIS_RATE_ADDR) $(LOADFLAGS)
 
