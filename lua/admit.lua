@@ -10,7 +10,7 @@ or later (SET ... PXAT; TIME before writes relies on effects replication).
 
 Units, epoch, precision
   Times are integer microseconds since the Unix epoch, UTC. Time is Redis
-  TIME (sec*1e6 + usec) unless ARGV[1] gives an explicit time (tests only).
+  TIME (sec*1e6 + usec) unless ARGV[2] gives an explicit time (tests only).
   Every quantity is an integer held in a Lua double, exact below 2^53: the
   Go side bounds limits by quota.MaxQuantity and every window (B*T, C*U) by
   2^50 us (~35 years), and now is ~2^50.6 us today, so sums stay below 2^53.
@@ -18,18 +18,16 @@ Units, epoch, precision
   Redis go through string.format('%d'), never tostring (which would print
   large numbers as 1e+15).
 
+The state's keys, layouts and the shared functions (clock, calendar,
+load_state, save_state) are lua/state.lua's, prepended to this script.
+
 KEYS (the Go side builds them; every key carries the hash tag {t:<tenant id>},
-so one call touches one Redis Cluster slot, and the format version v1)
-  KEYS[1] <prefix>:v1:{t:<id>}:gcra    string: GCRA TAT, us
-  KEYS[2] <prefix>:v1:{t:<id>}:bucket  string: time the bucket is full again, us
-  KEYS[3] <prefix>:v1:{t:<id>}:day     hash: period (days since epoch), used,
-                                       grant, overage (always 0: see below)
-  KEYS[4] <prefix>:v1:{t:<id>}:month   hash: period (year*100+month), used,
-                                       grant, overage
-  KEYS[5] <prefix>:v1:{t:<id>}:pending hash: "<hour start, unix s>|<meter>|u"
+so one call touches one Redis Cluster slot)
+  KEYS[1..5] the state (state.lua): the v2 hash, then the v1 keys
+  KEYS[6] <prefix>:v1:{t:<id>}:pending hash: "<hour start, unix s>|<meter>|u"
                                        units, "|r" requests, "|x" refused
                                        requests, "|o" overage units
-  KEYS[6] <prefix>:v1:{t:<id>}:idem2:<sha256 hex of the idempotency key>
+  KEYS[7] <prefix>:v1:{t:<id>}:idem2:<sha256 hex of the idempotency key>
                                        hash (optional key): fp (request
                                        fingerprint), st ('run' while the first
                                        request is in flight, 'done' once its
@@ -39,24 +37,24 @@ so one call touches one Redis Cluster slot, and the format version v1)
                                        at (us: the first decision's time);
                                        status/hdr/body are written by
                                        idem.lua when the answer is stored
-  A key of an unlimited limit is passed but never read or written.
 
 ARGV
-  [1]  now_us      explicit time in us; 0 = Redis TIME
-  [2]  mode        'admit' | 'dry' (decide, write nothing) | 'peek' (report
+  [1]  layout      'v2' | 'v1' (state.lua)
+  [2]  now_us      explicit time in us; 0 = Redis TIME
+  [3]  mode        'admit' | 'dry' (decide, write nothing) | 'peek' (report
                    the current room without any request; the Go side passes
                    cost 1 and overage 'block')
-  [3]  cost        cost units, 1..2^40
-  [4]  meter       the route's meter, for pending usage fields
-  [5]  overage     'block' | 'bill'
-  [6]  gcra_T      GCRA emission interval T in us (0 = unlimited)
-  [7]  gcra_B      GCRA burst B, requests
-  [8]  bucket_U    token bucket interval U per unit in us (0 = unlimited)
-  [9]  bucket_C    token bucket capacity C, units
-  [10] daily       daily quota, units (-1 = unlimited)
-  [11] monthly     monthly quota, units (-1 = unlimited)
-  [12] fp          request fingerprint (with KEYS[6]): method, path, body
-  [13] lease_us    how long a first request may stay in flight, us; 0 =
+  [4]  cost        cost units, 1..2^40
+  [5]  meter       the route's meter, for pending usage fields
+  [6]  overage     'block' | 'bill'
+  [7]  gcra_T      GCRA emission interval T in us (0 = unlimited)
+  [8]  gcra_B      GCRA burst B, requests
+  [9]  bucket_U    token bucket interval U per unit in us (0 = unlimited)
+  [10] bucket_C    token bucket capacity C, units
+  [11] daily       daily quota, units (-1 = unlimited)
+  [12] monthly     monthly quota, units (-1 = unlimited)
+  [13] fp          request fingerprint (with KEYS[7]): method, path, body
+  [14] lease_us    how long a first request may stay in flight, us; 0 =
                    the record is 'done' at once (no answer to store)
 
 Return: a flat array of 22 integers
@@ -127,98 +125,36 @@ Idempotency (KEYS[6] present, mode 'admit')
   consumed nothing, so a retry with the same key is a new attempt. Dry runs
   and peeks ignore the key.
 
-Expiry (each key lives no longer than its state needs)
-  gcra/bucket: PEXPIREAT TAT/FULL rounded up to the ms (then it is full, the
-  same as absent); day/month: end of period + 1 h; idem: 24 h; pending:
-  14 days after its last write (the worker flushes it far sooner; the TTL
-  only bounds what an abandoned tenant leaves behind). Expiries are absolute
-  in script time; with an explicit now in the past they are shifted by
-  (TIME - now), so that test state lives as long as it would have.
+Expiry (each key lives no longer than its state needs, give or take an hour)
+  the v2 hash: until the end of its month (or day, or TAT/FULL, whichever
+  is last) + 1 h, sent only when that passes the expiry it has (field x);
+  v1 keys as the v1 scripts had them; idem: 24 h; pending: 14 days after
+  the first write of a field (so at least hourly while the tenant is
+  active; the worker flushes it far sooner, the TTL only bounds what an
+  abandoned tenant leaves behind). Expiries are absolute in script time;
+  with an explicit now in the past they are shifted by (TIME - now), so
+  that test state lives as long as it would have.
 ]]
 
-local US = 1000000
-local DAY_US = 86400 * US
-local HOUR_US = 3600 * US
-local IDEM_US = DAY_US
-local PENDING_US = 14 * DAY_US
-
--- idiv is exact floor division for integers below 2^53 and b > 0: the double
--- quotient can round across an integer, so it is corrected by one.
-local function idiv(a, b)
-  local q = math.floor(a / b)
-  if q * b > a then
-    q = q - 1
-  elseif (q + 1) * b <= a then
-    q = q + 1
-  end
-  return q
-end
-
-local function fmt(x)
-  return string.format('%d', x)
-end
-
--- BEGIN periods (identical in admit.lua and grant.lua; a test compares them)
--- civil_from_days and days_from_civil are Howard Hinnant's algorithms for the
--- proleptic Gregorian calendar, as Go's time package uses for UTC.
-local function civil_from_days(z)
-  z = z + 719468
-  local era = idiv(z, 146097)
-  local doe = z - era * 146097
-  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
-  local y = yoe + era * 400
-  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
-  local mp = idiv(5 * doy + 2, 153)
-  local m = mp + 3
-  if mp >= 10 then m = mp - 9 end
-  if m <= 2 then y = y + 1 end
-  return y, m
-end
-
-local function days_from_civil(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = idiv(y, 400)
-  local yoe = y - era * 400
-  local mp = m - 3
-  if m <= 2 then mp = m + 9 end
-  local doy = idiv(153 * mp + 2, 5) + d - 1
-  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
-  return era * 146097 + doe - 719468
-end
-
--- periods returns the day id (days since epoch), the start of the next day,
--- the month id (year*100+month) and the start of the next month, all for
--- time now in us.
-local function periods(now)
-  local day = idiv(now, DAY_US)
-  local y, m = civil_from_days(day)
-  local ny, nm = y, m + 1
-  if nm > 12 then ny, nm = y + 1, 1 end
-  return day, (day + 1) * DAY_US, y * 100 + m, days_from_civil(ny, nm, 1) * DAY_US
-end
--- END periods
-
-local t = redis.call('TIME')
-local real = tonumber(t[1]) * US + tonumber(t[2])
-local now = tonumber(ARGV[1])
-if now <= 0 then now = real end
-local shift = 0
-if real > now then shift = real - now end
+local now, shift = clock(tonumber(ARGV[2]))
 -- pxat turns an expiry in script time (us) into PEXPIREAT milliseconds,
 -- rounded up so that a key never disappears before its state is empty.
 local function pxat(us)
   return fmt(-idiv(-(us + shift), 1000))
 end
 
-local mode = ARGV[2]
-local cost = tonumber(ARGV[3])
-local meter = ARGV[4]
-local bill = ARGV[5] == 'bill'
-local gT, gB = tonumber(ARGV[6]), tonumber(ARGV[7])
-local bU, bC = tonumber(ARGV[8]), tonumber(ARGV[9])
-local dq, mq = tonumber(ARGV[10]), tonumber(ARGV[11])
-local idem = KEYS[6]
-local fp, lease = ARGV[12], tonumber(ARGV[13] or '0')
+local IDEM_US = DAY_US
+local PENDING_MS = 14 * 86400 * 1000
+
+local mode = ARGV[3]
+local cost = tonumber(ARGV[4])
+local meter = ARGV[5]
+local bill = ARGV[6] == 'bill'
+local gT, gB = tonumber(ARGV[7]), tonumber(ARGV[8])
+local bU, bC = tonumber(ARGV[9]), tonumber(ARGV[10])
+local dq, mq = tonumber(ARGV[11]), tonumber(ARGV[12])
+local KP, idem = KEYS[6], KEYS[7]
+local fp, lease = ARGV[13], tonumber(ARGV[14] or '0')
 
 -- replay holds the stored decision of a finished first request.
 local replay
@@ -245,6 +181,7 @@ if mode == 'admit' and idem then
   end
 end
 
+local s = load_state()
 local ok, mask, retry = true, 0, 0
 local function refuse(bit, wait)
   ok = false
@@ -257,7 +194,7 @@ end
 -- GCRA
 local gtat, gnew, gclamp
 if gT > 0 then
-  gtat = tonumber(redis.call('GET', KEYS[1]) or '0')
+  gtat = s.g
   if gtat < now then gtat = now end
   if gtat > now + gB * gT then gtat, gclamp = now + gB * gT, true end
   gnew = gtat + gT
@@ -267,7 +204,7 @@ end
 -- token bucket
 local bf, bnew, bclamp
 if bU > 0 then
-  bf = tonumber(redis.call('GET', KEYS[2]) or '0')
+  bf = s.b
   if bf < now then bf = now end
   if bf > now + bC * bU then bf, bclamp = now + bC * bU, true end
   if cost > bC then
@@ -278,28 +215,20 @@ if bU > 0 then
   end
 end
 
--- quotas
-local day, dnext, month, mnext = periods(now)
-local function load(key, id)
-  local h = redis.call('HMGET', key, 'period', 'used', 'grant', 'overage')
-  if tonumber(h[1]) ~= id then return 0, 0, 0 end
-  return tonumber(h[2]) or 0, tonumber(h[3]) or 0, tonumber(h[4]) or 0
+-- quotas: day_of and month_of reset a past period's counters in s (the
+-- reset is written only with an admission)
+local day, dnext = day_of(s, now)
+local month, mnext = month_of(s, now)
+local dused, dgrant = s.du, s.dg
+if dq >= 0 and not replay and dused + cost > dq + dgrant then
+  if cost > dq then refuse(4, -1) else refuse(4, dnext - now) end
 end
 
-local dused, dgrant, dover
-if dq >= 0 then
-  dused, dgrant, dover = load(KEYS[3], day)
-  if not replay and dused + cost > dq + dgrant then
-    if cost > dq then refuse(4, -1) else refuse(4, dnext - now) end
-  end
-end
-
-local mused, mgrant, mover
+local mused, mgrant, mover = s.mu, s.mg, s.mo
 local overage = 0
-if mq >= 0 then
-  mused, mgrant, mover = load(KEYS[4], month)
+if mq >= 0 and not replay then
   local limit = mq + mgrant
-  if not replay and mused + cost > limit then
+  if mused + cost > limit then
     if bill then
       overage = math.min(cost, mused + cost - limit)
     elseif cost > mq then
@@ -312,35 +241,60 @@ end
 if not ok or mode == 'peek' then overage = 0 end
 
 -- commit: only when every limit passed, only in admit mode
-if ok and mode == 'admit' then
-  if gT > 0 then redis.call('SET', KEYS[1], fmt(gnew), 'PXAT', pxat(gnew)) end
-  if bU > 0 then redis.call('SET', KEYS[2], fmt(bnew), 'PXAT', pxat(bnew)) end
-  if dq >= 0 and not replay then
-    redis.call('HSET', KEYS[3], 'period', fmt(day), 'used', fmt(dused + cost),
-      'grant', fmt(dgrant), 'overage', fmt(dover))
-    redis.call('PEXPIREAT', KEYS[3], pxat(dnext + HOUR_US))
-  end
-  if mq >= 0 and not replay then
-    redis.call('HSET', KEYS[4], 'period', fmt(month), 'used', fmt(mused + cost),
-      'grant', fmt(mgrant), 'overage', fmt(mover + overage))
-    redis.call('PEXPIREAT', KEYS[4], pxat(mnext + HOUR_US))
-  end
-end
-if not ok and mode == 'admit' then
-  -- keep a clamp (see "Limit changes"): it consumes nothing
-  if gclamp then redis.call('SET', KEYS[1], fmt(gtat), 'PXAT', pxat(gtat)) end
-  if bclamp then redis.call('SET', KEYS[2], fmt(bf), 'PXAT', pxat(bf)) end
-end
-if mode == 'admit' and not (ok and replay) then
-  local f = fmt(idiv(now, HOUR_US) * 3600) .. '|' .. meter .. '|'
+if mode == 'admit' then
+  local changed, parts, need = {}, {}, 0
   if ok then
-    redis.call('HINCRBY', KEYS[5], f .. 'u', fmt(cost))
-    redis.call('HINCRBY', KEYS[5], f .. 'r', 1)
-    if overage > 0 then redis.call('HINCRBY', KEYS[5], f .. 'o', fmt(overage)) end
+    if gT > 0 then
+      s.g = gnew
+      changed[#changed + 1], parts[#parts + 1], need = 'g', 'g', gnew
+    end
+    if bU > 0 then
+      s.b = bnew
+      changed[#changed + 1], parts[#parts + 1] = 'b', 'b'
+      if bnew > need then need = bnew end
+    end
+    if dq >= 0 and not replay then
+      s.du = dused + cost
+      changed[#changed + 1], changed[#changed + 2], changed[#changed + 3] = 'd', 'du', 'dg'
+      parts[#parts + 1] = 'd'
+      if dnext + HOUR_US > need then need = dnext + HOUR_US end
+    end
+    if mq >= 0 and not replay then
+      s.mu, s.mo = mused + cost, mover + overage
+      for _, f in ipairs({'m', 'mu', 'mg', 'mo', 'ms', 'mn'}) do changed[#changed + 1] = f end
+      parts[#parts + 1] = 'm'
+      if mnext + HOUR_US > need then need = mnext + HOUR_US end
+    end
   else
-    redis.call('HINCRBY', KEYS[5], f .. 'x', 1)
+    -- keep a clamp (see "Limit changes"): it consumes nothing
+    if gclamp then
+      s.g = gtat
+      changed[#changed + 1], parts[#parts + 1], need = 'g', 'g', gtat
+    end
+    if bclamp then
+      s.b = bf
+      changed[#changed + 1], parts[#parts + 1] = 'b', 'b'
+      if bf > need then need = bf end
+    end
   end
-  redis.call('PEXPIREAT', KEYS[5], pxat(now + PENDING_US))
+  if #changed > 0 then
+    save_state(s, need, changed, parts, pxat, now)
+  end
+
+  if not (ok and replay) then
+    local f = fmt(idiv(now, HOUR_US) * 3600) .. '|' .. meter .. '|'
+    local fresh
+    if ok then
+      fresh = redis.call('HINCRBY', KP, f .. 'u', ARGV[4]) == cost
+      redis.call('HINCRBY', KP, f .. 'r', 1)
+      if overage > 0 then redis.call('HINCRBY', KP, f .. 'o', fmt(overage)) end
+    else
+      fresh = redis.call('HINCRBY', KP, f .. 'x', 1) == 1
+    end
+    -- A field that is new may be a hash that is new (the worker renamed the
+    -- last one away): only then can it lack its expiry.
+    if fresh then redis.call('PEXPIRE', KP, PENDING_MS) end
+  end
 end
 
 -- report

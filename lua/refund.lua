@@ -4,49 +4,64 @@ failed with a 5xx on a route that refunds.
 The daily and monthly quotas get the cost back, and the month its overage
 units, only while they are still in the period the request was admitted in
 (a refund after the period rolled over changes nothing there). The pending
-usage of the request's hour loses the units and overage units; the request
+usage of the request's hour loses the units and overage units (the worker
+nets a negative pending count against the recorded usage); the request
 itself stays counted in "|r". GCRA and the token bucket are not refunded:
 they protect against load, and the failed call was load.
 
-Units: integer units; times integer microseconds since the Unix epoch, UTC.
+The state's keys, layouts and shared functions are lua/state.lua's,
+prepended to this script. Units: integer units; times integer microseconds
+since the Unix epoch, UTC.
 
-KEYS (all with the tenant's hash tag {t:<id>} and the v1 version)
-  KEYS[1] day     hash (see admit.lua): period, used, grant, overage
-  KEYS[2] month   hash
-  KEYS[3] pending hash: "<hour start, unix s>|<meter>|u", "|o", ...
+KEYS
+  KEYS[1..5] the state (state.lua)
+  KEYS[6] <prefix>:v1:{t:<id>}:pending hash: "<hour start, unix s>|<meter>|u", "|o", ...
 
 ARGV
-  [1] day id of the admission (days since epoch)
-  [2] month id of the admission (year*100+month)
-  [3] hour start of the admission, unix seconds
-  [4] meter
-  [5] cost, units
-  [6] overage units of the admission
+  [1] layout 'v2' | 'v1' (state.lua)
+  [2] day id of the admission (days since epoch)
+  [3] month id of the admission (year*100+month)
+  [4] hour start of the admission, unix seconds
+  [5] meter
+  [6] cost, units
+  [7] overage units of the admission
 
 Return: 1.
 ]]
 
-local cost = tonumber(ARGV[5])
-local over = tonumber(ARGV[6])
+local now, shift = clock(0)
+local function pxat(us)
+  return fmt(-idiv(-(us + shift), 1000))
+end
 
-local function give_back(key, period, field, n)
-  if n <= 0 or redis.call('HGET', key, 'period') ~= period then
-    return
+local cost = tonumber(ARGV[6])
+local over = tonumber(ARGV[7])
+local s = load_state()
+local changed, parts = {}, {}
+if cost > 0 and s.d == tonumber(ARGV[2]) then
+  s.du = math.max(0, s.du - cost)
+  changed[#changed + 1], parts[#parts + 1] = 'du', 'd'
+end
+if s.m == tonumber(ARGV[3]) and (cost > 0 or over > 0) then
+  s.mu = math.max(0, s.mu - cost)
+  s.mo = math.max(0, s.mo - over)
+  changed[#changed + 1], changed[#changed + 2], parts[#parts + 1] = 'mu', 'mo', 'm'
+end
+if #changed > 0 then
+  if s.mn == 0 and s.m >= 0 then
+    -- v1 state: the month's bounds, for its v1 expiry (state.lua)
+    local _, start, nxt = month_at(now)
+    if month_at(now) == s.m then s.ms, s.mn = start, nxt end
   end
-  local v = tonumber(redis.call('HGET', key, field) or '0')
-  redis.call('HSET', key, field, string.format('%d', math.max(0, v - n)))
+  save_state(s, 0, changed, parts, pxat, now)
 end
 
-give_back(KEYS[1], ARGV[1], 'used', cost)
-give_back(KEYS[2], ARGV[2], 'used', cost)
-give_back(KEYS[2], ARGV[2], 'overage', over)
-
-local f = ARGV[3] .. '|' .. ARGV[4] .. '|'
-redis.call('HINCRBY', KEYS[3], f .. 'u', -cost)
+local f = ARGV[4] .. '|' .. ARGV[5] .. '|'
+redis.call('HINCRBY', KEYS[6], f .. 'u', -cost)
 if over > 0 then
-  redis.call('HINCRBY', KEYS[3], f .. 'o', -over)
+  redis.call('HINCRBY', KEYS[6], f .. 'o', -over)
 end
-if redis.call('PTTL', KEYS[3]) < 0 then
-  redis.call('PEXPIRE', KEYS[3], 14 * 86400 * 1000)
+if redis.call('PTTL', KEYS[6]) < 0 then
+  redis.call('PEXPIRE', KEYS[6], 14 * 86400 * 1000)
 end
 return 1

@@ -5,21 +5,31 @@ plus the usage still pending in Redis for it; grants to at least Postgres'.
 Taking the maximum makes the script safe to run on counters that lost
 nothing: it never lowers one.
 
-KEYS (the tenant's hash tag {t:<id>}, version v1)
-  KEYS[1] day hash (admit.lua): period, used, grant, overage
-  KEYS[2] month hash
-  KEYS[3] pending hash
+The state's keys, layouts and shared functions are lua/state.lua's,
+prepended to this script.
+
+KEYS
+  KEYS[1..5] the state (state.lua)
+  KEYS[6] pending hash
+
 ARGV (units are integer cost units; times Unix seconds, UTC)
-  [1] day id (days since epoch)        [2] month id (year*100+month)
-  [3] start of the day                 [4] start of the month
-  [5] units recorded in Postgres today [6] units recorded this month
-  [7] day grant from Postgres          [8] month grant from Postgres
-  [9] expiry of the day hash, ms since epoch  [10] of the month hash
+  [1] layout 'v2' | 'v1' (state.lua)
+  [2] day id (days since epoch)        [3] month id (year*100+month)
+  [4] start of the day                 [5] start of the month
+  [6] units recorded in Postgres today [7] units recorded this month
+  [8] day grant from Postgres          [9] month grant from Postgres
+
 Return: {day used, month used} after the repair.
 ]]
+
+local now, shift = clock(0)
+local function pxat(us)
+  return fmt(-idiv(-(us + shift), 1000))
+end
+
 local function pending_since(from)
   local sum = 0
-  local h = redis.call('HGETALL', KEYS[3])
+  local h = redis.call('HGETALL', KEYS[6])
   for i = 1, #h, 2 do
     local hour, kind = string.match(h[i], '^(%d+)|.*|(%a)$')
     if kind == 'u' and tonumber(hour) >= from then
@@ -29,19 +39,18 @@ local function pending_since(from)
   return sum
 end
 
-local function repair(key, period, used, grant, pexpireat)
-  local cur = redis.call('HMGET', key, 'period', 'used', 'grant')
-  local u, g = 0, 0
-  if cur[1] == period then
-    u, g = tonumber(cur[2] or '0'), tonumber(cur[3] or '0')
-  end
-  u = math.max(u, used)
-  g = math.max(g, grant)
-  redis.call('HSET', key, 'period', period, 'used', string.format('%d', u), 'grant', string.format('%d', g))
-  redis.call('PEXPIREAT', key, pexpireat)
-  return u
-end
-
-local d = repair(KEYS[1], ARGV[1], tonumber(ARGV[5]) + pending_since(tonumber(ARGV[3])), tonumber(ARGV[7]), ARGV[9])
-local m = repair(KEYS[2], ARGV[2], tonumber(ARGV[6]) + pending_since(tonumber(ARGV[4])), tonumber(ARGV[8]), ARGV[10])
-return {d, m}
+local s = load_state()
+local day, month = tonumber(ARGV[2]), tonumber(ARGV[3])
+local dused = tonumber(ARGV[6]) + pending_since(tonumber(ARGV[4]))
+local mused = tonumber(ARGV[7]) + pending_since(tonumber(ARGV[5]))
+if s.d ~= day then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
+s.du = math.max(s.du, dused)
+s.dg = math.max(s.dg, tonumber(ARGV[8]))
+local mstart = tonumber(ARGV[5]) * US
+local _, start, nxt = month_at(mstart)
+if s.m ~= month then s.m, s.mu, s.mg, s.mo, s.rolled = month, 0, 0, 0, true end
+s.ms, s.mn = start, nxt
+s.mu = math.max(s.mu, mused)
+s.mg = math.max(s.mg, tonumber(ARGV[9]))
+save_state(s, s.mn + HOUR_US, nil, {'d', 'm'}, pxat, now)
+return {s.du, s.mu}

@@ -74,7 +74,7 @@ func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 		"REDIS_URL": testenv.RedisURL(t), "DATABASE_URL": dbURL, "TOLLGATE_REDIS_PREFIX": prefix,
 		"TOLLGATE_RECONCILE_INTERVAL": "100ms", "TOLLGATE_LOG_LEVEL": "debug", "TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
 	}
-	dayKey := prefix + ":v1:{t:" + tenant.ID + "}:day"
+	stateKey := prefix + ":v2:{t:" + tenant.ID + "}" // lua/state.lua
 	sub := rdb.Subscribe(ctx, prefix+":v1:invalidate")
 	t.Cleanup(func() { _ = sub.Close() })
 	if _, err := sub.Receive(ctx); err != nil { // the subscription's confirmation
@@ -90,7 +90,7 @@ func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Errorf("%s: no invalidation published for the tenant", step)
 		}
-		if got, err := rdb.HGet(ctx, dayKey, "grant").Int64(); err != nil || got != 5 {
+		if got, err := rdb.HGet(ctx, stateKey, "dg").Int64(); err != nil || got != 5 {
 			t.Errorf("%s: day grant in Redis %d (%v), want 5", step, got, err)
 		}
 		var applied bool

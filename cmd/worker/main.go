@@ -56,7 +56,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer rdb.Close()
 
-	rec := billing.NewReconciler(db, ratelimit.New(rdb, cfg.RedisPrefix), time.Now, log)
+	runner := ratelimit.New(rdb, cfg.RedisPrefix).WithLayout(cfg.KeyLayout)
+	rec := billing.NewReconciler(db, runner, time.Now, log)
 	alerts := billing.NewDeliverer(db, nil, time.Now)
 	alerts.AllowPrivate = cfg.WebhookAllowPrivate
 	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
@@ -81,7 +82,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			// or not: applied after it, a grant would count twice.
 			{Name: "grants", Run: func(ctx context.Context) error {
 				store := postgres.NewStore(db)
-				applied, err := store.ApplyGrants(ctx, ratelimit.New(rdb, cfg.RedisPrefix), time.Now())
+				applied, err := store.ApplyGrants(ctx, runner, time.Now())
 				if len(applied) > 0 { // lift the refusals the API nodes' deny caches hold
 					pub := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
 					for _, g := range applied {

@@ -24,6 +24,7 @@ type Config struct {
 	RedisURL          string                  // REDIS_URL
 	Redis             *redis.UniversalOptions // parsed from RedisURL
 	RedisPrefix       string                  // TOLLGATE_REDIS_PREFIX
+	KeyLayout         string                  // TOLLGATE_KEY_LAYOUT
 	DatabaseURL       string                  // DATABASE_URL
 	Addr              string                  // TOLLGATE_ADDR
 	AdminToken        string                  // TOLLGATE_ADMIN_TOKEN
@@ -59,6 +60,7 @@ var Vars = []Var{
 	{"TOLLGATE_RECONCILE_INTERVAL", "10s", "worker cycle, Go duration, 100ms to 1h"},
 	{"TOLLGATE_ROUTES", "", "path of the route table file; unset: the built-in demo routes"},
 	{"TOLLGATE_REDIS_PREFIX", "tg", "prefix of every Redis key (letters, digits, - and _)"},
+	{"TOLLGATE_KEY_LAYOUT", "v2", "layout of the limit state in Redis: v2 (one hash per tenant), or v1 while older versions still run (rolling upgrade, see the README)"},
 	{"TOLLGATE_LOG_LEVEL", "info", "debug, info, warn or error"},
 	{"TOLLGATE_LOG_FORMAT", "json", "json or text"},
 	{"TOLLGATE_SHUTDOWN_TIMEOUT", "10s", "how long graceful shutdown waits for in-flight work"},
@@ -93,6 +95,10 @@ func Load(getenv func(string) string) (Config, error) {
 	c.RedisPrefix = get("TOLLGATE_REDIS_PREFIX")
 	if !validPrefix(c.RedisPrefix) {
 		return c, fmt.Errorf("config: TOLLGATE_REDIS_PREFIX: %q must be 1 to 32 letters, digits, - or _", c.RedisPrefix)
+	}
+	c.KeyLayout = get("TOLLGATE_KEY_LAYOUT")
+	if c.KeyLayout != "v1" && c.KeyLayout != "v2" {
+		return c, fmt.Errorf("config: TOLLGATE_KEY_LAYOUT: %q must be v1 or v2", c.KeyLayout)
 	}
 	c.DatabaseURL = get("DATABASE_URL")
 	if err := checkDatabaseURL(c.DatabaseURL); err != nil {

@@ -25,11 +25,11 @@ func TestApplyGrantAddsOnce(t *testing.T) {
 	day, month := quota.DayStart(now), quota.MonthStart(now)
 	grantOf := func(period string) int64 {
 		t.Helper()
-		g, err := c.HGet(ctx, r.key(tenant, period), "grant").Int64()
-		if err != nil {
-			t.Fatalf("grant of the %s: %v", period, err)
+		st := stateOf(t, c, r, tenant)
+		if period == "day" {
+			return st.Day.Grant
 		}
-		return g
+		return st.Month.Grant
 	}
 	for _, tc := range []struct {
 		name, id, period string

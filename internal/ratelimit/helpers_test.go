@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -122,3 +123,38 @@ func at(tb testing.TB, s string) time.Time {
 
 func i64(v int64) *int64     { return &v }
 func f64(v float64) *float64 { return &v }
+
+// stateOf reads a tenant's limit state from its v2 hash, in the model's
+// terms (lua/state.lua).
+func stateOf(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string) Model {
+	tb.Helper()
+	raw, err := c.HGetAll(context.Background(), r.stateKeys(tenant)[0]).Result()
+	if err != nil {
+		tb.Fatalf("HGETALL state: %v", err)
+	}
+	n := func(f string) int64 {
+		v, ok := raw[f]
+		if !ok {
+			return 0
+		}
+		x, err := strconv.ParseInt(v, 10, 64)
+		if err != nil {
+			tb.Fatalf("state field %s=%q: %v", f, v, err)
+		}
+		return x
+	}
+	return Model{TAT: n("g"), Full: n("b"),
+		Day:   Period{ID: n("d"), Used: n("du"), Grant: n("dg")},
+		Month: Period{ID: n("m"), Used: n("mu"), Grant: n("mg"), Overage: n("mo")}}
+}
+
+// samePeriod compares quota periods, an empty one (nothing used, granted
+// or over) whatever its id: the script may open a period without counting
+// anything in it, where the model leaves it untouched.
+func samePeriod(a, b Period) bool {
+	empty := func(p Period) bool { return p.Used == 0 && p.Grant == 0 && p.Overage == 0 }
+	if empty(a) && empty(b) {
+		return true
+	}
+	return a == b
+}

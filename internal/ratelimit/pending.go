@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-var refundScript = redis.NewScript(mustRead("refund.lua"))
+var refundScript = stateScript("refund.lua")
 
 // PendingRow is one tenant, meter and UTC hour of usage counted in Redis and
 // not yet flushed to Postgres. Units and Overage may be negative after a
@@ -127,8 +127,7 @@ func (r *Runner) Refund(ctx context.Context, tenantID, meter string, cost, overa
 	}
 	at = at.UTC()
 	y, m, _ := at.Date()
-	keys := []string{r.key(tenantID, "day"), r.key(tenantID, "month"), r.key(tenantID, "pending")}
-	err := refundScript.Run(ctx, r.c, keys,
+	err := refundScript.Run(ctx, r.c, r.stateKeys(tenantID, "pending"), r.layout,
 		at.Unix()/86400, y*100+int(m), at.Truncate(time.Hour).Unix(), meter, cost, overage).Err()
 	if err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)

@@ -171,20 +171,14 @@ func compareState(tb testing.TB, c redis.UniversalClient, r *Runner, tenant stri
 	tb.Helper()
 	ctx := context.Background()
 	var diffs []string
-	str := func(name string, want int64) {
-		got, err := c.Get(ctx, r.key(tenant, name)).Int64()
-		if err == redis.Nil {
-			got, err = 0, nil
-		}
-		if err != nil {
-			tb.Fatalf("GET %s: %v", name, err)
-		}
-		if got != want {
-			diffs = append(diffs, fmt.Sprintf("%s: got %d, want %d", name, got, want))
-		}
+	got := stateOf(tb, c, r, tenant)
+	want := Model{TAT: m.TAT, Full: m.Full, Day: m.Day, Month: m.Month}
+	if got.TAT != want.TAT || got.Full != want.Full {
+		diffs = append(diffs, fmt.Sprintf("tat/full: got %d/%d, want %d/%d", got.TAT, got.Full, want.TAT, want.Full))
 	}
-	str("gcra", m.TAT)
-	str("bucket", m.Full)
+	if !samePeriod(got.Day, want.Day) || !samePeriod(got.Month, want.Month) {
+		diffs = append(diffs, fmt.Sprintf("day/month: got %+v/%+v, want %+v/%+v", got.Day, got.Month, want.Day, want.Month))
+	}
 	hash := func(name string, want map[string]int64) {
 		raw, err := c.HGetAll(ctx, r.key(tenant, name)).Result()
 		if err != nil {
@@ -198,14 +192,6 @@ func compareState(tb testing.TB, c redis.UniversalClient, r *Runner, tenant stri
 			diffs = append(diffs, fmt.Sprintf("%s: got %s, want %s", name, g, w))
 		}
 	}
-	period := func(p Period) map[string]int64 {
-		if p == (Period{}) {
-			return map[string]int64{}
-		}
-		return map[string]int64{"period": p.ID, "used": p.Used, "grant": p.Grant, "overage": p.Overage}
-	}
-	hash("day", period(m.Day))
-	hash("month", period(m.Month))
 	pending := map[string]int64{}
 	for k, v := range m.Pending {
 		pending[k] = v

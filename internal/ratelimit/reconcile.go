@@ -23,7 +23,7 @@ import (
 var (
 	claimScript   = redis.NewScript(mustRead("claim.lua"))
 	finishScript  = redis.NewScript(mustRead("finish.lua"))
-	restoreScript = redis.NewScript(mustRead("restore.lua"))
+	restoreScript = stateScript("restore.lua")
 )
 
 // FlushingTTL bounds an abandoned batch: far longer than any worker outage
@@ -448,16 +448,13 @@ func (r *Runner) Restore(ctx context.Context, at time.Time, recs []Recorded) err
 	at = at.UTC()
 	day, month := quota.DayStart(at), quota.MonthStart(at)
 	y, m, _ := at.Date()
-	dayExp := day.Add(25 * time.Hour).UnixMilli()
-	monthExp := month.AddDate(0, 1, 0).Add(time.Hour).UnixMilli()
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, rec := range recs {
-			id := rec.TenantID
 			// Pipelined EVALSHA cannot fall back on NOSCRIPT; repairs are
 			// rare, so send the script itself.
-			restoreScript.Eval(ctx, p, []string{r.key(id, "day"), r.key(id, "month"), r.key(id, "pending")},
+			restoreScript.Eval(ctx, p, r.stateKeys(rec.TenantID, "pending"), r.layout,
 				day.Unix()/86400, y*100+int(m), day.Unix(), month.Unix(),
-				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, dayExp, monthExp)
+				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant)
 		}
 		return nil
 	})

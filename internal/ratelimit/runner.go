@@ -14,9 +14,15 @@ import (
 )
 
 var (
-	admitScript = redis.NewScript(mustRead("admit.lua"))
-	grantScript = redis.NewScript(mustRead("grant.lua"))
+	admitScript = stateScript("admit.lua")
+	grantScript = stateScript("grant.lua")
 )
+
+// stateScript is a script that reads or writes limit state: lua/state.lua
+// (the layouts, clock and calendar) followed by the script itself.
+func stateScript(name string) *redis.Script {
+	return redis.NewScript(mustRead("state.lua") + "\n" + mustRead(name))
+}
 
 // mustRead reads an embedded script; a missing one is a build mistake, not a
 // run-time condition.
@@ -35,8 +41,15 @@ func mustRead(name string) string {
 type Runner struct {
 	c      redis.UniversalClient
 	prefix string
+	layout string    // "v2" or "v1": see lua/state.lua
 	active activeSet // tenants with usage counted since the last ReportActive
 }
+
+// Layouts of the limit state (lua/state.lua).
+const (
+	LayoutV1 = "v1" // the four keys of earlier versions: for rolling upgrades from them
+	LayoutV2 = "v2" // one hash per tenant
+)
 
 var _ quota.Admitter = (*Runner)(nil)
 
@@ -48,7 +61,17 @@ func New(c redis.UniversalClient, prefix string) *Runner {
 	if strings.ContainsAny(prefix, "{}") {
 		panic(fmt.Sprintf("ratelimit: key prefix %q must not contain braces", prefix))
 	}
-	return &Runner{c: c, prefix: prefix}
+	return &Runner{c: c, prefix: prefix, layout: LayoutV2}
+}
+
+// WithLayout sets the layout the runner writes (LayoutV2 by default; see
+// lua/state.lua for the rolling upgrade from LayoutV1) and returns r.
+func (r *Runner) WithLayout(layout string) *Runner {
+	if layout != LayoutV1 {
+		layout = LayoutV2
+	}
+	r.layout = layout
+	return r
 }
 
 // key returns the key of one piece of a tenant's state.
@@ -56,17 +79,28 @@ func (r *Runner) key(tenantID, name string) string {
 	return r.prefix + ":v1:{t:" + tenantID + "}:" + name
 }
 
-// keys returns the script's KEYS in order; the idempotency key only when
-// idem is set.
-func (r *Runner) keys(tenantID, idem string) []string {
-	k := make([]string, 5, 6)
-	for i, name := range [5]string{"gcra", "bucket", "day", "month", "pending"} {
-		k[i] = r.key(tenantID, name)
+// stateKeys returns the KEYS of the state (lua/state.lua): the v2 hash,
+// then the v1 gcra, bucket, day and month keys, then extra.
+func (r *Runner) stateKeys(tenantID string, extra ...string) []string {
+	tag := "{t:" + tenantID + "}"
+	k := make([]string, 5, 5+len(extra)+1)
+	k[0] = r.prefix + ":v2:" + tag
+	for i, name := range [4]string{"gcra", "bucket", "day", "month"} {
+		k[i+1] = r.prefix + ":v1:" + tag + ":" + name
 	}
-	if idem != "" {
-		k = append(k, r.key(tenantID, "idem2:"+idem))
+	for _, name := range extra {
+		k = append(k, r.key(tenantID, name))
 	}
 	return k
+}
+
+// keys returns admit.lua's KEYS in order; the idempotency key only when
+// idem is set.
+func (r *Runner) keys(tenantID, idem string) []string {
+	if idem != "" {
+		return r.stateKeys(tenantID, "pending", "idem2:"+idem)
+	}
+	return r.stateKeys(tenantID, "pending")
 }
 
 // Admit decides on req in one atomic script run. A refusal is a Decision
@@ -136,7 +170,7 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64) ([]int64, error) {
 	// Script.Run sends EVALSHA and, when Redis answers NOSCRIPT (after a
 	// restart or SCRIPT FLUSH), EVAL, which loads the script again.
-	res, err := admitScript.Run(ctx, r.c, r.keys(tenantID, idem),
+	res, err := admitScript.Run(ctx, r.c, r.keys(tenantID, idem), r.layout,
 		now, mode, cost, meter, overage,
 		p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly, fp, leaseUS,
 	).Int64Slice()
@@ -196,7 +230,7 @@ func (r *Runner) grant(ctx context.Context, tenantID, id, period string, start t
 			periodID = int64(start.Year())*100 + int64(start.Month())
 		}
 	}
-	res, err := grantScript.Run(ctx, r.c, []string{r.key(tenantID, period)}, micros(now), period, units, id, periodID).Int64Slice()
+	res, err := grantScript.Run(ctx, r.c, r.stateKeys(tenantID), r.layout, micros(now), period, units, id, periodID).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: grant: %w", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io/fs"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -16,7 +15,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/lua"
 )
 
 // allLimits are four active limits that admit a handful of requests.
@@ -28,10 +26,10 @@ func allLimits() quota.Limits {
 	}
 }
 
-// TestPeriodsMatchGo holds the script's calendar (days since the epoch to
-// year and month, and back) to Go's time package: for fixed edge dates and
-// random instants from 1970 to 2250, grant.lua must report the period id and
-// next period start that Go computes.
+// TestPeriodsMatchGo holds the scripts' calendar (lua/state.lua: days since
+// the epoch to year and month, and back) to Go's time package: for fixed
+// edge dates and random instants from 1970 to 2250, grant.lua must report
+// the period id and next period start that Go computes.
 func TestPeriodsMatchGo(t *testing.T) {
 	t.Parallel()
 	c := testenv.Redis(t)
@@ -58,8 +56,8 @@ func TestPeriodsMatchGo(t *testing.T) {
 			{"day", u.Unix() / 86400, quota.DayStart(u).AddDate(0, 0, 1)},
 			{"month", int64(u.Year())*100 + int64(u.Month()), quota.MonthStart(u).AddDate(0, 1, 0)},
 		} {
-			key := fmt.Sprintf("%s:v1:{t:cal}:%s%d", prefix, tc.period, i)
-			got, err := grantScript.Run(ctx, c, []string{key}, now.UnixMicro(), tc.period, 1).Int64Slice()
+			keys := New(c, prefix).stateKeys(fmt.Sprintf("cal-%s-%d", tc.period, i))
+			got, err := grantScript.Run(ctx, c, keys, LayoutV2, now.UnixMicro(), tc.period, 1).Int64Slice()
 			if err != nil {
 				t.Fatalf("grant.lua at %v: %v", u, err)
 			}
@@ -68,30 +66,6 @@ func TestPeriodsMatchGo(t *testing.T) {
 					got[0], time.UnixMicro(got[4]).UTC(), tc.id, tc.nextPeriod)
 			}
 		}
-	}
-}
-
-// TestScriptsSharePeriodCode checks that admit.lua and grant.lua carry the
-// same period code (Redis scripts cannot include one another), so that
-// TestPeriodsMatchGo, which runs grant.lua, covers admit.lua too.
-func TestScriptsSharePeriodCode(t *testing.T) {
-	t.Parallel()
-	block := func(name string) string {
-		b, err := fs.ReadFile(lua.FS, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := string(b)
-		i, j := strings.Index(s, "-- BEGIN periods"), strings.Index(s, "-- END periods")
-		if i < 0 || j < i {
-			t.Fatalf("%s: no BEGIN/END periods block", name)
-		}
-		// idiv is part of the shared code too.
-		k := strings.Index(s, "local function idiv")
-		return s[k:strings.Index(s[k:], "\nend\n")+k] + s[i:j]
-	}
-	if a, g := block("admit.lua"), block("grant.lua"); a != g {
-		t.Errorf("period code differs:\nadmit.lua:\n%s\ngrant.lua:\n%s", a, g)
 	}
 }
 
@@ -190,8 +164,7 @@ func TestKeyLayout(t *testing.T) {
 		got[k] = true
 	}
 	base := prefix + ":v1:{t:" + tenant + "}:"
-	want := []string{base + "gcra", base + "bucket", base + "day", base + "month", base + "pending",
-		base + "idem2:" + idemHash("k1")}
+	want := []string{prefix + ":v2:{t:" + tenant + "}", base + "pending", base + "idem2:" + idemHash("k1")}
 	for _, k := range want {
 		if !got[k] {
 			t.Errorf("key %s: missing; got %v", k, got)
@@ -225,25 +198,26 @@ func TestEveryKeyHasATTL(t *testing.T) {
 	// rounded down to the millisecond: a PTTL can exceed the exact remaining
 	// life by up to 2 ms.
 	const slack = 2 * time.Millisecond
+	// The state hash lives until the last of its limits is empty (here the
+	// month) + 1 h, and an hour's slack (lua/state.lua).
 	maxTTL := map[string]time.Duration{
-		"gcra":    reset(burst).Sub(now) + slack,
-		"bucket":  reset(bucket).Sub(now) + slack,
-		"day":     reset(daily).Sub(now) + time.Hour + slack,
-		"month":   reset(monthly).Sub(now) + time.Hour + slack,
+		"state":   reset(monthly).Sub(now) + 2*time.Hour + slack, // the month ends last
 		"pending": 14*24*time.Hour + slack,
 		"idem2":   24*time.Hour + slack,
 	}
 	keys := mustKeys(t, c, prefix)
-	if len(keys) != 8 {
-		t.Errorf("keys: got %d (%v), want 8", len(keys), keys)
+	if len(keys) != 5 {
+		t.Errorf("keys: got %d (%v), want 5", len(keys), keys)
 	}
 	for _, k := range keys {
 		ttl, err := c.PTTL(ctx, k).Result()
 		if err != nil {
 			t.Fatalf("PTTL %s: %v", k, err)
 		}
-		kind := k[strings.LastIndex(k, "}:")+2:]
-		kind, _, _ = strings.Cut(kind, ":")
+		kind := "state"
+		if i := strings.LastIndex(k, "}:"); i >= 0 {
+			kind, _, _ = strings.Cut(k[i+2:], ":")
+		}
 		if ttl <= 0 || ttl > maxTTL[kind] {
 			t.Errorf("PTTL %s: got %v, want in (0, %v]", k, ttl, maxTTL[kind])
 		}

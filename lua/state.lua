@@ -1,0 +1,262 @@
+--[[ state.lua: the prelude of every script that reads or writes a tenant's
+limit state (admit.lua, grant.lua, refund.lua, restore.lua). internal/ratelimit
+prepends it to each of them, so the four share one definition of the state,
+the clock and the calendar.
+
+Layouts
+  v2 (the default): all of a tenant's limit state in one hash,
+    <prefix>:v2:{t:<id>}  fields
+      x   the hash's expiry (us): PEXPIREAT is sent only when the state
+          needs to live longer than that, not on every write
+      g   GCRA TAT (us)          b   time the token bucket is full again (us)
+      d   day id (days since the epoch), du used, dg grant
+      m   month id (year*100+month), mu used, mg grant, mo overage
+      ms, mn  the month's start and the next month's start (us), so that the
+          calendar runs once a month, not on every call
+      g:<grant id>  grants already applied (grant.lua); gn counts them
+    One HMGET reads it, one HSET writes what changed.
+  v1 (before): four keys, <prefix>:v1:{t:<id>}:gcra and :bucket (strings),
+    :day and :month (hashes: period, used, grant, overage, g:<grant id>).
+
+  ARGV[1] of every state script names the layout this node writes:
+    'v2'  state found in v1 keys is carried over into the v2 hash (grant
+          marks included) and the v1 keys are deleted, at the first write;
+    'v1'  state is written where it is: the v2 hash if one exists, else the
+          v1 keys exactly as the v1 scripts wrote them.
+  So a rolling upgrade from a version that knows only v1 stays exact: first
+  every node runs this version with TOLLGATE_KEY_LAYOUT=v1 (sharing the v1
+  keys with the old nodes), then with v2; nodes of either setting read the
+  v2 hash once it exists. Pending usage, idempotency records and the
+  worker's keys did not change and keep their v1 names.
+
+KEYS[1] the v2 hash; KEYS[2..5] the v1 gcra, bucket, day and month keys.
+
+Units, epoch, precision: integer microseconds since the Unix epoch, UTC;
+every quantity an integer in a Lua double, exact below 2^53 (see admit.lua).
+]]
+
+local US = 1000000
+local DAY_US = 86400 * US
+local HOUR_US = 3600 * US
+
+-- idiv is exact floor division for integers below 2^53 and b > 0: the double
+-- quotient can round across an integer, so it is corrected by one.
+local function idiv(a, b)
+  local q = math.floor(a / b)
+  if q * b > a then
+    q = q - 1
+  elseif (q + 1) * b <= a then
+    q = q + 1
+  end
+  return q
+end
+
+-- fmt writes an integer for Redis: tostring would print 2^50 as 1.1e+15.
+local function fmt(x)
+  return string.format('%d', x)
+end
+
+-- civil_from_days and days_from_civil are Howard Hinnant's algorithms for
+-- the proleptic Gregorian calendar, as Go's time package uses for UTC.
+local function civil_from_days(z)
+  z = z + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local m = mp + 3
+  if mp >= 10 then m = mp - 9 end
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = idiv(y, 400)
+  local yoe = y - era * 400
+  local mp = m - 3
+  if m <= 2 then mp = m + 9 end
+  local doy = idiv(153 * mp + 2, 5) + d - 1
+  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
+  return era * 146097 + doe - 719468
+end
+
+-- month_at returns the month id (year*100+month), its start and the next
+-- month's start (us) for time now (us).
+local function month_at(now)
+  local y, m = civil_from_days(idiv(now, DAY_US))
+  local ny, nm = y, m + 1
+  if nm > 12 then ny, nm = y + 1, 1 end
+  return y * 100 + m, days_from_civil(y, m, 1) * DAY_US, days_from_civil(ny, nm, 1) * DAY_US
+end
+
+-- clock returns now (us) and the shift that moves an expiry written at an
+-- explicit past time (tests) to as long as it would have lived: Redis TIME
+-- unless explicit > 0.
+local function clock(explicit)
+  local t = redis.call('TIME')
+  local real = tonumber(t[1]) * US + tonumber(t[2])
+  local now = explicit
+  if now <= 0 then now = real end
+  local shift = 0
+  if real > now then shift = real - now end
+  return now, shift
+end
+
+local LAYOUT = ARGV[1]
+local KS, KG, KB, KD, KM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+
+-- load_state reads the tenant's state: the v2 hash, else the v1 keys.
+-- Absent parts read as empty (d and m -1: no period).
+local function load_state()
+  local h = redis.call('HMGET', KS, 'x', 'g', 'b', 'd', 'du', 'dg', 'm', 'mu', 'mg', 'mo', 'ms', 'mn', 'gn')
+  if h[1] then
+    return {v2 = true, x = tonumber(h[1]), g = tonumber(h[2]) or 0, b = tonumber(h[3]) or 0,
+      d = tonumber(h[4]) or -1, du = tonumber(h[5]) or 0, dg = tonumber(h[6]) or 0,
+      m = tonumber(h[7]) or -1, mu = tonumber(h[8]) or 0, mg = tonumber(h[9]) or 0,
+      mo = tonumber(h[10]) or 0, ms = tonumber(h[11]) or 0, mn = tonumber(h[12]) or 0,
+      gn = tonumber(h[13]) or 0}
+  end
+  local s = {v2 = false, x = 0, g = 0, b = 0, d = -1, du = 0, dg = 0, dov = 0,
+    m = -1, mu = 0, mg = 0, mo = 0, ms = 0, mn = 0, gn = 0}
+  s.g = tonumber(redis.call('GET', KG) or '0')
+  s.b = tonumber(redis.call('GET', KB) or '0')
+  local d = redis.call('HMGET', KD, 'period', 'used', 'grant', 'overage')
+  if d[1] then
+    s.d, s.du, s.dg, s.dov = tonumber(d[1]), tonumber(d[2]) or 0, tonumber(d[3]) or 0, tonumber(d[4]) or 0
+  end
+  local m = redis.call('HMGET', KM, 'period', 'used', 'grant', 'overage')
+  if m[1] then
+    s.m, s.mu, s.mg, s.mo = tonumber(m[1]), tonumber(m[2]) or 0, tonumber(m[3]) or 0, tonumber(m[4]) or 0
+  end
+  return s
+end
+
+-- month_of returns the month id and the next month's start for now, from
+-- the state's cached bounds when now is inside them (the calendar runs
+-- only when it is not), and caches the bounds of the month of now.
+local function month_of(s, now)
+  if s.ms <= now and now < s.mn and s.m >= 0 then
+    return s.m, s.mn
+  end
+  local id, start, nxt = month_at(now)
+  if id ~= s.m then
+    s.m, s.mu, s.mg, s.mo, s.rolled = id, 0, 0, 0, true
+  end
+  s.ms, s.mn = start, nxt
+  return id, nxt
+end
+
+-- day_of returns the day id and the next day's start for now, resetting the
+-- state's day when it is another.
+local function day_of(s, now)
+  local id = idiv(now, DAY_US)
+  if id ~= s.d then
+    s.d, s.du, s.dg, s.dov = id, 0, 0, 0
+  end
+  return id, (id + 1) * DAY_US
+end
+
+-- v2_fields lists every field of the v2 hash for HSET.
+local function v2_fields(s)
+  return {'g', fmt(s.g), 'b', fmt(s.b), 'd', fmt(s.d), 'du', fmt(s.du), 'dg', fmt(s.dg),
+    'm', fmt(s.m), 'mu', fmt(s.mu), 'mg', fmt(s.mg), 'mo', fmt(s.mo), 'ms', fmt(s.ms), 'mn', fmt(s.mn)}
+end
+
+-- state_need is when the state s is empty again as of now (us): the end of
+-- its day and month + 1 h, its TAT and FULL. A state new to the v2 hash
+-- expires no sooner.
+local function state_need(s, now)
+  local need = now + HOUR_US
+  if s.g > need then need = s.g end
+  if s.b > need then need = s.b end
+  if s.d >= 0 and (s.d + 1) * DAY_US + HOUR_US > need then need = (s.d + 1) * DAY_US + HOUR_US end
+  if s.m >= 0 then
+    local mn = s.mn
+    if mn == 0 then
+      local id, _, nxt = month_at(now)
+      if id == s.m then mn = nxt end
+    end
+    if mn + HOUR_US > need then need = mn + HOUR_US end
+  end
+  return need
+end
+
+-- save_state writes s, which needs to live until need (us; at least
+-- state_need when it is new to the v2 hash). changed lists the v2 fields that changed, or is nil for all
+-- of them; parts lists which v1 keys to write in layout v1: 'g', 'b', 'd',
+-- 'm'. pxat turns a time in us into PEXPIREAT ms (see clock).
+local function save_state(s, need, changed, parts, pxat, now)
+  if not s.v2 and LAYOUT ~= 'v2' then
+    -- v1, exactly as the v1 scripts wrote it
+    for _, p in ipairs(parts) do
+      if p == 'g' then
+        redis.call('SET', KG, fmt(s.g), 'PXAT', pxat(s.g))
+      elseif p == 'b' then
+        redis.call('SET', KB, fmt(s.b), 'PXAT', pxat(s.b))
+      elseif p == 'd' then
+        redis.call('HSET', KD, 'period', fmt(s.d), 'used', fmt(s.du), 'grant', fmt(s.dg), 'overage', fmt(s.dov))
+        redis.call('PEXPIREAT', KD, pxat((s.d + 1) * DAY_US + HOUR_US))
+      elseif p == 'm' then
+        redis.call('HSET', KM, 'period', fmt(s.m), 'used', fmt(s.mu), 'grant', fmt(s.mg), 'overage', fmt(s.mo))
+        redis.call('PEXPIREAT', KM, pxat(s.mn + HOUR_US))
+      end
+    end
+    return
+  end
+  local args
+  if s.v2 and changed then
+    args = {}
+    for _, f in ipairs(changed) do
+      args[#args + 1] = f
+      args[#args + 1] = fmt(s[f])
+    end
+  else
+    args = v2_fields(s)
+  end
+  if not s.v2 then
+    -- carried over from v1: the grant marks come along, the v1 keys go
+    local sn = state_need(s, now)
+    if sn > need then need = sn end
+    for _, k in ipairs({KD, KM}) do
+      local h = redis.call('HGETALL', k)
+      for i = 1, #h, 2 do
+        if string.sub(h[i], 1, 2) == 'g:' then
+          args[#args + 1] = h[i]
+          args[#args + 1] = h[i + 1]
+          s.gn = s.gn + 1
+        end
+      end
+    end
+    args[#args + 1] = 'gn'
+    args[#args + 1] = fmt(s.gn)
+    redis.call('DEL', KG, KB, KD, KM)
+  end
+  if s.v2 and s.rolled and s.gn > 0 then
+    -- a new month: the grant marks of the past ones go
+    local h = redis.call('HGETALL', KS)
+    for i = 1, #h, 2 do
+      if string.sub(h[i], 1, 2) == 'g:' then redis.call('HDEL', KS, h[i]) end
+    end
+    s.gn = 0
+    args[#args + 1] = 'gn'
+    args[#args + 1] = '0'
+  end
+  local x = s.x
+  if need > x then
+    -- an hour's slack, so that a state driven by GCRA alone does not send
+    -- PEXPIREAT on every call
+    x = need + HOUR_US
+    args[#args + 1] = 'x'
+    args[#args + 1] = fmt(x)
+  end
+  redis.call('HSET', KS, unpack(args))
+  if x ~= s.x or not s.v2 then
+    redis.call('PEXPIREAT', KS, pxat(x))
+  end
+  s.x, s.v2 = x, true
+end
+
+-- ---------------------------------------------------------------------------
