@@ -253,16 +253,25 @@ if mode == 'admit' then
       changed[#changed + 1], parts[#parts + 1] = 'b', 'b'
       if bnew > need then need = bnew end
     end
+    -- a period's id and grant change only when it rolls over (day_of,
+    -- month_of): only then are they written
     if dq >= 0 and not replay then
       s.du = dused + cost
-      changed[#changed + 1], changed[#changed + 2], changed[#changed + 3] = 'd', 'du', 'dg'
-      parts[#parts + 1] = 'd'
+      changed[#changed + 1], parts[#parts + 1] = 'du', 'd'
+      if s.drolled then changed[#changed + 1], changed[#changed + 2] = 'd', 'dg' end
       if dnext + HOUR_US > need then need = dnext + HOUR_US end
     end
     if mq >= 0 and not replay then
-      s.mu, s.mo = mused + cost, mover + overage
-      for _, f in ipairs({'m', 'mu', 'mg', 'mo', 'ms', 'mn'}) do changed[#changed + 1] = f end
-      parts[#parts + 1] = 'm'
+      s.mu = mused + cost
+      changed[#changed + 1], parts[#parts + 1] = 'mu', 'm'
+      if overage > 0 then
+        s.mo = mover + overage
+        changed[#changed + 1] = 'mo'
+      end
+      if s.rolled then
+        changed[#changed + 1], changed[#changed + 2], changed[#changed + 3] = 'm', 'mg', 'mo'
+      end
+      if s.mcached then changed[#changed + 1], changed[#changed + 2] = 'ms', 'mn' end
       if mnext + HOUR_US > need then need = mnext + HOUR_US end
     end
   else

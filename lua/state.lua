@@ -56,36 +56,36 @@ local function fmt(x)
   return string.format('%d', x)
 end
 
--- civil_from_days and days_from_civil are Howard Hinnant's algorithms for
--- the proleptic Gregorian calendar, as Go's time package uses for UTC.
-local function civil_from_days(z)
-  z = z + 719468
-  local era = idiv(z, 146097)
-  local doe = z - era * 146097
-  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
-  local y = yoe + era * 400
-  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
-  local mp = idiv(5 * doy + 2, 153)
-  local m = mp + 3
-  if mp >= 10 then m = mp - 9 end
-  if m <= 2 then y = y + 1 end
-  return y, m
-end
-
-local function days_from_civil(y, m, d)
-  if m <= 2 then y = y - 1 end
-  local era = idiv(y, 400)
-  local yoe = y - era * 400
-  local mp = m - 3
-  if m <= 2 then mp = m + 9 end
-  local doy = idiv(153 * mp + 2, 5) + d - 1
-  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
-  return era * 146097 + doe - 719468
-end
-
 -- month_at returns the month id (year*100+month), its start and the next
--- month's start (us) for time now (us).
+-- month's start (us) for time now (us). The calendar's functions are made
+-- here, not at the top: a closure costs on every script call, and the
+-- calendar runs about once a month per tenant (see month_of).
 local function month_at(now)
+  -- civil_from_days and days_from_civil are Howard Hinnant's algorithms for
+  -- the proleptic Gregorian calendar, as Go's time package uses for UTC.
+  local function civil_from_days(z)
+    z = z + 719468
+    local era = idiv(z, 146097)
+    local doe = z - era * 146097
+    local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+    local y = yoe + era * 400
+    local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+    local mp = idiv(5 * doy + 2, 153)
+    local m = mp + 3
+    if mp >= 10 then m = mp - 9 end
+    if m <= 2 then y = y + 1 end
+    return y, m
+  end
+  local function days_from_civil(y, m, d)
+    if m <= 2 then y = y - 1 end
+    local era = idiv(y, 400)
+    local yoe = y - era * 400
+    local mp = m - 3
+    if m <= 2 then mp = m + 9 end
+    local doy = idiv(153 * mp + 2, 5) + d - 1
+    local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
+    return era * 146097 + doe - 719468
+  end
   local y, m = civil_from_days(idiv(now, DAY_US))
   local ny, nm = y, m + 1
   if nm > 12 then ny, nm = y + 1, 1 end
@@ -145,7 +145,7 @@ local function month_of(s, now)
   if id ~= s.m then
     s.m, s.mu, s.mg, s.mo, s.rolled = id, 0, 0, 0, true
   end
-  s.ms, s.mn = start, nxt
+  s.ms, s.mn, s.mcached = start, nxt, true
   return id, nxt
 end
 
@@ -154,7 +154,7 @@ end
 local function day_of(s, now)
   local id = idiv(now, DAY_US)
   if id ~= s.d then
-    s.d, s.du, s.dg, s.dov = id, 0, 0, 0
+    s.d, s.du, s.dg, s.dov, s.drolled = id, 0, 0, 0, true
   end
   return id, (id + 1) * DAY_US
 end
