@@ -42,6 +42,7 @@ type Runner struct {
 	c      redis.UniversalClient
 	prefix string
 	layout string    // "v2" or "v1": see lua/state.lua
+	batch  *batcher  // admissions, coalesced into pipelines
 	active activeSet // tenants with usage counted since the last ReportActive
 }
 
@@ -61,7 +62,7 @@ func New(c redis.UniversalClient, prefix string) *Runner {
 	if strings.ContainsAny(prefix, "{}") {
 		panic(fmt.Sprintf("ratelimit: key prefix %q must not contain braces", prefix))
 	}
-	return &Runner{c: c, prefix: prefix, layout: LayoutV2}
+	return &Runner{c: c, prefix: prefix, layout: LayoutV2, batch: newBatcher(c, admitScript)}
 }
 
 // WithLayout sets the layout the runner writes (LayoutV2 by default; see
@@ -168,12 +169,12 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 }
 
 func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64) ([]int64, error) {
-	// Script.Run sends EVALSHA and, when Redis answers NOSCRIPT (after a
-	// restart or SCRIPT FLUSH), EVAL, which loads the script again.
-	res, err := admitScript.Run(ctx, r.c, r.keys(tenantID, idem), r.layout,
+	// The batcher coalesces concurrent calls into pipelines (batch.go);
+	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
+	res, err := r.batch.do(ctx, r.keys(tenantID, idem), []any{r.layout,
 		now, mode, cost, meter, overage,
 		p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly, fp, leaseUS,
-	).Int64Slice()
+	})
 	if err != nil {
 		return nil, err
 	}
