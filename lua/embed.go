@@ -7,8 +7,11 @@ package lua
 
 import "embed"
 
-// FS holds the *.lua scripts: admit.lua (the admission decision) and
-// grant.lua (extra units for the current day or month).
+// FS holds the *.lua scripts: state.lua (the prelude of the scripts that
+// touch limit state: layouts, clock, calendar), admit.lua (the admission
+// decision), grant.lua, refund.lua and restore.lua (grants, refunds and
+// repair of the quota counters), idem.lua (idempotent answers), and the
+// worker's claim.lua and finish.lua (exactly-once flushing).
 //
 //go:embed *.lua
 var FS embed.FS
