@@ -1,13 +1,12 @@
 package httpapi
 
 import (
-	"fmt"
 	"math"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -52,38 +51,100 @@ func tightest(d quota.Decision) (quota.LimitState, bool) {
 	return best, true
 }
 
+// The names of the headers setRateLimitHeaders writes, in the form
+// fasthttp would normalize them to (RateLimit-Policy goes out as
+// Ratelimit-Policy, as it always did), so that they are set with
+// SetCanonical: no normalizing, no copy of the name per request.
+var (
+	hdrDegraded   = canonicalHeader("Tollgate-Degraded")
+	hdrReplayed   = canonicalHeader("Idempotent-Replayed")
+	hdrPolicy     = canonicalHeader("RateLimit-Policy")
+	hdrState      = canonicalHeader("RateLimit")
+	hdrLimit      = canonicalHeader("X-RateLimit-Limit")
+	hdrRemaining  = canonicalHeader("X-RateLimit-Remaining")
+	hdrReset      = canonicalHeader("X-RateLimit-Reset")
+	hdrRetryAfter = canonicalHeader(fiber.HeaderRetryAfter)
+	valueFailOpen = []byte("fail-open")
+	valueTrue     = []byte("true")
+)
+
+// rateLimitHdrBytes is room for the longest field, four limits' items, so
+// that the buffer never grows.
+const rateLimitHdrBytes = 256
+
+func canonicalHeader(name string) []byte { return fasthttp.AppendNormalizedHeaderKey(nil, name) }
+
 // setRateLimitHeaders writes a decision's headers: the
 // draft-ietf-httpapi-ratelimit-headers-10 fields (one item per active limit),
 // the X-RateLimit-* trio for the tightest limit, Retry-After on a refusal that
 // can ever pass, and the markers of a fail-open or replayed decision.
+//
+// It runs on every metered answer, so the values are appended into one
+// buffer on the stack and set as bytes (fasthttp copies them): no fmt, no
+// strings, no allocation.
 func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
+	h := &c.Response().Header
 	if d.Degraded {
-		c.Set("Tollgate-Degraded", "fail-open")
+		h.SetCanonical(hdrDegraded, valueFailOpen)
 	}
 	if d.Replayed {
-		c.Set("Idempotent-Replayed", "true")
+		h.SetCanonical(hdrReplayed, valueTrue)
 	}
+	var scratch [rateLimitHdrBytes]byte
 	if len(d.Limits) > 0 {
-		var policy, state strings.Builder
+		b := scratch[:0]
 		for i, l := range d.Limits {
 			if i > 0 {
-				policy.WriteString(", ")
-				state.WriteString(", ")
+				b = append(b, ", "...)
 			}
-			fmt.Fprintf(&policy, "%q;q=%d;w=%d", l.Name, l.Limit, windowSeconds(l.Window))
-			fmt.Fprintf(&state, "%q;r=%d;t=%d", l.Name, l.Remaining, ceilSeconds(l.Reset.Sub(d.Now)))
+			b = appendSFString(b, string(l.Name))
+			b = append(b, ";q="...)
+			b = strconv.AppendInt(b, l.Limit, 10)
+			b = append(b, ";w="...)
+			b = strconv.AppendInt(b, windowSeconds(l.Window), 10)
 		}
-		c.Set("RateLimit-Policy", policy.String())
-		c.Set("RateLimit", state.String())
+		h.SetCanonical(hdrPolicy, b)
+		b = scratch[:0]
+		for i, l := range d.Limits {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = appendSFString(b, string(l.Name))
+			b = append(b, ";r="...)
+			b = strconv.AppendInt(b, l.Remaining, 10)
+			b = append(b, ";t="...)
+			b = strconv.AppendInt(b, ceilSeconds(l.Reset.Sub(d.Now)), 10)
+		}
+		h.SetCanonical(hdrState, b)
 	}
 	if l, ok := tightest(d); ok {
-		c.Set("X-RateLimit-Limit", strconv.FormatInt(l.Limit, 10))
-		c.Set("X-RateLimit-Remaining", strconv.FormatInt(l.Remaining, 10))
-		c.Set("X-RateLimit-Reset", strconv.FormatInt(resetTime(l.Reset).Unix(), 10))
+		h.SetCanonical(hdrLimit, strconv.AppendInt(scratch[:0], l.Limit, 10))
+		h.SetCanonical(hdrRemaining, strconv.AppendInt(scratch[:0], l.Remaining, 10))
+		h.SetCanonical(hdrReset, strconv.AppendInt(scratch[:0], resetTime(l.Reset).Unix(), 10))
 	}
 	if !d.Allowed && d.RetryAfter >= 0 {
-		c.Set(fiber.HeaderRetryAfter, strconv.FormatInt(max(1, ceilSeconds(d.RetryAfter)), 10))
+		h.SetCanonical(hdrRetryAfter, strconv.AppendInt(scratch[:0], max(1, ceilSeconds(d.RetryAfter)), 10))
 	}
+}
+
+// appendSFString appends s as a structured-field string (RFC 9651, section
+// 3.3.3): quoted, with " and \ escaped by a backslash. An sf-string holds
+// only printable ASCII; limit names are fixed identifiers that never hold
+// anything else, but should one, each byte outside 0x20-0x7E is written as
+// '?' so that the field still parses.
+func appendSFString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	for i := 0; i < len(s); i++ {
+		switch b := s[i]; {
+		case b == '"' || b == '\\':
+			dst = append(dst, '\\', b)
+		case b < 0x20 || b > 0x7e:
+			dst = append(dst, '?')
+		default:
+			dst = append(dst, b)
+		}
+	}
+	return append(dst, '"')
 }
 
 // resetTime is a limit's reset as every answer shows it (X-RateLimit-Reset,
@@ -96,33 +157,122 @@ func resetTime(t time.Time) time.Time {
 	return t.UTC()
 }
 
-// refusalProblem is the 429 body of API.md: the refusing limits, the state
-// of the first of them, the retry time and the upgrade hint.
-func refusalProblem(d quota.Decision, upgrade *quota.Upgrade, instance string) Problem {
-	names := make([]string, len(d.Violated))
-	for i, v := range d.Violated {
-		names[i] = string(v)
-	}
-	extra := map[string]any{"violated-policies": names, "upgrade": upgrade}
-	detail := fmt.Sprintf("the %s limit is exhausted", strings.Join(names, " and "))
+// refusal is the 429 body of API.md: the refusing limits, the state of
+// the first of them, the retry time and the upgrade hint. It is rendered by
+// appendJSON, typed: a refusal from the deny cache makes no map, no
+// reflection and no allocation.
+type refusal struct {
+	violated []quota.LimitName
+	upgrade  *quota.Upgrade
+	instance string
+	// hasLimit tells whether limit, remaining and reset are set (a decision
+	// without limits has none to show).
+	hasLimit         bool
+	limit, remaining int64
+	reset            time.Time // rounded up as resetTime rounds it
+	// retryAfter is in whole seconds, at least 1; -1 when the request can
+	// never pass (costs more than the limit allows at all).
+	retryAfter int64
+}
+
+// refusalProblem is the 429 body of a refusal d of the request to instance.
+func refusalProblem(d quota.Decision, upgrade *quota.Upgrade, instance string) refusal {
+	r := refusal{violated: d.Violated, upgrade: upgrade, instance: instance, retryAfter: -1}
 	if l, ok := tightest(d); ok {
-		extra["limit"] = l.Limit
-		extra["remaining"] = l.Remaining
-		extra["reset"] = resetTime(l.Reset).Format(time.RFC3339)
+		r.hasLimit, r.limit, r.remaining, r.reset = true, l.Limit, l.Remaining, resetTime(l.Reset)
 	}
 	if d.RetryAfter >= 0 {
-		secs := max(1, ceilSeconds(d.RetryAfter))
-		extra["retry_after"] = secs
-		detail += fmt.Sprintf("; retry in %d s", secs)
+		r.retryAfter = max(1, ceilSeconds(d.RetryAfter))
+	}
+	return r
+}
+
+// appendJSON appends the problem+json body of r, members in the order
+// encoding/json gave the map this body used to be (sorted).
+func (r refusal) appendJSON(b []byte) []byte {
+	b = append(b, '{')
+	b = appendJSONKey(b, "detail")
+	b = append(b, `"the `...)
+	for i, v := range r.violated {
+		if i > 0 {
+			b = append(b, " and "...)
+		}
+		b = appendJSONChars(b, string(v))
+	}
+	b = append(b, " limit is exhausted"...)
+	if r.retryAfter >= 0 {
+		b = append(b, "; retry in "...)
+		b = strconv.AppendInt(b, r.retryAfter, 10)
+		b = append(b, " s"...)
 	} else {
-		extra["retry_after"] = nil
-		detail += "; this request costs more than the limit allows at all"
+		b = append(b, "; this request costs more than the limit allows at all"...)
 	}
-	if upgrade != nil {
-		detail += fmt.Sprintf(", or upgrade to %s", upgrade.Name)
+	if r.upgrade != nil {
+		b = append(b, ", or upgrade to "...)
+		b = appendJSONChars(b, r.upgrade.Name)
 	}
-	return Problem{
-		Type: ProblemQuotaExceeded, Title: "Quota exceeded", Status: fiber.StatusTooManyRequests,
-		Detail: detail, Instance: instance, Extra: extra,
+	b = append(b, '"')
+	if r.instance != "" {
+		b = appendJSONKey(b, "instance")
+		b = appendJSONString(b, r.instance)
 	}
+	if r.hasLimit {
+		b = appendJSONKey(b, "limit")
+		b = appendJSONInt(b, r.limit)
+		b = appendJSONKey(b, "remaining")
+		b = appendJSONInt(b, r.remaining)
+		b = appendJSONKey(b, "reset")
+		b = appendJSONTime(b, r.reset, time.RFC3339)
+	}
+	b = appendJSONKey(b, "retry_after")
+	if r.retryAfter >= 0 {
+		b = appendJSONInt(b, r.retryAfter)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = appendJSONKey(b, "status")
+	b = appendJSONInt(b, fiber.StatusTooManyRequests)
+	b = appendJSONKey(b, "title")
+	b = append(b, `"Quota exceeded"`...)
+	b = appendJSONKey(b, "type")
+	b = appendJSONString(b, ProblemQuotaExceeded)
+	b = appendJSONKey(b, "upgrade")
+	b = appendUpgrade(b, r.upgrade)
+	b = appendJSONKey(b, "violated-policies")
+	b = append(b, '[')
+	for i, v := range r.violated {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = appendJSONString(b, string(v))
+	}
+	return append(b, ']', '}')
+}
+
+// appendUpgrade appends u as encoding/json writes a *quota.Upgrade: its
+// fields in declaration order, null for nil.
+func appendUpgrade(b []byte, u *quota.Upgrade) []byte {
+	if u == nil {
+		return append(b, "null"...)
+	}
+	b = append(b, '{')
+	b = appendJSONKey(b, "tier")
+	b = appendJSONString(b, u.Tier)
+	b = appendJSONKey(b, "name")
+	b = appendJSONString(b, u.Name)
+	b = appendJSONKey(b, "price_cents")
+	b = appendJSONInt(b, u.PriceCents)
+	b = appendJSONKey(b, "daily_quota")
+	b = appendJSONIntPtr(b, u.DailyQuota)
+	b = appendJSONKey(b, "monthly_quota")
+	b = appendJSONIntPtr(b, u.MonthlyQuota)
+	b = appendJSONKey(b, "url")
+	b = appendJSONString(b, u.URL)
+	return append(b, '}')
+}
+
+// writeRefusal sends r as the 429 problem+json.
+func writeRefusal(c *fiber.Ctx, r refusal) error {
+	var scratch [problemBytes]byte
+	return sendProblemBody(c, fiber.StatusTooManyRequests, r.appendJSON(scratch[:0]))
 }

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"net/http/httptest"
 	"testing"
 	"time"
@@ -67,19 +68,23 @@ func TestRefusalProblem(t *testing.T) {
 	d := quota.Decision{Now: now, Violated: []quota.LimitName{quota.LimitMonthly}, RetryAfter: 3 * time.Hour,
 		Limits: []quota.LimitState{{Name: quota.LimitMonthly, Limit: 100, Remaining: 2, Reset: now.Add(3 * time.Hour), Window: 30 * 24 * time.Hour}}}
 	up := &quota.Upgrade{Tier: "pro", Name: "Pro", PriceCents: 4900}
-	p := refusalProblem(d, up, "/api/x")
-	if p.Status != 429 || p.Type != ProblemQuotaExceeded {
-		t.Fatalf("status %d type %q, want 429 %q", p.Status, p.Type, ProblemQuotaExceeded)
+	var p map[string]any
+	if err := json.Unmarshal(refusalProblem(d, up, "/api/x").appendJSON(nil), &p); err != nil {
+		t.Fatal(err)
 	}
-	if got := p.Extra["violated-policies"].([]string); len(got) != 1 || got[0] != "monthly" {
-		t.Errorf("violated-policies = %v, want [monthly]", got)
+	if p["status"] != 429.0 || p["type"] != ProblemQuotaExceeded {
+		t.Fatalf("status %v type %v, want 429 %q", p["status"], p["type"], ProblemQuotaExceeded)
 	}
-	for k, want := range map[string]any{"limit": int64(100), "remaining": int64(2), "retry_after": int64(10800), "reset": "2026-11-22T15:00:00Z"} {
-		if got := p.Extra[k]; got != want {
+	if got, ok := p["violated-policies"].([]any); !ok || len(got) != 1 || got[0] != "monthly" {
+		t.Errorf("violated-policies = %v, want [monthly]", p["violated-policies"])
+	}
+	for k, want := range map[string]any{"limit": 100.0, "remaining": 2.0, "retry_after": 10800.0, "reset": "2026-11-22T15:00:00Z",
+		"instance": "/api/x", "detail": "the monthly limit is exhausted; retry in 10800 s, or upgrade to Pro"} {
+		if got := p[k]; got != want {
 			t.Errorf("%s = %v (%T), want %v", k, got, got, want)
 		}
 	}
-	if p.Extra["upgrade"] != up {
-		t.Errorf("upgrade = %v, want %v", p.Extra["upgrade"], up)
+	if u, ok := p["upgrade"].(map[string]any); !ok || u["tier"] != "pro" || u["name"] != "Pro" || u["price_cents"] != 4900.0 {
+		t.Errorf("upgrade = %v, want %+v", p["upgrade"], up)
 	}
 }

@@ -37,11 +37,16 @@ func idempotencyKey(c *fiber.Ctx) (string, error) {
 	return k, nil
 }
 
-// metered serves every route under /api/: one admission for the matched
-// route, the quota headers on every answer, then the built-in handler or the
-// upstream. The principal is already resolved by tenantAuth, from the cache.
+// metered serves every route under /api/: the tenant's key resolved (from
+// the cache), one admission for the matched route, the quota headers on
+// every answer, then the built-in handler or the upstream. It authenticates
+// itself rather than behind tenantAuth, so that the principal stays a local
+// value instead of an allocation in the context's locals.
 func (s *Server) metered(c *fiber.Ctx) error {
-	p := principalOf(c)
+	p, err := s.authenticate(c)
+	if err != nil {
+		return err
+	}
 	route := s.routes.Match(c.Method(), proxyPath(c))
 	if route == nil {
 		if !routes.Acceptable(proxyPath(c)) {
@@ -70,7 +75,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if !d.Allowed {
 		s.count(route, "refused", p.Tier.Slug)
 		setRateLimitHeaders(c, d)
-		return writeProblem(c, refusalProblem(d, p.Upgrade, c.Path()))
+		return writeRefusal(c, refusalProblem(d, p.Upgrade, c.Path()))
 	}
 	if d.Replayed {
 		s.count(route, "replayed", p.Tier.Slug)
@@ -112,7 +117,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 }
 
 func (s *Server) count(r *routes.Route, outcome, tier string) {
-	s.metrics.Requests.WithLabelValues(r.Meter, outcome, tier).Inc()
+	s.metrics.request(r.Meter, outcome, tier).Inc()
 }
 
 // upstreamClient is shared by every proxied route; each call bounds itself
@@ -151,25 +156,25 @@ func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID string) err
 	return writeProblem(c, Problem{Status: status, Detail: detail, Instance: c.Path()})
 }
 
-// builtin serves the demo handlers, so a fresh install has something to call.
+// builtin serves the demo handlers, so a fresh install has something to
+// call. Their bodies are written by hand-made encoders (jsonappend.go): the
+// same JSON as encoding/json would write for them, without reflection.
 func (s *Server) builtin(c *fiber.Ctx, route *routes.Route, tenantID, tier string, d quota.Decision) error {
+	var scratch [builtinBytes]byte
+	var b []byte
 	switch route.Handler {
 	case routes.HandlerEcho:
-		return c.JSON(fiber.Map{
-			"tenant_id": tenantID, "tier": tier, "method": c.Method(), "path": c.Path(),
-			"query": string(c.Request().URI().QueryString()), "meter": route.Meter, "cost": route.Cost,
-			"time": d.Now.UTC().Format(time.RFC3339Nano),
-		})
+		b = echoBody{
+			tenantID: tenantID, tier: tier, method: c.Method(), path: c.Path(),
+			query: c.Request().URI().QueryString(), meter: route.Meter, cost: route.Cost, time: d.Now,
+		}.appendJSON(scratch[:0])
 	case routes.HandlerReport:
-		day := d.Now.UTC().Format("2006-01-02")
-		rows := make([]fiber.Map, 0, 3)
-		for i, name := range []string{"requests", "errors", "latency_p99_ms"} {
-			rows = append(rows, fiber.Map{"metric": name, "value": (len(tenantID) + i*7) % 100})
-		}
-		return c.Status(fiber.StatusCreated).JSON(fiber.Map{
-			"report_id": fmt.Sprintf("rpt_%s_%d", day, d.Now.UnixMicro()), "tenant_id": tenantID,
-			"generated_at": d.Now.UTC().Format(time.RFC3339), "rows": rows,
-		})
+		c.Status(fiber.StatusCreated)
+		b = reportBody{tenantID: tenantID, now: d.Now}.appendJSON(scratch[:0])
+	default:
+		return fmt.Errorf("httpapi: route %s has no handler", route.Path)
 	}
-	return fmt.Errorf("httpapi: route %s has no handler", route.Path)
+	c.Response().Header.SetContentType(fiber.MIMEApplicationJSON)
+	c.Response().SetBody(b)
+	return nil
 }

@@ -1,6 +1,10 @@
 package httpapi
 
 import (
+	"maps"
+	"sync"
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 )
@@ -14,7 +18,18 @@ type Metrics struct {
 	CacheLookups *prometheus.CounterVec // key cache lookups by result
 	DenyHits     prometheus.Counter
 	AuthFailures prometheus.Counter
+
+	// requests caches the children of Requests (see request).
+	requestsMu sync.Mutex
+	requests   atomic.Pointer[map[requestLabels]prometheus.Counter]
 }
+
+// requestLabels are the labels of one tollgate_requests_total series.
+type requestLabels struct{ route, outcome, tier string }
+
+// maxRequestSeries bounds the cache of request counters; past it (tiers
+// without end), request falls back to WithLabelValues.
+const maxRequestSeries = 4096
 
 // NewMetrics registers the series on a registry of their own.
 func NewMetrics() *Metrics {
@@ -44,4 +59,37 @@ func NewMetrics() *Metrics {
 	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// request returns the tollgate_requests_total counter of a metered request
+// (route's meter, outcome, tier). Every metered request counts one, so the
+// counters are cached in a map that is replaced, never written, on a new
+// combination: the hot path is an atomic load and a map lookup, without the
+// label checks, hashing and lock of WithLabelValues. The label values must
+// not point into Fiber's buffers (meters and tier slugs never do).
+func (m *Metrics) request(route, outcome, tier string) prometheus.Counter {
+	k := requestLabels{route, outcome, tier}
+	if cached := m.requests.Load(); cached != nil {
+		if c, ok := (*cached)[k]; ok {
+			return c
+		}
+	}
+	m.requestsMu.Lock()
+	defer m.requestsMu.Unlock()
+	old := m.requests.Load()
+	if old != nil {
+		if c, ok := (*old)[k]; ok {
+			return c
+		}
+		if len(*old) >= maxRequestSeries {
+			return m.Requests.WithLabelValues(route, outcome, tier)
+		}
+	}
+	c := m.Requests.WithLabelValues(route, outcome, tier)
+	next := map[requestLabels]prometheus.Counter{k: c}
+	if old != nil {
+		maps.Copy(next, *old)
+	}
+	m.requests.Store(&next)
+	return c
 }

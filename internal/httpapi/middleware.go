@@ -1,24 +1,81 @@
 package httpapi
 
 import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"log/slog"
 	"net/netip"
+	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 )
 
-const localRequestID = "requestid"
+// Request IDs. A request that brings an X-Request-ID keeps it (a proxy in
+// front of us named it); any other gets <process>-<connection>-<request>:
+// 16 hex digits drawn at random when the process starts, then, in hex,
+// fasthttp's number of the connection (a process-wide counter) and the
+// number of the request on that connection. That is unique within the
+// process by construction and across processes by the random part, as a
+// UUID would be, but costs nothing to make: the ID is never stored, only
+// written into the response header and, when something logs it,
+// formatted again from the same numbers.
+var requestIDProcess = func() (p [16]byte) {
+	var seed [8]byte
+	_, _ = rand.Read(seed[:]) // crypto/rand.Read never fails
+	hex.Encode(p[:], seed[:])
+	return p
+}()
 
-func requestID(c *fiber.Ctx) string {
-	if v, ok := c.Locals(localRequestID).(string); ok {
-		return v
+var hdrRequestID = canonicalHeader(fiber.HeaderXRequestID)
+
+// requestIDBytes is room for the longest generated ID.
+const requestIDBytes = len(requestIDProcess) + 2*(1+16)
+
+func appendRequestID(dst []byte, ctx *fasthttp.RequestCtx) []byte {
+	dst = append(dst, requestIDProcess[:]...)
+	dst = append(dst, '-')
+	dst = strconv.AppendUint(dst, ctx.ConnID(), 16)
+	dst = append(dst, '-')
+	return strconv.AppendUint(dst, ctx.ConnRequestNum(), 16)
+}
+
+// requestIDs answers every request with its ID in X-Request-ID.
+func requestIDs(c *fiber.Ctx) error {
+	setRequestID(c)
+	return c.Next()
+}
+
+func setRequestID(c *fiber.Ctx) {
+	h := &c.Response().Header
+	if rid := c.Request().Header.PeekBytes(hdrRequestID); len(rid) > 0 {
+		h.SetCanonical(hdrRequestID, rid)
+		return
 	}
-	return ""
+	var scratch [requestIDBytes]byte
+	h.SetCanonical(hdrRequestID, appendRequestID(scratch[:0], c.Context()))
+}
+
+// requestID returns the request's ID, for logging; what requestIDs sent.
+func requestID(c *fiber.Ctx) string {
+	var scratch [requestIDBytes]byte
+	return string(appendRequestIDOf(scratch[:0], c))
+}
+
+// appendRequestIDOf appends the request's ID: the one it brought, or the
+// one requestIDs made for it.
+func appendRequestIDOf(dst []byte, c *fiber.Ctx) []byte {
+	if rid := c.Request().Header.PeekBytes(hdrRequestID); len(rid) > 0 {
+		return append(dst, rid...)
+	}
+	return appendRequestID(dst, c.Context())
 }
 
 // accessLog logs one line per request at the edge, after the error handler
-// has set the final status.
+// has set the final status. When the logger would drop the line (a level
+// above info, or above error for a 5xx), nothing of it is built.
 func accessLog(log *slog.Logger, clientIP func(*fiber.Ctx) netip.Addr) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		start := time.Now()
@@ -34,14 +91,35 @@ func accessLog(log *slog.Logger, clientIP func(*fiber.Ctx) netip.Addr) fiber.Han
 		if status >= 500 {
 			level = slog.LevelError
 		}
-		log.LogAttrs(c.UserContext(), level, "request",
-			slog.String("method", c.Method()),
-			slog.String("path", c.Path()),
-			slog.Int("status", status),
-			slog.Float64("duration_ms", float64(time.Since(start).Microseconds())/1000),
-			slog.String("request_id", requestID(c)),
-			slog.String("remote_ip", clientIP(c).String()),
-		)
+		ctx := c.UserContext()
+		if !log.Enabled(ctx, level) {
+			return nil
+		}
+		logRequest(ctx, log, level, c, status, time.Since(start), clientIP)
 		return nil
 	}
+}
+
+// logRequest writes the access log line; apart from accessLog so that the
+// attributes, which escape to the handler, cost nothing when it is off. The
+// request ID and the client's address share one string: one allocation.
+func logRequest(ctx context.Context, log *slog.Logger, level slog.Level, c *fiber.Ctx, status int,
+	took time.Duration, clientIP func(*fiber.Ctx) netip.Addr) {
+	var scratch [requestIDBytes + len("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")]byte
+	b := appendRequestIDOf(scratch[:0], c)
+	n := len(b)
+	if ip := clientIP(c); ip.IsValid() {
+		b = ip.AppendTo(b)
+	} else {
+		b = append(b, "invalid IP"...) // what String says of it
+	}
+	both := string(b)
+	log.LogAttrs(ctx, level, "request",
+		slog.String("method", c.Method()),
+		slog.String("path", c.Path()),
+		slog.Int("status", status),
+		slog.Float64("duration_ms", float64(took.Microseconds())/1000),
+		slog.String("request_id", both[:n]),
+		slog.String("remote_ip", both[n:]),
+	)
 }

@@ -13,8 +13,9 @@ import (
 // ContentTypeProblem is the media type of RFC 9457 problem details.
 const ContentTypeProblem = "application/problem+json"
 
-// Problem is an RFC 9457 problem details body. Extra members (such as
-// violated-policies or upgrade) go in Extra and are merged at the top level.
+// Problem is an RFC 9457 problem details body. Extra members (such as a
+// readiness check's checks) go in Extra and are merged at the top level; the
+// refusal of a metered request has its own typed body (refusal).
 type Problem struct {
 	Type     string `json:"type"`
 	Title    string `json:"title"`
@@ -41,7 +42,13 @@ var statusOf = map[string]int{
 	quota.CodeInternal:      http.StatusInternalServerError,
 }
 
-// writeProblem sends p as problem+json.
+// problemBytes is room for a problem body without growing its buffer: a
+// refusal with an upgrade hint, or an error with a long detail.
+const problemBytes = 1024
+
+// writeProblem sends p as problem+json. Without Extra members it is written
+// by appendJSON, typed; with them (readiness checks, off the hot path) by
+// encoding/json, as one map.
 func writeProblem(c *fiber.Ctx, p Problem) error {
 	if p.Type == "" {
 		p.Type = "about:blank"
@@ -49,23 +56,58 @@ func writeProblem(c *fiber.Ctx, p Problem) error {
 	if p.Title == "" {
 		p.Title = http.StatusText(p.Status)
 	}
-	body := map[string]any{"type": p.Type, "title": p.Title, "status": p.Status, "detail": p.Detail}
-	if p.Instance != "" {
-		body["instance"] = p.Instance
+	if len(p.Extra) > 0 {
+		body := map[string]any{"type": p.Type, "title": p.Title, "status": p.Status, "detail": p.Detail}
+		if p.Instance != "" {
+			body["instance"] = p.Instance
+		}
+		if p.Field != "" {
+			body["field"] = p.Field
+		}
+		for k, v := range p.Extra {
+			body[k] = v
+		}
+		b, err := c.App().Config().JSONEncoder(body)
+		if err != nil {
+			return err
+		}
+		return sendProblemBody(c, p.Status, b)
 	}
+	var scratch [problemBytes]byte
+	return sendProblemBody(c, p.Status, p.appendJSON(scratch[:0]))
+}
+
+// appendJSON appends p without its Extra members, in the order encoding/json
+// gave the map it used to be (sorted keys).
+func (p *Problem) appendJSON(b []byte) []byte {
+	b = append(b, '{')
+	b = appendJSONKey(b, "detail")
+	b = appendJSONString(b, p.Detail)
 	if p.Field != "" {
-		body["field"] = p.Field
+		b = appendJSONKey(b, "field")
+		b = appendJSONString(b, p.Field)
 	}
-	for k, v := range p.Extra {
-		body[k] = v
+	if p.Instance != "" {
+		b = appendJSONKey(b, "instance")
+		b = appendJSONString(b, p.Instance)
 	}
-	c.Status(p.Status)
-	c.Set(fiber.HeaderContentType, ContentTypeProblem)
-	b, err := c.App().Config().JSONEncoder(body)
-	if err != nil {
-		return err
-	}
-	return c.Send(b)
+	b = appendJSONKey(b, "status")
+	b = appendJSONInt(b, int64(p.Status))
+	b = appendJSONKey(b, "title")
+	b = appendJSONString(b, p.Title)
+	b = appendJSONKey(b, "type")
+	b = appendJSONString(b, p.Type)
+	return append(b, '}')
+}
+
+// sendProblemBody answers status with body as problem+json. The body is
+// copied into the response's own (pooled) buffer, so it may live on the
+// caller's stack.
+func sendProblemBody(c *fiber.Ctx, status int, body []byte) error {
+	c.Status(status)
+	c.Response().Header.SetContentType(ContentTypeProblem)
+	c.Response().SetBody(body)
+	return nil
 }
 
 // errorHandler is the one place where errors become HTTP answers. Tollgate's

@@ -12,7 +12,6 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
-	"github.com/gofiber/fiber/v2/middleware/requestid"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
@@ -167,7 +166,7 @@ func (s *Server) App() *fiber.App { return s.app }
 
 // routesSetup registers every route of the service, in one place.
 func (s *Server) routesSetup() {
-	s.app.Use(requestid.New(requestid.Config{ContextKey: localRequestID}))
+	s.app.Use(requestIDs)
 	s.app.Use(accessLog(s.log, s.clientIP))
 	s.app.Use(recover.New())
 
@@ -176,7 +175,7 @@ func (s *Server) routesSetup() {
 	s.app.Get("/openapi.json", s.openapi)
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
 
-	s.app.All("/api/*", s.tenantAuth, s.metered)
+	s.app.All("/api/*", s.metered) // authenticates as tenantAuth does
 	v1 := s.app.Group("/v1", checkQuery)
 	v1.Get("/usage", s.tenantAuth, s.usage)
 	v1.Get("/invoices", s.tenantAuth, s.invoices)
