@@ -144,6 +144,7 @@ local function pxat(us)
 end
 
 local IDEM_US = DAY_US
+local PENDING_US = 14 * DAY_US
 local PENDING_MS = 14 * 86400 * 1000
 
 local mode = ARGV[3]
@@ -181,7 +182,12 @@ if mode == 'admit' and idem then
   end
 end
 
-local s = load_state()
+-- the pending usage fields of this hour and meter (v1 names; "p" before
+-- them in the v2 hash)
+local pf = fmt(idiv(now, HOUR_US) * 3600) .. '|' .. meter .. '|'
+local pu, pr = 'p' .. pf .. 'u', 'p' .. pf .. 'r'
+local s
+if mode == 'admit' then s = load_state(pu, pr) else s = load_state() end
 local ok, mask, retry = true, 0, 0
 local function refuse(bit, wait)
   ok = false
@@ -286,19 +292,29 @@ if mode == 'admit' then
       if bf > need then need = bf end
     end
   end
+  -- Pending usage: in the v2 hash, written by the same HSET, when the
+  -- state lives there (or moves there now); else in the v1 pending hash.
+  local counted = ok and not replay
+  if counted and (s.v2 or LAYOUT == 'v2') then
+    s[pu], s[pr] = s[pu] + cost, s[pr] + 1
+    changed[#changed + 1], changed[#changed + 2] = pu, pr
+    if now + PENDING_US > need then need = now + PENDING_US end
+    counted = false
+  end
   if #changed > 0 then
     save_state(s, need, changed, parts, pxat, now)
   end
-
-  if not (ok and replay) then
-    local f = fmt(idiv(now, HOUR_US) * 3600) .. '|' .. meter .. '|'
+  if s.v2 then
+    if ok and overage > 0 and not replay then redis.call('HINCRBY', KS, 'p' .. pf .. 'o', fmt(overage)) end
+    if not ok then redis.call('HINCRBY', KS, 'p' .. pf .. 'x', 1) end
+  elseif not (ok and replay) then
     local fresh
-    if ok then
-      fresh = redis.call('HINCRBY', KP, f .. 'u', ARGV[4]) == cost
-      redis.call('HINCRBY', KP, f .. 'r', 1)
-      if overage > 0 then redis.call('HINCRBY', KP, f .. 'o', fmt(overage)) end
+    if counted then
+      fresh = redis.call('HINCRBY', KP, pf .. 'u', ARGV[4]) == cost
+      redis.call('HINCRBY', KP, pf .. 'r', 1)
+      if overage > 0 then redis.call('HINCRBY', KP, pf .. 'o', fmt(overage)) end
     else
-      fresh = redis.call('HINCRBY', KP, f .. 'x', 1) == 1
+      fresh = redis.call('HINCRBY', KP, pf .. 'x', 1) == 1
     end
     -- A field that is new may be a hash that is new (the worker renamed the
     -- last one away): only then can it lack its expiry.

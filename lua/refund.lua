@@ -16,6 +16,7 @@ since the Unix epoch, UTC.
 KEYS
   KEYS[1..5] the state (state.lua)
   KEYS[6] <prefix>:v1:{t:<id>}:pending hash: "<hour start, unix s>|<meter>|u", "|o", ...
+          (used while the state is in v1 keys; else the v2 hash's "p" fields)
 
 ARGV
   [1] layout 'v2' | 'v1' (state.lua)
@@ -57,6 +58,13 @@ if #changed > 0 then
 end
 
 local f = ARGV[4] .. '|' .. ARGV[5] .. '|'
+if s.v2 then
+  -- the pending usage lives in the v2 hash (state.lua), which lives 14 days
+  -- after the admission refunded here
+  redis.call('HINCRBY', KS, 'p' .. f .. 'u', -cost)
+  if over > 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'o', -over) end
+  return 1
+end
 redis.call('HINCRBY', KEYS[6], f .. 'u', -cost)
 if over > 0 then
   redis.call('HINCRBY', KEYS[6], f .. 'o', -over)

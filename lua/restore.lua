@@ -27,13 +27,17 @@ local function pxat(us)
   return fmt(-idiv(-(us + shift), 1000))
 end
 
+-- pending_since sums the pending units of hours from from (unix s) on, in
+-- the v1 pending hash and in the v2 hash's "p" fields.
 local function pending_since(from)
   local sum = 0
-  local h = redis.call('HGETALL', KEYS[6])
-  for i = 1, #h, 2 do
-    local hour, kind = string.match(h[i], '^(%d+)|.*|(%a)$')
-    if kind == 'u' and tonumber(hour) >= from then
-      sum = sum + tonumber(h[i + 1])
+  for _, k in ipairs({KEYS[6], KS}) do
+    local h = redis.call('HGETALL', k)
+    for i = 1, #h, 2 do
+      local hour, kind = string.match(h[i], '^p?(%d+)|.*|(%a)$')
+      if kind == 'u' and tonumber(hour) >= from then
+        sum = sum + tonumber(h[i + 1])
+      end
     end
   end
   return sum

@@ -14,7 +14,14 @@ Layouts
       ms, mn  the month's start and the next month's start (us), so that the
           calendar runs once a month, not on every call
       g:<grant id>  grants already applied (grant.lua); gn counts them
-    One HMGET reads it, one HSET writes what changed.
+      p<hour start, unix s>|<meter>|u, |r, |x, |o  the pending usage not yet
+          flushed (units, requests, refused requests, overage units): the
+          fields of the v1 pending hash, with a "p" before them. The worker's
+          claim.lua moves them out.
+    One HMGET reads it (the hour's pending fields included), one HSET writes
+    what changed. It lives 14 days after its last admission (the pending
+    usage's bound, as the v1 pending hash had), at least to the end of its
+    month + 1 h.
   v1 (before): four keys, <prefix>:v1:{t:<id>}:gcra and :bucket (strings),
     :day and :month (hashes: period, used, grant, overage, g:<grant id>).
 
@@ -26,8 +33,9 @@ Layouts
   So a rolling upgrade from a version that knows only v1 stays exact: first
   every node runs this version with TOLLGATE_KEY_LAYOUT=v1 (sharing the v1
   keys with the old nodes), then with v2; nodes of either setting read the
-  v2 hash once it exists. Pending usage, idempotency records and the
-  worker's keys did not change and keep their v1 names.
+  v2 hash once it exists. Pending usage goes into the v2 hash once the
+  state lives there, else into the v1 pending hash (the worker claims
+  both). Idempotency records and the worker's keys keep their v1 names.
 
 KEYS[1] the v2 hash; KEYS[2..5] the v1 gcra, bucket, day and month keys.
 
@@ -109,18 +117,28 @@ local LAYOUT = ARGV[1]
 local KS, KG, KB, KD, KM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 -- load_state reads the tenant's state: the v2 hash, else the v1 keys.
--- Absent parts read as empty (d and m -1: no period).
-local function load_state()
-  local h = redis.call('HMGET', KS, 'x', 'g', 'b', 'd', 'du', 'dg', 'm', 'mu', 'mg', 'mo', 'ms', 'mn', 'gn')
+-- Absent parts read as empty (d and m -1: no period). pu and pr, when
+-- given, are pending fields of the v2 hash read in the same HMGET (admit's
+-- units and requests of the hour and meter), as s[pu] and s[pr].
+local function load_state(pu, pr)
+  local h
+  if pu then
+    h = redis.call('HMGET', KS, 'x', 'g', 'b', 'd', 'du', 'dg', 'm', 'mu', 'mg', 'mo', 'ms', 'mn', 'gn', pu, pr)
+  else
+    h = redis.call('HMGET', KS, 'x', 'g', 'b', 'd', 'du', 'dg', 'm', 'mu', 'mg', 'mo', 'ms', 'mn', 'gn')
+  end
   if h[1] then
-    return {v2 = true, x = tonumber(h[1]), g = tonumber(h[2]) or 0, b = tonumber(h[3]) or 0,
+    local s = {v2 = true, x = tonumber(h[1]), g = tonumber(h[2]) or 0, b = tonumber(h[3]) or 0,
       d = tonumber(h[4]) or -1, du = tonumber(h[5]) or 0, dg = tonumber(h[6]) or 0,
       m = tonumber(h[7]) or -1, mu = tonumber(h[8]) or 0, mg = tonumber(h[9]) or 0,
       mo = tonumber(h[10]) or 0, ms = tonumber(h[11]) or 0, mn = tonumber(h[12]) or 0,
       gn = tonumber(h[13]) or 0}
+    if pu then s[pu], s[pr] = tonumber(h[14]) or 0, tonumber(h[15]) or 0 end
+    return s
   end
   local s = {v2 = false, x = 0, g = 0, b = 0, d = -1, du = 0, dg = 0, dov = 0,
     m = -1, mu = 0, mg = 0, mo = 0, ms = 0, mn = 0, gn = 0}
+  if pu then s[pu], s[pr] = 0, 0 end
   s.g = tonumber(redis.call('GET', KG) or '0')
   s.b = tonumber(redis.call('GET', KB) or '0')
   local d = redis.call('HMGET', KD, 'period', 'used', 'grant', 'overage')
@@ -215,6 +233,13 @@ local function save_state(s, need, changed, parts, pxat, now)
     end
   else
     args = v2_fields(s)
+    -- and the changed fields that are not state (admit's pending usage)
+    for _, f in ipairs(changed or {}) do
+      if string.byte(f, 1) == 112 then -- 'p'
+        args[#args + 1] = f
+        args[#args + 1] = fmt(s[f])
+      end
+    end
   end
   if not s.v2 then
     -- carried over from v1: the grant marks come along, the v1 keys go
@@ -246,9 +271,9 @@ local function save_state(s, need, changed, parts, pxat, now)
   end
   local x = s.x
   if need > x then
-    -- an hour's slack, so that a state driven by GCRA alone does not send
-    -- PEXPIREAT on every call
-    x = need + HOUR_US
+    -- a day's slack, so that PEXPIREAT goes about once a day, not on
+    -- every call (an admission's pending usage pushes need to now + 14 d)
+    x = need + DAY_US
     args[#args + 1] = 'x'
     args[#args + 1] = fmt(x)
   end

@@ -81,7 +81,7 @@ func testExactQuota(t *testing.T, c redis.UniversalClient, newClient func(testin
 		if total != quotaN {
 			t.Errorf("tenant %s: admitted %d, want exactly %d", tenant, total, quotaN)
 		}
-		got := sumPending(t, c, prefix+":v1:{t:"+tenant+"}:pending")
+		got := sumPending(t, New(c, prefix), tenant)
 		if got["u"] != quotaN || got["r"] != quotaN || got["x"] != workers || got["o"] != 0 {
 			t.Errorf("tenant %s pending: got u=%d r=%d x=%d o=%d, want u=%d r=%d x=%d o=0",
 				tenant, got["u"], got["r"], got["x"], got["o"], quotaN, quotaN, workers)

@@ -81,11 +81,29 @@ func (r *Runner) Pending(ctx context.Context, tenantID string) ([]PendingRow, er
 	if err := checkTenant(tenantID); err != nil {
 		return nil, err
 	}
-	h, err := r.c.HGetAll(ctx, r.key(tenantID, "pending")).Result()
+	flat, err := pendingScript.Run(ctx, r.c, r.pendingKeys(tenantID), "get").StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: pending: %w", err)
 	}
-	return ParsePending(h)
+	return ParsePending(pairs(flat))
+}
+
+// pendingScript reads pending usage wherever it lives (lua/pending.lua).
+var pendingScript = redis.NewScript(mustRead("pending.lua"))
+
+// pendingKeys are pending.lua's KEYS: the v1 pending hash, the v2 state
+// hash and the flushing hash.
+func (r *Runner) pendingKeys(tenantID string) []string {
+	return []string{r.key(tenantID, "pending"), r.prefix + ":v2:{t:" + tenantID + "}", r.key(tenantID, "flushing")}
+}
+
+// pairs turns a flat field, value list into a map.
+func pairs(flat []string) map[string]string {
+	h := make(map[string]string, len(flat)/2)
+	for j := 0; j+1 < len(flat); j += 2 {
+		h[flat[j]] = flat[j+1]
+	}
+	return h
 }
 
 // PendingMany returns the pending usage of each tenant of ids, in one
@@ -97,18 +115,27 @@ func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]Pe
 			return nil, err
 		}
 	}
-	cmds := make([]*redis.MapStringStringCmd, len(ids))
+	cmds := make([]*redis.Cmd, len(ids))
 	if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range ids {
-			cmds[i] = p.HGetAll(ctx, r.key(id, "pending"))
+			cmds[i] = pendingScript.EvalSha(ctx, p, r.pendingKeys(id), "get")
 		}
 		return nil
-	}); err != nil {
+	}); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := r.loadScripts(ctx, pendingScript); err != nil {
+			return nil, err
+		}
+		return r.PendingMany(ctx, ids)
+	} else if err != nil {
 		return nil, fmt.Errorf("ratelimit: pending: %w", err)
 	}
 	out := make(map[string][]PendingRow, len(ids))
 	for i, id := range ids {
-		rows, err := ParsePending(cmds[i].Val())
+		flat, err := cmds[i].StringSlice()
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit: pending: %w", err)
+		}
+		rows, err := ParsePending(pairs(flat))
 		if err != nil {
 			return nil, err
 		}

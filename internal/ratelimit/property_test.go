@@ -169,7 +169,6 @@ func countOutcome(seen map[string]int, req quota.Request, d quota.Decision) {
 // compareState compares the tenant's Redis keys with the model's state.
 func compareState(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string, m *Model) string {
 	tb.Helper()
-	ctx := context.Background()
 	var diffs []string
 	got := stateOf(tb, c, r, tenant)
 	want := Model{TAT: m.TAT, Full: m.Full, Day: m.Day, Month: m.Month}
@@ -179,24 +178,13 @@ func compareState(tb testing.TB, c redis.UniversalClient, r *Runner, tenant stri
 	if !samePeriod(got.Day, want.Day) || !samePeriod(got.Month, want.Month) {
 		diffs = append(diffs, fmt.Sprintf("day/month: got %+v/%+v, want %+v/%+v", got.Day, got.Month, want.Day, want.Month))
 	}
-	hash := func(name string, want map[string]int64) {
-		raw, err := c.HGetAll(ctx, r.key(tenant, name)).Result()
-		if err != nil {
-			tb.Fatalf("HGETALL %s: %v", name, err)
-		}
-		got := map[string]int64{}
-		for k, v := range raw {
-			got[k], _ = strconv.ParseInt(v, 10, 64)
-		}
-		if g, w := fmt.Sprint(got), fmt.Sprint(want); g != w {
-			diffs = append(diffs, fmt.Sprintf("%s: got %s, want %s", name, g, w))
-		}
-	}
 	pending := map[string]int64{}
 	for k, v := range m.Pending {
 		pending[k] = v
 	}
-	hash("pending", pending)
+	if g, w := fmt.Sprint(pendingFields(tb, r, tenant)), fmt.Sprint(pending); g != w {
+		diffs = append(diffs, fmt.Sprintf("pending: got %s, want %s", g, w))
+	}
 	return strings.Join(diffs, "; ")
 }
 

@@ -108,8 +108,12 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 	seen := map[string]struct{}{}
 	var mu sync.Mutex
 	scan := func(ctx context.Context, c *redis.Client) error {
-		for _, suffix := range []string{"}:pending", "}:flushing"} {
-			iter := c.Scan(ctx, 0, r.prefix+":v1:{t:*"+suffix, 1000).Iterator()
+		// v1 pending and flushing hashes, and v2 state hashes (which hold
+		// the pending usage of tenants in layout v2: a claim of one with
+		// nothing pending claims nothing).
+		for _, pat := range [][2]string{{":v1:{t:*", "}:pending"}, {":v1:{t:*", "}:flushing"}, {":v2:{t:*", "}"}} {
+			suffix := pat[1]
+			iter := c.Scan(ctx, 0, r.prefix+pat[0]+suffix, 1000).Iterator()
 			for iter.Next(ctx) {
 				k := iter.Val()
 				start := strings.Index(k, "{t:") + 3
@@ -143,7 +147,27 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 	for id := range seen {
 		out = append(out, id)
 	}
-	return out, nil
+	// A v2 state hash holds pending usage only for some of its life: keep
+	// the tenants that have some (or a v1 hash), in pipelined checks.
+	var kept []string
+	for start := 0; start < len(out); start += 500 {
+		ids := out[start:min(start+500, len(out))]
+		has := make([]*redis.Cmd, len(ids))
+		if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for i, id := range ids {
+				has[i] = pendingScript.Eval(ctx, p, r.pendingKeys(id), "any")
+			}
+			return nil
+		}); err != nil {
+			return nil, fmt.Errorf("ratelimit: sweep: %w", err)
+		}
+		for i, id := range ids {
+			if n, err := has[i].Int(); err == nil && n == 1 {
+				kept = append(kept, id)
+			}
+		}
+	}
+	return kept, nil
 }
 
 // Batch is one tenant's usage taken from Redis for one flush.
@@ -178,7 +202,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error)
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range tenantIDs {
 			proposed[i] = newBatchID()
-			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing")},
+			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing"), r.prefix + ":v2:{t:" + id + "}"},
 				proposed[i], FlushingTTL.Milliseconds())
 		}
 		return nil
@@ -243,18 +267,23 @@ func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
-	exists := make([]*redis.IntCmd, len(tenantIDs))
+	exists := make([]*redis.Cmd, len(tenantIDs))
 	if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range tenantIDs {
-			exists[i] = p.Exists(ctx, r.key(id, "pending"), r.key(id, "flushing"))
+			exists[i] = pendingScript.EvalSha(ctx, p, r.pendingKeys(id), "any")
 		}
 		return nil
-	}); err != nil {
+	}); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
+		if err := r.loadScripts(ctx, pendingScript); err != nil {
+			return err
+		}
+		return r.Done(ctx, tenantIDs)
+	} else if err != nil {
 		return fmt.Errorf("ratelimit: done: %w", err)
 	}
 	var members []any
 	for i, id := range tenantIDs {
-		if exists[i].Val() == 0 {
+		if n, err := exists[i].Int(); err == nil && n == 0 {
 			members = append(members, id)
 		}
 	}

@@ -164,7 +164,7 @@ func TestKeyLayout(t *testing.T) {
 		got[k] = true
 	}
 	base := prefix + ":v1:{t:" + tenant + "}:"
-	want := []string{prefix + ":v2:{t:" + tenant + "}", base + "pending", base + "idem2:" + idemHash("k1")}
+	want := []string{prefix + ":v2:{t:" + tenant + "}", base + "idem2:" + idemHash("k1")}
 	for _, k := range want {
 		if !got[k] {
 			t.Errorf("key %s: missing; got %v", k, got)
@@ -198,16 +198,16 @@ func TestEveryKeyHasATTL(t *testing.T) {
 	// rounded down to the millisecond: a PTTL can exceed the exact remaining
 	// life by up to 2 ms.
 	const slack = 2 * time.Millisecond
-	// The state hash lives until the last of its limits is empty (here the
-	// month) + 1 h, and an hour's slack (lua/state.lua).
+	// The state hash holds the pending usage: it lives 14 days after the
+	// last admission, or until the end of its month + 1 h if later, and a
+	// day's slack (lua/state.lua).
 	maxTTL := map[string]time.Duration{
-		"state":   reset(monthly).Sub(now) + 2*time.Hour + slack, // the month ends last
-		"pending": 14*24*time.Hour + slack,
-		"idem2":   24*time.Hour + slack,
+		"state": max(reset(monthly).Sub(now)+time.Hour, 14*24*time.Hour) + 24*time.Hour + slack,
+		"idem2": 24*time.Hour + slack,
 	}
 	keys := mustKeys(t, c, prefix)
-	if len(keys) != 5 {
-		t.Errorf("keys: got %d (%v), want 5", len(keys), keys)
+	if len(keys) != 4 {
+		t.Errorf("keys: got %d (%v), want 4", len(keys), keys)
 	}
 	for _, k := range keys {
 		ttl, err := c.PTTL(ctx, k).Result()
@@ -273,29 +273,33 @@ func TestRefusalCountsOnlyTheRefusal(t *testing.T) {
 	req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 3, Limits: limits, Now: now}
 	mustAdmit(t, r, req)
 
-	pendingKey := r.key(tenant, "pending")
+	stateKey := r.stateKeys(tenant)[0] // holds the pending usage: compared apart
 	before := mustSnapshot(t, c, prefix)
-	pendingBefore := c.HGetAll(context.Background(), pendingKey).Val()
+	stateBefore := stateOf(t, c, r, tenant)
+	pendingBefore := pendingFields(t, r, tenant)
 	req.Cost, req.IdempotencyKey = 1, "k"
 	if d := mustAdmit(t, r, req); d.Allowed {
 		t.Fatalf("over the monthly quota: got %s, want refused", fmtDecision(d))
 	}
 	after := mustSnapshot(t, c, prefix)
 	for k, v := range before {
-		if k != pendingKey && after[k] != v {
+		if k != stateKey && after[k] != v {
 			t.Errorf("key %s changed on refusal", k)
 		}
 	}
 	if len(after) != len(before) {
 		t.Errorf("keys after refusal: got %d, want %d (no idem key for a refusal)", len(after), len(before))
 	}
-	pendingAfter := c.HGetAll(context.Background(), pendingKey).Val()
+	if got := stateOf(t, c, r, tenant); fmt.Sprint(got) != fmt.Sprint(stateBefore) {
+		t.Errorf("state changed on refusal: got %+v, want %+v", got, stateBefore)
+	}
+	pendingAfter := pendingFields(t, r, tenant)
 	hour := strconv.FormatInt(now.Truncate(time.Hour).Unix(), 10)
-	want := map[string]string{}
+	want := map[string]int64{}
 	for k, v := range pendingBefore {
 		want[k] = v
 	}
-	want[hour+"|demo|x"] = "1"
+	want[hour+"|demo|x"] = 1
 	if fmt.Sprint(pendingAfter) != fmt.Sprint(want) {
 		t.Errorf("pending after refusal: got %v, want %v", pendingAfter, want)
 	}
@@ -349,7 +353,7 @@ func testIdempotency(t *testing.T, c redis.UniversalClient) {
 		if d := mustAdmit(t, r, other); d.Idem != quota.IdemMismatch || d.Allowed {
 			t.Errorf("same key, other request: got %s (idem %d), want a mismatch", fmtDecision(d), d.Idem)
 		}
-		pending := sumPending(t, c, r.key(tenant, "pending"))
+		pending := sumPending(t, r, tenant)
 		if pending["u"] != 4 || pending["r"] != 1 {
 			t.Errorf("pending after repeats: got %v, want u=4 r=1", pending)
 		}
@@ -382,22 +386,33 @@ func testIdempotency(t *testing.T, c redis.UniversalClient) {
 	}
 }
 
-// sumPending adds up a pending hash by kind (u, r, x, o).
-func sumPending(tb testing.TB, c redis.UniversalClient, key string) map[string]int64 {
+// sumPending adds up a tenant's pending usage by kind (u, r, x, o).
+func sumPending(tb testing.TB, r *Runner, tenant string) map[string]int64 {
 	tb.Helper()
-	raw, err := c.HGetAll(context.Background(), key).Result()
-	if err != nil {
-		tb.Fatalf("HGETALL %s: %v", key, err)
-	}
 	sum := map[string]int64{}
-	for f, v := range raw {
+	for f, n := range pendingFields(tb, r, tenant) {
+		sum[f[strings.LastIndex(f, "|")+1:]] += n
+	}
+	return sum
+}
+
+// pendingFields returns a tenant's pending usage fields, wherever they live
+// (lua/pending.lua), as "<hour>|<meter>|<kind>" -> count.
+func pendingFields(tb testing.TB, r *Runner, tenant string) map[string]int64 {
+	tb.Helper()
+	flat, err := pendingScript.Run(context.Background(), r.c, r.pendingKeys(tenant), "get").StringSlice()
+	if err != nil {
+		tb.Fatalf("pending of %s: %v", tenant, err)
+	}
+	out := map[string]int64{}
+	for f, v := range pairs(flat) {
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			tb.Fatalf("pending field %s=%q: %v", f, v, err)
 		}
-		sum[f[strings.LastIndex(f, "|")+1:]] += n
+		out[f] = n
 	}
-	return sum
+	return out
 }
 
 // TestNoScriptReload flushes the script cache and checks that Admit still

@@ -1,0 +1,40 @@
+--[[ pending.lua: a tenant's usage not yet flushed, or whether it has any.
+
+Pending usage lives in the v1 pending hash while a tenant's state is in v1
+keys, and in the "p" fields of the v2 state hash once it is there
+(state.lua); a batch the worker claimed waits in the flushing hash.
+
+KEYS (the tenant's hash tag {t:<id>})
+  KEYS[1] <prefix>:v1:{t:<id>}:pending
+  KEYS[2] <prefix>:v2:{t:<id>}
+  KEYS[3] <prefix>:v1:{t:<id>}:flushing
+ARGV
+  [1] 'get': the pending fields of both hashes, summed, as a flat list of
+      "<hour unix s>|<meter>|<u|r|x|o>", count (the flushing batch is not
+      included); 'any': 1 when anything is pending or in flight, else 0
+]]
+if ARGV[1] == 'any' then
+  if redis.call('EXISTS', KEYS[1], KEYS[3]) > 0 then return 1 end
+  local h = redis.call('HGETALL', KEYS[2])
+  for i = 1, #h, 2 do
+    if string.byte(h[i], 1) == 112 then return 1 end -- 'p'
+  end
+  return 0
+end
+local sum, order = {}, {}
+local function add(f, v)
+  if not sum[f] then order[#order + 1] = f; sum[f] = 0 end
+  sum[f] = sum[f] + tonumber(v)
+end
+local h = redis.call('HGETALL', KEYS[1])
+for i = 1, #h, 2 do add(h[i], h[i + 1]) end
+h = redis.call('HGETALL', KEYS[2])
+for i = 1, #h, 2 do
+  if string.byte(h[i], 1) == 112 then add(string.sub(h[i], 2), h[i + 1]) end
+end
+local out = {}
+for _, f in ipairs(order) do
+  out[#out + 1] = f
+  out[#out + 1] = string.format('%d', sum[f])
+end
+return out
