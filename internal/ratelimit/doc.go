@@ -9,15 +9,18 @@
 // # Keys
 //
 // Every key of a tenant carries the hash tag {t:<tenant id>}, so that one
-// script call touches one Redis Cluster slot, and the state-format version
-// v1, so that a change of format bumps the prefix instead of migrating Redis:
+// script call touches one Redis Cluster slot, and a state-format version, so
+// that a change of format bumps the prefix instead of migrating Redis:
 //
-//	<prefix>:v1:{t:<id>}:gcra         GCRA theoretical arrival time (us); expires when full again
-//	<prefix>:v1:{t:<id>}:bucket       time the token bucket is full again (us); expires then
-//	<prefix>:v1:{t:<id>}:day          hash period, used, grant, overage; expires 1 h after the UTC day
-//	<prefix>:v1:{t:<id>}:month        the same for the UTC month
-//	<prefix>:v1:{t:<id>}:pending      usage not yet flushed to Postgres; 14 days after its last write
+//	<prefix>:v2:{t:<id>}              the limit state (GCRA, bucket, day, month, grant marks) and
+//	                                  the pending usage ("p" fields), one hash (lua/state.lua);
+//	                                  14 days after the last admission, at least to the month's end + 1 h
+//	<prefix>:v1:{t:<id>}:pending      pending usage while the state is in v1 keys, and the deny
+//	                                  cache's refusals (CountRefused); 14 days
+//	<prefix>:v1:{t:<id>}:flushing     the batch the worker claimed (claim.lua)
 //	<prefix>:v1:{t:<id>}:idem2:<hex>  idempotency record: fingerprint, state, first decision, stored answer; 24 h
+//	<prefix>:v1:{t:<id>}:gcra, :bucket, :day, :month   the v1 layout: read, carried over into
+//	                                  the v2 hash and deleted (or, with LayoutV1, written)
 //
 // Pending usage fields are "<hour start, unix s>|<meter>|u" (units), "|r"
 // (admitted requests), "|x" (refused requests) and "|o" (overage units),
