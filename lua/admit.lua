@@ -248,64 +248,47 @@ if not ok or mode == 'peek' then overage = 0 end
 
 -- commit: only when every limit passed, only in admit mode
 if mode == 'admit' then
-  local changed, parts, need = {}, {}, 0
+  local parts, need, dirty = {}, 0, false
   if ok then
     if gT > 0 then
-      s.g = gnew
-      changed[#changed + 1], parts[#parts + 1], need = 'g', 'g', gnew
+      s.g, parts[#parts + 1], need, dirty = gnew, 'g', gnew, true
     end
     if bU > 0 then
-      s.b = bnew
-      changed[#changed + 1], parts[#parts + 1] = 'b', 'b'
+      s.b, parts[#parts + 1], dirty = bnew, 'b', true
       if bnew > need then need = bnew end
     end
-    -- a period's id and grant change only when it rolls over (day_of,
-    -- month_of): only then are they written
     if dq >= 0 and not replay then
-      s.du = dused + cost
-      changed[#changed + 1], parts[#parts + 1] = 'du', 'd'
-      if s.drolled then changed[#changed + 1], changed[#changed + 2] = 'd', 'dg' end
+      s.du, parts[#parts + 1], dirty = dused + cost, 'd', true
       if dnext + HOUR_US > need then need = dnext + HOUR_US end
     end
     if mq >= 0 and not replay then
-      s.mu = mused + cost
-      changed[#changed + 1], parts[#parts + 1] = 'mu', 'm'
-      if overage > 0 then
-        s.mo = mover + overage
-        changed[#changed + 1] = 'mo'
-      end
-      if s.rolled then
-        changed[#changed + 1], changed[#changed + 2], changed[#changed + 3] = 'm', 'mg', 'mo'
-      end
-      if s.mcached then changed[#changed + 1], changed[#changed + 2] = 'ms', 'mn' end
+      s.mu, s.mo, parts[#parts + 1], dirty = mused + cost, mover + overage, 'm', true
       if mnext + HOUR_US > need then need = mnext + HOUR_US end
     end
   else
     -- keep a clamp (see "Limit changes"): it consumes nothing
     if gclamp then
-      s.g = gtat
-      changed[#changed + 1], parts[#parts + 1], need = 'g', 'g', gtat
+      s.g, parts[#parts + 1], need, dirty = gtat, 'g', gtat, true
     end
     if bclamp then
-      s.b = bf
-      changed[#changed + 1], parts[#parts + 1] = 'b', 'b'
+      s.b, parts[#parts + 1], dirty = bf, 'b', true
       if bf > need then need = bf end
     end
   end
   -- Pending usage: in the v2 hash, written by the same HSET, when the
   -- state lives there (or moves there now); else in the v1 pending hash.
   local counted = ok and not replay
+  local extra
   if counted and (s.v2 or LAYOUT == 'v2') then
     s[pu], s[pr] = s[pu] + cost, s[pr] + 1
-    changed[#changed + 1], changed[#changed + 2] = pu, pr
+    extra, dirty, counted = {pu, pr}, true, false
     if now + PENDING_US > need then need = now + PENDING_US end
-    counted = false
   end
-  if #changed > 0 then
-    save_state(s, need, changed, parts, pxat, now)
+  if dirty then
+    save_state(s, need, extra, parts, pxat, now)
   end
   if s.v2 then
-    if ok and overage > 0 and not replay then redis.call('HINCRBY', KS, 'p' .. pf .. 'o', fmt(overage)) end
+    if ok and overage > 0 and not replay then redis.call('HINCRBY', KS, 'p' .. pf .. 'o', overage) end
     if not ok then redis.call('HINCRBY', KS, 'p' .. pf .. 'x', 1) end
   elseif not (ok and replay) then
     local fresh

@@ -74,19 +74,21 @@ if not v2 and not current then
 end
 
 grant = grant + tonumber(ARGV[4])
-local changed, parts = {'d', 'du', 'dg'}, {'d'}
+local parts = {'d'}
 if isday then
   s.dg = grant
 else
   s.mg = grant
-  changed, parts = {'m', 'mu', 'mg', 'mo', 'ms', 'mn'}, {'m'}
+  parts = {'m'}
 end
-save_state(s, reset + HOUR_US, changed, parts, pxat, now)
-if gid ~= '' then
-  if v2 then
-    redis.call('HSET', KS, 'g:' .. gid, ARGV[4], 'gn', fmt(s.gn + 1))
-  else
-    redis.call('HSET', marks, 'g:' .. gid, ARGV[4])
-  end
+local extra
+if gid ~= '' and v2 then
+  s.gn = s.gn + 1
+  s['g:' .. gid] = ARGV[4]
+  extra = {'g:' .. gid}
+end
+save_state(s, reset + HOUR_US, extra, parts, pxat, now)
+if gid ~= '' and not v2 then
+  redis.call('HSET', marks, 'g:' .. gid, ARGV[4])
 end
 return {id, used, grant, over, reset, now, 1}

@@ -38,23 +38,23 @@ end
 local cost = tonumber(ARGV[6])
 local over = tonumber(ARGV[7])
 local s = load_state()
-local changed, parts = {}, {}
+local parts = {}
 if cost > 0 and s.d == tonumber(ARGV[2]) then
   s.du = math.max(0, s.du - cost)
-  changed[#changed + 1], parts[#parts + 1] = 'du', 'd'
+  parts[#parts + 1] = 'd'
 end
 if s.m == tonumber(ARGV[3]) and (cost > 0 or over > 0) then
   s.mu = math.max(0, s.mu - cost)
   s.mo = math.max(0, s.mo - over)
-  changed[#changed + 1], changed[#changed + 2], parts[#parts + 1] = 'mu', 'mo', 'm'
+  parts[#parts + 1] = 'm'
 end
-if #changed > 0 then
+if #parts > 0 then
   if s.mn == 0 and s.m >= 0 then
     -- v1 state: the month's bounds, for its v1 expiry (state.lua)
     local _, start, nxt = month_at(now)
     if month_at(now) == s.m then s.ms, s.mn = start, nxt end
   end
-  save_state(s, 0, changed, parts, pxat, now)
+  save_state(s, 0, nil, parts, pxat, now)
 end
 
 local f = ARGV[4] .. '|' .. ARGV[5] .. '|'

@@ -6,22 +6,25 @@ the clock and the calendar.
 Layouts
   v2 (the default): all of a tenant's limit state in one hash,
     <prefix>:v2:{t:<id>}  fields
-      x   the hash's expiry (us): PEXPIREAT is sent only when the state
-          needs to live longer than that, not on every write
-      g   GCRA TAT (us)          b   time the token bucket is full again (us)
-      d   day id (days since the epoch), du used, dg grant
-      m   month id (year*100+month), mu used, mg grant, mo overage
-      ms, mn  the month's start and the next month's start (us), so that the
-          calendar runs once a month, not on every call
-      g:<grant id>  grants already applied (grant.lua); gn counts them
+      s   the state, packed as 13 integers joined by ',' (one field, so that
+          one HMGET reads it and a listpack of few entries holds it):
+            x   the hash's expiry (us): PEXPIREAT is sent only when the state
+                needs to live longer than that, not on every write
+            g   GCRA TAT (us)     b   time the token bucket is full again (us)
+            d   day id (days since the epoch), du used, dg grant
+            m   month id (year*100+month), mu used, mg grant, mo overage
+            ms, mn  the month's start and the next month's start (us), so
+                that the calendar runs once a month, not on every call
+            gn  how many grant marks the hash holds
+      g:<grant id>  grants already applied (grant.lua)
       p<hour start, unix s>|<meter>|u, |r, |x, |o  the pending usage not yet
           flushed (units, requests, refused requests, overage units): the
           fields of the v1 pending hash, with a "p" before them. The worker's
           claim.lua moves them out.
     One HMGET reads it (the hour's pending fields included), one HSET writes
-    what changed. It lives 14 days after its last admission (the pending
-    usage's bound, as the v1 pending hash had), at least to the end of its
-    month + 1 h.
+    it. It lives 14 days after its last admission (the pending usage's
+    bound, as the v1 pending hash had), at least to the end of its month +
+    1 h.
   v1 (before): four keys, <prefix>:v1:{t:<id>}:gcra and :bucket (strings),
     :day and :month (hashes: period, used, grant, overage, g:<grant id>).
 
@@ -123,17 +126,17 @@ local KS, KG, KB, KD, KM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local function load_state(pu, pr)
   local h
   if pu then
-    h = redis.call('HMGET', KS, 'x', 'g', 'b', 'd', 'du', 'dg', 'm', 'mu', 'mg', 'mo', 'ms', 'mn', 'gn', pu, pr)
+    h = redis.call('HMGET', KS, 's', pu, pr)
   else
-    h = redis.call('HMGET', KS, 'x', 'g', 'b', 'd', 'du', 'dg', 'm', 'mu', 'mg', 'mo', 'ms', 'mn', 'gn')
+    h = redis.call('HMGET', KS, 's')
   end
   if h[1] then
-    local s = {v2 = true, x = tonumber(h[1]), g = tonumber(h[2]) or 0, b = tonumber(h[3]) or 0,
-      d = tonumber(h[4]) or -1, du = tonumber(h[5]) or 0, dg = tonumber(h[6]) or 0,
-      m = tonumber(h[7]) or -1, mu = tonumber(h[8]) or 0, mg = tonumber(h[9]) or 0,
-      mo = tonumber(h[10]) or 0, ms = tonumber(h[11]) or 0, mn = tonumber(h[12]) or 0,
-      gn = tonumber(h[13]) or 0}
-    if pu then s[pu], s[pr] = tonumber(h[14]) or 0, tonumber(h[15]) or 0 end
+    local x, g, b, d, du, dg, m, mu, mg, mo, ms, mn, gn = string.match(h[1],
+      '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    local s = {v2 = true, x = tonumber(x), g = tonumber(g), b = tonumber(b), d = tonumber(d),
+      du = tonumber(du), dg = tonumber(dg), m = tonumber(m), mu = tonumber(mu), mg = tonumber(mg),
+      mo = tonumber(mo), ms = tonumber(ms), mn = tonumber(mn), gn = tonumber(gn)}
+    if pu then s[pu], s[pr] = tonumber(h[2]) or 0, tonumber(h[3]) or 0 end
     return s
   end
   local s = {v2 = false, x = 0, g = 0, b = 0, d = -1, du = 0, dg = 0, dov = 0,
@@ -177,10 +180,10 @@ local function day_of(s, now)
   return id, (id + 1) * DAY_US
 end
 
--- v2_fields lists every field of the v2 hash for HSET.
-local function v2_fields(s)
-  return {'g', fmt(s.g), 'b', fmt(s.b), 'd', fmt(s.d), 'du', fmt(s.du), 'dg', fmt(s.dg),
-    'm', fmt(s.m), 'mu', fmt(s.mu), 'mg', fmt(s.mg), 'mo', fmt(s.mo), 'ms', fmt(s.ms), 'mn', fmt(s.mn)}
+-- packed is the v2 hash's field s for the state s (see the layout above).
+local function packed(s)
+  return string.format('%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d',
+    s.x, s.g, s.b, s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.ms, s.mn, s.gn)
 end
 
 -- state_need is when the state s is empty again as of now (us): the end of
@@ -203,10 +206,11 @@ local function state_need(s, now)
 end
 
 -- save_state writes s, which needs to live until need (us; at least
--- state_need when it is new to the v2 hash). changed lists the v2 fields that changed, or is nil for all
--- of them; parts lists which v1 keys to write in layout v1: 'g', 'b', 'd',
--- 'm'. pxat turns a time in us into PEXPIREAT ms (see clock).
-local function save_state(s, need, changed, parts, pxat, now)
+-- state_need when it is new to the v2 hash). extra lists fields beside the
+-- state that changed in s (admit's pending usage: s[name] is the value);
+-- parts lists which v1 keys to write in layout v1: 'g', 'b', 'd', 'm'.
+-- pxat turns a time in us into PEXPIREAT ms (see clock).
+local function save_state(s, need, extra, parts, pxat, now)
   if not s.v2 and LAYOUT ~= 'v2' then
     -- v1, exactly as the v1 scripts wrote it
     for _, p in ipairs(parts) do
@@ -224,21 +228,12 @@ local function save_state(s, need, changed, parts, pxat, now)
     end
     return
   end
-  local args
-  if s.v2 and changed then
-    args = {}
-    for _, f in ipairs(changed) do
+  local was = s.x
+  local args = {'s', ''}
+  if extra then
+    for _, f in ipairs(extra) do
       args[#args + 1] = f
-      args[#args + 1] = fmt(s[f])
-    end
-  else
-    args = v2_fields(s)
-    -- and the changed fields that are not state (admit's pending usage)
-    for _, f in ipairs(changed or {}) do
-      if string.byte(f, 1) == 112 then -- 'p'
-        args[#args + 1] = f
-        args[#args + 1] = fmt(s[f])
-      end
+      args[#args + 1] = s[f]
     end
   end
   if not s.v2 then
@@ -255,8 +250,6 @@ local function save_state(s, need, changed, parts, pxat, now)
         end
       end
     end
-    args[#args + 1] = 'gn'
-    args[#args + 1] = fmt(s.gn)
     redis.call('DEL', KG, KB, KD, KM)
   end
   if s.v2 and s.rolled and s.gn > 0 then
@@ -266,22 +259,18 @@ local function save_state(s, need, changed, parts, pxat, now)
       if string.sub(h[i], 1, 2) == 'g:' then redis.call('HDEL', KS, h[i]) end
     end
     s.gn = 0
-    args[#args + 1] = 'gn'
-    args[#args + 1] = '0'
   end
-  local x = s.x
-  if need > x then
+  if need > s.x then
     -- a day's slack, so that PEXPIREAT goes about once a day, not on
     -- every call (an admission's pending usage pushes need to now + 14 d)
-    x = need + DAY_US
-    args[#args + 1] = 'x'
-    args[#args + 1] = fmt(x)
+    s.x = need + DAY_US
   end
+  args[2] = packed(s)
   redis.call('HSET', KS, unpack(args))
-  if x ~= s.x or not s.v2 then
-    redis.call('PEXPIREAT', KS, pxat(x))
+  if s.x ~= was or not s.v2 then
+    redis.call('PEXPIREAT', KS, pxat(s.x))
   end
-  s.x, s.v2 = x, true
+  s.v2 = true
 end
 
 -- ---------------------------------------------------------------------------

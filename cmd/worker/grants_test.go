@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -90,8 +91,10 @@ func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Errorf("%s: no invalidation published for the tenant", step)
 		}
-		if got, err := rdb.HGet(ctx, stateKey, "dg").Int64(); err != nil || got != 5 {
-			t.Errorf("%s: day grant in Redis %d (%v), want 5", step, got, err)
+		raw, err := rdb.HGet(ctx, stateKey, "s").Result()
+		st, perr := ratelimit.ParseState(raw)
+		if got := st[5]; err != nil || perr != nil || got != 5 { // dg, the day's grant
+			t.Errorf("%s: day grant in Redis %d (%v, %v), want 5", step, st[5], err, perr)
 		}
 		var applied bool
 		if err := pool.QueryRow(ctx, `SELECT applied_at IS NOT NULL FROM grants WHERE id = $1`, g.ID).Scan(&applied); err != nil || !applied {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -125,27 +124,23 @@ func i64(v int64) *int64     { return &v }
 func f64(v float64) *float64 { return &v }
 
 // stateOf reads a tenant's limit state from its v2 hash, in the model's
-// terms (lua/state.lua).
+// terms (lua/state.lua: the packed field s).
 func stateOf(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string) Model {
 	tb.Helper()
-	raw, err := c.HGetAll(context.Background(), r.stateKeys(tenant)[0]).Result()
+	raw, err := c.HGet(context.Background(), r.stateKeys(tenant)[0], "s").Result()
+	if err == redis.Nil {
+		return Model{}
+	}
 	if err != nil {
-		tb.Fatalf("HGETALL state: %v", err)
+		tb.Fatalf("HGET state: %v", err)
 	}
-	n := func(f string) int64 {
-		v, ok := raw[f]
-		if !ok {
-			return 0
-		}
-		x, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			tb.Fatalf("state field %s=%q: %v", f, v, err)
-		}
-		return x
+	v, err := ParseState(raw)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	return Model{TAT: n("g"), Full: n("b"),
-		Day:   Period{ID: n("d"), Used: n("du"), Grant: n("dg")},
-		Month: Period{ID: n("m"), Used: n("mu"), Grant: n("mg"), Overage: n("mo")}}
+	return Model{TAT: v[1], Full: v[2],
+		Day:   Period{ID: v[3], Used: v[4], Grant: v[5]},
+		Month: Period{ID: v[6], Used: v[7], Grant: v[8], Overage: v[9]}}
 }
 
 // samePeriod compares quota periods, an empty one (nothing used, granted
