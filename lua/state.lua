@@ -6,16 +6,17 @@ the clock and the calendar.
 Layouts
   v2 (the default): all of a tenant's limit state in one hash,
     <prefix>:v2:{t:<id>}  fields
-      s   the state, packed as 13 integers joined by ',' (one field, so that
-          one HMGET reads it and a listpack of few entries holds it):
-            x   the hash's expiry (us): PEXPIREAT is sent only when the state
-                needs to live longer than that, not on every write
-            g   GCRA TAT (us)     b   time the token bucket is full again (us)
-            d   day id (days since the epoch), du used, dg grant
-            m   month id (year*100+month), mu used, mg grant, mo overage
-            ms, mn  the month's start and the next month's start (us), so
-                that the calendar runs once a month, not on every call
-            gn  how many grant marks the hash holds
+      t, q, c  the state, packed in three fields of integers joined by ','
+          (few listpack entries; each under hash-max-listpack-value, 64
+          bytes, which a longer value would turn into a hash table):
+            t = g,b       GCRA TAT (us), time the token bucket is full again (us)
+            q = d,du,dg,m,mu,mg,mo,gn   day id (days since the epoch), used,
+                grant; month id (year*100+month), used, grant, overage; how
+                many grant marks the hash holds
+            c = x,ms,mn   the hash's expiry (us): PEXPIREAT is sent only when
+                the state needs to live longer than that; the month's start
+                and the next month's start (us), so that the calendar runs
+                once a month, not on every call
       g:<grant id>  grants already applied (grant.lua)
       p<hour start, unix s>|<meter>|u, |r, |x, |o  the pending usage not yet
           flushed (units, requests, refused requests, overage units): the
@@ -126,17 +127,19 @@ local KS, KG, KB, KD, KM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local function load_state(pu, pr)
   local h
   if pu then
-    h = redis.call('HMGET', KS, 's', pu, pr)
+    h = redis.call('HMGET', KS, 't', 'q', 'c', pu, pr)
   else
-    h = redis.call('HMGET', KS, 's')
+    h = redis.call('HMGET', KS, 't', 'q', 'c')
   end
   if h[1] then
-    local x, g, b, d, du, dg, m, mu, mg, mo, ms, mn, gn = string.match(h[1],
-      '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    local g, b = string.match(h[1], '^(%-?%d+),(%-?%d+)$')
+    local d, du, dg, m, mu, mg, mo, gn = string.match(h[2],
+      '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    local x, ms, mn = string.match(h[3], '^(%-?%d+),(%-?%d+),(%-?%d+)$')
     local s = {v2 = true, x = tonumber(x), g = tonumber(g), b = tonumber(b), d = tonumber(d),
       du = tonumber(du), dg = tonumber(dg), m = tonumber(m), mu = tonumber(mu), mg = tonumber(mg),
       mo = tonumber(mo), ms = tonumber(ms), mn = tonumber(mn), gn = tonumber(gn)}
-    if pu then s[pu], s[pr] = tonumber(h[2]) or 0, tonumber(h[3]) or 0 end
+    if pu then s[pu], s[pr] = tonumber(h[4]) or 0, tonumber(h[5]) or 0 end
     return s
   end
   local s = {v2 = false, x = 0, g = 0, b = 0, d = -1, du = 0, dg = 0, dov = 0,
@@ -180,10 +183,12 @@ local function day_of(s, now)
   return id, (id + 1) * DAY_US
 end
 
--- packed is the v2 hash's field s for the state s (see the layout above).
+-- packed returns the v2 hash's fields t, q and c for the state s (see the
+-- layout above).
 local function packed(s)
-  return string.format('%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d,%d',
-    s.x, s.g, s.b, s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.ms, s.mn, s.gn)
+  return string.format('%d,%d', s.g, s.b),
+    string.format('%d,%d,%d,%d,%d,%d,%d,%d', s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.gn),
+    string.format('%d,%d,%d', s.x, s.ms, s.mn)
 end
 
 -- state_need is when the state s is empty again as of now (us): the end of
@@ -229,7 +234,7 @@ local function save_state(s, need, extra, parts, pxat, now)
     return
   end
   local was = s.x
-  local args = {'s', ''}
+  local args = {'t', '', 'q', '', 'c', ''}
   if extra then
     for _, f in ipairs(extra) do
       args[#args + 1] = f
@@ -265,7 +270,7 @@ local function save_state(s, need, extra, parts, pxat, now)
     -- every call (an admission's pending usage pushes need to now + 14 d)
     s.x = need + DAY_US
   end
-  args[2] = packed(s)
+  args[2], args[4], args[6] = packed(s)
   redis.call('HSET', KS, unpack(args))
   if s.x ~= was or not s.v2 then
     redis.call('PEXPIREAT', KS, pxat(s.x))

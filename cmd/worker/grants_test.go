@@ -91,10 +91,10 @@ func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 		case <-time.After(5 * time.Second):
 			t.Errorf("%s: no invalidation published for the tenant", step)
 		}
-		raw, err := rdb.HGet(ctx, stateKey, "s").Result()
-		st, perr := ratelimit.ParseState(raw)
-		if got := st[5]; err != nil || perr != nil || got != 5 { // dg, the day's grant
-			t.Errorf("%s: day grant in Redis %d (%v, %v), want 5", step, st[5], err, perr)
+		raw, err := rdb.HGet(ctx, stateKey, "q").Result()
+		st, perr := ratelimit.ParseState("0,0", raw, "0,0,0")
+		if got := st[4]; err != nil || perr != nil || got != 5 { // dg, the day's grant
+			t.Errorf("%s: day grant in Redis %d (%v, %v), want 5", step, st[4], err, perr)
 		}
 		var applied bool
 		if err := pool.QueryRow(ctx, `SELECT applied_at IS NOT NULL FROM grants WHERE id = $1`, g.ID).Scan(&applied); err != nil || !applied {

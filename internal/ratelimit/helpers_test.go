@@ -127,20 +127,20 @@ func f64(v float64) *float64 { return &v }
 // terms (lua/state.lua: the packed field s).
 func stateOf(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string) Model {
 	tb.Helper()
-	raw, err := c.HGet(context.Background(), r.stateKeys(tenant)[0], "s").Result()
-	if err == redis.Nil {
+	raw, err := c.HMGet(context.Background(), r.stateKeys(tenant)[0], "t", "q", "c").Result()
+	if err != nil {
+		tb.Fatalf("HMGET state: %v", err)
+	}
+	if raw[0] == nil {
 		return Model{}
 	}
-	if err != nil {
-		tb.Fatalf("HGET state: %v", err)
-	}
-	v, err := ParseState(raw)
+	v, err := ParseState(raw[0].(string), raw[1].(string), raw[2].(string))
 	if err != nil {
 		tb.Fatal(err)
 	}
-	return Model{TAT: v[1], Full: v[2],
-		Day:   Period{ID: v[3], Used: v[4], Grant: v[5]},
-		Month: Period{ID: v[6], Used: v[7], Grant: v[8], Overage: v[9]}}
+	return Model{TAT: v[0], Full: v[1],
+		Day:   Period{ID: v[2], Used: v[3], Grant: v[4]},
+		Month: Period{ID: v[5], Used: v[6], Grant: v[7], Overage: v[8]}}
 }
 
 // samePeriod compares quota periods, an empty one (nothing used, granted

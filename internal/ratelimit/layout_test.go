@@ -161,3 +161,29 @@ func newNodeAdmit(r *Runner, quotaN int64, now time.Time) func(context.Context, 
 		return d.Allowed, err
 	}
 }
+
+// TestStateHashStaysCompact: the v2 hash keeps Redis's compact listpack
+// encoding (each value under hash-max-listpack-value): a hash table would
+// cost twice the memory and a slower HMGET on every admission.
+func TestStateHashStaysCompact(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	big := i64(1 << 40)
+	limits := quota.Limits{BurstRate: f64(1e6), Burst: i64(1e9), BucketCapacity: i64(1e9), BucketRefillPerSec: f64(1e6),
+		DailyQuota: big, MonthlyQuota: big}
+	for _, meter := range []string{"demo", "a-meter-name-of-sixty-four-characters-is-the-longest-one-allowed"} {
+		mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: meter, Cost: 1 << 39, Limits: limits})
+	}
+	if now, err := c.Time(ctx).Result(); err != nil {
+		t.Fatal(err)
+	} else if _, err := r.ApplyGrant(ctx, tenant, "0123456789abcdef0123456789abcdef", "month", quota.MonthStart(now), 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	key := r.stateKeys(tenant)[0]
+	if enc := c.ObjectEncoding(ctx, key).Val(); enc != "listpack" && enc != "ziplist" {
+		t.Fatalf("OBJECT ENCODING %s: %q, want listpack", key, enc)
+	}
+}

@@ -6,11 +6,12 @@ import (
 	"strings"
 )
 
-// ParseState reads the packed field s of a v2 state hash (lua/state.lua):
-// x, g, b, d, du, dg, m, mu, mg, mo, ms, mn, gn, in this order. For tests
-// and tools; the scripts alone write it.
-func ParseState(s string) ([13]int64, error) {
+// ParseState reads the packed fields t, q and c of a v2 state hash
+// (lua/state.lua), joined by ',' in this order: g, b, d, du, dg, m, mu, mg,
+// mo, gn, x, ms, mn. For tests and tools; the scripts alone write them.
+func ParseState(t, q, c string) ([13]int64, error) {
 	var v [13]int64
+	s := t + "," + q + "," + c
 	parts := strings.Split(s, ",")
 	if len(parts) != len(v) {
 		return v, fmt.Errorf("ratelimit: state %q: %d values, want %d", s, len(parts), len(v))
