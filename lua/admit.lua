@@ -305,45 +305,37 @@ if mode == 'admit' then
   end
 end
 
--- report
+-- report: one table constructor of all 22 values (a table grown item by
+-- item is rehashed as it grows)
 local consumed = ok and mode ~= 'peek'
-local res = {ok and 1 or 0, mask, ok and 0 or retry, overage, now, 0}
-local function add(active, limit, remaining, reset)
-  if remaining < 0 then remaining = 0 end
-  res[#res + 1] = active
-  res[#res + 1] = limit
-  res[#res + 1] = remaining
-  res[#res + 1] = reset
+local ga, gl, gr, gz = 0, 0, 0, 0
+if gT > 0 then
+  local t = gtat
+  if consumed then t = gnew end
+  ga, gl, gr, gz = 1, gB, idiv(gB * gT - (t - now), gT), t
+  if gr < 0 then gr = 0 end
 end
-
-if gT == 0 then
-  add(0, 0, 0, 0)
-elseif consumed then
-  add(1, gB, idiv(gB * gT - (gnew - now), gT), gnew)
-else
-  add(1, gB, idiv(gB * gT - (gtat - now), gT), gtat)
+local ba, bl, br, bz = 0, 0, 0, 0
+if bU > 0 then
+  local f = bf
+  if consumed then f = bnew end
+  ba, bl, br, bz = 1, bC, idiv(bC * bU - (f - now), bU), f
+  if br < 0 then br = 0 end
 end
-
-if bU == 0 then
-  add(0, 0, 0, 0)
-elseif consumed then
-  add(1, bC, idiv(bC * bU - (bnew - now), bU), bnew)
-else
-  add(1, bC, idiv(bC * bU - (bf - now), bU), bf)
-end
-
 local spent = 0
 if consumed then spent = cost end
-if dq < 0 then
-  add(0, 0, 0, 0)
-else
-  add(1, dq + dgrant, dq + dgrant - dused - spent, dnext)
+local da, dl, dr, dz = 0, 0, 0, 0
+if dq >= 0 then
+  da, dl, dr, dz = 1, dq + dgrant, dq + dgrant - dused - spent, dnext
+  if dr < 0 then dr = 0 end
 end
-if mq < 0 then
-  add(0, 0, 0, 0)
-else
-  add(1, mq + mgrant, mq + mgrant - mused - spent, mnext)
+local ma, ml, mr, mz = 0, 0, 0, 0
+if mq >= 0 then
+  ma, ml, mr, mz = 1, mq + mgrant, mq + mgrant - mused - spent, mnext
+  if mr < 0 then mr = 0 end
 end
+local res = {ok and 1 or 0, mask, ok and 0 or retry, overage, now, 0,
+  ga, gl, gr, gz, ba, bl, br, bz, da, dl, dr, dz, ma, ml, mr, mz}
 
 if ok and replay then
   -- the stored decision, with the burst and bucket items of now

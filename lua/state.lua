@@ -234,6 +234,18 @@ local function save_state(s, need, extra, parts, pxat, now)
     return
   end
   local was = s.x
+  if s.v2 and not s.rolled and (not extra or #extra == 2) then
+    -- the common case, without a table for HSET's arguments
+    if need > s.x then s.x = need + DAY_US end
+    local t, q, c = packed(s)
+    if extra then
+      redis.call('HSET', KS, 't', t, 'q', q, 'c', c, extra[1], s[extra[1]], extra[2], s[extra[2]])
+    else
+      redis.call('HSET', KS, 't', t, 'q', q, 'c', c)
+    end
+    if s.x ~= was then redis.call('PEXPIREAT', KS, pxat(s.x)) end
+    return
+  end
   local args = {'t', '', 'q', '', 'c', ''}
   if extra then
     for _, f in ipairs(extra) do
