@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io/fs"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -171,10 +173,11 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64) ([]int64, error) {
 	// The batcher coalesces concurrent calls into pipelines (batch.go);
 	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
-	res, err := r.batch.do(ctx, r.keys(tenantID, idem), []any{r.layout,
-		now, mode, cost, meter, overage,
-		p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly, fp, leaseUS,
-	})
+	args := make([]any, 14)
+	args[0], args[1], args[2], args[3], args[4], args[5] = boxed(r.layout), now, boxed(mode), cost, meter, boxed(overage)
+	copy(args[6:12], boxedParams(p))
+	args[12], args[13] = fp, leaseUS
+	res, err := r.batch.do(ctx, r.keys(tenantID, idem), args)
 	if err != nil {
 		return nil, err
 	}
@@ -182,6 +185,40 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 		return nil, fmt.Errorf("script answered %d values, want %d", len(res), resultLen)
 	}
 	return res, nil
+}
+
+// boxedStrings are the script arguments that take a few fixed values,
+// boxed once: an interface made of a string variable allocates.
+var boxedStrings = map[string]any{LayoutV1: LayoutV1, LayoutV2: LayoutV2,
+	"admit": "admit", "dry": "dry", "peek": "peek", "block": "block", "bill": "bill"}
+
+func boxed(s string) any {
+	if v, ok := boxedStrings[s]; ok {
+		return v
+	}
+	return s
+}
+
+// paramsBoxes holds the six limit arguments of each params seen, boxed
+// once (tiers are few; the cache is dropped whole past maxParamsBoxes).
+var (
+	paramsBoxes    sync.Map // params -> []any
+	paramsBoxesLen atomic.Int64
+)
+
+const maxParamsBoxes = 10_000
+
+func boxedParams(p params) []any {
+	if v, ok := paramsBoxes.Load(p); ok {
+		return v.([]any)
+	}
+	v := []any{p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly}
+	if paramsBoxesLen.Add(1) > maxParamsBoxes {
+		paramsBoxes.Clear()
+		paramsBoxesLen.Store(1)
+	}
+	paramsBoxes.Store(p, v)
+	return v
 }
 
 // Grant adds units to the tenant's quota for the current period ("day" or
