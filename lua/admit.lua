@@ -185,9 +185,9 @@ end
 -- the pending usage fields of this hour and meter (v1 names; "p" before
 -- them in the v2 hash)
 local pf = fmt(idiv(now, HOUR_US) * 3600) .. '|' .. meter .. '|'
-local pu, pr = 'p' .. pf .. 'u', 'p' .. pf .. 'r'
+local pk = 'p' .. pf -- "units,requests" of the hour and meter (state.lua)
 local s
-if mode == 'admit' then s = load_state(pu, pr) else s = load_state() end
+if mode == 'admit' then s = load_state(pk) else s = load_state() end
 local ok, mask, retry = true, 0, 0
 local function refuse(bit, wait)
   ok = false
@@ -280,8 +280,13 @@ if mode == 'admit' then
   local counted = ok and not replay
   local extra
   if counted and (s.v2 or LAYOUT == 'v2') then
-    s[pu], s[pr] = s[pu] + cost, s[pr] + 1
-    extra, dirty, counted = {pu, pr}, true, false
+    local u, r = 0, 0
+    if s[pk] then
+      local a, b = string.match(s[pk], '^(%-?%d+),(%-?%d+)$')
+      u, r = tonumber(a), tonumber(b)
+    end
+    s[pk] = string.format('%d,%d', u + cost, r + 1)
+    extra, dirty, counted = {pk}, true, false
     if now + PENDING_US > need then need = now + PENDING_US end
   end
   if dirty then

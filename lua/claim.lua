@@ -5,8 +5,8 @@ it), that batch is returned again, unchanged, so that it is recorded in
 Postgres exactly once under its id. Otherwise the pending usage is moved to
 the flushing hash, tagged with the new batch id: the v1 pending hash is
 renamed, and the "p" fields of the v2 state hash (state.lua) are moved
-(summed into the same fields when both hold an hour and meter) and deleted
-from it. Admissions from then on count from zero again. All in one script:
+(summed into the same fields when both hold an hour and meter; a
+"units,requests" field into its |u and |r) and deleted from it. Admissions from then on count from zero again. All in one script:
 nothing is counted twice or lost between the two.
 
 KEYS (the tenant's hash tag {t:<id>})
@@ -36,7 +36,14 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   end
   for i = 1, #h, 2 do
     if string.byte(h[i], 1) == 112 then
-      redis.call('HINCRBY', KEYS[2], string.sub(h[i], 2), h[i + 1])
+      local f = string.sub(h[i], 2)
+      if string.sub(f, -1) == '|' then -- "units,requests" (state.lua)
+        local u, r = string.match(h[i + 1], '^(%-?%d+),(%-?%d+)$')
+        redis.call('HINCRBY', KEYS[2], f .. 'u', u)
+        redis.call('HINCRBY', KEYS[2], f .. 'r', r)
+      else
+        redis.call('HINCRBY', KEYS[2], f, h[i + 1])
+      end
     end
   end
   if #moved > 0 then

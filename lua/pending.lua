@@ -30,7 +30,16 @@ local h = redis.call('HGETALL', KEYS[1])
 for i = 1, #h, 2 do add(h[i], h[i + 1]) end
 h = redis.call('HGETALL', KEYS[2])
 for i = 1, #h, 2 do
-  if string.byte(h[i], 1) == 112 then add(string.sub(h[i], 2), h[i + 1]) end
+  if string.byte(h[i], 1) == 112 then
+    local f = string.sub(h[i], 2)
+    if string.sub(f, -1) == '|' then -- "units,requests" (state.lua)
+      local u, r = string.match(h[i + 1], '^(%-?%d+),(%-?%d+)$')
+      add(f .. 'u', u)
+      add(f .. 'r', r)
+    else
+      add(f, h[i + 1])
+    end
+  end
 end
 local out = {}
 for _, f in ipairs(order) do

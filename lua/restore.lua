@@ -34,9 +34,13 @@ local function pending_since(from)
   for _, k in ipairs({KEYS[6], KS}) do
     local h = redis.call('HGETALL', k)
     for i = 1, #h, 2 do
-      local hour, kind = string.match(h[i], '^p?(%d+)|.*|(%a)$')
-      if kind == 'u' and tonumber(hour) >= from then
-        sum = sum + tonumber(h[i + 1])
+      local hour, kind = string.match(h[i], '^p?(%d+)|.*|(%a?)$')
+      if hour and tonumber(hour) >= from then
+        if kind == 'u' then
+          sum = sum + tonumber(h[i + 1])
+        elseif kind == '' then -- "units,requests" (state.lua)
+          sum = sum + tonumber(string.match(h[i + 1], '^(%-?%d+),'))
+        end
       end
     end
   end
@@ -51,9 +55,9 @@ if s.d ~= day then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
 s.du = math.max(s.du, dused)
 s.dg = math.max(s.dg, tonumber(ARGV[8]))
 local mstart = tonumber(ARGV[5]) * US
-local _, start, nxt = month_at(mstart)
+local _, _, nxt = month_at(mstart)
 if s.m ~= month then s.m, s.mu, s.mg, s.mo, s.rolled = month, 0, 0, 0, true end
-s.ms, s.mn = start, nxt
+s.mn = nxt
 s.mu = math.max(s.mu, mused)
 s.mg = math.max(s.mg, tonumber(ARGV[9]))
 save_state(s, s.mn + HOUR_US, nil, {'d', 'm'}, pxat, now)

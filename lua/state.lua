@@ -13,15 +13,17 @@ Layouts
             q = d,du,dg,m,mu,mg,mo,gn   day id (days since the epoch), used,
                 grant; month id (year*100+month), used, grant, overage; how
                 many grant marks the hash holds
-            c = x,ms,mn   the hash's expiry (us): PEXPIREAT is sent only when
-                the state needs to live longer than that; the month's start
-                and the next month's start (us), so that the calendar runs
-                once a month, not on every call
+            c = x,mn      the hash's expiry (us): PEXPIREAT is sent only when
+                the state needs to live longer than that; the next month's
+                start (us), so that the calendar runs once a month, not on
+                every call
       g:<grant id>  grants already applied (grant.lua)
-      p<hour start, unix s>|<meter>|u, |r, |x, |o  the pending usage not yet
-          flushed (units, requests, refused requests, overage units): the
-          fields of the v1 pending hash, with a "p" before them. The worker's
-          claim.lua moves them out.
+      p<hour start, unix s>|<meter>|  the pending usage not yet flushed of an
+          hour and meter, "units,requests" (one field, written by admit.lua)
+      p<hour start, unix s>|<meter>|u, |x, |o  more of it: units given back
+          (refund.lua, negative), refused requests, overage units: the
+          fields of the v1 pending hash, with a "p" before them.
+          The worker's claim.lua moves all of them out, summed.
     One HMGET reads it (the hour's pending fields included), one HSET writes
     it. It lives 14 days after its last admission (the pending usage's
     bound, as the v1 pending hash had), at least to the end of its month +
@@ -121,13 +123,13 @@ local LAYOUT = ARGV[1]
 local KS, KG, KB, KD, KM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 
 -- load_state reads the tenant's state: the v2 hash, else the v1 keys.
--- Absent parts read as empty (d and m -1: no period). pu and pr, when
--- given, are pending fields of the v2 hash read in the same HMGET (admit's
--- units and requests of the hour and meter), as s[pu] and s[pr].
-local function load_state(pu, pr)
+-- Absent parts read as empty (d and m -1: no period). pk, when given, is
+-- a pending field of the v2 hash read in the same HMGET (admit's
+-- "units,requests" of the hour and meter), as s[pk] (nil when absent).
+local function load_state(pk)
   local h
-  if pu then
-    h = redis.call('HMGET', KS, 't', 'q', 'c', pu, pr)
+  if pk then
+    h = redis.call('HMGET', KS, 't', 'q', 'c', pk)
   else
     h = redis.call('HMGET', KS, 't', 'q', 'c')
   end
@@ -135,16 +137,15 @@ local function load_state(pu, pr)
     local g, b = string.match(h[1], '^(%-?%d+),(%-?%d+)$')
     local d, du, dg, m, mu, mg, mo, gn = string.match(h[2],
       '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
-    local x, ms, mn = string.match(h[3], '^(%-?%d+),(%-?%d+),(%-?%d+)$')
+    local x, mn = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
     local s = {v2 = true, x = tonumber(x), g = tonumber(g), b = tonumber(b), d = tonumber(d),
       du = tonumber(du), dg = tonumber(dg), m = tonumber(m), mu = tonumber(mu), mg = tonumber(mg),
-      mo = tonumber(mo), ms = tonumber(ms), mn = tonumber(mn), gn = tonumber(gn)}
-    if pu then s[pu], s[pr] = tonumber(h[4]) or 0, tonumber(h[5]) or 0 end
+      mo = tonumber(mo), mn = tonumber(mn), gn = tonumber(gn)}
+    if pk and h[4] then s[pk] = h[4] end
     return s
   end
   local s = {v2 = false, x = 0, g = 0, b = 0, d = -1, du = 0, dg = 0, dov = 0,
-    m = -1, mu = 0, mg = 0, mo = 0, ms = 0, mn = 0, gn = 0}
-  if pu then s[pu], s[pr] = 0, 0 end
+    m = -1, mu = 0, mg = 0, mo = 0, mn = 0, gn = 0}
   s.g = tonumber(redis.call('GET', KG) or '0')
   s.b = tonumber(redis.call('GET', KB) or '0')
   local d = redis.call('HMGET', KD, 'period', 'used', 'grant', 'overage')
@@ -162,14 +163,16 @@ end
 -- the state's cached bounds when now is inside them (the calendar runs
 -- only when it is not), and caches the bounds of the month of now.
 local function month_of(s, now)
-  if s.ms <= now and now < s.mn and s.m >= 0 then
+  -- (a month is at most 31 days: a clock set back past the month's start
+  -- is caught unless it moved less than that)
+  if now < s.mn and now >= s.mn - 31 * DAY_US and s.m >= 0 then
     return s.m, s.mn
   end
-  local id, start, nxt = month_at(now)
+  local id, _, nxt = month_at(now)
   if id ~= s.m then
     s.m, s.mu, s.mg, s.mo, s.rolled = id, 0, 0, 0, true
   end
-  s.ms, s.mn, s.mcached = start, nxt, true
+  s.mn = nxt
   return id, nxt
 end
 
@@ -188,7 +191,7 @@ end
 local function packed(s)
   return string.format('%d,%d', s.g, s.b),
     string.format('%d,%d,%d,%d,%d,%d,%d,%d', s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.gn),
-    string.format('%d,%d,%d', s.x, s.ms, s.mn)
+    string.format('%d,%d', s.x, s.mn)
 end
 
 -- state_need is when the state s is empty again as of now (us): the end of
@@ -234,12 +237,12 @@ local function save_state(s, need, extra, parts, pxat, now)
     return
   end
   local was = s.x
-  if s.v2 and not s.rolled and (not extra or #extra == 2) then
+  if s.v2 and not s.rolled and (not extra or #extra == 1) then
     -- the common case, without a table for HSET's arguments
     if need > s.x then s.x = need + DAY_US end
     local t, q, c = packed(s)
     if extra then
-      redis.call('HSET', KS, 't', t, 'q', q, 'c', c, extra[1], s[extra[1]], extra[2], s[extra[2]])
+      redis.call('HSET', KS, 't', t, 'q', q, 'c', c, extra[1], s[extra[1]])
     else
       redis.call('HSET', KS, 't', t, 'q', q, 'c', c)
     end
