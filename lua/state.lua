@@ -13,10 +13,10 @@ Layouts
             q = d,du,dg,m,mu,mg,mo,gn   day id (days since the epoch), used,
                 grant; month id (year*100+month), used, grant, overage; how
                 many grant marks the hash holds
-            c = x,mn      the hash's expiry (us): PEXPIREAT is sent only when
-                the state needs to live longer than that; the next month's
-                start (us), so that the calendar runs once a month, not on
-                every call
+            c = x,mn      the hash's expiry (unix s, rounded up): PEXPIREAT is
+                sent only when the state needs to live longer than that;
+                the next month's start (unix s), so that the calendar runs
+                once a month, not on every call (seconds: shorter values)
       g:<grant id>  grants already applied (grant.lua)
       p<hour start, unix s>|<meter>|  the pending usage not yet flushed of an
           hour and meter, "units,requests" (one field, written by admit.lua)
@@ -138,9 +138,9 @@ local function load_state(pk)
     local d, du, dg, m, mu, mg, mo, gn = string.match(h[2],
       '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
     local x, mn = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
-    local s = {v2 = true, x = tonumber(x), g = tonumber(g), b = tonumber(b), d = tonumber(d),
+    local s = {v2 = true, x = tonumber(x) * US, g = tonumber(g), b = tonumber(b), d = tonumber(d),
       du = tonumber(du), dg = tonumber(dg), m = tonumber(m), mu = tonumber(mu), mg = tonumber(mg),
-      mo = tonumber(mo), mn = tonumber(mn), gn = tonumber(gn)}
+      mo = tonumber(mo), mn = tonumber(mn) * US, gn = tonumber(gn)}
     if pk and h[4] then s[pk] = h[4] end
     return s
   end
@@ -191,7 +191,7 @@ end
 local function packed(s)
   return string.format('%d,%d', s.g, s.b),
     string.format('%d,%d,%d,%d,%d,%d,%d,%d', s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.gn),
-    string.format('%d,%d', s.x, s.mn)
+    string.format('%d,%d', -idiv(-s.x, US), idiv(s.mn, US))
 end
 
 -- state_need is when the state s is empty again as of now (us): the end of
@@ -239,7 +239,7 @@ local function save_state(s, need, extra, parts, pxat, now)
   local was = s.x
   if s.v2 and not s.rolled and (not extra or #extra == 1) then
     -- the common case, without a table for HSET's arguments
-    if need > s.x then s.x = need + DAY_US end
+    if need > s.x then s.x = -idiv(-(need + DAY_US), US) * US end
     local t, q, c = packed(s)
     if extra then
       redis.call('HSET', KS, 't', t, 'q', q, 'c', c, extra[1], s[extra[1]])
@@ -283,7 +283,7 @@ local function save_state(s, need, extra, parts, pxat, now)
   if need > s.x then
     -- a day's slack, so that PEXPIREAT goes about once a day, not on
     -- every call (an admission's pending usage pushes need to now + 14 d)
-    s.x = need + DAY_US
+    s.x = -idiv(-(need + DAY_US), US) * US
   end
   args[2], args[4], args[6] = packed(s)
   redis.call('HSET', KS, unpack(args))

@@ -8,7 +8,8 @@ import (
 
 // ParseState reads the packed fields t, q and c of a v2 state hash
 // (lua/state.lua), joined by ',' in this order: g, b, d, du, dg, m, mu, mg,
-// mo, gn, x, mn. For tests and tools; the scripts alone write them.
+// mo, gn, x, mn (x and mn in unix seconds). For tests and tools; the
+// scripts alone write them.
 func ParseState(t, q, c string) ([12]int64, error) {
 	var v [12]int64
 	s := t + "," + q + "," + c
