@@ -136,26 +136,40 @@ Expiry (each key lives no longer than its state needs, give or take an hour)
   that test state lives as long as it would have.
 ]]
 
-local now, shift = clock(tonumber(ARGV[2]))
--- pxat turns an expiry in script time (us) into PEXPIREAT milliseconds,
--- rounded up so that a key never disappears before its state is empty.
-local function pxat(us)
-  return fmt(-idiv(-(us + shift), 1000))
-end
-
 local IDEM_US = DAY_US
 local PENDING_US = 14 * DAY_US
 local PENDING_MS = 14 * 86400 * 1000
 
-local mode = ARGV[3]
-local cost = tonumber(ARGV[4])
-local meter = ARGV[5]
-local bill = ARGV[6] == 'bill'
-local gT, gB = tonumber(ARGV[7]), tonumber(ARGV[8])
-local bU, bC = tonumber(ARGV[9]), tonumber(ARGV[10])
-local dq, mq = tonumber(ARGV[11]), tonumber(ARGV[12])
-local KP, idem = KEYS[6], KEYS[7]
-local fp, lease = ARGV[13], tonumber(ARGV[14] or '0')
+-- One TIME for the whole call: its requests are decided at one instant.
+local t0 = redis.call('TIME')
+local REAL = tonumber(t0[1]) * US + tonumber(t0[2])
+local SHIFT = 0
+-- pxat turns an expiry in script time (us) into PEXPIREAT milliseconds,
+-- rounded up so that a key never disappears before its state is empty;
+-- SHIFT moves the expiries of an explicit past now (tests) to real time.
+local function pxat(us)
+  return fmt(-idiv(-(us + SHIFT), 1000))
+end
+
+-- admit_one decides on one request: its KEYS start at k (seven: the state's
+-- five, pending, idempotency record), its ARGV at a (see the header).
+local function admit_one(k, a)
+KS, KG, KB, KD, KM = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
+local now = tonumber(ARGV[a])
+if now <= 0 then now = REAL end
+SHIFT = 0
+if REAL > now then SHIFT = REAL - now end
+local mode = ARGV[a + 1]
+local cost = tonumber(ARGV[a + 2])
+local costs = ARGV[a + 2]
+local meter = ARGV[a + 3]
+local bill = ARGV[a + 4] == 'bill'
+local gT, gB = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
+local bU, bC = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
+local dq, mq = tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10])
+local fp, lease = ARGV[a + 11], tonumber(ARGV[a + 12])
+local KP, idem = KEYS[k + 5], nil
+if ARGV[a + 13] == '1' then idem = KEYS[k + 6] end
 
 -- replay holds the stored decision of a finished first request.
 local replay
@@ -298,7 +312,7 @@ if mode == 'admit' then
   elseif not (ok and replay) then
     local fresh
     if counted then
-      fresh = redis.call('HINCRBY', KP, pf .. 'u', ARGV[4]) == cost
+      fresh = redis.call('HINCRBY', KP, pf .. 'u', costs) == cost
       redis.call('HINCRBY', KP, pf .. 'r', 1)
       if overage > 0 then redis.call('HINCRBY', KP, pf .. 'o', fmt(overage)) end
     else
@@ -361,3 +375,14 @@ if ok and mode == 'admit' and idem then
   redis.call('PEXPIREAT', idem, pxat(now + IDEM_US))
 end
 return res
+end
+
+-- ARGV[2] requests, one after the other, as if each were its own call
+local n = tonumber(ARGV[2])
+if n == 1 then return admit_one(1, 3) end
+local out = {}
+for i = 0, n - 1 do
+  local r = admit_one(1 + 7 * i, 3 + 14 * i)
+  for j = 1, 22 do out[#out + 1] = r[j] end
+end
+return out

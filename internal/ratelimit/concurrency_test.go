@@ -169,3 +169,60 @@ func TestGCRAWindowBound(t *testing.T) {
 		})
 	}
 }
+
+// TestExactQuotaThroughOneCoalescingRunner: 64 goroutines share one Runner,
+// so their admissions are coalesced (one call of admit.lua per batch on a
+// single server, a pipeline on a cluster): exactly the quota is admitted,
+// and every admission and refusal is counted once.
+func TestExactQuotaThroughOneCoalescingRunner(t *testing.T) {
+	t.Parallel()
+	for name, c := range map[string]redis.UniversalClient{"single": testenv.Redis(t), "cluster": testenv.Cluster(t)} {
+		t.Run(name, func(t *testing.T) {
+			r, _ := mustRunner(t, c)
+			tenants := []string{newTenant(), newTenant()}
+			now := at(t, "2031-05-15T12:00:00Z")
+			const workers, quotaN = 64, 500
+			limits := quota.Limits{MonthlyQuota: i64(quotaN)}
+			var mu sync.Mutex
+			admitted := map[string]int{}
+			var wg sync.WaitGroup
+			for w := range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					tenant := tenants[w%2]
+					for i := 0; ; i++ {
+						req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: limits, Now: now}
+						if i%5 == 0 { // some carry a key of their own: another record per request
+							req.IdempotencyKey = fmt.Sprintf("w%d-%d", w, i)
+						}
+						d, err := r.Admit(context.Background(), req)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						if !d.Allowed {
+							return
+						}
+						mu.Lock()
+						admitted[tenant]++
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			if r.batch.shared.Load() == 0 {
+				t.Errorf("no admission was coalesced with another: the test did not exercise batches")
+			}
+			for _, tenant := range tenants {
+				if admitted[tenant] != quotaN {
+					t.Errorf("tenant %s: admitted %d, want exactly %d", tenant, admitted[tenant], quotaN)
+				}
+				got := sumPending(t, r, tenant)
+				if got["u"] != quotaN || got["r"] != quotaN || got["x"] != workers/2 {
+					t.Errorf("tenant %s pending: got %v, want u=r=%d x=%d", tenant, got, quotaN, workers/2)
+				}
+			}
+		})
+	}
+}
