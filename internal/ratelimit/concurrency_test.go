@@ -171,9 +171,8 @@ func TestGCRAWindowBound(t *testing.T) {
 }
 
 // TestExactQuotaThroughOneCoalescingRunner: 64 goroutines share one Runner,
-// so their admissions are coalesced (one call of admit.lua per batch on a
-// single server, a pipeline on a cluster): exactly the quota is admitted,
-// and every admission and refusal is counted once.
+// so their admissions are coalesced into pipelines: exactly the quota is
+// admitted, and every admission and refusal is counted once.
 func TestExactQuotaThroughOneCoalescingRunner(t *testing.T) {
 	t.Parallel()
 	for name, c := range map[string]redis.UniversalClient{"single": testenv.Redis(t), "cluster": testenv.Cluster(t)} {
