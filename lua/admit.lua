@@ -202,8 +202,9 @@ end
 
 -- the pending usage fields of this hour and meter (v1 names; "p" before
 -- them in the v2 hash)
-local pf = fmt(idiv(now, HOUR_US) * 3600) .. '|' .. meter .. '|'
-local pk = 'p' .. pf -- "units,requests" of the hour and meter (state.lua)
+local hour = idiv(now, HOUR_US)
+local pf = fmt(hour * 3600) .. '|' .. meter .. '|'
+local pk = 'p' .. fmt(hour) .. '|' .. meter .. '|' -- "units,requests" (state.lua)
 local s
 if mode == 'admit' then s = load_state(pk) else s = load_state() end
 local ok, mask, retry = true, 0, 0

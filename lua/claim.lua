@@ -37,7 +37,9 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   for i = 1, #h, 2 do
     if string.byte(h[i], 1) == 112 then
       local f = string.sub(h[i], 2)
-      if string.sub(f, -1) == '|' then -- "units,requests" (state.lua)
+      if string.sub(f, -1) == '|' then -- "units,requests" of an hour id (state.lua)
+        local hour, rest = string.match(f, '^(%d+)(|.*)$')
+        f = string.format('%d', tonumber(hour) * 3600) .. rest
         local u, r = string.match(h[i + 1], '^(%-?%d+),(%-?%d+)$')
         redis.call('HINCRBY', KEYS[2], f .. 'u', u)
         redis.call('HINCRBY', KEYS[2], f .. 'r', r)

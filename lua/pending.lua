@@ -32,7 +32,9 @@ h = redis.call('HGETALL', KEYS[2])
 for i = 1, #h, 2 do
   if string.byte(h[i], 1) == 112 then
     local f = string.sub(h[i], 2)
-    if string.sub(f, -1) == '|' then -- "units,requests" (state.lua)
+    if string.sub(f, -1) == '|' then -- "units,requests" of an hour id (state.lua)
+      local hour, rest = string.match(f, '^(%d+)(|.*)$')
+      f = string.format('%d', tonumber(hour) * 3600) .. rest
       local u, r = string.match(h[i + 1], '^(%-?%d+),(%-?%d+)$')
       add(f .. 'u', u)
       add(f .. 'r', r)

@@ -35,6 +35,7 @@ local function pending_since(from)
     local h = redis.call('HGETALL', k)
     for i = 1, #h, 2 do
       local hour, kind = string.match(h[i], '^p?(%d+)|.*|(%a?)$')
+      if hour and kind == '' then hour = tonumber(hour) * 3600 end -- an hour id (state.lua)
       if hour and tonumber(hour) >= from then
         if kind == 'u' then
           sum = sum + tonumber(h[i + 1])

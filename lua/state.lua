@@ -9,17 +9,21 @@ Layouts
       t, q, c  the state, packed in three fields of integers joined by ','
           (few listpack entries; each under hash-max-listpack-value, 64
           bytes, which a longer value would turn into a hash table):
-            t = g,b       GCRA TAT (us), time the token bucket is full again (us)
+            t = g,b       GCRA TAT, time the token bucket is full again: us
+                after the start of the day d (shorter than since the
+                epoch); empty for 0 (no state)
             q = d,du,dg,m,mu,mg,mo,gn   day id (days since the epoch), used,
                 grant; month id (year*100+month), used, grant, overage; how
                 many grant marks the hash holds
-            c = x,mn      the hash's expiry (unix s, rounded up): PEXPIREAT is
-                sent only when the state needs to live longer than that;
-                the next month's start (unix s), so that the calendar runs
-                once a month, not on every call (seconds: shorter values)
+            c = x,mn      the hash's expiry (hours since the epoch, rounded
+                up): PEXPIREAT is sent only when the state needs to live
+                longer than that; the next month's start (days since the
+                epoch), so that the calendar runs once a month, not on
+                every call
       g:<grant id>  grants already applied (grant.lua)
-      p<hour start, unix s>|<meter>|  the pending usage not yet flushed of an
-          hour and meter, "units,requests" (one field, written by admit.lua)
+      p<hours since the epoch>|<meter>|  the pending usage not yet flushed
+          of an hour and meter, "units,requests" (one field, written by
+          admit.lua; the hour short, as it is in most of the hash's bytes)
       p<hour start, unix s>|<meter>|u, |x, |o  more of it: units given back
           (refund.lua, negative), refused requests, overage units: the
           fields of the v1 pending hash, with a "p" before them.
@@ -134,13 +138,17 @@ local function load_state(pk)
     h = redis.call('HMGET', KS, 't', 'q', 'c')
   end
   if h[1] then
-    local g, b = string.match(h[1], '^(%-?%d+),(%-?%d+)$')
+    local g, b = string.match(h[1], '^(%-?%d*),(%-?%d*)$')
     local d, du, dg, m, mu, mg, mo, gn = string.match(h[2],
       '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
     local x, mn = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
-    local s = {v2 = true, x = tonumber(x) * US, g = tonumber(g), b = tonumber(b), d = tonumber(d),
+    d = tonumber(d)
+    g, b = tonumber(g), tonumber(b)
+    if g then g = g + d * DAY_US else g = 0 end
+    if b then b = b + d * DAY_US else b = 0 end
+    local s = {v2 = true, x = tonumber(x) * HOUR_US, g = g, b = b, d = d,
       du = tonumber(du), dg = tonumber(dg), m = tonumber(m), mu = tonumber(mu), mg = tonumber(mg),
-      mo = tonumber(mo), mn = tonumber(mn) * US, gn = tonumber(gn)}
+      mo = tonumber(mo), mn = tonumber(mn) * DAY_US, gn = tonumber(gn)}
     if pk and h[4] then s[pk] = h[4] end
     return s
   end
@@ -189,9 +197,12 @@ end
 -- packed returns the v2 hash's fields t, q and c for the state s (see the
 -- layout above).
 local function packed(s)
-  return string.format('%d,%d', s.g, s.b),
+  local g, b = '', ''
+  if s.g ~= 0 then g = fmt(s.g - s.d * DAY_US) end
+  if s.b ~= 0 then b = fmt(s.b - s.d * DAY_US) end
+  return g .. ',' .. b,
     string.format('%d,%d,%d,%d,%d,%d,%d,%d', s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.gn),
-    string.format('%d,%d', -idiv(-s.x, US), idiv(s.mn, US))
+    string.format('%d,%d', -idiv(-s.x, HOUR_US), idiv(s.mn, DAY_US))
 end
 
 -- state_need is when the state s is empty again as of now (us): the end of
@@ -239,7 +250,7 @@ local function save_state(s, need, extra, parts, pxat, now)
   local was = s.x
   if s.v2 and not s.rolled and (not extra or #extra == 1) then
     -- the common case, without a table for HSET's arguments
-    if need > s.x then s.x = -idiv(-(need + DAY_US), US) * US end
+    if need > s.x then s.x = -idiv(-(need + DAY_US), HOUR_US) * HOUR_US end
     local t, q, c = packed(s)
     if extra then
       redis.call('HSET', KS, 't', t, 'q', q, 'c', c, extra[1], s[extra[1]])
@@ -283,7 +294,7 @@ local function save_state(s, need, extra, parts, pxat, now)
   if need > s.x then
     -- a day's slack, so that PEXPIREAT goes about once a day, not on
     -- every call (an admission's pending usage pushes need to now + 14 d)
-    s.x = -idiv(-(need + DAY_US), US) * US
+    s.x = -idiv(-(need + DAY_US), HOUR_US) * HOUR_US
   end
   args[2], args[4], args[6] = packed(s)
   redis.call('HSET', KS, unpack(args))

@@ -92,7 +92,7 @@ func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 			t.Errorf("%s: no invalidation published for the tenant", step)
 		}
 		raw, err := rdb.HGet(ctx, stateKey, "q").Result()
-		st, perr := ratelimit.ParseState("0,0", raw, "0,0")
+		st, perr := ratelimit.ParseState(",", raw, "0,0")
 		if got := st[4]; err != nil || perr != nil || got != 5 { // dg, the day's grant
 			t.Errorf("%s: day grant in Redis %d (%v, %v), want 5", step, st[4], err, perr)
 		}
