@@ -149,13 +149,16 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 	}
 	// A v2 state hash holds pending usage only for some of its life: keep
 	// the tenants that have some (or a v1 hash), in pipelined checks.
+	if err := r.loadScripts(ctx, pendingScript); err != nil {
+		return nil, err
+	}
 	var kept []string
 	for start := 0; start < len(out); start += 500 {
 		ids := out[start:min(start+500, len(out))]
 		has := make([]*redis.Cmd, len(ids))
 		if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for i, id := range ids {
-				has[i] = pendingScript.Eval(ctx, p, r.pendingKeys(id), "any")
+				has[i] = pendingScript.EvalSha(ctx, p, r.pendingKeys(id), "any")
 			}
 			return nil
 		}); err != nil {
