@@ -189,7 +189,7 @@ end
 local function day_of(s, now)
   local id = idiv(now, DAY_US)
   if id ~= s.d then
-    s.d, s.du, s.dg, s.dov, s.drolled = id, 0, 0, 0, true
+    s.d, s.du, s.dg, s.dov = id, 0, 0, 0
   end
   return id, (id + 1) * DAY_US
 end
