@@ -6,7 +6,8 @@ Postgres exactly once under its id. Otherwise the pending usage is moved to
 the flushing hash, tagged with the new batch id: the v1 pending hash is
 renamed, and the "p" fields of the v2 state hash (state.lua) are moved
 (summed into the same fields when both hold an hour and meter; a
-"units,requests" field into its |u and |r) and deleted from it. Admissions from then on count from zero again. All in one script:
+"units,requests" field into its |u and |r) and deleted from it (each_pending, lua/pending_fields.lua, prepended). Admissions from
+then on count from zero again. All in one script:
 nothing is counted twice or lost between the two.
 
 KEYS (the tenant's hash tag {t:<id>})
@@ -34,20 +35,9 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   if v1 then
     redis.call('RENAME', KEYS[1], KEYS[2])
   end
-  for i = 1, #h, 2 do
-    if string.byte(h[i], 1) == 112 then
-      local f = string.sub(h[i], 2)
-      if string.sub(f, -1) == '|' then -- "units,requests" of an hour id (state.lua)
-        local hour, rest = string.match(f, '^(%d+)(|.*)$')
-        f = string.format('%d', tonumber(hour) * 3600) .. rest
-        local u, r = string.match(h[i + 1], '^(%-?%d+),(%-?%d+)$')
-        redis.call('HINCRBY', KEYS[2], f .. 'u', u)
-        redis.call('HINCRBY', KEYS[2], f .. 'r', r)
-      else
-        redis.call('HINCRBY', KEYS[2], f, h[i + 1])
-      end
-    end
-  end
+  each_pending(h, function(name, n)
+    redis.call('HINCRBY', KEYS[2], name, n)
+  end)
   if #moved > 0 then
     redis.call('HDEL', KEYS[3], unpack(moved))
   end

@@ -2,7 +2,8 @@
 
 Pending usage lives in the v1 pending hash while a tenant's state is in v1
 keys, and in the "p" fields of the v2 state hash once it is there
-(state.lua); a batch the worker claimed waits in the flushing hash.
+(state.lua; read by each_pending, lua/pending_fields.lua, prepended); a
+batch the worker claimed waits in the flushing hash.
 
 KEYS (the tenant's hash tag {t:<id>})
   KEYS[1] <prefix>:v1:{t:<id>}:pending
@@ -28,21 +29,7 @@ local function add(f, v)
 end
 local h = redis.call('HGETALL', KEYS[1])
 for i = 1, #h, 2 do add(h[i], h[i + 1]) end
-h = redis.call('HGETALL', KEYS[2])
-for i = 1, #h, 2 do
-  if string.byte(h[i], 1) == 112 then
-    local f = string.sub(h[i], 2)
-    if string.sub(f, -1) == '|' then -- "units,requests" of an hour id (state.lua)
-      local hour, rest = string.match(f, '^(%d+)(|.*)$')
-      f = string.format('%d', tonumber(hour) * 3600) .. rest
-      local u, r = string.match(h[i + 1], '^(%-?%d+),(%-?%d+)$')
-      add(f .. 'u', u)
-      add(f .. 'r', r)
-    else
-      add(f, h[i + 1])
-    end
-  end
-end
+each_pending(redis.call('HGETALL', KEYS[2]), add)
 local out = {}
 for _, f in ipairs(order) do
   out[#out + 1] = f

@@ -31,20 +31,13 @@ end
 -- the v1 pending hash and in the v2 hash's "p" fields.
 local function pending_since(from)
   local sum = 0
-  for _, k in ipairs({KEYS[6], KS}) do
-    local h = redis.call('HGETALL', k)
-    for i = 1, #h, 2 do
-      local hour, kind = string.match(h[i], '^p?(%d+)|.*|(%a?)$')
-      if hour and kind == '' then hour = tonumber(hour) * 3600 end -- an hour id (state.lua)
-      if hour and tonumber(hour) >= from then
-        if kind == 'u' then
-          sum = sum + tonumber(h[i + 1])
-        elseif kind == '' then -- "units,requests" (state.lua)
-          sum = sum + tonumber(string.match(h[i + 1], '^(%-?%d+),'))
-        end
-      end
-    end
+  local function count(name, n)
+    local hour, kind = string.match(name, '^(%d+)|.*|(%a)$')
+    if kind == 'u' and tonumber(hour) >= from then sum = sum + n end
   end
+  local h = redis.call('HGETALL', KEYS[6])
+  for i = 1, #h, 2 do count(h[i], tonumber(h[i + 1])) end
+  each_pending(redis.call('HGETALL', KS), count)
   return sum
 end
 

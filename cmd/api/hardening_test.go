@@ -64,6 +64,19 @@ func newCountingUpstream(tb testing.TB) *countingUpstream {
 	return u
 }
 
+// upstreamStack is a stack whose route /api/up/ (cost 1, refund_on_5xx)
+// proxies to a counting upstream, and a tenant's key on a tier of the
+// given daily quota. Start its API nodes with s.start().
+func upstreamStack(t *testing.T, daily int64) (*countingUpstream, *stack, string) {
+	t.Helper()
+	up := newCountingUpstream(t)
+	s := mustStack(t)
+	s.upstreamRoutes(t, up.srv.URL)
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(daily)})
+	_, key := s.tenant(tier.Slug)
+	return up, s, key
+}
+
 func (s *stack) upstreamRoutes(tb testing.TB, upstream string) {
 	s.routes = filepath.Join(tb.TempDir(), "routes.json")
 	table := fmt.Sprintf(`{"routes": [
@@ -80,11 +93,7 @@ func (s *stack) upstreamRoutes(tb testing.TB, upstream string) {
 // releases its key.
 func TestIdempotencyKeyReplaysTheStoredAnswer(t *testing.T) {
 	t.Parallel()
-	up := newCountingUpstream(t)
-	s := mustStack(t)
-	s.upstreamRoutes(t, up.srv.URL)
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(3))})
-	_, key := s.tenant(tier.Slug)
+	up, s, key := upstreamStack(t, 3)
 	base := s.start()
 
 	first := do(t, "POST", base+"/api/up/orders", key, `{"n":1}`, "Idempotency-Key", "order-1")
@@ -141,11 +150,7 @@ func TestIdempotencyKeyReplaysTheStoredAnswer(t *testing.T) {
 // Point 11: a refunded call gives its key back: a retry runs again.
 func TestIdempotencyKeyReleasedByARefund(t *testing.T) {
 	t.Parallel()
-	up := newCountingUpstream(t)
-	s := mustStack(t)
-	s.upstreamRoutes(t, up.srv.URL)
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(10))})
-	_, key := s.tenant(tier.Slug)
+	up, s, key := upstreamStack(t, 10)
 	base := s.start()
 	for i := range 2 {
 		r := do(t, "POST", base+"/api/up/fail", key, "", "Idempotency-Key", "k")
@@ -265,11 +270,7 @@ func TestTierEditClearsDenyCacheOnEveryNode(t *testing.T) {
 // Point 6: a refund that frees room frees the refused tenant on every node.
 func TestRefundClearsDenyCacheOnEveryNode(t *testing.T) {
 	t.Parallel()
-	up := newCountingUpstream(t)
-	s := mustStack(t)
-	s.upstreamRoutes(t, up.srv.URL)
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1))})
-	_, key := s.tenant(tier.Slug)
+	up, s, key := upstreamStack(t, 1)
 	a, b := s.start(), s.start()
 	// The slow call holds the day's one unit, then fails and is refunded.
 	slow := make(chan reply, 1)

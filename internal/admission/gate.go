@@ -118,6 +118,8 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 		g.OnDenyHit()
 		return d, nil
 	}
+	// The tenant's shard is looked up only while some breaker is open, or
+	// after an error: the common path never needs it.
 	shard := ""
 	if g.nBreakers.Load() > 0 {
 		shard = g.store.Shard(req.TenantID)
@@ -125,8 +127,8 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 	if shard == "" || !g.open(shard, now) {
 		d, err := g.store.Admit(ctx, req)
 		if err == nil {
-			if g.nBreakers.Load() > 0 {
-				g.closeBreaker(g.store.Shard(req.TenantID))
+			if shard != "" {
+				g.closeBreaker(shard)
 			}
 			if g.nLocal.Load() > 0 {
 				g.dropLocal(req.TenantID)
@@ -141,7 +143,10 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 			return d, err
 		}
 		g.OnRedisError(err)
-		g.failed(g.store.Shard(req.TenantID), now)
+		if shard == "" {
+			shard = g.store.Shard(req.TenantID)
+		}
+		g.failed(shard, now)
 	}
 	if !req.FailOpen {
 		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,

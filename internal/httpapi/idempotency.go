@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
@@ -143,7 +142,7 @@ func (s *Server) storeAnswer(c *fiber.Ctx, req quota.Request) {
 		a.Body = nil
 	}
 	a.Header = hdr.String()
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
+	ctx, cancel := detached(c)
 	defer cancel()
 	if err := s.gate.StoreAnswer(ctx, req, a); err != nil {
 		// The key stays in flight until its lease ends: repeats get 409

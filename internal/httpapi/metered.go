@@ -92,8 +92,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	setRateLimitHeaders(c, d)
 	switch {
 	case route.RefundOn5xx && !d.Degraded && (err != nil || c.Response().StatusCode() >= 500):
-		// The refund must not be lost to a client that hung up.
-		rctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
+		rctx, cancel := detached(c)
 		if rerr := s.gate.Refund(rctx, req, d); rerr != nil {
 			s.log.Error("refund failed", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)
 		} else {
@@ -104,7 +103,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		if err != nil {
 			// No answer was made; the error handler makes one after us.
 			// Give the key back rather than store half an answer.
-			rctx, cancel := context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
+			rctx, cancel := detached(c)
 			if rerr := s.gate.ReleaseKey(rctx, req); rerr != nil {
 				s.log.Error("releasing an idempotency key failed", "tenant_id", p.Tenant.ID, "err", rerr)
 			}
@@ -114,6 +113,13 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		}
 	}
 	return err
+}
+
+// detached is the context of what must follow an answer even when the
+// client hung up (a refund, an idempotent answer stored or released): the
+// request's values without its cancellation, bounded on its own.
+func detached(c *fiber.Ctx) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
 }
 
 func (s *Server) count(r *routes.Route, outcome, tier string) {

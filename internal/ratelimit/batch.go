@@ -47,8 +47,8 @@ type batcher struct {
 	layout any // ARGV[1] of admit.lua
 	queue  chan *call
 	once   sync.Once
-	// shared counts the calls sent in a batch of more than one (tests,
-	// metrics).
+	// shared counts the calls sent in a batch of more than one (tests see
+	// that batches form).
 	shared atomic.Int64
 }
 

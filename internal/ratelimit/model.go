@@ -132,13 +132,6 @@ func (m *Model) StoreAnswer(key, fp string) bool {
 	return true
 }
 
-// ReleaseKey forgets the record of key, as lua/idem.lua 'release' does.
-func (m *Model) ReleaseKey(key, fp string) {
-	if r, ok := m.idem[idemHash(key)]; ok && r.fp == fp && !r.done {
-		delete(m.idem, idemHash(key))
-	}
-}
-
 // idemArgs are a request's idempotency inputs: the hashed key ("" = none),
 // the fingerprint and the in-flight lease in us.
 type idemArgs struct {

@@ -89,7 +89,7 @@ func (r *Runner) Pending(ctx context.Context, tenantID string) ([]PendingRow, er
 }
 
 // pendingScript reads pending usage wherever it lives (lua/pending.lua).
-var pendingScript = redis.NewScript(mustRead("pending.lua"))
+var pendingScript = script("pending_fields.lua", "pending.lua")
 
 // pendingKeys are pending.lua's KEYS: the v1 pending hash, the v2 state
 // hash and the flushing hash.

@@ -21,9 +21,9 @@ import (
 // after Redis lost data. The Postgres side is internal/billing.
 
 var (
-	claimScript   = redis.NewScript(mustRead("claim.lua"))
+	claimScript   = script("pending_fields.lua", "claim.lua")
 	finishScript  = redis.NewScript(mustRead("finish.lua"))
-	restoreScript = stateScript("restore.lua")
+	restoreScript = script("state.lua", "pending_fields.lua", "restore.lua")
 )
 
 // FlushingTTL bounds an abandoned batch: far longer than any worker outage

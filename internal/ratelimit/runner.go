@@ -22,8 +22,16 @@ var (
 
 // stateScript is a script that reads or writes limit state: lua/state.lua
 // (the layouts, clock and calendar) followed by the script itself.
-func stateScript(name string) *redis.Script {
-	return redis.NewScript(mustRead("state.lua") + "\n" + mustRead(name))
+func stateScript(name string) *redis.Script { return script("state.lua", name) }
+
+// script joins embedded files into one script: preludes first (Redis
+// scripts cannot include one another).
+func script(names ...string) *redis.Script {
+	parts := make([]string, len(names))
+	for i, n := range names {
+		parts[i] = mustRead(n)
+	}
+	return redis.NewScript(strings.Join(parts, "\n"))
 }
 
 // mustRead reads an embedded script; a missing one is a build mistake, not a
