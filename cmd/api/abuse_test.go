@@ -20,19 +20,6 @@ import (
 // server: failed-attempt limits per client address and realm, the client
 // address behind trusted proxies, and webhook URLs that point inside.
 
-// startWith runs one API instance of the stack with extra variables.
-func (s *stack) startWith(extra map[string]string) string {
-	s.tb.Helper()
-	env := map[string]string{
-		"REDIS_URL": s.redis, "DATABASE_URL": s.dbURL, "TOLLGATE_REDIS_PREFIX": s.prefix,
-		"TOLLGATE_SERVICE_TOKEN": serviceToken, "TOLLGATE_ADMIN_TOKEN": adminToken, "TOLLGATE_SHUTDOWN_TIMEOUT": "2s",
-	}
-	for k, v := range extra {
-		env[k] = v
-	}
-	return startAPI(s.tb, env)
-}
-
 // startKeyed starts an API of its own with extra variables and returns it
 // with a tenant on a roomy tier and the tenant's key.
 func startKeyed(tb testing.TB, extra map[string]string) (base string, tenant quota.Tenant, key string) {

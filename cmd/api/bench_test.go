@@ -1,13 +1,9 @@
 package main
 
 import (
-	"bytes"
-	"context"
-	"encoding/json"
 	"net"
 	"net/url"
 	"runtime"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,7 +41,7 @@ func BenchmarkMeteredRequest(b *testing.B) {
 		BucketCapacity: quota.Ptr(int64(1 << 30)), BucketRefillPerSec: quota.Ptr(float64(quota.MaxRate)),
 		DailyQuota: big, MonthlyQuota: big})
 	_, key := s.tenant(tier.Slug)
-	benchAgainstBare(b, s.startQuiet()+"/api/demo/echo", key, fiber.StatusOK)
+	benchAgainstBare(b, s.start()+"/api/demo/echo", key, fiber.StatusOK)
 }
 
 // BenchmarkRefusedRequest measures one refused metered request answered by
@@ -60,7 +56,7 @@ func BenchmarkRefusedRequest(b *testing.B) {
 	s := mustStack(b)
 	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1))})
 	_, key := s.tenant(tier.Slug)
-	api := s.startQuiet()
+	api := s.start()
 	if r := do(b, "GET", api+"/api/demo/echo", key, ""); r.status != fiber.StatusOK {
 		b.Fatalf("first call: status %d, want 200: %s", r.status, r.body)
 	}
@@ -97,62 +93,6 @@ func benchAgainstBare(b *testing.B, target, key string, want int) {
 			b.ReportMetric(max(benchGET(b, bc.target, bc.key, bc.want)-client, 0), "server-allocs/op")
 		})
 	}
-}
-
-// startQuiet runs one API instance of the stack as start does, logging at
-// info level as start does (every request's access-log line is built and
-// encoded), but into logSink rather than the pipe of startAPI, whose reader
-// parses every line as JSON: its allocations and goroutine switches would
-// count as the server's.
-func (s *stack) startQuiet() string {
-	s.tb.Helper()
-	env := map[string]string{
-		"REDIS_URL": s.redis, "DATABASE_URL": s.dbURL, "TOLLGATE_REDIS_PREFIX": s.prefix, "TOLLGATE_ADDR": "127.0.0.1:0",
-		"TOLLGATE_SERVICE_TOKEN": serviceToken, "TOLLGATE_ADMIN_TOKEN": adminToken, "TOLLGATE_ROUTES": s.routes,
-		"TOLLGATE_SHUTDOWN_TIMEOUT": "2s", "TOLLGATE_BODY_LIMIT": "2048", "TOLLGATE_LOG_LEVEL": "info",
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	sink := &logSink{addr: make(chan string, 1)}
-	done := make(chan error, 1)
-	go func() { done <- run(ctx, func(k string) string { return env[k] }, sink) }()
-	s.tb.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				s.tb.Errorf("run returned %v after shutdown, want nil", err)
-			}
-		case <-time.After(15 * time.Second):
-			s.tb.Error("run did not return within 15s of shutdown")
-		}
-	})
-	select {
-	case a := <-sink.addr:
-		return "http://" + a
-	case err := <-done:
-		s.tb.Fatalf("run ended before listening: %v", err)
-	case <-time.After(30 * time.Second):
-		s.tb.Fatal("api did not listen within 30s")
-	}
-	return ""
-}
-
-// logSink takes the api's log lines (one Write each, from slog) and keeps
-// only the address of the "listening" line.
-type logSink struct {
-	addr  chan string
-	found atomic.Bool
-}
-
-func (w *logSink) Write(p []byte) (int, error) {
-	if !w.found.Load() && bytes.Contains(p, []byte(`"msg":"listening"`)) {
-		var line struct{ Addr string }
-		if json.Unmarshal(p, &line) == nil && line.Addr != "" {
-			w.found.Store(true)
-			w.addr <- line.Addr
-		}
-	}
-	return len(p), nil
 }
 
 // serveLoopback serves h on a loopback port until the benchmark ends and

@@ -55,14 +55,24 @@ func mustStack(tb testing.TB) *stack {
 // start runs one API instance of the stack and returns its base URL.
 func (s *stack) start() string {
 	s.tb.Helper()
-	return startAPI(s.tb, map[string]string{
+	return s.startWith(nil)
+}
+
+// startWith runs one API instance of the stack with extra variables.
+func (s *stack) startWith(extra map[string]string) string {
+	s.tb.Helper()
+	env := map[string]string{
 		"REDIS_URL": s.redis, "DATABASE_URL": s.dbURL, "TOLLGATE_REDIS_PREFIX": s.prefix,
 		"TOLLGATE_SERVICE_TOKEN": serviceToken, "TOLLGATE_ADMIN_TOKEN": adminToken, "TOLLGATE_ROUTES": s.routes, "TOLLGATE_SHUTDOWN_TIMEOUT": "2s",
 		// A small body limit lets the oversized-body test send a body the server
 		// reads whole before its 413: a larger one is refused mid-upload and the
 		// client may see a reset instead of the answer.
 		"TOLLGATE_BODY_LIMIT": "2048",
-	})
+	}
+	for k, v := range extra {
+		env[k] = v
+	}
+	return startAPI(s.tb, env)
 }
 
 // tier creates a tier of the stack's own with the given limits, ranked rank.

@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
 	"fmt"
-	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -12,7 +9,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -67,22 +63,7 @@ func mustProxyStack(tb testing.TB) (string, *recorder, string) {
 // would clean or re-escape it.
 func rawGet(tb testing.TB, base, target, key string) reply {
 	tb.Helper()
-	conn, err := net.Dial("tcp", strings.TrimPrefix(base, "http://"))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.1\r\nHost: tollgate.test\r\nAuthorization: Bearer %s\r\nConnection: close\r\n\r\n", target, key); err != nil {
-		tb.Fatal(err)
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		tb.Fatalf("GET %q: %v", target, err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return reply{resp.StatusCode, resp.Header, b}
+	return raw(tb, base, "GET "+target+" HTTP/1.1", "Authorization: Bearer "+key)
 }
 
 // TestProxyRefusesDotSegments: a path holding a dot segment, in any spelling
@@ -153,5 +134,20 @@ func TestProxySendsThePathAsSent(t *testing.T) {
 		if got := rec.take(); len(got) != 1 || got[0] != tc.want {
 			t.Errorf("GET %s: the upstream received %q, want [%q]", tc.target, got, tc.want)
 		}
+	}
+}
+
+// TestProxiedAnswerCarriesTheRequestID: the upstream's answer replaces the
+// response headers; the request ID is still sent, the client's own when it
+// brought one.
+func TestProxiedAnswerCarriesTheRequestID(t *testing.T) {
+	t.Parallel()
+	base, _, key := mustProxyStack(t)
+	if r := rawGet(t, base, "/api/up/fine", key); r.status != 200 || r.header.Get("X-Request-Id") == "" {
+		t.Errorf("proxied answer: status %d, X-Request-Id %q; want 200 and an id", r.status, r.header.Get("X-Request-Id"))
+	}
+	r := raw(t, base, "GET /api/up/fine HTTP/1.1", "Authorization: Bearer "+key, "X-Request-ID: client-42")
+	if got := r.header.Get("X-Request-Id"); got != "client-42" {
+		t.Errorf("proxied answer to a request with its own id: X-Request-Id %q, want client-42", got)
 	}
 }

@@ -24,10 +24,6 @@ const localPrincipal = "principal"
 // (the key's prefix, on a cache miss as on a hit), so a copy here would be
 // an allocation per request for nothing.
 func presentedKey(c *fiber.Ctx) string {
-	return headerKey(c)
-}
-
-func headerKey(c *fiber.Ctx) string {
 	if h := c.Get(fiber.HeaderAuthorization); h != "" {
 		return bearer(h)
 	}

@@ -42,20 +42,18 @@ func appendRequestID(dst []byte, ctx *fasthttp.RequestCtx) []byte {
 	return strconv.AppendUint(dst, ctx.ConnRequestNum(), 16)
 }
 
-// requestIDs answers every request with its ID in X-Request-ID.
+// requestIDs answers every request with its ID in X-Request-ID, set once
+// the answer is made: a proxied answer replaces the response headers, and
+// the ID can be made again at any time.
 func requestIDs(c *fiber.Ctx) error {
+	err := c.Next()
 	setRequestID(c)
-	return c.Next()
+	return err
 }
 
 func setRequestID(c *fiber.Ctx) {
-	h := &c.Response().Header
-	if rid := c.Request().Header.PeekBytes(hdrRequestID); len(rid) > 0 {
-		h.SetCanonical(hdrRequestID, rid)
-		return
-	}
 	var scratch [requestIDBytes]byte
-	h.SetCanonical(hdrRequestID, appendRequestID(scratch[:0], c.Context()))
+	c.Response().Header.SetCanonical(hdrRequestID, appendRequestIDOf(scratch[:0], c))
 }
 
 // requestID returns the request's ID, for logging; what requestIDs sent.

@@ -1,9 +1,12 @@
 package httpapi
 
 import (
+	"encoding/json"
 	"errors"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -46,9 +49,9 @@ var statusOf = map[string]int{
 // refusal with an upgrade hint, or an error with a long detail.
 const problemBytes = 1024
 
-// writeProblem sends p as problem+json. Without Extra members it is written
-// by appendJSON, typed; with them (readiness checks, off the hot path) by
-// encoding/json, as one map.
+// writeProblem sends p as problem+json, written by appendJSON; Extra
+// members (readiness checks, off the hot path) follow, sorted, each encoded
+// by encoding/json.
 func writeProblem(c *fiber.Ctx, p Problem) error {
 	if p.Type == "" {
 		p.Type = "about:blank"
@@ -56,25 +59,21 @@ func writeProblem(c *fiber.Ctx, p Problem) error {
 	if p.Title == "" {
 		p.Title = http.StatusText(p.Status)
 	}
-	if len(p.Extra) > 0 {
-		body := map[string]any{"type": p.Type, "title": p.Title, "status": p.Status, "detail": p.Detail}
-		if p.Instance != "" {
-			body["instance"] = p.Instance
-		}
-		if p.Field != "" {
-			body["field"] = p.Field
-		}
-		for k, v := range p.Extra {
-			body[k] = v
-		}
-		b, err := c.App().Config().JSONEncoder(body)
-		if err != nil {
-			return err
-		}
-		return sendProblemBody(c, p.Status, b)
-	}
 	var scratch [problemBytes]byte
-	return sendProblemBody(c, p.Status, p.appendJSON(scratch[:0]))
+	b := p.appendJSON(scratch[:0])
+	if len(p.Extra) > 0 {
+		b = b[:len(b)-1] // reopen the object
+		for _, k := range slices.Sorted(maps.Keys(p.Extra)) {
+			v, err := json.Marshal(p.Extra[k])
+			if err != nil {
+				return err
+			}
+			b = appendJSONKey(b, k)
+			b = append(b, v...)
+		}
+		b = append(b, '}')
+	}
+	return sendProblemBody(c, p.Status, b)
 }
 
 // appendJSON appends p without its Extra members, in the order encoding/json

@@ -192,7 +192,7 @@ func (r *Route) validate() error {
 	if !slices.Contains(methods, r.Method) {
 		return fmt.Errorf("method %q is not one of %v", r.Method, methods)
 	}
-	if !strings.HasPrefix(r.Path, "/api/") || strings.ContainsAny(r.Path, "?#* ") || !acceptable(r.Path) {
+	if !strings.HasPrefix(r.Path, "/api/") || strings.Contains(r.Path, "*") || !Acceptable(r.Path) {
 		return fmt.Errorf("path %q must start with /api/ and hold no ?, #, * or space, no dot segment and no malformed escape", r.Path)
 	}
 	if !meterRE.MatchString(r.Meter) {
@@ -216,7 +216,7 @@ func (r *Route) validate() error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
 			return fmt.Errorf("upstream %q must be an http(s) URL without a query", r.Upstream)
 		}
-		if u.Path != "" && !acceptable(u.EscapedPath()) {
+		if u.Path != "" && !Acceptable(u.EscapedPath()) {
 			return fmt.Errorf("upstream %q must hold no dot segment", r.Upstream)
 		}
 		r.upstream, r.base = u, u.EscapedPath()
@@ -235,15 +235,10 @@ func (r *Route) validate() error {
 	return nil
 }
 
-// Acceptable reports whether a raw path may be matched at all; a path it
-// refuses (dot segments in any spelling, bad escapes) is bad input, not an
-// unknown route.
-func Acceptable(path string) bool { return acceptable(path) }
-
 // Match returns the route for a request's raw path (as sent, still escaped),
-// or nil. A path that acceptable refuses matches nothing.
+// or nil. A path that Acceptable refuses matches nothing.
 func (t *Table) Match(method, path string) *Route {
-	if !acceptable(path) {
+	if !Acceptable(path) {
 		return nil
 	}
 	for _, r := range t.routes {
@@ -266,12 +261,13 @@ func matchPrefix(path, prefix string) bool {
 // All returns the routes, longest path first.
 func (t *Table) All() []*Route { return t.routes }
 
-// acceptable reports whether a raw path may be matched and forwarded: it
+// Acceptable reports whether a raw path may be matched and forwarded: it
 // starts with /, its escapes are well formed, it holds no byte that would
 // end or split a request-target, and none of its segments is a dot segment
-// in any spelling (see the package comment). It reads the path once and
-// allocates nothing: it runs on every metered request.
-func acceptable(path string) bool {
+// in any spelling (see the package comment). A path it refuses is bad
+// input, not an unknown route. It reads the path once and allocates
+// nothing: it runs on every metered request.
+func Acceptable(path string) bool {
 	if path == "" || path[0] != '/' {
 		return false
 	}
