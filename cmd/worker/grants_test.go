@@ -44,9 +44,8 @@ func cyclesOfGrants(t *testing.T, env map[string]string, n int) {
 // (Redis failed when it was made) is applied by the worker's grants step,
 // once: later cycles, and a step that finds it unmarked in Postgres again,
 // add nothing. The step tells the API nodes (their deny caches) that the
-// tenant has room. It also holds the step before the repair: on the
-// worker's first start the repair restores every recorded grant, and the
-// grant applied after it would count twice.
+// tenant has room. On the worker's first start the repair runs too: it
+// restores only applied grants, so the grant still counts once.
 func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()

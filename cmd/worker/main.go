@@ -73,18 +73,18 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return time.Time{}
 	})
 
+	store := postgres.NewStore(db)
+	// pub only publishes invalidations (its cache is never read).
+	pub := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
 	loop := &worker.Loop{
 		Interval: cfg.ReconcileInterval,
 		Log:      log,
 		Steps: []worker.Step{
-			// Grants Redis missed when they were made (it was down) go in
-			// before the repair, which restores every recorded grant, applied
-			// or not: applied after it, a grant would count twice.
+			// Grants Redis missed when they were made (it was down): each
+			// applied once by its id (the repair restores only applied ones).
 			{Name: "grants", Run: func(ctx context.Context) error {
-				store := postgres.NewStore(db)
 				applied, err := store.ApplyGrants(ctx, runner, time.Now())
 				if len(applied) > 0 { // lift the refusals the API nodes' deny caches hold
-					pub := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
 					for _, g := range applied {
 						err = errors.Join(err, pub.Invalidate(ctx, catalog.KindRoom, g.TenantID))
 					}

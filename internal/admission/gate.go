@@ -292,7 +292,7 @@ func (g *Gate) ReleaseKey(ctx context.Context, req quota.Request) error {
 	return g.store.ReleaseKey(ctx, req.TenantID, req.IdempotencyKey, req.IdempotencyFingerprint)
 }
 
-// Answer reads the stored answer replayed to a repeat (Decision.Replayed).
+// Answer reads the stored answer replayed to a repeat (Decision.Replayed()).
 func (g *Gate) Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error) {
 	return g.store.Answer(ctx, req.TenantID, req.IdempotencyKey)
 }

@@ -81,10 +81,11 @@ type Invoicer struct {
 	FlushedThrough func() time.Time
 }
 
-// flushedThrough reports whether all usage counted before end is in the
+// closable reports whether the month ending at end may be finalized at
+// now: its grace has passed and all usage counted before end is in the
 // ledger, as far as FlushedThrough knows.
-func (i *Invoicer) flushedThrough(end time.Time) bool {
-	return i.FlushedThrough == nil || !i.FlushedThrough().Before(end)
+func (i *Invoicer) closable(now, end time.Time) bool {
+	return !now.Before(end.Add(i.grace)) && (i.FlushedThrough == nil || !i.FlushedThrough().Before(end))
 }
 
 // DefaultTenantsPerRun is the tenants one Run regenerates unless
@@ -131,7 +132,7 @@ func (i *Invoicer) Run(ctx context.Context) error {
 		left = DefaultTenantsPerRun
 	}
 
-	if !i.closedThrough.Equal(prev) && !now.Before(cur.Add(i.grace)) && i.flushedThrough(cur) {
+	if !i.closedThrough.Equal(prev) && i.closable(now, cur) {
 		rows, err := i.db.Query(ctx, `SELECT DISTINCT period FROM invoices WHERE status = 'draft' AND period < $1 ORDER BY period`, prev)
 		if err != nil {
 			return fmt.Errorf("billing: open months: %w", err)
@@ -306,7 +307,7 @@ type ratedTenant struct {
 // change are not rewritten.
 func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Time, ids []string) error {
 	end := month.AddDate(0, 1, 0)
-	final := !now.Before(end.Add(i.grace)) && i.flushedThrough(end)
+	final := i.closable(now, end)
 
 	if _, err := tx.Exec(ctx, `
 		INSERT INTO invoices (tenant_id, period, created_at, updated_at)

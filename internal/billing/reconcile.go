@@ -166,30 +166,11 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 		}
 	}
 	if swept {
-		r.sweepCompleted(began, ids)
+		r.mu.Lock()
+		r.sweptAt = began // a complete flush that swept the keyspace (FlushedThrough)
+		r.mu.Unlock()
 	}
 	return r.prune(ctx)
-}
-
-// sweepCompleted records a completed flush that began at began and covered
-// every tenant with usage in Redis (ids): stuck batches of other tenants are
-// gone (another worker recorded them).
-func (r *Reconciler) sweepCompleted(began time.Time, ids []string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.sweptAt = began
-	if len(r.stuck) == 0 {
-		return
-	}
-	in := make(map[string]struct{}, len(ids))
-	for _, id := range ids {
-		in[id] = struct{}{}
-	}
-	for id := range r.stuck {
-		if _, ok := in[id]; !ok {
-			delete(r.stuck, id)
-		}
-	}
 }
 
 func union(a, b []string) []string {

@@ -87,7 +87,7 @@ func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
 	if d.Degraded {
 		h.SetCanonical(hdrDegraded, valueFailOpen)
 	}
-	if d.Replayed {
+	if d.Replayed() {
 		h.SetCanonical(hdrReplayed, valueTrue)
 	}
 	var scratch [rateLimitHdrBytes]byte

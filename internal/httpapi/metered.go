@@ -77,7 +77,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		setRateLimitHeaders(c, d)
 		return writeRefusal(c, refusalProblem(d, p.Upgrade, c.Path()))
 	}
-	if d.Replayed {
+	if d.Replayed() {
 		s.count(route, "replayed", p.Tier.Slug)
 		return s.replay(c, req, d)
 	}

@@ -280,7 +280,7 @@ func (s *Server) check(c *fiber.Ctx) error {
 	}
 	setRateLimitHeaders(c, d)
 	resp := CheckResponse{Allowed: d.Allowed, Limits: limitsJSON(d), ViolatedPolicies: d.Violated,
-		Upgrade: p.Upgrade, Degraded: d.Degraded, Replayed: d.Replayed}
+		Upgrade: p.Upgrade, Degraded: d.Degraded, Replayed: d.Replayed()}
 	if resp.ViolatedPolicies == nil {
 		resp.ViolatedPolicies = []quota.LimitName{}
 	}

@@ -154,10 +154,7 @@ func overridingTenantsTx(ctx context.Context, tx pgx.Tx, slug string) ([]quota.T
 	if err != nil {
 		return nil, fmt.Errorf("postgres: tenants overriding tier: %w", err)
 	}
-	ts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Tenant, error) {
-		var t quota.Tenant
-		return t, row.Scan(tenantDest(&t)...)
-	})
+	ts, err := collectTenants(rows)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: tenants overriding tier: %w", err)
 	}
@@ -203,10 +200,7 @@ func (s *Store) ListTenants(ctx context.Context, f TenantFilter, p Page) ([]quot
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: list tenants: %w", err)
 	}
-	ts, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Tenant, error) {
-		var t quota.Tenant
-		return t, row.Scan(tenantDest(&t)...)
-	})
+	ts, err := collectTenants(rows)
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: list tenants: %w", err)
 	}
@@ -234,7 +228,7 @@ func (s *Store) CreateTenantWith(ctx context.Context, actor string, in quota.Ten
 			return err
 		}
 		if err := in.Overrides.Apply(tier.Limits).Validate(); err != nil {
-			return overridesError(err)
+			return quota.OverridesError(err)
 		}
 		err = tx.QueryRow(ctx, `
 			INSERT INTO tenants (name, tier, overrides, webhook_url, webhook_secret) VALUES ($1, $2, $3, $4, $5)
@@ -249,14 +243,6 @@ func (s *Store) CreateTenantWith(ctx context.Context, actor string, in quota.Ten
 		return audit(ctx, tx, actor, "create", "tenant", t.ID, nil, t)
 	})
 	return t, err
-}
-
-func overridesError(err error) error {
-	var e *quota.Error
-	if errors.As(err, &e) && e.Field != "" {
-		return &quota.Error{Code: e.Code, Field: "overrides." + e.Field, Message: e.Message}
-	}
-	return err
 }
 
 func tenantTx(ctx context.Context, q querier, id, lock string) (quota.Tenant, error) {
@@ -298,7 +284,7 @@ func (s *Store) UpdateTenant(ctx context.Context, actor, id string, change func(
 			return err
 		}
 		if err := after.Overrides.Apply(tier.Limits).Validate(); err != nil {
-			return overridesError(err)
+			return quota.OverridesError(err)
 		}
 		err = tx.QueryRow(ctx, `UPDATE tenants SET name = $2, tier = $3, status = $4, overrides = $5, webhook_url = $6,
 			updated_at = clock_timestamp() WHERE id = $1 RETURNING `+tenantColumns,

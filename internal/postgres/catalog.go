@@ -16,6 +16,14 @@ func tenantDest(t *quota.Tenant) []any {
 	return []any{&t.ID, &t.Name, &t.Tier, &t.Status, &t.Overrides, &t.WebhookURL, &t.CreatedAt, &t.UpdatedAt}
 }
 
+// collectTenants reads rows of tenantColumns.
+func collectTenants(rows pgx.Rows) ([]quota.Tenant, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Tenant, error) {
+		var t quota.Tenant
+		return t, row.Scan(tenantDest(&t)...)
+	})
+}
+
 const tierColumns = `slug, name, rank, price_cents, burst_rate, burst, bucket_capacity, bucket_refill_per_sec,
 	daily_quota, monthly_quota, overage, overage_price_cents_per_1k, fail_open, upgrade_url`
 
@@ -84,11 +92,7 @@ func (s *Store) TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, 
 	if err != nil {
 		return nil, fmt.Errorf("postgres: tenants by id: %w", err)
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Tenant, error) {
-		var t quota.Tenant
-		err := row.Scan(tenantDest(&t)...)
-		return t, err
-	})
+	return collectTenants(rows)
 }
 
 // Tiers returns every tier, by rank.

@@ -70,10 +70,7 @@ type Decision struct {
 	RetryAfter time.Duration
 	// OverageUnits are the admitted units past the monthly quota (bill tiers).
 	OverageUnits int64
-	// Replayed is true when the decision is the stored answer to an earlier
-	// request with the same idempotency key (Idem == IdemReplayed).
-	Replayed bool
-	// Idem is what the idempotency key made of the request.
+	// Idem is what the idempotency key made of the request (Replayed).
 	Idem IdemOutcome
 	// Degraded is true when Redis was unreachable and an in-process limiter
 	// of this API node decided (fail-open tiers).
@@ -93,6 +90,10 @@ const (
 	IdemInFlight                    // the first request with the key is still running
 	IdemMismatch                    // the key was first used for another request
 )
+
+// Replayed reports whether the decision is the stored answer to an earlier
+// request with the same idempotency key.
+func (d Decision) Replayed() bool { return d.Idem == IdemReplayed }
 
 // Limit returns the state of the named limit and whether it is active.
 func (d Decision) Limit(name LimitName) (LimitState, bool) {

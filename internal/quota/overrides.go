@@ -3,6 +3,7 @@ package quota
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 )
 
 // Optional is a JSON field that tells "absent" from "null": Set is true when
@@ -64,4 +65,15 @@ func (o Overrides) Apply(l Limits) Limits {
 		DailyQuota:         pick(o.DailyQuota, l.DailyQuota),
 		MonthlyQuota:       pick(o.MonthlyQuota, l.MonthlyQuota),
 	}
+}
+
+// OverridesError names an error of limits made with a tenant's overrides
+// as the override's field (overrides.<field>), so that it points at what
+// the caller sent; other errors are returned as they are.
+func OverridesError(err error) error {
+	var e *Error
+	if errors.As(err, &e) && e.Field != "" {
+		return &Error{Code: e.Code, Field: "overrides." + e.Field, Message: e.Message}
+	}
+	return err
 }

@@ -46,8 +46,8 @@ func CheckTierLimits(limits Limits, tenants []Tenant) error {
 // reason words a validation error for a message about overrides.
 func reason(err error) string {
 	var e *Error
-	if errors.As(err, &e) && e.Field != "" {
-		return "overrides." + e.Field + ": " + e.Message
+	if errors.As(OverridesError(err), &e) && e.Field != "" {
+		return e.Field + ": " + e.Message
 	}
 	return ErrorMessage(err)
 }

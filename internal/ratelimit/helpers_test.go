@@ -103,7 +103,7 @@ func mustSnapshot(tb testing.TB, c redis.UniversalClient, prefix string) map[str
 func fmtDecision(d quota.Decision) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "allowed=%t violated=%v retry=%dus overage=%d replayed=%t now=%d",
-		d.Allowed, d.Violated, d.RetryAfter.Microseconds(), d.OverageUnits, d.Replayed, d.Now.UnixMicro())
+		d.Allowed, d.Violated, d.RetryAfter.Microseconds(), d.OverageUnits, d.Replayed(), d.Now.UnixMicro())
 	for _, l := range d.Limits {
 		fmt.Fprintf(&b, " | %s limit=%d rem=%d reset=%d window=%v", l.Name, l.Limit, l.Remaining, l.Reset.UnixMicro(), l.Window)
 	}

@@ -405,8 +405,8 @@ func runTable(t *testing.T, tc tableCase, admit func(quota.Request, time.Time) q
 		if d.OverageUnits != s.overage {
 			t.Errorf("%s\n  OverageUnits: got %d, want %d", where(), d.OverageUnits, s.overage)
 		}
-		if d.Replayed != s.replayed {
-			t.Errorf("%s\n  Replayed: got %t, want %t", where(), d.Replayed, s.replayed)
+		if d.Replayed() != s.replayed {
+			t.Errorf("%s\n  Replayed: got %t, want %t", where(), d.Replayed(), s.replayed)
 		}
 		wantIdem := s.idemOutcome
 		if s.replayed {

@@ -145,7 +145,6 @@ func decode(r []int64, p params) quota.Decision {
 	d := quota.Decision{
 		Allowed:      r[0] == 1,
 		OverageUnits: r[3],
-		Replayed:     r[5] == 1,
 		Idem:         quota.IdemOutcome(r[5]),
 		Now:          now,
 	}

@@ -94,7 +94,7 @@ var pendingScript = script("pending_fields.lua", "pending.lua")
 // pendingKeys are pending.lua's KEYS: the v1 pending hash, the v2 state
 // hash and the flushing hash.
 func (r *Runner) pendingKeys(tenantID string) []string {
-	return []string{r.key(tenantID, "pending"), r.prefix + ":v2:{t:" + tenantID + "}", r.key(tenantID, "flushing")}
+	return []string{r.key(tenantID, "pending"), r.stateKey(tenantID), r.key(tenantID, "flushing")}
 }
 
 // pairs turns a flat field, value list into a map.

@@ -147,7 +147,7 @@ func runProperty(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 
 func countOutcome(seen map[string]int, req quota.Request, d quota.Decision) {
 	switch {
-	case d.Replayed:
+	case d.Replayed():
 		seen["replayed"]++
 	case d.Allowed:
 		seen["allowed"]++

@@ -205,7 +205,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error)
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range tenantIDs {
 			proposed[i] = newBatchID()
-			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing"), r.prefix + ":v2:{t:" + id + "}"},
+			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing"), r.stateKey(id)},
 				proposed[i], FlushingTTL.Milliseconds())
 		}
 		return nil

@@ -94,16 +94,20 @@ func (r *Runner) key(tenantID, name string) string {
 // stateKeys returns the KEYS of the state (lua/state.lua): the v2 hash,
 // then the v1 gcra, bucket, day and month keys, then extra.
 func (r *Runner) stateKeys(tenantID string, extra ...string) []string {
-	tag := "{t:" + tenantID + "}"
 	k := make([]string, 5, 5+len(extra)+1)
-	k[0] = r.prefix + ":v2:" + tag
+	k[0] = r.stateKey(tenantID)
 	for i, name := range [4]string{"gcra", "bucket", "day", "month"} {
-		k[i+1] = r.prefix + ":v1:" + tag + ":" + name
+		k[i+1] = r.key(tenantID, name)
 	}
 	for _, name := range extra {
 		k = append(k, r.key(tenantID, name))
 	}
 	return k
+}
+
+// stateKey is the tenant's v2 state hash (lua/state.lua).
+func (r *Runner) stateKey(tenantID string) string {
+	return r.prefix + ":v2:{t:" + tenantID + "}"
 }
 
 // keys returns admit.lua's seven KEYS of a request: the state, pending,

@@ -339,7 +339,7 @@ func testIdempotency(t *testing.T, c redis.UniversalClient) {
 		for range 3 {
 			again := mustAdmit(t, r, req)
 			want := first
-			want.Replayed, want.Now = true, again.Now
+			want.Idem, want.Now = quota.IdemReplayed, again.Now
 			if g, w := fmtDecision(again), fmtDecision(want); g != w {
 				t.Errorf("repeat:\n got  %s\n want %s", g, w)
 			}
@@ -380,7 +380,7 @@ func testIdempotency(t *testing.T, c redis.UniversalClient) {
 		if err := r.Grant(ctx, tenant, "day", 5, time.Time{}); err != nil {
 			t.Fatal(err)
 		}
-		if d := mustAdmit(t, r, big); !d.Allowed || d.Replayed {
+		if d := mustAdmit(t, r, big); !d.Allowed || d.Replayed() {
 			t.Errorf("retry after a refusal: got %s, want a new allowed decision", fmtDecision(d))
 		}
 	}
