@@ -28,8 +28,7 @@ so one call touches one Redis Cluster slot)
                                        units, "|r" requests, "|x" refused
                                        requests, "|o" overage units
   KEYS[7] <prefix>:v1:{t:<id>}:idem2:<sha256 hex of the idempotency key>
-                                       (KEYS[6] again, unread, when ARGV[15]
-                                       is '0') hash: fp (request
+                                       hash (optional key): fp (request
                                        fingerprint), st ('run' while the first
                                        request is in flight, 'done' once its
                                        answer is stored), dec (the encoded
@@ -57,7 +56,6 @@ ARGV
   [13] fp          request fingerprint (with KEYS[7]): method, path, body
   [14] lease_us    how long a first request may stay in flight, us; 0 =
                    the record is 'done' at once (no answer to store)
-  [15] has_idem    '1' when KEYS[7] is an idempotency record, else '0'
 
 Return: a flat array of 22 integers
   [1] allowed (1/0)
@@ -142,38 +140,23 @@ local IDEM_US = DAY_US
 local PENDING_US = 14 * DAY_US
 local PENDING_MS = 14 * 86400 * 1000
 
-local t0 = redis.call('TIME')
-local REAL = tonumber(t0[1]) * US + tonumber(t0[2])
-local SHIFT = 0
+local now, shift = clock(tonumber(ARGV[2]))
 -- pxat turns an expiry in script time (us) into PEXPIREAT milliseconds,
--- rounded up so that a key never disappears before its state is empty;
--- SHIFT moves the expiries of an explicit past now (tests) to real time.
+-- rounded up so that a key never disappears before its state is empty.
 local function pxat(us)
-  return fmt(-idiv(-(us + SHIFT), 1000))
+  return fmt(-idiv(-(us + shift), 1000))
 end
 
--- admit_one decides on the request whose KEYS start at k and ARGV at a.
--- (A function, so that one call could decide several requests; measured,
--- a batch as one call saved ~10% of Redis's time but doubled the p99 at
--- half load, since a batch's requests wait for each other: batch.go sends
--- a pipeline of calls instead.)
-local function admit_one(k, a)
-KS, KG, KB, KD, KM = KEYS[k], KEYS[k + 1], KEYS[k + 2], KEYS[k + 3], KEYS[k + 4]
-local now = tonumber(ARGV[a])
-if now <= 0 then now = REAL end
-SHIFT = 0
-if REAL > now then SHIFT = REAL - now end
-local mode = ARGV[a + 1]
-local cost = tonumber(ARGV[a + 2])
-local costs = ARGV[a + 2]
-local meter = ARGV[a + 3]
-local bill = ARGV[a + 4] == 'bill'
-local gT, gB = tonumber(ARGV[a + 5]), tonumber(ARGV[a + 6])
-local bU, bC = tonumber(ARGV[a + 7]), tonumber(ARGV[a + 8])
-local dq, mq = tonumber(ARGV[a + 9]), tonumber(ARGV[a + 10])
-local fp, lease = ARGV[a + 11], tonumber(ARGV[a + 12])
-local KP, idem = KEYS[k + 5], nil
-if ARGV[a + 13] == '1' then idem = KEYS[k + 6] end
+local mode = ARGV[3]
+local cost = tonumber(ARGV[4])
+local costs = ARGV[4]
+local meter = ARGV[5]
+local bill = ARGV[6] == 'bill'
+local gT, gB = tonumber(ARGV[7]), tonumber(ARGV[8])
+local bU, bC = tonumber(ARGV[9]), tonumber(ARGV[10])
+local dq, mq = tonumber(ARGV[11]), tonumber(ARGV[12])
+local fp, lease = ARGV[13], tonumber(ARGV[14])
+local KP, idem = KEYS[6], KEYS[7]
 
 -- replay holds the stored decision of a finished first request.
 local replay
@@ -380,6 +363,3 @@ if ok and mode == 'admit' and idem then
   redis.call('PEXPIREAT', idem, pxat(now + IDEM_US))
 end
 return res
-end
-
-return admit_one(1, 2)

@@ -44,7 +44,6 @@ var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}
 type batcher struct {
 	c      redis.UniversalClient
 	script *redis.Script
-	layout any // ARGV[1] of admit.lua
 	queue  chan *call
 	once   sync.Once
 	// shared counts the calls sent in a batch of more than one (tests see
@@ -53,7 +52,7 @@ type batcher struct {
 }
 
 func newBatcher(c redis.UniversalClient, script *redis.Script) *batcher {
-	return &batcher{c: c, script: script, layout: LayoutV2, queue: make(chan *call, senders*maxBatch)}
+	return &batcher{c: c, script: script, queue: make(chan *call, senders*maxBatch)}
 }
 
 func (b *batcher) start() {
@@ -120,27 +119,21 @@ func (b *batcher) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	defer cancel()
 	if len(batch) == 1 {
 		c := batch[0]
-		c.res, c.err = b.script.Run(ctx, b.c, c.keys, b.argv(c)...).Int64Slice()
+		c.res, c.err = b.script.Run(ctx, b.c, c.keys, c.args...).Int64Slice()
 		return cmds
 	}
 	b.shared.Add(int64(len(batch)))
 	_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range batch {
-			cmds = append(cmds, b.script.EvalSha(ctx, p, c.keys, b.argv(c)...))
+			cmds = append(cmds, b.script.EvalSha(ctx, p, c.keys, c.args...))
 		}
 		return nil
 	})
 	for i, c := range batch {
 		c.res, c.err = cmds[i].Int64Slice()
 		if c.err != nil && redis.HasErrorPrefix(c.err, "NOSCRIPT") {
-			c.res, c.err = b.script.Run(ctx, b.c, c.keys, b.argv(c)...).Int64Slice()
+			c.res, c.err = b.script.Run(ctx, b.c, c.keys, c.args...).Int64Slice()
 		}
 	}
 	return cmds
-}
-
-// argv is admit.lua's ARGV for a call: the layout, then the call's own.
-func (b *batcher) argv(c *call) []any {
-	args := make([]any, 0, 1+len(c.args))
-	return append(append(args, b.layout), c.args...)
 }

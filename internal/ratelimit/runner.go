@@ -82,7 +82,6 @@ func (r *Runner) WithLayout(layout string) *Runner {
 		layout = LayoutV2
 	}
 	r.layout = layout
-	r.batch.layout = boxed(layout)
 	return r
 }
 
@@ -110,16 +109,14 @@ func (r *Runner) stateKey(tenantID string) string {
 	return r.prefix + ":v2:{t:" + tenantID + "}"
 }
 
-// keys returns admit.lua's seven KEYS of a request: the state, pending,
-// and the idempotency record (pending again, unread, when idem is empty).
+// keys returns admit.lua's KEYS in order; the idempotency key only when
+// idem is set.
 func (r *Runner) keys(tenantID, idem string) []string {
 	if idem != "" {
 		return r.stateKeys(tenantID, "pending", "idem2:"+idem)
 	}
-	return r.stateKeys(tenantID, "pending", "pending")
+	return r.stateKeys(tenantID, "pending")
 }
-
-var boxedYes, boxedNo any = "1", "0"
 
 // Admit decides on req in one atomic script run. A refusal is a Decision
 // with Allowed false; an error means the request was invalid (a
@@ -188,16 +185,10 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64) ([]int64, error) {
 	// The batcher coalesces concurrent calls into pipelines (batch.go);
 	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
-	// admit.lua's ARGV of one request (the batcher puts the layout and the
-	// count before them); hasIdem says whether the seventh key is a record
-	// or a stand-in.
 	args := make([]any, 14)
-	args[0], args[1], args[2], args[3], args[4] = now, boxed(mode), cost, meter, boxed(overage)
-	copy(args[5:11], boxedParams(p))
-	args[11], args[12], args[13] = fp, leaseUS, boxedNo
-	if idem != "" {
-		args[13] = boxedYes
-	}
+	args[0], args[1], args[2], args[3], args[4], args[5] = boxed(r.layout), now, boxed(mode), cost, meter, boxed(overage)
+	copy(args[6:12], boxedParams(p))
+	args[12], args[13] = fp, leaseUS
 	res, err := r.batch.do(ctx, r.keys(tenantID, idem), args)
 	if err != nil {
 		return nil, err
