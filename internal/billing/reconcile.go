@@ -157,7 +157,6 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 			return err
 		}
 		ids = union(ids, all)
-		r.lastSweep = began
 	}
 	for start := 0; start < len(ids); start += chunk {
 		end := min(start+chunk, len(ids))
@@ -166,6 +165,10 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 		}
 	}
 	if swept {
+		// Only a flush that completed counts as a sweep: after a failed one
+		// the next cycle sweeps again, or the tenants only the sweep found
+		// would wait SweepEvery.
+		r.lastSweep = began
 		r.mu.Lock()
 		r.sweptAt = began // a complete flush that swept the keyspace (FlushedThrough)
 		r.mu.Unlock()

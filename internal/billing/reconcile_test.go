@@ -367,3 +367,32 @@ func BenchmarkReconcileCycle100k(b *testing.B) {
 	}
 	b.ReportMetric(float64(n)/(b.Elapsed().Seconds()/float64(b.N)), "tenants/s")
 }
+
+// TestFailedFlushSweepsAgain: tenants only the sweep finds (their API node
+// never reported them) are swept again by the next cycle when the flush
+// that swept them failed, not SweepEvery later.
+func TestFailedFlushSweepsAgain(t *testing.T) {
+	t.Parallel()
+	r := mustRig(t, nil)
+	ids := r.tenants(t, 5, "pro")
+	want := r.admit(t, ids, 50, 3)
+	ctx := context.Background()
+	if err := r.rdb.Del(ctx, r.prefix+":v1:active").Err(); err != nil { // as if no node reported them
+		t.Fatal(err)
+	}
+	rc := r.reconciler()
+	rc.hook = func(s string) error {
+		if s == "claimed" {
+			return errors.New("Postgres went away")
+		}
+		return nil
+	}
+	if err := rc.Flush(ctx); err == nil {
+		t.Fatal("the failing flush returned no error")
+	}
+	rc.hook = func(string) error { return nil }
+	if err := rc.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	equalUnits(t, r.ledger(t), want)
+}
