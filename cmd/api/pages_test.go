@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -623,7 +622,7 @@ func TestPagesHeadersAndAssets(t *testing.T) {
 	}
 }
 
-func postgresPage() postgres.Page { return postgres.Page{Limit: 50} }
+func postgresPage() quota.Page { return quota.Page{Limit: 50} }
 
 // TestPagesDuringARedisOutage: with Redis down the pages answer 503 pages
 // (an outage to wait out, not an internal error) and recover with it.

@@ -17,7 +17,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
 )
 
 // chunk is how many tenants one Redis pipeline and one Postgres transaction
@@ -26,9 +25,9 @@ const chunk = 500
 
 // batchRetention is how long usage_batches remembers a recorded batch's id.
 // A batch can be replayed only while its in-flight hash lives
-// (ratelimit.FlushingTTL from its claim, which comes before its record); the
+// (quota.FlushingTTL from its claim, which comes before its record); the
 // margin covers clocks that disagree between workers and Redis.
-const batchRetention = ratelimit.FlushingTTL + 7*24*time.Hour
+const batchRetention = quota.FlushingTTL + 7*24*time.Hour
 
 // pruneBatch and pruneStatements bound the pruning of one flush: 100,000
 // ids, in statements short enough not to hold up the flushes of other
@@ -37,6 +36,22 @@ const (
 	pruneBatch      = 5000
 	pruneStatements = 20
 )
+
+// pendingUsage is the admission side of the flush and the repair, where
+// the usage counted at admission waits (*ratelimit.Runner): the tenants to
+// flush, their batches claimed and finished, and the counters restored after
+// a loss.
+type pendingUsage interface {
+	ActiveTenants(ctx context.Context) ([]string, error)
+	SweepTenants(ctx context.Context) ([]string, error)
+	Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error)
+	Finish(ctx context.Context, batches []quota.Batch) error
+	Done(ctx context.Context, tenantIDs []string) error
+	EpochLost(ctx context.Context) (bool, error)
+	MarkRestoring(ctx context.Context) error
+	Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error
+	MarkRestored(ctx context.Context) error
+}
 
 // Reconciler moves usage counted in Redis into the usage ledger, exactly
 // once, and repairs Redis' quota counters after Redis lost data.
@@ -60,7 +75,7 @@ const (
 // the worker's metrics count it and the log names it.
 type Reconciler struct {
 	db  *pgxpool.Pool
-	rl  *ratelimit.Runner
+	rl  pendingUsage
 	now func() time.Time
 	log *slog.Logger
 	// SweepEvery is how often the keyspace is scanned for tenants no API
@@ -134,7 +149,7 @@ func (r *Reconciler) FlushedThrough() time.Time {
 }
 
 // NewReconciler returns a Reconciler on the ledger db and the Redis runner rl.
-func NewReconciler(db *pgxpool.Pool, rl *ratelimit.Runner, now func() time.Time, log *slog.Logger) *Reconciler {
+func NewReconciler(db *pgxpool.Pool, rl pendingUsage, now func() time.Time, log *slog.Logger) *Reconciler {
 	return &Reconciler{db: db, rl: rl, now: now, log: log, SweepEvery: 5 * time.Minute, hook: func(string) error { return nil }}
 }
 
@@ -241,8 +256,8 @@ func (r *Reconciler) flushOnce(ctx context.Context, ids []string) (resumed []str
 // Batches already stuck go alone from the start, so that they do not fail
 // the chunk's transaction every cycle. Any other failure (Postgres down, a
 // timeout) is the flush's error: nothing is marked stuck for it.
-func (r *Reconciler) recordBatches(ctx context.Context, batches []ratelimit.Batch) ([]ratelimit.Batch, error) {
-	var together, alone, recorded []ratelimit.Batch
+func (r *Reconciler) recordBatches(ctx context.Context, batches []quota.Batch) ([]quota.Batch, error) {
+	var together, alone, recorded []quota.Batch
 	for _, b := range batches {
 		switch {
 		case b.Err != nil:
@@ -264,7 +279,7 @@ func (r *Reconciler) recordBatches(ctx context.Context, batches []ratelimit.Batc
 		}
 	}
 	for _, b := range alone {
-		switch err := r.recordTx(ctx, []ratelimit.Batch{b}); {
+		switch err := r.recordTx(ctx, []quota.Batch{b}); {
 		case err == nil:
 			recorded = append(recorded, b)
 		case rejected(err):
@@ -284,14 +299,14 @@ func rejected(err error) bool {
 	return errors.As(err, &pgErr) && (strings.HasPrefix(pgErr.Code, "22") || strings.HasPrefix(pgErr.Code, "23"))
 }
 
-func (r *Reconciler) isStuck(b ratelimit.Batch) bool {
+func (r *Reconciler) isStuck(b quota.Batch) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.stuck[b.TenantID].id == b.ID
 }
 
 // markStuck records b as stuck, logging it the first time.
-func (r *Reconciler) markStuck(b ratelimit.Batch, err error) {
+func (r *Reconciler) markStuck(b quota.Batch, err error) {
 	var oldest time.Time
 	if len(b.Rows) > 0 {
 		oldest = b.Rows[0].Hour // ParsePending sorts by hour
@@ -312,7 +327,7 @@ func (r *Reconciler) markStuck(b ratelimit.Batch, err error) {
 // noteRecorded remembers the tenants whose batches were recorded (for the
 // invoices step) and forgets the stuck batches that are gone: recorded, or
 // dropped by another worker (the tenant had no batch left to claim).
-func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []ratelimit.Batch) {
+func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []quota.Batch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.flushed == nil {
@@ -338,7 +353,7 @@ func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []ratelimit.Ba
 
 // recordTx records the batches in one transaction and counts them once it
 // committed.
-func (r *Reconciler) recordTx(ctx context.Context, batches []ratelimit.Batch) error {
+func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error {
 	var units int64
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
 		units, err = r.record(ctx, tx, batches)
@@ -357,7 +372,7 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []ratelimit.Batch) er
 // usage rows to the ledger; then writes the threshold crossings those rows
 // cause to the alerts outbox. All in the caller's transaction. It returns the
 // units the new batches added.
-func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []ratelimit.Batch) (int64, error) {
+func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (int64, error) {
 	var (
 		bIDs, bTenants            []string
 		bUnits, bRequests         []int64
@@ -427,7 +442,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []ratelimit.
 		isNew[id] = true
 	}
 	var units int64
-	var fixes []ratelimit.Batch
+	var fixes []quota.Batch
 	for _, b := range batches {
 		if !isNew[b.ID] {
 			continue
@@ -453,7 +468,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []ratelimit.
 // isCorrection reports whether a pending row cannot stand as a ledger row of
 // its own: it refunds units recorded by an earlier batch (negative units or
 // overage), or more overage than its own units. Such rows are rare.
-func isCorrection(row ratelimit.PendingRow) bool {
+func isCorrection(row quota.PendingRow) bool {
 	return row.Units < 0 || row.Overage < 0 || row.Requests < 0 || row.Rejected < 0 || row.Overage > row.Units
 }
 
@@ -465,7 +480,7 @@ func isCorrection(row ratelimit.PendingRow) bool {
 // Another transaction cannot insert the same rows meanwhile, since a
 // tenant's batches are recorded one after the other; ON CONFLICT only guards
 // that.
-func correct(ctx context.Context, tx pgx.Tx, batches []ratelimit.Batch) error {
+func correct(ctx context.Context, tx pgx.Tx, batches []quota.Batch) error {
 	var (
 		tenant, meter []string
 		hour          []time.Time
@@ -561,7 +576,7 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 
 // Repair restores the quota counters of every tenant with usage or grants
 // this month when Redis lost data (on any master of a cluster: see
-// ratelimit.Runner.EpochLost), from the ledger plus what is still pending in
+// the admission store's EpochLost), from the ledger plus what is still pending in
 // Redis. Usage admitted during the last interval before the loss and not yet
 // flushed is gone from billing, at most one interval's worth. A restore that
 // fails is retried by the next call until one succeeds.
@@ -599,8 +614,8 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("billing: repair: %w", err)
 	}
-	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (ratelimit.Recorded, error) {
-		var rec ratelimit.Recorded
+	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Recorded, error) {
+		var rec quota.Recorded
 		return rec, row.Scan(&rec.TenantID, &rec.DayUnits, &rec.MonthUnits, &rec.DayGrant, &rec.MonthGrant)
 	})
 	if err != nil {

@@ -26,15 +26,14 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/apikey"
-	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
 // source is what the catalog reads on a miss or a refresh; *postgres.Store
 // provides it.
 type source interface {
-	KeyByPrefix(ctx context.Context, prefix string) (postgres.KeyRecord, error)
-	KeysByPrefix(ctx context.Context, prefixes []string) ([]postgres.KeyRecord, error)
+	KeyByPrefix(ctx context.Context, prefix string) (quota.KeyRecord, error)
+	KeysByPrefix(ctx context.Context, prefixes []string) ([]quota.KeyRecord, error)
 	Tenant(ctx context.Context, id string) (quota.Tenant, error)
 	TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, error)
 	Tiers(ctx context.Context) ([]quota.Tier, error)
@@ -57,7 +56,7 @@ type Principal struct {
 const maxNegative = 10_000
 
 type keyEntry struct {
-	rec     postgres.KeyRecord
+	rec     quota.KeyRecord
 	missing bool // no such key (negative entry)
 }
 
@@ -569,7 +568,7 @@ func (c *Catalog) Refresh(ctx context.Context) error {
 		c.mu.Unlock()
 		return err
 	}
-	freshKeys := make(map[string]postgres.KeyRecord, len(keys))
+	freshKeys := make(map[string]quota.KeyRecord, len(keys))
 	for _, k := range keys {
 		freshKeys[k.Key.Prefix] = k
 	}

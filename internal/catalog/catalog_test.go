@@ -23,7 +23,7 @@ type countingSource struct {
 	reads atomic.Int64
 }
 
-func (s *countingSource) KeyByPrefix(ctx context.Context, p string) (postgres.KeyRecord, error) {
+func (s *countingSource) KeyByPrefix(ctx context.Context, p string) (quota.KeyRecord, error) {
 	s.reads.Add(1)
 	return s.Store.KeyByPrefix(ctx, p)
 }

@@ -37,7 +37,7 @@ func (s *heldSource) wait(read string) {
 	}
 }
 
-func (s *heldSource) KeyByPrefix(ctx context.Context, p string) (postgres.KeyRecord, error) {
+func (s *heldSource) KeyByPrefix(ctx context.Context, p string) (quota.KeyRecord, error) {
 	r, err := s.Store.KeyByPrefix(ctx, p)
 	s.wait("key")
 	return r, err

@@ -15,7 +15,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -33,8 +32,8 @@ func (s *Server) adminAuth(c *fiber.Ctx) error {
 }
 
 // page reads limit (1..200, default 50) and cursor.
-func page(c *fiber.Ctx) (postgres.Page, error) {
-	p := postgres.Page{Limit: 50, Cursor: c.Query("cursor")}
+func page(c *fiber.Ctx) (quota.Page, error) {
+	p := quota.Page{Limit: 50, Cursor: c.Query("cursor")}
 	if v := c.Query("limit"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 || n > 200 {
@@ -50,7 +49,7 @@ func page(c *fiber.Ctx) (postgres.Page, error) {
 
 // paged answers a list route: it reads limit and cursor, fetches one page
 // and writes {items, next_cursor}.
-func paged[T any](c *fiber.Ctx, fetch func(postgres.Page) ([]T, *string, error)) error {
+func paged[T any](c *fiber.Ctx, fetch func(quota.Page) ([]T, *string, error)) error {
 	p, err := page(c)
 	if err != nil {
 		return err
@@ -77,7 +76,7 @@ func (s *Server) invalidate(ctx context.Context, kind, id string) {
 // ---- tiers
 
 func (s *Server) listTiers(c *fiber.Ctx) error {
-	return paged(c, func(p postgres.Page) ([]quota.Tier, *string, error) { return s.store.ListTiers(c.UserContext(), p) })
+	return paged(c, func(p quota.Page) ([]quota.Tier, *string, error) { return s.store.ListTiers(c.UserContext(), p) })
 }
 
 // tierCreate is the body of POST /admin/v1/tiers: every field is required,
@@ -245,11 +244,11 @@ func (s *Server) deleteTier(c *fiber.Ctx) error {
 // ---- tenants
 
 func (s *Server) listTenants(c *fiber.Ctx) error {
-	f := postgres.TenantFilter{Query: c.Query("q"), Tier: c.Query("tier")}
+	f := quota.TenantFilter{Query: c.Query("q"), Tier: c.Query("tier")}
 	if len(f.Query) > quota.MaxNameLen {
 		return quota.FieldError("q", "must be at most %d characters", quota.MaxNameLen)
 	}
-	return paged(c, func(p postgres.Page) ([]quota.Tenant, *string, error) {
+	return paged(c, func(p quota.Page) ([]quota.Tenant, *string, error) {
 		return s.store.ListTenants(c.UserContext(), f, p)
 	})
 }
@@ -352,7 +351,7 @@ func (s *Server) deleteTenant(c *fiber.Ctx) error {
 // ---- keys
 
 func (s *Server) listKeys(c *fiber.Ctx) error {
-	return paged(c, func(p postgres.Page) ([]quota.APIKey, *string, error) {
+	return paged(c, func(p quota.Page) ([]quota.APIKey, *string, error) {
 		return s.store.ListKeys(c.UserContext(), c.Params("id"), p)
 	})
 }
@@ -493,7 +492,7 @@ func (s *Server) createGrant(c *fiber.Ctx) error {
 		status = fiber.StatusAccepted
 	}
 	return c.Status(status).JSON(struct {
-		postgres.Grant
+		quota.Grant
 		Detail string `json:"detail"`
 	}{g, grantLater})
 }
@@ -505,7 +504,7 @@ func (s *Server) createGrant(c *fiber.Ctx) error {
 // error: it is recorded as not applied, and the worker's grants step applies
 // it. Under an idempotency key a repeat returns the grant first recorded
 // (created false), applying it if it is not yet.
-func (s *Server) grant(ctx context.Context, actor, tenantID, key string, body grantCreate) (g postgres.Grant, created bool, err error) {
+func (s *Server) grant(ctx context.Context, actor, tenantID, key string, body grantCreate) (g quota.Grant, created bool, err error) {
 	period, units, err := body.validate()
 	if err != nil {
 		return g, false, err
@@ -530,7 +529,7 @@ func (s *Server) grant(ctx context.Context, actor, tenantID, key string, body gr
 }
 
 func (s *Server) listGrants(c *fiber.Ctx) error {
-	return paged(c, func(p postgres.Page) ([]postgres.Grant, *string, error) {
+	return paged(c, func(p quota.Page) ([]quota.Grant, *string, error) {
 		return s.store.ListGrants(c.UserContext(), c.Params("id"), p)
 	})
 }
@@ -716,7 +715,7 @@ func jsonItems(w *bufio.Writer, each func(item func(any) error) error) error {
 // ---- audit
 
 func (s *Server) listAudit(c *fiber.Ctx) error {
-	return paged(c, func(p postgres.Page) ([]postgres.AuditEntry, *string, error) {
+	return paged(c, func(p quota.Page) ([]quota.AuditEntry, *string, error) {
 		return s.store.ListAudit(c.UserContext(), c.Query("entity"), c.Query("entity_id"), p)
 	})
 }
@@ -752,7 +751,7 @@ func (s *Server) validWebhook(v string) error {
 
 // listAlerts lists threshold alerts with their delivery state, newest first.
 func (s *Server) listAlerts(c *fiber.Ctx) error {
-	return paged(c, func(p postgres.Page) ([]billing.Alert, *string, error) {
+	return paged(c, func(p quota.Page) ([]billing.Alert, *string, error) {
 		return s.alerts.List(c.UserContext(), c.Query("status"), p.Limit, p.Cursor)
 	})
 }

@@ -9,7 +9,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -45,7 +44,7 @@ type tiersView struct {
 }
 
 func (s *Server) consoleTiers(c *fiber.Ctx) error {
-	tiers, next, err := s.store.ListTiers(c.UserContext(), postgres.Page{Limit: 200, Cursor: c.Query("cursor")})
+	tiers, next, err := s.store.ListTiers(c.UserContext(), quota.Page{Limit: 200, Cursor: c.Query("cursor")})
 	if err != nil {
 		return err
 	}
@@ -233,7 +232,7 @@ func (s *Server) renderTenants(c *fiber.Ctx, status int, values map[string]strin
 	if len(q) > quota.MaxNameLen {
 		return quota.FieldError("q", "must be at most %d characters", quota.MaxNameLen)
 	}
-	tenants, next, err := s.store.ListTenants(ctx, postgres.TenantFilter{Query: q}, postgres.Page{Limit: 50, Cursor: c.Query("cursor")})
+	tenants, next, err := s.store.ListTenants(ctx, quota.TenantFilter{Query: q}, quota.Page{Limit: 50, Cursor: c.Query("cursor")})
 	if err != nil {
 		return err
 	}
@@ -285,7 +284,7 @@ type consoleTenantView struct {
 	View     tenantView
 	Keys     []quota.APIKey
 	MoreKeys bool
-	Grants   []postgres.Grant
+	Grants   []quota.Grant
 	Tiers    []quota.Tier
 	Issued   *quota.IssuedKey // a key just issued, with the secret shown this once
 	Values   map[string]string
@@ -304,11 +303,11 @@ func (s *Server) tenantPage(c *fiber.Ctx, id string) (consoleTenantView, error) 
 	if err != nil {
 		return consoleTenantView{}, err
 	}
-	keys, nextKeys, err := s.store.ListKeys(ctx, id, postgres.Page{Limit: 200})
+	keys, nextKeys, err := s.store.ListKeys(ctx, id, quota.Page{Limit: 200})
 	if err != nil {
 		return consoleTenantView{}, err
 	}
-	grants, _, err := s.store.ListGrants(ctx, id, postgres.Page{Limit: 20})
+	grants, _, err := s.store.ListGrants(ctx, id, quota.Page{Limit: 20})
 	if err != nil {
 		return consoleTenantView{}, err
 	}

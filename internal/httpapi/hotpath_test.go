@@ -38,7 +38,7 @@ type pgReads struct {
 	n atomic.Int64
 }
 
-func (s *pgReads) KeyByPrefix(ctx context.Context, p string) (postgres.KeyRecord, error) {
+func (s *pgReads) KeyByPrefix(ctx context.Context, p string) (quota.KeyRecord, error) {
 	s.n.Add(1)
 	return s.Store.KeyByPrefix(ctx, p)
 }

@@ -20,7 +20,6 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/routes"
 )
 
@@ -55,8 +54,8 @@ type gate interface {
 // reading limits without consuming, and reading pending usage.
 type limiter interface {
 	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
-	Pending(ctx context.Context, tenantID string) ([]ratelimit.PendingRow, error)
-	PendingMany(ctx context.Context, tenantIDs []string) (map[string][]ratelimit.PendingRow, error)
+	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
+	PendingMany(ctx context.Context, tenantIDs []string) (map[string][]quota.PendingRow, error)
 	ApplyGrant(ctx context.Context, tenantID, id, period string, start time.Time, units int64) (bool, error)
 }
 

@@ -14,12 +14,6 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// Page asks for one page of a list: at most Limit items after Cursor.
-type Page struct {
-	Limit  int
-	Cursor string // opaque, from the previous page's next cursor
-}
-
 // cursor is what an opaque cursor holds: the sort key of the last item.
 type cursor struct {
 	At time.Time `json:"a,omitzero"`
@@ -55,7 +49,7 @@ func pageOf[T any](rows []T, limit int, key func(T) cursor) ([]T, *string) {
 }
 
 // ListTiers returns tiers by rank.
-func (s *Store) ListTiers(ctx context.Context, p Page) ([]quota.Tier, *string, error) {
+func (s *Store) ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error) {
 	c, err := decodeCursor(p.Cursor)
 	if err != nil {
 		return nil, nil, err
@@ -180,14 +174,8 @@ func (s *Store) DeleteTier(ctx context.Context, actor, slug string) error {
 	})
 }
 
-// TenantFilter narrows ListTenants.
-type TenantFilter struct {
-	Query string // case-insensitive substring of the name, or the exact id
-	Tier  string
-}
-
 // ListTenants returns tenants, oldest first.
-func (s *Store) ListTenants(ctx context.Context, f TenantFilter, p Page) ([]quota.Tenant, *string, error) {
+func (s *Store) ListTenants(ctx context.Context, f quota.TenantFilter, p quota.Page) ([]quota.Tenant, *string, error) {
 	c, err := decodeCursor(p.Cursor)
 	if err != nil {
 		return nil, nil, err
@@ -331,7 +319,7 @@ func (s *Store) DeleteTenant(ctx context.Context, actor, id string) error {
 }
 
 // ListKeys returns a tenant's keys (never their secrets), oldest first.
-func (s *Store) ListKeys(ctx context.Context, tenantID string, p Page) ([]quota.APIKey, *string, error) {
+func (s *Store) ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error) {
 	if _, err := tenantTx(ctx, s.db, tenantID, ""); err != nil {
 		return nil, nil, err
 	}
@@ -437,35 +425,22 @@ func insertKey(ctx context.Context, tx pgx.Tx, actor, tenantID, name string, k a
 	return out, audit(ctx, tx, actor, "create", "api_key", out.ID, nil, out.APIKey)
 }
 
-// Grant is extra units for one of a tenant's days or months. Applied says
-// whether it is in the tenant's counter in Redis; until it is, the worker's
-// grants step applies it (see ApplyGrants).
-type Grant struct {
-	ID          string    `json:"id"`
-	TenantID    string    `json:"tenant_id"`
-	Period      string    `json:"period"`
-	PeriodStart string    `json:"period_start"`
-	Units       int64     `json:"units"`
-	CreatedAt   time.Time `json:"created_at"`
-	Applied     bool      `json:"applied"`
-}
-
 const grantColumns = `id, tenant_id, period, to_char(period_start, 'YYYY-MM-DD'), units, created_at, applied_at IS NOT NULL`
 
-func grantDest(g *Grant) []any {
+func grantDest(g *quota.Grant) []any {
 	return []any{&g.ID, &g.TenantID, &g.Period, &g.PeriodStart, &g.Units, &g.CreatedAt, &g.Applied}
 }
 
-func collectGrants(rows pgx.Rows) ([]Grant, error) {
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Grant, error) {
-		var g Grant
+func collectGrants(rows pgx.Rows) ([]quota.Grant, error) {
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Grant, error) {
+		var g quota.Grant
 		return g, row.Scan(grantDest(&g)...)
 	})
 }
 
 // CreateGrant records a grant of units for the tenant's period ("day" or
 // "month") starting at start, not yet applied.
-func (s *Store) CreateGrant(ctx context.Context, actor, tenantID, period string, start time.Time, units int64) (Grant, error) {
+func (s *Store) CreateGrant(ctx context.Context, actor, tenantID, period string, start time.Time, units int64) (quota.Grant, error) {
 	g, _, err := s.CreateGrantIdempotent(ctx, actor, tenantID, "", period, start, units)
 	return g, err
 }
@@ -475,7 +450,7 @@ func (s *Store) CreateGrant(ctx context.Context, actor, tenantID, period string,
 // key. A repeat with the same period and units returns the grant first
 // recorded, with created false, and records nothing; with another period or
 // units it is a CodeMismatch error.
-func (s *Store) CreateGrantIdempotent(ctx context.Context, actor, tenantID, key, period string, start time.Time, units int64) (g Grant, created bool, err error) {
+func (s *Store) CreateGrantIdempotent(ctx context.Context, actor, tenantID, key, period string, start time.Time, units int64) (g quota.Grant, created bool, err error) {
 	var idem *string
 	if key != "" {
 		idem = &key
@@ -521,7 +496,7 @@ type grantApplier interface {
 // is no harm. The grant returned says whether it is applied: not, with a nil
 // error, when its period is not Redis' current one (it ended, or Redis' clock
 // is not there yet).
-func (s *Store) ApplyGrant(ctx context.Context, rl grantApplier, g Grant) (Grant, error) {
+func (s *Store) ApplyGrant(ctx context.Context, rl grantApplier, g quota.Grant) (quota.Grant, error) {
 	start, err := time.Parse(time.DateOnly, g.PeriodStart)
 	if err != nil {
 		return g, fmt.Errorf("postgres: grant %s: period start: %w", g.ID, err)
@@ -542,7 +517,7 @@ func (s *Store) ApplyGrant(ctx context.Context, rl grantApplier, g Grant) (Grant
 // them. It is the worker's grants step: idempotent, and safe beside the API
 // and other workers applying the same grants. Each run takes at most 1,000,
 // oldest first; what remains waits for the next.
-func (s *Store) ApplyGrants(ctx context.Context, rl grantApplier, now time.Time) ([]Grant, error) {
+func (s *Store) ApplyGrants(ctx context.Context, rl grantApplier, now time.Time) ([]quota.Grant, error) {
 	// period_start IN (…) lets the partial index of unapplied grants serve.
 	rows, err := s.db.Query(ctx, `SELECT `+grantColumns+` FROM grants
 		WHERE applied_at IS NULL AND period_start IN ($1::date, $2::date)
@@ -555,7 +530,7 @@ func (s *Store) ApplyGrants(ctx context.Context, rl grantApplier, now time.Time)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: unapplied grants: %w", err)
 	}
-	var done []Grant
+	var done []quota.Grant
 	for _, g := range pending {
 		g, err := s.ApplyGrant(ctx, rl, g)
 		if err != nil {
@@ -569,7 +544,7 @@ func (s *Store) ApplyGrants(ctx context.Context, rl grantApplier, now time.Time)
 }
 
 // ListGrants returns a tenant's grants, newest first.
-func (s *Store) ListGrants(ctx context.Context, tenantID string, p Page) ([]Grant, *string, error) {
+func (s *Store) ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error) {
 	if _, err := tenantTx(ctx, s.db, tenantID, ""); err != nil {
 		return nil, nil, err
 	}
@@ -587,24 +562,12 @@ func (s *Store) ListGrants(ctx context.Context, tenantID string, p Page) ([]Gran
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: list grants: %w", err)
 	}
-	items, next := pageOf(gs, p.Limit, func(g Grant) cursor { return cursor{At: g.CreatedAt, ID: g.ID} })
+	items, next := pageOf(gs, p.Limit, func(g quota.Grant) cursor { return cursor{At: g.CreatedAt, ID: g.ID} })
 	return items, next, nil
 }
 
-// AuditEntry is one recorded admin change.
-type AuditEntry struct {
-	ID       int64           `json:"id"`
-	At       time.Time       `json:"at"`
-	Actor    string          `json:"actor"`
-	Action   string          `json:"action"`
-	Entity   string          `json:"entity"`
-	EntityID string          `json:"entity_id"`
-	Before   json.RawMessage `json:"before"`
-	After    json.RawMessage `json:"after"`
-}
-
 // ListAudit returns audit entries, newest first, optionally of one entity.
-func (s *Store) ListAudit(ctx context.Context, entity, entityID string, p Page) ([]AuditEntry, *string, error) {
+func (s *Store) ListAudit(ctx context.Context, entity, entityID string, p quota.Page) ([]quota.AuditEntry, *string, error) {
 	c, err := decodeCursor(p.Cursor)
 	if err != nil {
 		return nil, nil, err
@@ -619,13 +582,13 @@ func (s *Store) ListAudit(ctx context.Context, entity, entityID string, p Page) 
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: list audit: %w", err)
 	}
-	es, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (AuditEntry, error) {
-		var e AuditEntry
+	es, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.AuditEntry, error) {
+		var e quota.AuditEntry
 		return e, row.Scan(&e.ID, &e.At, &e.Actor, &e.Action, &e.Entity, &e.EntityID, &e.Before, &e.After)
 	})
 	if err != nil {
 		return nil, nil, fmt.Errorf("postgres: list audit: %w", err)
 	}
-	items, next := pageOf(es, p.Limit, func(e AuditEntry) cursor { return cursor{ID: "a", N: e.ID} })
+	items, next := pageOf(es, p.Limit, func(e quota.AuditEntry) cursor { return cursor{ID: "a", N: e.ID} })
 	return items, next, nil
 }

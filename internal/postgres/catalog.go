@@ -39,16 +39,10 @@ func keyDest(k *quota.APIKey) []any {
 	return []any{&k.ID, &k.TenantID, &k.Prefix, &k.Name, &k.CreatedAt, &k.LastUsedAt, &k.RevokedAt, &k.ExpiresAt}
 }
 
-// KeyRecord is an API key as the authenticating cache needs it.
-type KeyRecord struct {
-	Key  quota.APIKey
-	Hash []byte // SHA-256 of the secret
-}
-
 // KeyByPrefix returns the key with the given visible prefix, or a
 // CodeNotFound error.
-func (s *Store) KeyByPrefix(ctx context.Context, prefix string) (KeyRecord, error) {
-	var r KeyRecord
+func (s *Store) KeyByPrefix(ctx context.Context, prefix string) (quota.KeyRecord, error) {
+	var r quota.KeyRecord
 	err := s.db.QueryRow(ctx, `SELECT `+keyColumns+`, k.secret_sha256 FROM api_keys k WHERE k.prefix = $1`, prefix).
 		Scan(append(keyDest(&r.Key), &r.Hash)...)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -61,13 +55,13 @@ func (s *Store) KeyByPrefix(ctx context.Context, prefix string) (KeyRecord, erro
 }
 
 // KeysByPrefix returns the keys among prefixes that exist (for cache refresh).
-func (s *Store) KeysByPrefix(ctx context.Context, prefixes []string) ([]KeyRecord, error) {
+func (s *Store) KeysByPrefix(ctx context.Context, prefixes []string) ([]quota.KeyRecord, error) {
 	rows, err := s.db.Query(ctx, `SELECT `+keyColumns+`, k.secret_sha256 FROM api_keys k WHERE k.prefix = ANY($1)`, prefixes)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: keys by prefix: %w", err)
 	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (KeyRecord, error) {
-		var r KeyRecord
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.KeyRecord, error) {
+		var r quota.KeyRecord
 		err := row.Scan(append(keyDest(&r.Key), &r.Hash)...)
 		return r, err
 	})

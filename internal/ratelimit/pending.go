@@ -9,31 +9,20 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/tollgate/tollgate/internal/quota"
 )
 
 var refundScript = stateScript("refund.lua")
 
-// PendingRow is one tenant, meter and UTC hour of usage counted in Redis and
-// not yet flushed to Postgres. Units and Overage may be negative after a
-// refund of usage that was flushed already.
-type PendingRow struct {
-	Hour     time.Time
-	Meter    string
-	Units    int64
-	Requests int64
-	Rejected int64
-	Overage  int64
-}
-
 // ParsePending turns a pending-usage hash ("<hour unix s>|<meter>|<u|r|x|o>"
 // to counts) into rows ordered by hour and meter. Fields it cannot read are
 // returned as an error, never silently dropped: they are billing data.
-func ParsePending(h map[string]string) ([]PendingRow, error) {
+func ParsePending(h map[string]string) ([]quota.PendingRow, error) {
 	type key struct {
 		hour  int64
 		meter string
 	}
-	rows := map[key]*PendingRow{}
+	rows := map[key]*quota.PendingRow{}
 	for f, v := range h {
 		parts := strings.Split(f, "|")
 		if len(parts) != 3 {
@@ -47,7 +36,7 @@ func ParsePending(h map[string]string) ([]PendingRow, error) {
 		k := key{hour, parts[1]}
 		r := rows[k]
 		if r == nil {
-			r = &PendingRow{Hour: time.Unix(hour, 0).UTC(), Meter: parts[1]}
+			r = &quota.PendingRow{Hour: time.Unix(hour, 0).UTC(), Meter: parts[1]}
 			rows[k] = r
 		}
 		switch parts[2] {
@@ -63,7 +52,7 @@ func ParsePending(h map[string]string) ([]PendingRow, error) {
 			return nil, fmt.Errorf("ratelimit: pending field %q", f)
 		}
 	}
-	out := make([]PendingRow, 0, len(rows))
+	out := make([]quota.PendingRow, 0, len(rows))
 	for _, r := range rows {
 		out = append(out, *r)
 	}
@@ -77,7 +66,7 @@ func ParsePending(h map[string]string) ([]PendingRow, error) {
 }
 
 // Pending returns the tenant's usage counted in Redis and not yet flushed.
-func (r *Runner) Pending(ctx context.Context, tenantID string) ([]PendingRow, error) {
+func (r *Runner) Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return nil, err
 	}
@@ -109,7 +98,7 @@ func pairs(flat []string) map[string]string {
 // PendingMany returns the pending usage of each tenant of ids, in one
 // pipelined round trip (the dashboard's tenant list). Tenants with nothing
 // pending are absent from the map.
-func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]PendingRow, error) {
+func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error) {
 	for _, id := range ids {
 		if err := checkTenant(id); err != nil {
 			return nil, err
@@ -129,7 +118,7 @@ func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]Pe
 	} else if err != nil {
 		return nil, fmt.Errorf("ratelimit: pending: %w", err)
 	}
-	out := make(map[string][]PendingRow, len(ids))
+	out := make(map[string][]quota.PendingRow, len(ids))
 	for i, id := range ids {
 		flat, err := cmds[i].StringSlice()
 		if err != nil {

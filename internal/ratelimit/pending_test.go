@@ -18,7 +18,7 @@ func TestParsePending(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []PendingRow{
+	want := []quota.PendingRow{
 		{Hour: time.Unix(1795345200, 0).UTC(), Meter: "report", Units: 10, Requests: 1, Overage: 4},
 		{Hour: time.Unix(1795348800, 0).UTC(), Meter: "demo", Units: 7, Requests: 3, Rejected: 2},
 	}

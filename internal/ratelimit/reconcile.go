@@ -26,12 +26,6 @@ var (
 	restoreScript = script("state.lua", "pending_fields.lua", "restore.lua")
 )
 
-// FlushingTTL bounds an abandoned batch: far longer than any worker outage
-// we expect to recover from, so a batch is never lost to expiry in practice.
-// It is also the longest a batch can be replayed after its claim, which
-// bounds how long Postgres must remember the batch's id.
-const FlushingTTL = 30 * 24 * time.Hour
-
 // activeTTL bounds the active-tenant set if no worker ever reads it.
 const activeTTL = 7 * 24 * time.Hour
 
@@ -173,23 +167,6 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 	return kept, nil
 }
 
-// Batch is one tenant's usage taken from Redis for one flush.
-type Batch struct {
-	TenantID string
-	ID       string // recorded in Postgres with the rows: exactly once
-	Rows     []PendingRow
-	// Resumed is true when the batch was already in flight (an earlier
-	// flush stopped, or another worker is flushing it): the tenant's newer
-	// pending usage is still waiting behind it.
-	Resumed bool
-	// Err is set, and Rows empty, when the batch holds fields that cannot be
-	// read: it cannot be recorded until they are repaired, and stays in
-	// flight meanwhile. It is returned with the other batches rather than
-	// failing the whole claim, so that one tenant's bad data holds back no
-	// other tenant.
-	Err error
-}
-
 func newBatchID() string {
 	b := make([]byte, 16)
 	_, _ = rand.Read(b)
@@ -199,14 +176,14 @@ func newBatchID() string {
 // Claim takes the pending usage of each tenant as a batch (or returns the
 // batch already in flight), in one pipelined round trip. Tenants with
 // nothing to flush are left out.
-func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error) {
+func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
 	cmds := make([]*redis.Cmd, len(tenantIDs))
 	proposed := make([]string, len(tenantIDs))
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, id := range tenantIDs {
 			proposed[i] = newBatchID()
 			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing"), r.stateKey(id)},
-				proposed[i], FlushingTTL.Milliseconds())
+				proposed[i], quota.FlushingTTL.Milliseconds())
 		}
 		return nil
 	})
@@ -219,7 +196,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error)
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: claim: %w", err)
 	}
-	var out []Batch
+	var out []quota.Batch
 	for i, cmd := range cmds {
 		flat, err := cmd.StringSlice()
 		if err != nil {
@@ -232,7 +209,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error)
 		for j := 0; j+1 < len(flat); j += 2 {
 			h[flat[j]] = flat[j+1]
 		}
-		b := Batch{TenantID: tenantIDs[i], ID: h["batch"], Resumed: h["batch"] != proposed[i]}
+		b := quota.Batch{TenantID: tenantIDs[i], ID: h["batch"], Resumed: h["batch"] != proposed[i]}
 		delete(h, "batch")
 		if b.Rows, err = ParsePending(h); err != nil {
 			b.Rows, b.Err = nil, fmt.Errorf("ratelimit: claim %s: %w", tenantIDs[i], err)
@@ -243,7 +220,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]Batch, error)
 }
 
 // Finish drops batches Postgres has recorded, in one pipelined round trip.
-func (r *Runner) Finish(ctx context.Context, batches []Batch) error {
+func (r *Runner) Finish(ctx context.Context, batches []quota.Batch) error {
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, b := range batches {
 			finishScript.EvalSha(ctx, p, []string{r.key(b.TenantID, "flushing")}, b.ID)
@@ -467,16 +444,9 @@ func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool)
 	return nil
 }
 
-// Recorded is what Postgres holds for a tenant's current day and month.
-type Recorded struct {
-	TenantID             string
-	DayUnits, MonthUnits int64
-	DayGrant, MonthGrant int64
-}
-
 // Restore repairs the tenants' day and month counters for the periods
 // containing at (see lua/restore.lua), pipelined.
-func (r *Runner) Restore(ctx context.Context, at time.Time, recs []Recorded) error {
+func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error {
 	at = at.UTC()
 	day, month := quota.DayStart(at), quota.MonthStart(at)
 	y, m, _ := at.Date()

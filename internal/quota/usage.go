@@ -1,0 +1,94 @@
+package quota
+
+import (
+	"encoding/json"
+	"time"
+)
+
+// PendingRow is one tenant, meter and UTC hour of usage counted at admission
+// and not yet recorded in the ledger. Units and Overage may be negative after
+// a refund of usage that was recorded already.
+type PendingRow struct {
+	Hour     time.Time
+	Meter    string
+	Units    int64
+	Requests int64
+	Rejected int64
+	Overage  int64
+}
+
+// Batch is one tenant's pending usage taken for one flush.
+type Batch struct {
+	TenantID string
+	ID       string // recorded in the ledger with the rows: exactly once
+	Rows     []PendingRow
+	// Resumed is true when the batch was already in flight (an earlier
+	// flush stopped, or another worker is flushing it): the tenant's newer
+	// pending usage is still waiting behind it.
+	Resumed bool
+	// Err is set, and Rows empty, when the batch holds fields that cannot be
+	// read: it cannot be recorded until they are repaired, and stays in
+	// flight meanwhile. It is returned with the other batches rather than
+	// failing the whole claim, so that one tenant's bad data holds back no
+	// other tenant.
+	Err error
+}
+
+// FlushingTTL bounds an abandoned batch: far longer than any worker outage
+// we expect to recover from, so a batch is never lost to expiry in practice.
+// It is also the longest a batch can be replayed after its claim, which
+// bounds how long the ledger must remember the batch's id.
+const FlushingTTL = 30 * 24 * time.Hour
+
+// Recorded is what the ledger holds for a tenant's current day and month:
+// the units counted and the units granted. A repair restores the admission
+// counters from it.
+type Recorded struct {
+	TenantID             string
+	DayUnits, MonthUnits int64
+	DayGrant, MonthGrant int64
+}
+
+// KeyRecord is an API key as authentication needs it: the listed key and the
+// SHA-256 of its secret.
+type KeyRecord struct {
+	Key  APIKey
+	Hash []byte
+}
+
+// Grant is extra units for one of a tenant's days or months. Applied says
+// whether it is in the tenant's admission counter yet; until it is, the
+// worker applies it, once, by its ID.
+type Grant struct {
+	ID          string    `json:"id"`
+	TenantID    string    `json:"tenant_id"`
+	Period      string    `json:"period"`
+	PeriodStart string    `json:"period_start"`
+	Units       int64     `json:"units"`
+	CreatedAt   time.Time `json:"created_at"`
+	Applied     bool      `json:"applied"`
+}
+
+// Page asks for one page of a list: at most Limit items after Cursor.
+type Page struct {
+	Limit  int
+	Cursor string // opaque, from the previous page's next cursor
+}
+
+// TenantFilter narrows a listing of tenants.
+type TenantFilter struct {
+	Query string // case-insensitive substring of the name, or the exact id
+	Tier  string
+}
+
+// AuditEntry is one recorded admin change.
+type AuditEntry struct {
+	ID       int64           `json:"id"`
+	At       time.Time       `json:"at"`
+	Actor    string          `json:"actor"`
+	Action   string          `json:"action"`
+	Entity   string          `json:"entity"`
+	EntityID string          `json:"entity_id"`
+	Before   json.RawMessage `json:"before"`
+	After    json.RawMessage `json:"after"`
+}
