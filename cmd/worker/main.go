@@ -12,7 +12,6 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -61,17 +60,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	alerts := billing.NewDeliverer(db, nil, time.Now)
 	alerts.AllowPrivate = cfg.WebhookAllowPrivate
 	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
-	invoices.FullSweepEvery = 15 * time.Minute
-	// A month is finalized only after a flush that began after its end,
-	// swept the keyspace and completed with no batch of the month stuck.
-	invoices.FlushedThrough = rec.FlushedThrough
-	var lastFlush atomic.Int64 // unix ns; the metrics handler reads it
-	reg, cycle := workerMetrics(rec, alerts, func() time.Time {
-		if ns := lastFlush.Load(); ns != 0 {
-			return time.Unix(0, ns)
-		}
-		return time.Time{}
-	})
+	invoices.FullSweepEvery = 15 * time.Minute // in between, Cycle.Invoices refreshes the tenants just flushed
+	cycle := billing.NewCycle(rec, invoices)
+	reg, cycleSeconds := workerMetrics(rec, alerts, cycle.LastFlush)
 
 	store := postgres.NewStore(db)
 	// pub only publishes invalidations (its cache is never read).
@@ -94,23 +85,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			// Repair first: counters lost with Redis are restored before the
 			// flush moves what is still pending.
 			{Name: "repair", Run: rec.Repair},
-			{Name: "flush", Run: func(ctx context.Context) error {
-				if err := rec.Flush(ctx); err != nil {
-					return err
-				}
-				lastFlush.Store(time.Now().UnixNano())
-				return nil
-			}},
-			{Name: "invoices", Run: func(ctx context.Context) error {
-				// Drafts of the tenants just flushed; every 15 minutes, all.
-				if err := invoices.Refresh(ctx, rec.TakeFlushed()); err != nil {
-					return err
-				}
-				return invoices.Run(ctx)
-			}},
+			{Name: "flush", Run: cycle.Flush},
+			{Name: "invoices", Run: cycle.Invoices},
 			{Name: "alerts", Run: alerts.Run},
 		},
-		OnCycle: func(d time.Duration, _ int) { cycle.Observe(d.Seconds()) },
+		OnCycle: func(d time.Duration, _ int) { cycleSeconds.Observe(d.Seconds()) },
 	}
 
 	ln, err := net.Listen("tcp", cfg.WorkerMetricsAddr)
