@@ -140,7 +140,7 @@ local IDEM_US = DAY_US
 local PENDING_US = 14 * DAY_US
 local PENDING_MS = 14 * 86400 * 1000
 
-local now, shift = clock(tonumber(ARGV[2]))
+local now, shift = clock(ARGV[2] + 0)
 -- pxat turns an expiry in script time (us) into PEXPIREAT milliseconds,
 -- rounded up so that a key never disappears before its state is empty.
 local function pxat(us)
@@ -148,14 +148,16 @@ local function pxat(us)
 end
 
 local mode = ARGV[3]
-local cost = tonumber(ARGV[4])
+-- (the Go side sends decimal integers: arithmetic converts each once, where
+-- tonumber, a function call, would convert twice)
+local cost = ARGV[4] + 0
 local costs = ARGV[4]
 local meter = ARGV[5]
 local bill = ARGV[6] == 'bill'
-local gT, gB = tonumber(ARGV[7]), tonumber(ARGV[8])
-local bU, bC = tonumber(ARGV[9]), tonumber(ARGV[10])
-local dq, mq = tonumber(ARGV[11]), tonumber(ARGV[12])
-local fp, lease = ARGV[13], tonumber(ARGV[14])
+local gT, gB = ARGV[7] + 0, ARGV[8] + 0
+local bU, bC = ARGV[9] + 0, ARGV[10] + 0
+local dq, mq = ARGV[11] + 0, ARGV[12] + 0
+local fp, lease = ARGV[13], ARGV[14] + 0
 local KP, idem = KEYS[6], KEYS[7]
 
 -- replay holds the stored decision of a finished first request.
@@ -285,7 +287,7 @@ if mode == 'admit' then
     local u, r = 0, 0
     if s[pk] then
       local a, b = string.match(s[pk], '^(%-?%d+),(%-?%d+)$')
-      u, r = tonumber(a), tonumber(b)
+      u, r = a + 0, b + 0
     end
     s[pk] = string.format('%d,%d', u + cost, r + 1)
     extra, dirty, counted = {pk}, true, false

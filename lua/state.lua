@@ -115,7 +115,7 @@ end
 -- unless explicit > 0.
 local function clock(explicit)
   local t = redis.call('TIME')
-  local real = tonumber(t[1]) * US + tonumber(t[2])
+  local real = t[1] * US + t[2] -- (arithmetic converts a string once; tonumber twice)
   local now = explicit
   if now <= 0 then now = real end
   local shift = 0
@@ -142,13 +142,14 @@ local function load_state(pk)
     local d, du, dg, m, mu, mg, mo, gn = string.match(h[2],
       '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
     local x, mn = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
-    d = tonumber(d)
-    g, b = tonumber(g), tonumber(b)
-    if g then g = g + d * DAY_US else g = 0 end
-    if b then b = b + d * DAY_US else b = 0 end
-    local s = {v2 = true, x = tonumber(x) * HOUR_US, g = g, b = b, d = d,
-      du = tonumber(du), dg = tonumber(dg), m = tonumber(m), mu = tonumber(mu), mg = tonumber(mg),
-      mo = tonumber(mo), mn = tonumber(mn) * DAY_US, gn = tonumber(gn)}
+    -- (the matches are decimal integers: arithmetic converts each, and
+    -- once, where tonumber, a function call, converts twice)
+    local day0 = d * DAY_US
+    if g ~= '' then g = g + day0 else g = 0 end
+    if b ~= '' then b = b + day0 else b = 0 end
+    local s = {v2 = true, x = x * HOUR_US, g = g, b = b, d = d + 0,
+      du = du + 0, dg = dg + 0, m = m + 0, mu = mu + 0, mg = mg + 0,
+      mo = mo + 0, mn = mn * DAY_US, gn = gn + 0}
     if pk and h[4] then s[pk] = h[4] end
     return s
   end
