@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -151,9 +154,9 @@ func TestGrantMadeWhileRedisIsDownIsAppliedByTheWorkerOnce(t *testing.T) {
 
 	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(proc.URL, "redis://"), "/0")})
 	t.Cleanup(func() { _ = rdb.Close() })
-	rl := ratelimit.New(rdb, s.prefix)
+	missed := catalog.NewGrants(s.store, ratelimit.New(rdb, s.prefix), s.publisher(), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	for i, want := range []int{1, 0} {
-		applied, err := s.store.ApplyGrants(ctx, rl, time.Now())
+		applied, err := missed.ApplyMissed(ctx)
 		if err != nil {
 			t.Fatalf("grants step %d: %v", i, err)
 		}

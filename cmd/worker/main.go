@@ -65,8 +65,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	reg, cycleSeconds := workerMetrics(rec, alerts, cycle.LastFlush)
 
 	store := postgres.NewStore(db)
-	// pub only publishes invalidations (its cache is never read).
-	pub := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
+	// The catalog's cache is never read here: it publishes the room grants make.
+	grants := catalog.NewGrants(store, runner, catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now), time.Now, log)
 	loop := &worker.Loop{
 		Interval: cfg.ReconcileInterval,
 		Log:      log,
@@ -74,12 +74,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			// Grants Redis missed when they were made (it was down): each
 			// applied once by its id (the repair restores only applied ones).
 			{Name: "grants", Run: func(ctx context.Context) error {
-				applied, err := store.ApplyGrants(ctx, runner, time.Now())
-				if len(applied) > 0 { // lift the refusals the API nodes' deny caches hold
-					for _, g := range applied {
-						err = errors.Join(err, pub.Invalidate(ctx, catalog.KindRoom, g.TenantID))
-					}
-				}
+				_, err := grants.ApplyMissed(ctx)
 				return err
 			}},
 			// Repair first: counters lost with Redis are restored before the

@@ -29,9 +29,10 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// source is what the catalog reads on a miss or a refresh; *postgres.Store
-// provides it.
+// source is the store of tiers, tenants and keys (*postgres.Store): what the
+// catalog reads on a miss or a refresh, and the admin writes it fronts.
 type source interface {
+	writer
 	KeyByPrefix(ctx context.Context, prefix string) (quota.KeyRecord, error)
 	KeysByPrefix(ctx context.Context, prefixes []string) ([]quota.KeyRecord, error)
 	Tenant(ctx context.Context, id string) (quota.Tenant, error)

@@ -64,15 +64,6 @@ func paged[T any](c *fiber.Ctx, fetch func(quota.Page) ([]T, *string, error)) er
 	return c.JSON(fiber.Map{"items": items, "next_cursor": next})
 }
 
-// invalidate tells every API node about a change; a failure to publish is
-// logged, not returned: the change is committed and the periodic refresh
-// will carry it within its interval.
-func (s *Server) invalidate(ctx context.Context, kind, id string) {
-	if err := s.catalog.Invalidate(ctx, kind, id); err != nil {
-		s.log.Warn("cache invalidation not published; the periodic refresh will carry it", "kind", kind, "id", id, "err", err)
-	}
-}
-
 // ---- tiers
 
 func (s *Server) listTiers(c *fiber.Ctx) error {
@@ -148,10 +139,9 @@ func (s *Server) createTier(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if t, err = s.store.CreateTier(c.UserContext(), adminActor, t); err != nil {
+	if t, err = s.catalog.CreateTier(c.UserContext(), adminActor, t); err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindTier, t.Slug)
 	return c.Status(fiber.StatusCreated).JSON(t)
 }
 
@@ -224,20 +214,18 @@ func (s *Server) patchTier(c *fiber.Ctx) error {
 	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
-	t, err := s.store.UpdateTier(c.UserContext(), adminActor, c.Params("slug"), body.apply)
+	t, err := s.catalog.UpdateTier(c.UserContext(), adminActor, c.Params("slug"), body.apply)
 	if err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindTier, t.Slug)
 	return c.JSON(t)
 }
 
 func (s *Server) deleteTier(c *fiber.Ctx) error {
 	slug := c.Params("slug")
-	if err := s.store.DeleteTier(c.UserContext(), adminActor, slug); err != nil {
+	if err := s.catalog.DeleteTier(c.UserContext(), adminActor, slug); err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindTier, slug)
 	return c.SendStatus(fiber.StatusNoContent)
 }
 
@@ -276,7 +264,7 @@ func (s *Server) createTenant(c *fiber.Ctx) error {
 	if err := s.validWebhook(body.WebhookURL); err != nil {
 		return err
 	}
-	t, err := s.store.CreateTenantWith(c.UserContext(), adminActor,
+	t, err := s.catalog.CreateTenant(c.UserContext(), adminActor,
 		quota.Tenant{Name: name, Tier: tier, Overrides: body.Overrides, WebhookURL: body.WebhookURL})
 	if err != nil {
 		return err
@@ -326,7 +314,7 @@ func (s *Server) patchTenant(c *fiber.Ctx) error {
 	if err := decodeJSON(c, &body); err != nil {
 		return err
 	}
-	t, err := s.store.UpdateTenant(c.UserContext(), adminActor, c.Params("id"), func(t *quota.Tenant) error {
+	t, err := s.catalog.UpdateTenant(c.UserContext(), adminActor, c.Params("id"), func(t *quota.Tenant) error {
 		if err := body.apply(t); err != nil || !body.WebhookURL.Set {
 			return err // a URL stored before it was checked is left to the worker's check
 		}
@@ -335,16 +323,14 @@ func (s *Server) patchTenant(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindTenant, t.ID)
 	return c.JSON(t)
 }
 
 func (s *Server) deleteTenant(c *fiber.Ctx) error {
 	id := c.Params("id")
-	if err := s.store.DeleteTenant(c.UserContext(), adminActor, id); err != nil {
+	if err := s.catalog.DeleteTenant(c.UserContext(), adminActor, id); err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindTenant, id)
 	return c.SendStatus(fiber.StatusNoContent)
 }
 
@@ -375,21 +361,18 @@ func (s *Server) issueKey(c *fiber.Ctx) error {
 		}
 		exp = append(exp, *body.ExpiresAt)
 	}
-	k, err := s.store.IssueKey(c.UserContext(), adminActor, c.Params("id"), body.Name, exp...)
+	k, err := s.catalog.IssueKey(c.UserContext(), adminActor, c.Params("id"), body.Name, exp...)
 	if err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix) // forget a cached "unknown"
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.Status(fiber.StatusCreated).JSON(k)
 }
 
 func (s *Server) revokeKey(c *fiber.Ctx) error {
-	k, err := s.store.RevokeKey(c.UserContext(), adminActor, c.Params("id"))
-	if err != nil {
+	if _, err := s.catalog.RevokeKey(c.UserContext(), adminActor, c.Params("id")); err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix)
 	return c.SendStatus(fiber.StatusNoContent)
 }
 
@@ -424,12 +407,10 @@ func (s *Server) rotateKey(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	fresh, old, err := s.store.RotateKey(c.UserContext(), adminActor, c.Params("id"), body.Name, grace)
+	fresh, old, err := s.catalog.RotateKey(c.UserContext(), adminActor, c.Params("id"), body.Name, grace)
 	if err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindKey, old.Prefix)
-	s.invalidate(c.UserContext(), catalog.KindKey, fresh.Prefix)
 	c.Set(fiber.HeaderCacheControl, "no-store")
 	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"new": fresh, "old": old})
 }
@@ -439,25 +420,6 @@ func (s *Server) rotateKey(c *fiber.Ctx) error {
 type grantCreate struct {
 	Period *string `json:"period"`
 	Units  *int64  `json:"units"`
-}
-
-// validate returns the grant's period ("day" or "month") and units.
-func (b grantCreate) validate() (string, int64, error) {
-	period, err := required("period", b.Period)
-	if err != nil {
-		return "", 0, err
-	}
-	units, err := required("units", b.Units)
-	if err != nil {
-		return "", 0, err
-	}
-	if period != "day" && period != "month" {
-		return "", 0, quota.FieldError("period", `must be "day" or "month"`)
-	}
-	if units < 1 || units > quota.MaxQuantity {
-		return "", 0, quota.FieldError("units", "must be an integer between 1 and %d", quota.MaxQuantity)
-	}
-	return period, units, nil
 }
 
 // grantLater is the detail of a grant recorded but not yet applied.
@@ -497,35 +459,26 @@ func (s *Server) createGrant(c *fiber.Ctx) error {
 	}{g, grantLater})
 }
 
-// grant adds units to the tenant's current day or month, for the API and
-// the console: recorded in Postgres (for invoices and quota repair) and
-// applied to the live counter in Redis, so the remaining quota and the
-// headers show it on the next request. A grant Redis did not take is no
-// error: it is recorded as not applied, and the worker's grants step applies
-// it. Under an idempotency key a repeat returns the grant first recorded
-// (created false), applying it if it is not yet.
-func (s *Server) grant(ctx context.Context, actor, tenantID, key string, body grantCreate) (g quota.Grant, created bool, err error) {
+// validate returns the grant's period ("day" or "month") and units.
+func (b grantCreate) validate() (string, int64, error) {
+	period, err := required("period", b.Period)
+	if err != nil {
+		return "", 0, err
+	}
+	units, err := required("units", b.Units)
+	if err != nil {
+		return "", 0, err
+	}
+	return period, units, catalog.CheckGrant(period, units)
+}
+
+// grant grants through the catalog's Grants, for the API and the console.
+func (s *Server) grant(ctx context.Context, actor, tenantID, key string, body grantCreate) (quota.Grant, bool, error) {
 	period, units, err := body.validate()
 	if err != nil {
-		return g, false, err
+		return quota.Grant{}, false, err
 	}
-	start := quota.DayStart(s.now())
-	if period == "month" {
-		start = quota.MonthStart(start)
-	}
-	g, created, err = s.store.CreateGrantIdempotent(ctx, actor, tenantID, key, period, start, units)
-	if err != nil || g.Applied {
-		return g, created, err
-	}
-	if g, err = s.store.ApplyGrant(ctx, s.limits, g); err != nil {
-		s.log.Warn("grant recorded but not applied; the worker's grants step will apply it",
-			"tenant_id", g.TenantID, "grant_id", g.ID, "err", err)
-		return g, created, nil
-	}
-	if g.Applied {
-		s.invalidate(ctx, catalog.KindRoom, g.TenantID) // clears deny caches
-	}
-	return g, created, nil
+	return s.grants.Create(ctx, actor, tenantID, key, period, units)
 }
 
 func (s *Server) listGrants(c *fiber.Ctx) error {
@@ -626,7 +579,7 @@ func (s *Server) tenantSummary(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	u, err := s.usageFor(c.UserContext(), p)
+	u, err := s.reports.For(c.UserContext(), p)
 	if err != nil {
 		return err
 	}

@@ -7,6 +7,8 @@ import (
 	"math"
 	"strings"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/usage"
 )
 
 // The daily usage chart: an SVG drawn on the server, so it needs no script
@@ -27,9 +29,9 @@ const (
 
 // dailyChart draws the days (the /v1/usage daily rows) of the month that
 // starts at month.
-func dailyChart(month time.Time, days []DayJSON) template.HTML {
+func dailyChart(month time.Time, days []usage.Day) template.HTML {
 	n := time.Date(month.Year(), month.Month()+1, 0, 0, 0, 0, 0, time.UTC).Day()
-	byDay := make([]DayJSON, n+1)
+	byDay := make([]usage.Day, n+1)
 	var peak, total, refused, refusedDays int64
 	for _, d := range days {
 		t, err := time.Parse(time.DateOnly, d.Date)
@@ -120,7 +122,7 @@ func triangle(x, y float64) string {
 	return fmt.Sprintf("M%.1f %.1fL%.1f %.1fL%.1f %.1fZ", x-chartMarkerHalf, y, x+chartMarkerHalf, y, x, y-chartMarkerH)
 }
 
-func dayLabel(d DayJSON) string {
+func dayLabel(d usage.Day) string {
 	return html.EscapeString(fmt.Sprintf("%s: %s units, %s requests, %s refused",
 		d.Date, formatNum(d.Units), formatNum(d.Requests), formatNum(d.Rejected)))
 }

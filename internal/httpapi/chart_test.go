@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/usage"
 )
 
 // svgNode is a generic XML element, to walk the chart.
@@ -32,7 +34,7 @@ func (n svgNode) walk(f func(svgNode)) {
 	}
 }
 
-func mustChart(tb testing.TB, month time.Time, days []DayJSON) svgNode {
+func mustChart(tb testing.TB, month time.Time, days []usage.Day) svgNode {
 	tb.Helper()
 	var root svgNode
 	if err := xml.Unmarshal([]byte(dailyChart(month, days)), &root); err != nil {
@@ -43,7 +45,7 @@ func mustChart(tb testing.TB, month time.Time, days []DayJSON) svgNode {
 
 func TestDailyChart(t *testing.T) {
 	nov := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
-	days := []DayJSON{
+	days := []usage.Day{
 		{Date: "2026-11-01", Units: 400, Requests: 40, Rejected: 0},
 		{Date: "2026-11-05", Units: 1000, Requests: 90, Rejected: 12},
 		{Date: "2026-11-06", Units: 0, Requests: 0, Rejected: 3}, // only refusals

@@ -8,7 +8,6 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tollgate/tollgate/internal/billing"
-	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -156,13 +155,12 @@ func (s *Server) consoleSaveTier(c *fiber.Ctx) error {
 	errs := formErrors{}
 	t := tierFromForm(errs, f)
 	if len(errs) == 0 {
-		saved, err := s.store.UpdateTier(c.UserContext(), consoleActor, slug, func(cur *quota.Tier) error {
+		saved, err := s.catalog.UpdateTier(c.UserContext(), consoleActor, slug, func(cur *quota.Tier) error {
 			t.Slug = cur.Slug
 			*cur = t
 			return nil
 		})
 		if err == nil {
-			s.invalidate(c.UserContext(), catalog.KindTier, saved.Slug)
 			return c.Redirect("/console/tiers?ok=saved#tier-"+url.PathEscape(saved.Slug), fiber.StatusSeeOther)
 		}
 		if quota.ErrorCode(err) != quota.CodeInvalid {
@@ -183,9 +181,8 @@ func (s *Server) consoleCreateTier(c *fiber.Ctx) error {
 	t := tierFromForm(errs, f)
 	status := fiber.StatusBadRequest
 	if len(errs) == 0 {
-		created, err := s.store.CreateTier(c.UserContext(), consoleActor, t)
+		created, err := s.catalog.CreateTier(c.UserContext(), consoleActor, t)
 		if err == nil {
-			s.invalidate(c.UserContext(), catalog.KindTier, created.Slug)
 			return c.Redirect("/console/tiers?ok=created#tier-"+url.PathEscape(created.Slug), fiber.StatusSeeOther)
 		}
 		switch quota.ErrorCode(err) {
@@ -248,7 +245,7 @@ func (s *Server) renderTenants(c *fiber.Ctx, status int, values map[string]strin
 	for i, t := range tenants {
 		ids[i] = t.ID
 	}
-	totals, err := s.monthTotals(ctx, ids)
+	totals, err := s.reports.MonthTotals(ctx, ids)
 	if err != nil {
 		return err
 	}
@@ -266,7 +263,7 @@ func (s *Server) consoleCreateTenant(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	t, err := s.store.CreateTenantWith(c.UserContext(), consoleActor, quota.Tenant{Name: strings.TrimSpace(f["name"]), Tier: f["tier"]})
+	t, err := s.catalog.CreateTenant(c.UserContext(), consoleActor, quota.Tenant{Name: strings.TrimSpace(f["name"]), Tier: f["tier"]})
 	if err != nil {
 		if quota.ErrorCode(err) != quota.CodeInvalid {
 			return err
@@ -368,11 +365,10 @@ func (s *Server) consoleIssueKey(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	k, err := s.store.IssueKey(c.UserContext(), consoleActor, id, strings.TrimSpace(f["name"]))
+	k, err := s.catalog.IssueKey(c.UserContext(), consoleActor, id, strings.TrimSpace(f["name"]))
 	if err != nil {
 		return s.tenantFormError(c, id, f, err)
 	}
-	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix)
 	v.Issued = &k
 	if !v.MoreKeys {
 		v.Keys = append(v.Keys, k.APIKey)
@@ -384,11 +380,10 @@ func (s *Server) consoleRevokeKey(c *fiber.Ctx) error {
 	if _, err := readForm(c, csrfField); err != nil {
 		return err
 	}
-	k, err := s.store.RevokeKey(c.UserContext(), consoleActor, c.Params("id"))
+	k, err := s.catalog.RevokeKey(c.UserContext(), consoleActor, c.Params("id"))
 	if err != nil {
 		return err
 	}
-	s.invalidate(c.UserContext(), catalog.KindKey, k.Prefix)
 	return c.Redirect("/console/tenants/"+k.TenantID+"?ok=revoked#keys", fiber.StatusSeeOther)
 }
 
@@ -423,14 +418,13 @@ func (s *Server) consoleUpdateTenant(c *fiber.Ctx, field string, change func(*qu
 	if err != nil {
 		return err
 	}
-	t, err := s.store.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
+	t, err := s.catalog.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
 		change(t, f[field])
 		return nil
 	})
 	if err != nil {
 		return s.tenantFormError(c, id, f, err)
 	}
-	s.invalidate(c.UserContext(), catalog.KindTenant, t.ID)
 	return c.Redirect("/console/tenants/"+t.ID+"?ok="+ok(t), fiber.StatusSeeOther)
 }
 

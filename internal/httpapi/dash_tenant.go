@@ -9,6 +9,7 @@ import (
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/usage"
 )
 
 // tenantView is one tenant's usage as the dashboard and the console's tenant
@@ -17,11 +18,11 @@ type tenantView struct {
 	Tenant    quota.Tenant
 	Tier      quota.Tier
 	Limits    quota.Limits // after overrides; the rates of the burst limits
-	Usage     UsageJSON
-	Burst     *LimitJSON // nil when the limit is off
-	Bucket    *LimitJSON
-	Daily     *LimitJSON
-	Monthly   *LimitJSON
+	Usage     usage.Report
+	Burst     *usage.Limit // nil when the limit is off
+	Bucket    *usage.Limit
+	Daily     *usage.Limit
+	Monthly   *usage.Limit
 	MonthName string
 	Chart     template.HTML
 	Days      usageTable // this month's days
@@ -43,7 +44,7 @@ type usageRow struct {
 }
 
 func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantView, error) {
-	u, err := s.usageFor(ctx, p)
+	u, err := s.reports.For(ctx, p)
 	if err != nil {
 		return tenantView{}, s.unavailable(err)
 	}
@@ -51,7 +52,7 @@ func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantV
 	if err != nil {
 		return tenantView{}, s.unavailable(err)
 	}
-	month := u.monthStart
+	month := u.MonthStart()
 	v := tenantView{Tenant: p.Tenant, Tier: p.Tier, Limits: p.Limits, Usage: u,
 		MonthName: month.Format("January 2006"), Chart: dailyChart(month, u.Daily), Invoices: invoices,
 		Days: usageTable{ID: "daily-table", Key: "Date"}, Meters: usageTable{ID: "meters-table", Key: "Meter"}}
@@ -61,7 +62,7 @@ func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantV
 	for _, m := range u.Meters {
 		v.Meters.Rows = append(v.Meters.Rows, usageRow{m.Meter, m.Units, m.Requests, m.Rejected})
 	}
-	for name, dst := range map[quota.LimitName]**LimitJSON{
+	for name, dst := range map[quota.LimitName]**usage.Limit{
 		quota.LimitBurst: &v.Burst, quota.LimitBucket: &v.Bucket, quota.LimitDaily: &v.Daily, quota.LimitMonthly: &v.Monthly,
 	} {
 		if l, ok := u.Limit(name); ok {

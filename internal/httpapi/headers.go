@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"math"
 	"strconv"
 	"time"
 
@@ -14,20 +13,6 @@ import (
 // ProblemQuotaExceeded is the problem type of a refusal (IANA HTTP problem
 // types registry).
 const ProblemQuotaExceeded = "https://iana.org/assignments/http-problem-types#quota-exceeded"
-
-// ceilSeconds rounds d up to whole seconds, never below zero.
-func ceilSeconds(d time.Duration) int64 {
-	if d <= 0 {
-		return 0
-	}
-	return int64(math.Ceil(d.Seconds()))
-}
-
-// windowSeconds is a policy window in whole seconds, at least 1: draft-10's
-// w parameter is an integer.
-func windowSeconds(d time.Duration) int64 {
-	return max(1, ceilSeconds(d))
-}
 
 // tightest picks the limit the X-RateLimit-* trio describes: the first
 // violated limit on a refusal, else the one with the least remaining room
@@ -101,7 +86,7 @@ func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
 			b = append(b, ";q="...)
 			b = strconv.AppendInt(b, l.Limit, 10)
 			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, windowSeconds(l.Window), 10)
+			b = strconv.AppendInt(b, quota.WindowSeconds(l.Window), 10)
 		}
 		h.SetCanonical(hdrPolicy, b)
 		b = scratch[:0]
@@ -113,17 +98,17 @@ func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
 			b = append(b, ";r="...)
 			b = strconv.AppendInt(b, l.Remaining, 10)
 			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, ceilSeconds(l.Reset.Sub(d.Now)), 10)
+			b = strconv.AppendInt(b, quota.CeilSeconds(l.Reset.Sub(d.Now)), 10)
 		}
 		h.SetCanonical(hdrState, b)
 	}
 	if l, ok := tightest(d); ok {
 		h.SetCanonical(hdrLimit, strconv.AppendInt(scratch[:0], l.Limit, 10))
 		h.SetCanonical(hdrRemaining, strconv.AppendInt(scratch[:0], l.Remaining, 10))
-		h.SetCanonical(hdrReset, strconv.AppendInt(scratch[:0], resetTime(l.Reset).Unix(), 10))
+		h.SetCanonical(hdrReset, strconv.AppendInt(scratch[:0], quota.ResetTime(l.Reset).Unix(), 10))
 	}
 	if !d.Allowed && d.RetryAfter >= 0 {
-		h.SetCanonical(hdrRetryAfter, strconv.AppendInt(scratch[:0], max(1, ceilSeconds(d.RetryAfter)), 10))
+		h.SetCanonical(hdrRetryAfter, strconv.AppendInt(scratch[:0], max(1, quota.CeilSeconds(d.RetryAfter)), 10))
 	}
 }
 
@@ -147,16 +132,6 @@ func appendSFString(dst []byte, s string) []byte {
 	return append(dst, '"')
 }
 
-// resetTime is a limit's reset as every answer shows it (X-RateLimit-Reset,
-// the problem's and /v1/usage's reset): rounded up to the whole second, so
-// that no client that waits for it is early, and all of them agree.
-func resetTime(t time.Time) time.Time {
-	if r := t.Truncate(time.Second); !r.Equal(t) {
-		return r.Add(time.Second).UTC()
-	}
-	return t.UTC()
-}
-
 // refusal is the 429 body of API.md: the refusing limits, the state of
 // the first of them, the retry time and the upgrade hint. It is rendered by
 // appendJSON, typed: a refusal from the deny cache makes no map, no
@@ -169,7 +144,7 @@ type refusal struct {
 	// without limits has none to show).
 	hasLimit         bool
 	limit, remaining int64
-	reset            time.Time // rounded up as resetTime rounds it
+	reset            time.Time // rounded up as quota.ResetTime rounds it
 	// retryAfter is in whole seconds, at least 1; -1 when the request can
 	// never pass (costs more than the limit allows at all).
 	retryAfter int64
@@ -179,10 +154,10 @@ type refusal struct {
 func refusalProblem(d quota.Decision, upgrade *quota.Upgrade, instance string) refusal {
 	r := refusal{violated: d.Violated, upgrade: upgrade, instance: instance, retryAfter: -1}
 	if l, ok := tightest(d); ok {
-		r.hasLimit, r.limit, r.remaining, r.reset = true, l.Limit, l.Remaining, resetTime(l.Reset)
+		r.hasLimit, r.limit, r.remaining, r.reset = true, l.Limit, l.Remaining, quota.ResetTime(l.Reset)
 	}
 	if d.RetryAfter >= 0 {
-		r.retryAfter = max(1, ceilSeconds(d.RetryAfter))
+		r.retryAfter = max(1, quota.CeilSeconds(d.RetryAfter))
 	}
 	return r
 }

@@ -67,8 +67,8 @@ func TestHotPathIsOneRedisRoundTripAndNoPostgres(t *testing.T) {
 	src := &pgReads{Store: store}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	runner := ratelimit.New(rdb, prefix)
-	s := New(Deps{Log: log, DB: pool, Redis: rdb, Catalog: catalog.New(src, rdb, prefix, log, time.Now),
-		Gate: admission.New(runner, time.Now), Limits: runner, Ledger: billing.NewLedger(pool)}, Options{BodyLimit: 1 << 20})
+	s := New(Deps{Log: log, Store: store, Redis: rdb, Catalog: catalog.New(src, rdb, prefix, log, time.Now),
+		Gate: admission.New(runner, time.Now), Ledger: billing.NewLedger(pool)}, Options{BodyLimit: 1 << 20})
 
 	tenant, err := store.CreateTenant(context.Background(), "test", "hot", "pro")
 	if err != nil {

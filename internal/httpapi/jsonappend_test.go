@@ -87,10 +87,10 @@ func oracleRefusal(d quota.Decision, upgrade *quota.Upgrade, instance string) []
 	detail := fmt.Sprintf("the %s limit is exhausted", strings.Join(names, " and "))
 	if l, ok := tightest(d); ok {
 		body["limit"], body["remaining"] = l.Limit, l.Remaining
-		body["reset"] = resetTime(l.Reset).Format(time.RFC3339)
+		body["reset"] = quota.ResetTime(l.Reset).Format(time.RFC3339)
 	}
 	if d.RetryAfter >= 0 {
-		secs := max(1, ceilSeconds(d.RetryAfter))
+		secs := max(1, quota.CeilSeconds(d.RetryAfter))
 		body["retry_after"] = secs
 		detail += fmt.Sprintf("; retry in %d s", secs)
 	} else {

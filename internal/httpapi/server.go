@@ -12,15 +12,14 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/routes"
+	"github.com/tollgate/tollgate/internal/usage"
 )
 
 // Options are the settings the HTTP layer needs.
@@ -50,26 +49,40 @@ type gate interface {
 	Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error)
 }
 
-// limiter is what the HTTP layer needs of the Redis side beyond admission:
-// reading limits without consuming, and reading pending usage.
-type limiter interface {
-	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
-	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
-	PendingMany(ctx context.Context, tenantIDs []string) (map[string][]quota.PendingRow, error)
-	ApplyGrant(ctx context.Context, tenantID, id, period string, start time.Time, units int64) (bool, error)
+// records is what the admin API and the console read of the store of
+// tiers, tenants, keys, grants and the audit log (*postgres.Store): listings
+// and single records, read through to Postgres, never cached.
+type records interface {
+	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
+	Tier(ctx context.Context, slug string) (quota.Tier, error)
+	Tiers(ctx context.Context) ([]quota.Tier, error)
+	ListTenants(ctx context.Context, f quota.TenantFilter, p quota.Page) ([]quota.Tenant, *string, error)
+	Tenant(ctx context.Context, id string) (quota.Tenant, error)
+	TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, error)
+	ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error)
+	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
+	ListAudit(ctx context.Context, entity, entityID string, p quota.Page) ([]quota.AuditEntry, *string, error)
+}
+
+// ReadyCheck is one dependency /readyz checks: Check returns nil when the
+// dependency is ready.
+type ReadyCheck struct {
+	Name  string
+	Check func(ctx context.Context) error
 }
 
 // Deps are the parts the handlers use; cmd/api builds them.
 type Deps struct {
 	Log     *slog.Logger
-	DB      *pgxpool.Pool
-	Store   *postgres.Store
-	Redis   redis.UniversalClient
+	Store   records
+	Redis   redis.UniversalClient // the dashboard's sessions
 	Catalog *catalog.Catalog
+	Grants  *catalog.Grants
 	Gate    gate
-	Limits  limiter
 	Ledger  *billing.Ledger
+	Usage   *usage.Reader
 	Alerts  *billing.Deliverer // for listing alerts
+	Ready   []ReadyCheck       // what /readyz checks
 	Routes  *routes.Table
 	Metrics *Metrics
 	Now     func() time.Time
@@ -79,13 +92,14 @@ type Deps struct {
 type Server struct {
 	app      *fiber.App
 	log      *slog.Logger
-	db       *pgxpool.Pool
-	store    *postgres.Store
+	store    records
 	rdb      redis.UniversalClient
 	catalog  *catalog.Catalog
+	grants   *catalog.Grants
 	gate     gate
-	limits   limiter
+	ready    []ReadyCheck
 	ledger   *billing.Ledger
+	reports  *usage.Reader
 	alerts   *billing.Deliverer
 	routes   *routes.Table
 	metrics  *Metrics
@@ -126,23 +140,14 @@ func New(d Deps, opts Options) *Server {
 	if d.Routes == nil {
 		d.Routes = routes.Default()
 	}
-	if d.Store == nil && d.DB != nil {
-		d.Store = postgres.NewStore(d.DB)
-	}
-	if d.Ledger == nil && d.DB != nil {
-		d.Ledger = billing.NewLedger(d.DB)
-	}
-	if d.Alerts == nil && d.DB != nil {
-		d.Alerts = billing.NewDeliverer(d.DB, nil, d.Now)
-	}
 	if opts.RedisPrefix == "" {
 		opts.RedisPrefix = "tg"
 	}
 	if opts.SessionTTL <= 0 {
 		opts.SessionTTL = 8 * time.Hour
 	}
-	s := &Server{log: d.Log, db: d.DB, store: d.Store, now: d.Now, rdb: d.Redis, catalog: d.Catalog, gate: d.Gate, limits: d.Limits,
-		ledger: d.Ledger, alerts: d.Alerts, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now),
+	s := &Server{log: d.Log, store: d.Store, now: d.Now, rdb: d.Redis, catalog: d.Catalog, grants: d.Grants, gate: d.Gate, ready: d.Ready,
+		ledger: d.Ledger, reports: d.Usage, alerts: d.Alerts, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now),
 		adminFail: newAuthFailures(d.Now), serviceFail: newAuthFailures(d.Now), opts: opts,
 		views: pageViews, assets: pageAssets}
 	s.app = fiber.New(fiber.Config{
@@ -242,20 +247,18 @@ func (s *Server) healthz(c *fiber.Ctx) error {
 	return c.JSON(fiber.Map{"status": "ok"})
 }
 
-// readyz answers 200 only when Redis and Postgres answer and the schema is
-// the one this binary expects.
+// readyz answers 200 only when every dependency is ready (for the api:
+// Redis and Postgres answer and the schema is the one this binary expects).
 func (s *Server) readyz(c *fiber.Ctx) error {
 	ctx, cancel := context.WithTimeout(c.UserContext(), 2*time.Second)
 	defer cancel()
-	checks := fiber.Map{"redis": "ok", "postgres": "ok", "schema": "ok"}
+	checks := fiber.Map{}
 	ready := true
-	if err := s.rdb.Ping(ctx).Err(); err != nil {
-		checks["redis"], ready = err.Error(), false
-	}
-	if err := s.db.Ping(ctx); err != nil {
-		checks["postgres"], ready = err.Error(), false
-	} else if err := postgres.SchemaCurrent(ctx, s.db); err != nil {
-		checks["schema"], ready = err.Error(), false
+	for _, r := range s.ready {
+		checks[r.Name] = "ok"
+		if err := r.Check(ctx); err != nil {
+			checks[r.Name], ready = err.Error(), false
+		}
 	}
 	if !ready {
 		return writeProblem(c, Problem{Status: fiber.StatusServiceUnavailable, Title: "Not Ready",

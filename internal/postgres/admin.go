@@ -486,61 +486,31 @@ func (s *Store) CreateGrantIdempotent(ctx context.Context, actor, tenantID, key,
 	return g, created, err
 }
 
-// grantApplier applies a recorded grant in Redis once (*ratelimit.Runner).
-type grantApplier interface {
-	ApplyGrant(ctx context.Context, tenantID, id, period string, start time.Time, units int64) (bool, error)
+// MarkGrantApplied records that the grant id is in the tenant's live
+// counter; marking it twice is no harm.
+func (s *Store) MarkGrantApplied(ctx context.Context, id string) error {
+	if _, err := s.db.Exec(ctx, `UPDATE grants SET applied_at = now() WHERE id = $1 AND applied_at IS NULL`, id); err != nil {
+		return fmt.Errorf("postgres: mark grant applied: %w", err)
+	}
+	return nil
 }
 
-// ApplyGrant applies g in Redis through rl and marks it applied. Applying a
-// grant twice adds it once, so a grant applied by another caller meanwhile
-// is no harm. The grant returned says whether it is applied: not, with a nil
-// error, when its period is not Redis' current one (it ended, or Redis' clock
-// is not there yet).
-func (s *Store) ApplyGrant(ctx context.Context, rl grantApplier, g quota.Grant) (quota.Grant, error) {
-	start, err := time.Parse(time.DateOnly, g.PeriodStart)
-	if err != nil {
-		return g, fmt.Errorf("postgres: grant %s: period start: %w", g.ID, err)
-	}
-	applied, err := rl.ApplyGrant(ctx, g.TenantID, g.ID, g.Period, start, g.Units)
-	if err != nil || !applied {
-		return g, err
-	}
-	if _, err := s.db.Exec(ctx, `UPDATE grants SET applied_at = now() WHERE id = $1 AND applied_at IS NULL`, g.ID); err != nil {
-		return g, fmt.Errorf("postgres: mark grant applied: %w", err)
-	}
-	g.Applied = true
-	return g, nil
-}
-
-// ApplyGrants applies the grants of the current day and month (at now) that
-// are not applied yet, because Redis failed when they were made, and returns
-// them. It is the worker's grants step: idempotent, and safe beside the API
-// and other workers applying the same grants. Each run takes at most 1,000,
-// oldest first; what remains waits for the next.
-func (s *Store) ApplyGrants(ctx context.Context, rl grantApplier, now time.Time) ([]quota.Grant, error) {
+// UnappliedGrants returns the grants of the day dayStart and the month
+// monthStart not applied yet, oldest first, at most 1,000 of them.
+func (s *Store) UnappliedGrants(ctx context.Context, dayStart, monthStart time.Time) ([]quota.Grant, error) {
 	// period_start IN (…) lets the partial index of unapplied grants serve.
 	rows, err := s.db.Query(ctx, `SELECT `+grantColumns+` FROM grants
 		WHERE applied_at IS NULL AND period_start IN ($1::date, $2::date)
 		  AND (period = 'day' AND period_start = $1::date OR period = 'month' AND period_start = $2::date)
-		ORDER BY created_at, id LIMIT 1000`, quota.DayStart(now), quota.MonthStart(now))
+		ORDER BY created_at, id LIMIT 1000`, dayStart, monthStart)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: unapplied grants: %w", err)
 	}
-	pending, err := collectGrants(rows)
+	grants, err := collectGrants(rows)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: unapplied grants: %w", err)
 	}
-	var done []quota.Grant
-	for _, g := range pending {
-		g, err := s.ApplyGrant(ctx, rl, g)
-		if err != nil {
-			return done, err
-		}
-		if g.Applied {
-			done = append(done, g)
-		}
-	}
-	return done, nil
+	return grants, nil
 }
 
 // ListGrants returns a tenant's grants, newest first.

@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"math"
 	"time"
 )
 
@@ -160,4 +161,29 @@ type RefusalCount struct {
 	Meter    string
 	Hour     time.Time
 	Requests int64
+}
+
+// CeilSeconds rounds d up to whole seconds, never below zero: the one
+// rounding of every wait an answer shows (Retry-After, retry_after).
+func CeilSeconds(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64(math.Ceil(d.Seconds()))
+}
+
+// WindowSeconds is a limit's window in whole seconds, at least 1 (the
+// RateLimit-Policy header's w parameter is an integer).
+func WindowSeconds(d time.Duration) int64 {
+	return max(1, CeilSeconds(d))
+}
+
+// ResetTime is a limit's reset as every answer shows it (X-RateLimit-Reset,
+// the problem's and /v1/usage's reset): rounded up to the whole second, so
+// that no client that waits for it is early, and all of them agree.
+func ResetTime(t time.Time) time.Time {
+	if r := t.Truncate(time.Second); !r.Equal(t) {
+		return r.Add(time.Second).UTC()
+	}
+	return t.UTC()
 }

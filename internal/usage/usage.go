@@ -1,0 +1,212 @@
+// Package usage is the usage read model: a tenant's limits as they stand
+// (read at admission without consuming anything) and this period's usage,
+// recorded in the ledger plus still pending at admission, as /v1/usage, the
+// admin summary, the tenant dashboard and the console all show it. It joins
+// the two sides of usage in one place, so that every view adds them the same
+// way.
+package usage
+
+import (
+	"context"
+	"sort"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// counters is the admission side (*ratelimit.Runner): the limits as they
+// stand and the usage counted but not yet recorded.
+type counters interface {
+	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
+	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
+	PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error)
+}
+
+// ledger is the recorded side (*billing.Ledger).
+type ledger interface {
+	EachUsage(ctx context.Context, tenantID string, from, to time.Time, granularity, meter string, fn func(billing.UsageRow) error) error
+	TenantTotals(ctx context.Context, ids []string, from, to time.Time) (map[string]billing.Totals, error)
+}
+
+// Reader reads usage. It is safe for concurrent use.
+type Reader struct {
+	counters counters
+	ledger   ledger
+	now      func() time.Time
+}
+
+// NewReader returns a Reader over the admission counters c and the ledger l;
+// now is the clock of MonthTotals (For reads the admission side's clock).
+func NewReader(c counters, l ledger, now func() time.Time) *Reader {
+	return &Reader{counters: c, ledger: l, now: now}
+}
+
+// Limit is one limit as /v1/usage and /v1/check show it.
+type Limit struct {
+	Name          quota.LimitName `json:"name"`
+	Limit         int64           `json:"limit"`
+	Remaining     int64           `json:"remaining"`
+	Reset         string          `json:"reset"`
+	WindowSeconds int64           `json:"window_seconds"`
+}
+
+// Limits are the limits of d as /v1/usage and /v1/check show them.
+func Limits(d quota.Decision) []Limit {
+	out := make([]Limit, 0, len(d.Limits))
+	for _, l := range d.Limits {
+		out = append(out, Limit{Name: l.Name, Limit: l.Limit, Remaining: l.Remaining,
+			Reset: quota.ResetTime(l.Reset).Format(time.RFC3339), WindowSeconds: quota.WindowSeconds(l.Window)})
+	}
+	return out
+}
+
+// Day is one day of a report.
+type Day struct {
+	Date     string `json:"date"`
+	Units    int64  `json:"units"`
+	Requests int64  `json:"requests"`
+	Rejected int64  `json:"rejected"`
+}
+
+// Meter is one meter's usage this month in a report.
+type Meter struct {
+	Meter    string `json:"meter"`
+	Units    int64  `json:"units"`
+	Requests int64  `json:"requests"`
+	Rejected int64  `json:"rejected"`
+}
+
+// Report is a tenant's usage: the body of GET /v1/usage and of the admin's
+// GET /admin/v1/tenants/{id}/summary, and what both dashboards show.
+type Report struct {
+	TenantID string         `json:"tenant_id"`
+	Tier     string         `json:"tier"`
+	Limits   []Limit        `json:"limits"`
+	Daily    []Day          `json:"daily"`
+	Meters   []Meter        `json:"meters"`
+	Upgrade  *quota.Upgrade `json:"upgrade"`
+
+	monthStart time.Time // the month of Daily and Meters, by the admission side's time
+	today      string    // the date the limits were read on
+}
+
+// MonthStart is the start of the month of Daily and Meters.
+func (u Report) MonthStart() time.Time { return u.monthStart }
+
+// Today is today's row of Daily (zero when nothing was used today).
+func (u Report) Today() Day {
+	for _, d := range u.Daily {
+		if d.Date == u.today {
+			return d
+		}
+	}
+	return Day{Date: u.today}
+}
+
+// Month sums the daily rows: the month's usage so far.
+func (u Report) Month() billing.Totals {
+	var t billing.Totals
+	for _, d := range u.Daily {
+		t.Units += d.Units
+		t.Requests += d.Requests
+		t.Rejected += d.Rejected
+	}
+	return t
+}
+
+// Limit returns the named limit and whether it is active.
+func (u Report) Limit(name quota.LimitName) (Limit, bool) {
+	for _, l := range u.Limits {
+		if l.Name == name {
+			return l, true
+		}
+	}
+	return Limit{}, false
+}
+
+// For is the usage of p's tenant: its limits as they stand, and this month's
+// usage per day and per meter, recorded plus still pending.
+func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
+	d, err := r.counters.Peek(ctx, p.Tenant.ID, p.Limits, time.Time{})
+	if err != nil {
+		return Report{}, err
+	}
+	from := quota.MonthStart(d.Now)
+	to := from.AddDate(0, 1, 0)
+	days := map[string]*Day{}
+	meters := map[string]*Meter{}
+	add := func(t time.Time, meter string, units, requests, rejected int64) {
+		k := t.UTC().Format(time.DateOnly)
+		dj := days[k]
+		if dj == nil {
+			dj = &Day{Date: k}
+			days[k] = dj
+		}
+		mj := meters[meter]
+		if mj == nil {
+			mj = &Meter{Meter: meter}
+			meters[meter] = mj
+		}
+		dj.Units, dj.Requests, dj.Rejected = dj.Units+units, dj.Requests+requests, dj.Rejected+rejected
+		mj.Units, mj.Requests, mj.Rejected = mj.Units+units, mj.Requests+requests, mj.Rejected+rejected
+	}
+	if err := r.ledger.EachUsage(ctx, p.Tenant.ID, from, to, "day", "", func(row billing.UsageRow) error {
+		add(row.PeriodStart, row.Meter, row.Units, row.Requests, row.Rejected)
+		return nil
+	}); err != nil {
+		return Report{}, err
+	}
+	pending, err := r.counters.Pending(ctx, p.Tenant.ID)
+	if err != nil {
+		return Report{}, err
+	}
+	for _, row := range pending {
+		if !row.Hour.Before(from) && row.Hour.Before(to) {
+			add(row.Hour, row.Meter, row.Units, row.Requests, row.Rejected)
+		}
+	}
+	u := Report{TenantID: p.Tenant.ID, Tier: p.Tier.Slug, Limits: Limits(d), Upgrade: p.Upgrade, monthStart: from,
+		today: d.Now.UTC().Format(time.DateOnly),
+		Daily: make([]Day, 0, len(days)), Meters: make([]Meter, 0, len(meters))}
+	for _, dj := range days {
+		u.Daily = append(u.Daily, *dj)
+	}
+	sort.Slice(u.Daily, func(i, j int) bool { return u.Daily[i].Date < u.Daily[j].Date })
+	for _, mj := range meters {
+		u.Meters = append(u.Meters, *mj)
+	}
+	sort.Slice(u.Meters, func(i, j int) bool { return u.Meters[i].Meter < u.Meters[j].Meter })
+	return u, nil
+}
+
+// MonthTotals returns the usage this month (by the reader's clock) of each
+// tenant of ids, recorded plus pending: for each tenant the same sum as its
+// report's daily rows, in one ledger query and one admission round trip.
+func (r *Reader) MonthTotals(ctx context.Context, ids []string) (map[string]billing.Totals, error) {
+	out := map[string]billing.Totals{}
+	if len(ids) == 0 {
+		return out, nil
+	}
+	from := quota.MonthStart(r.now())
+	to := from.AddDate(0, 1, 0)
+	recorded, err := r.ledger.TenantTotals(ctx, ids, from, to)
+	if err != nil {
+		return nil, err
+	}
+	pending, err := r.counters.PendingMany(ctx, ids)
+	if err != nil {
+		return nil, err
+	}
+	for _, id := range ids {
+		t := recorded[id]
+		for _, row := range pending[id] {
+			if !row.Hour.Before(from) && row.Hour.Before(to) {
+				t.Units, t.Requests, t.Rejected = t.Units+row.Units, t.Requests+row.Requests, t.Rejected+row.Rejected
+			}
+		}
+		out[id] = t
+	}
+	return out, nil
+}
