@@ -33,8 +33,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/locallimit"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
 )
 
 const (
@@ -87,11 +87,12 @@ type Gate struct {
 
 	mu       sync.Mutex
 	deny     map[string]denial
-	local    map[string]*ratelimit.Model
 	breakers map[string]*breaker
 	refused  map[refusalKey]int64
 
-	nLocal, nBreakers atomic.Int32 // fast paths: none kept
+	nBreakers atomic.Int32 // fast path: none kept
+
+	local *locallimit.Limiter // fail-open decisions during an outage
 
 	// OnRedisError is called on every Redis failure (metrics).
 	OnRedisError func(error)
@@ -104,7 +105,7 @@ type Gate struct {
 
 // New returns a Gate in front of the Redis store s.
 func New(s Store, now func() time.Time) *Gate {
-	return &Gate{store: s, now: now, deny: map[string]denial{}, local: map[string]*ratelimit.Model{},
+	return &Gate{store: s, now: now, deny: map[string]denial{}, local: locallimit.NewLimiter(maxLocal),
 		breakers: map[string]*breaker{}, refused: map[refusalKey]int64{},
 		OnRedisError: func(error) {}, OnDenyHit: func() {}, OnRoom: func(context.Context, string) {}}
 }
@@ -130,8 +131,8 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 			if shard != "" {
 				g.closeBreaker(shard)
 			}
-			if g.nLocal.Load() > 0 {
-				g.dropLocal(req.TenantID)
+			if g.local.Len() > 0 {
+				g.local.Forget(req.TenantID) // its own shard answered again
 			}
 			if !d.Allowed && !req.DryRun && d.Idem == quota.IdemNone {
 				g.remember(req, d, now)
@@ -188,16 +189,6 @@ func (g *Gate) closeBreaker(shard string) {
 	if _, ok := g.breakers[shard]; ok {
 		delete(g.breakers, shard)
 		g.nBreakers.Add(-1)
-	}
-	g.mu.Unlock()
-}
-
-// dropLocal forgets the tenant's outage limiter once its own shard answered.
-func (g *Gate) dropLocal(tenantID string) {
-	g.mu.Lock()
-	if _, ok := g.local[tenantID]; ok {
-		delete(g.local, tenantID)
-		g.nLocal.Add(-1)
 	}
 	g.mu.Unlock()
 }
@@ -330,30 +321,14 @@ func (g *Gate) FlushRefusals(ctx context.Context) error {
 // admitLocally decides with an in-process limiter at the tenant's own
 // limits and local time. Quotas start from zero on this node, so during an
 // outage a tenant gets at most its quotas per node: a bounded, never an
-// unlimited, allowance.
-func (g *Gate) admitLocally(req quota.Request, now time.Time) (d quota.Decision, err error) {
-	req.IdempotencyKey = "" // the local limiter keeps no replay store
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	l, ok := g.local[req.TenantID]
-	if !ok {
-		if len(g.local) >= maxLocal {
-			g.local = map[string]*ratelimit.Model{}
-			g.nLocal.Store(0)
-		}
-		l = &ratelimit.Model{}
-		g.local[req.TenantID] = l
-		g.nLocal.Add(1)
+// unlimited, allowance. Usage admitted this way is not billed (see README).
+func (g *Gate) admitLocally(req quota.Request, now time.Time) (quota.Decision, error) {
+	d, err := g.local.Admit(req, now)
+	if err != nil {
+		// The runner refuses such requests before any I/O, so they never
+		// reach here; an error is still an answer, never a crash.
+		return quota.Decision{}, fmt.Errorf("admission: local limiter: %w", err)
 	}
-	defer func() {
-		// The model panics on limits the runner would have refused; those
-		// never reach here, but a bug must not take the node down.
-		if r := recover(); r != nil {
-			err = fmt.Errorf("admission: local limiter: %v", r)
-		}
-	}()
-	d = l.Admit(req, now)
-	l.Pending = nil // usage admitted in fail-open mode is not billed (see README)
 	d.Degraded = true
 	return d, nil
 }

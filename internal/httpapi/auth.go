@@ -12,6 +12,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/locallimit"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -126,14 +127,14 @@ func isTrusted(a netip.Addr, trusted []netip.Prefix) bool {
 }
 
 // authFailures limits failed attempts to authenticate per client address,
-// in process: 20 at once, then one every 3 seconds (GCRA: tat is when the
-// address's failures will have drained). Each realm (API keys, the admin
-// token, the service token) has its own, so that failing in one locks
-// nothing in another. An IPv6 client counts by its /64, which one host
-// usually holds whole and could otherwise rotate through.
+// in process: 20 at once, then one every 3 seconds (a locallimit.Keyed GCRA
+// table). Each realm (API keys, the admin token, the service token) has its
+// own, so that failing in one locks nothing in another. An IPv6 client
+// counts by its /64, which one host usually holds whole and could otherwise
+// rotate through.
 type authFailures struct {
 	mu  sync.Mutex
-	tat map[netip.Prefix]time.Time
+	tat locallimit.Keyed[netip.Prefix]
 	now func() time.Time
 }
 
@@ -145,8 +146,10 @@ const (
 	authFailureMaxAddrs = 100_000
 )
 
+var authFailureRule = locallimit.Rule{Burst: authFailureBurst, Interval: authFailureInterval, MaxKeys: authFailureMaxAddrs}
+
 func newAuthFailures(now func() time.Time) *authFailures {
-	return &authFailures{tat: map[netip.Prefix]time.Time{}, now: now}
+	return &authFailures{tat: locallimit.Keyed[netip.Prefix]{}, now: now}
 }
 
 func failureKey(ip netip.Addr) netip.Prefix {
@@ -165,12 +168,7 @@ func (a *authFailures) blocked(ip netip.Addr) (time.Duration, bool) {
 }
 
 func (a *authFailures) waitLocked(k netip.Prefix, now time.Time) (time.Duration, bool) {
-	tat, ok := a.tat[k]
-	if !ok {
-		return 0, false
-	}
-	wait := tat.Sub(now) - (authFailureBurst-1)*authFailureInterval
-	return wait, wait > 0
+	return a.tat.Wait(authFailureRule, k, now)
 }
 
 // fail counts a failed attempt from ip, unless ip has used up its failures
