@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -95,19 +94,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	// Tell the worker which tenants counted usage, and count the refusals
 	// the deny cache answered, once a second, off the request path; once
-	// more after the last request (below).
+	// more when bg ends, after the last request, before Redis closes.
+	reported := make(chan struct{})
 	go func() {
-		t := time.NewTicker(time.Second)
-		defer t.Stop()
-		for {
-			select {
-			case <-bg.Done():
-				return
-			case <-t.C:
-				report(bg, gate, runner, log)
-			}
-		}
+		defer close(reported)
+		gate.RunReports(bg, time.Second, log)
 	}()
+	defer func() { stopBG(); <-reported }()
 
 	srv := httpapi.New(httpapi.Deps{
 		Log: log, DB: db, Store: store, Redis: rdb, Catalog: cat, Gate: gate, Limits: runner,
@@ -147,23 +140,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return fmt.Errorf("api: serve: %w", err)
 	}
 	stopBG()
-	rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-	report(rctx, gate, runner, log)
-	cancel()
+	<-reported
 	log.Info("stopped")
 	return nil
-}
-
-// report writes the refusals counted in-process, then reports the tenants
-// with usage (theirs included) to the worker. A failure is retried on the
-// next call; the worker's sweep finds the tenants of a node that died.
-func report(ctx context.Context, gate *admission.Gate, runner *ratelimit.Runner, log *slog.Logger) {
-	if err := gate.FlushRefusals(ctx); err != nil {
-		log.Warn("counting the deny cache's refusals failed; retrying", "err", err)
-	}
-	if err := runner.ReportActive(ctx); err != nil {
-		log.Warn("reporting active tenants failed; retrying", "err", err)
-	}
 }
 
 // healthcheck GETs /healthz of the local server: the Docker health check of

@@ -29,6 +29,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -60,6 +61,9 @@ type Store interface {
 	ReleaseKey(ctx context.Context, tenantID, key, fp string) error
 	Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error)
 	CountRefused(ctx context.Context, counts []quota.RefusalCount) error
+	// ReportActive tells the worker which tenants counted usage since the
+	// last call.
+	ReportActive(ctx context.Context) error
 	// Shard names the Redis node that holds the tenant's state.
 	Shard(tenantID string) string
 }
@@ -289,7 +293,7 @@ func (g *Gate) Answer(ctx context.Context, req quota.Request) (quota.StoredAnswe
 }
 
 // FlushRefusals writes the refusals the deny cache answered since the last
-// call to the tenants' pending usage, in one pipeline; cmd/api calls it
+// call to the tenants' pending usage, in one pipeline; Report calls it
 // about once a second, off the request path. On an error the counts are
 // kept for the next call.
 func (g *Gate) FlushRefusals(ctx context.Context) error {
@@ -316,6 +320,45 @@ func (g *Gate) FlushRefusals(ctx context.Context) error {
 		return fmt.Errorf("admission: flush refusals: %w", err)
 	}
 	return nil
+}
+
+// finalReport bounds the last report, after the node's last request.
+const finalReport = 2 * time.Second
+
+// Report writes the refusals the deny cache answered (FlushRefusals), then
+// tells the worker which tenants counted usage, theirs included. Each step
+// keeps what failed for the next call, and the worker's sweep finds the
+// tenants of a node that died, so a failure is only a delay.
+func (g *Gate) Report(ctx context.Context) error {
+	err := g.FlushRefusals(ctx)
+	return errors.Join(err, g.store.ReportActive(ctx))
+}
+
+// RunReports calls Report every interval, each run under a timeout of one
+// interval, until ctx ends; then it reports once more, under its own
+// timeout, and returns. Cancel ctx after the node's last request (after the
+// HTTP server shut down) and wait for RunReports to return before closing
+// Redis, so that the last report counts every request. Failures are logged
+// to log and retried on the next tick.
+func (g *Gate) RunReports(ctx context.Context, every time.Duration, log *slog.Logger) {
+	run := func(ctx context.Context, timeout time.Duration) {
+		ctx, cancel := context.WithTimeout(ctx, timeout)
+		defer cancel()
+		if err := g.Report(ctx); err != nil {
+			log.Warn("reporting usage to the worker failed; retrying", "err", err)
+		}
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			run(context.WithoutCancel(ctx), finalReport)
+			return
+		case <-t.C:
+			run(ctx, every)
+		}
+	}
 }
 
 // admitLocally decides with an in-process limiter at the tenant's own

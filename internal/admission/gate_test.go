@@ -2,6 +2,7 @@ package admission
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -176,6 +177,9 @@ func (s *twoShards) Answer(ctx context.Context, tenant, key string) (quota.Store
 }
 func (s *twoShards) CountRefused(ctx context.Context, counts []quota.RefusalCount) error {
 	return s.live.CountRefused(ctx, counts)
+}
+func (s *twoShards) ReportActive(ctx context.Context) error {
+	return errors.Join(s.live.ReportActive(ctx), s.dead.ReportActive(ctx))
 }
 func (s *twoShards) Shard(tenant string) string { return tenant[:1] }
 
