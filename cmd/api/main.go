@@ -15,6 +15,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/tollgate/tollgate/internal/admission"
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
@@ -24,6 +26,7 @@ import (
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/routes"
+	"github.com/tollgate/tollgate/internal/usage"
 )
 
 func main() {
@@ -102,9 +105,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}()
 	defer func() { stopBG(); <-reported }()
 
+	ledger := billing.NewLedger(db)
 	srv := httpapi.New(httpapi.Deps{
-		Log: log, DB: db, Store: store, Redis: rdb, Catalog: cat, Gate: gate, Limits: runner,
-		Ledger: billing.NewLedger(db), Routes: table, Metrics: metrics, Now: time.Now,
+		Log: log, Store: store, Redis: rdb, Catalog: cat, Gate: gate, Routes: table, Metrics: metrics, Now: time.Now,
+		Grants: catalog.NewGrants(store, runner, cat, time.Now, log),
+		Ledger: ledger, Usage: usage.NewReader(runner, ledger, time.Now), Ready: readyChecks(rdb, db),
+		Alerts: billing.NewDeliverer(db, nil, time.Now),
 	}, httpapi.Options{
 		BodyLimit:    cfg.BodyLimit,
 		AdminToken:   cfg.AdminToken,
@@ -143,6 +149,16 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	<-reported
 	log.Info("stopped")
 	return nil
+}
+
+// readyChecks are what /readyz checks: Redis and Postgres answer, and the
+// schema is the one this binary expects.
+func readyChecks(rdb redis.UniversalClient, db *pgxpool.Pool) []httpapi.ReadyCheck {
+	return []httpapi.ReadyCheck{
+		{Name: "redis", Check: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
+		{Name: "postgres", Check: db.Ping},
+		{Name: "schema", Check: func(ctx context.Context) error { return postgres.SchemaCurrent(ctx, db) }},
+	}
 }
 
 // healthcheck GETs /healthz of the local server: the Docker health check of
