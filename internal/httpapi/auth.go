@@ -176,30 +176,7 @@ func (a *authFailures) waitLocked(k netip.Prefix, now time.Time) (time.Duration,
 func (a *authFailures) fail(ip netip.Addr) (time.Duration, bool) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	k, now := failureKey(ip), a.now()
-	if wait, blocked := a.waitLocked(k, now); blocked {
-		return wait, true
-	}
-	tat, ok := a.tat[k]
-	if !ok && len(a.tat) >= authFailureMaxAddrs {
-		for key, t := range a.tat {
-			if !t.After(now) {
-				delete(a.tat, key)
-			}
-		}
-		if len(a.tat) > authFailureMaxAddrs/2 { // a spray: start afresh rather than sweep on every failure
-			a.tat = map[netip.Prefix]time.Time{}
-		}
-	}
-	a.tat[k] = later(tat, now).Add(authFailureInterval)
-	return 0, false
-}
-
-func later(a, b time.Time) time.Time {
-	if a.After(b) {
-		return a
-	}
-	return b
+	return a.tat.Take(authFailureRule, failureKey(ip), a.now())
 }
 
 // tooManyFailures is the answer to an address that has used up its failed
