@@ -182,7 +182,7 @@ func (a *authFailures) fail(ip netip.Addr) (time.Duration, bool) {
 // tooManyFailures is the answer to an address that has used up its failed
 // attempts: 429 with Retry-After.
 func tooManyFailures(c *fiber.Ctx, wait time.Duration, what string) error {
-	c.Set(fiber.HeaderRetryAfter, itoa(ceilSeconds(wait)))
+	c.Set(fiber.HeaderRetryAfter, itoa(quota.CeilSeconds(wait)))
 	return &quota.Error{Code: quota.CodeTooMany, Message: "too many failed " + what + " from this address; retry later"}
 }
 
