@@ -16,10 +16,14 @@ Units, epoch, precision
   2^50 us (~35 years), and now is ~2^50.6 us today, so sums stay below 2^53.
   Integer division is idiv (floor, corrected to be exact). Numbers written to
   Redis go through string.format('%d'), never tostring (which would print
-  large numbers as 1e+15).
+  large numbers as 1e+15); only a count of hours, far below 1e14, is joined
+  by '..'.
 
 The state's keys, layouts and the shared functions (clock, calendar,
-load_state, save_state) are lua/state.lua's, prepended to this script.
+load_state, save_state) are lua/state.lua's, prepended to this script. The
+common case (the state in the v2 hash, no new day or month) is read and
+written here, on locals, with the fields that did not change left as they
+are; anything else goes through load_state and save_state.
 
 KEYS (the Go side builds them; every key carries the hash tag {t:<tenant id>},
 so one call touches one Redis Cluster slot)
@@ -139,6 +143,7 @@ Expiry (each key lives no longer than its state needs, give or take an hour)
 local IDEM_US = DAY_US
 local PENDING_US = 14 * DAY_US
 local PENDING_MS = 14 * 86400 * 1000
+local call = redis.call
 
 local now, shift = clock(ARGV[2] + 0)
 -- pxat turns an expiry in script time (us) into PEXPIREAT milliseconds,
@@ -185,66 +190,127 @@ if mode == 'admit' and idem then
   end
 end
 
--- the pending usage fields of this hour and meter (v1 names; "p" before
--- them in the v2 hash)
+-- The state, as locals (a table costs on every call). The v2 hash is read
+-- here, with the hour's pending field; a state in the v1 keys comes from
+-- load_state. The raw strings of the v2 hash's fields are kept: a field an
+-- admission does not change is not formatted again (see "commit").
 local hour = idiv(now, HOUR_US)
-local pf = fmt(hour * 3600) .. '|' .. meter .. '|'
-local pk = 'p' .. fmt(hour) .. '|' .. meter .. '|' -- "units,requests" (state.lua)
-local s
-if mode == 'admit' then s = load_state(pk) else s = load_state() end
-local ok, mask, retry = true, 0, 0
-local function refuse(bit, wait)
-  ok = false
-  mask = mask + bit
-  if retry ~= -1 then
-    if wait < 0 or wait > retry then retry = wait end
-  end
+-- the hour's "units,requests" field of the v2 hash (state.lua); an hour
+-- count is far below 1e14, where '..' prints an integer exactly
+local pk = 'p' .. hour .. '|' .. meter .. '|'
+local h
+if mode == 'admit' then
+  h = call('HMGET', KS, 't', 'q', 'c', pk)
+else
+  h = call('HMGET', KS, 't', 'q', 'c')
 end
+local v2 = h[1] and true or false
+local g, b, d, du, dg, dov, m, mu, mg, mo, gn, x, mn
+local ds, dgs, ms, qtail, mns, pend -- raw fields of the v2 hash
+if v2 then
+  local gs, bs, dus, mus, xs
+  gs, bs = string.match(h[1], '^(%-?%d*),(%-?%d*)$')
+  ds, dus, dgs, ms, mus, qtail = string.match(h[2],
+    '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+,%-?%d+,%-?%d+)$')
+  local mgs, mos, gns = string.match(qtail, '^(%-?%d+),(%-?%d+),(%-?%d+)$')
+  xs, mns = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
+  -- (decimal integers: arithmetic converts each once; tonumber, a function
+  -- call, twice)
+  d = ds + 0
+  local day0 = d * DAY_US
+  if gs ~= '' then g = gs + day0 else g = 0 end
+  if bs ~= '' then b = bs + day0 else b = 0 end
+  du, dg, dov, m, mu, mg, mo, gn = dus + 0, dgs + 0, 0, ms + 0, mus + 0, mgs + 0, mos + 0, gns + 0
+  x, mn = xs * HOUR_US, mns * DAY_US
+  pend = h[4]
+else
+  local s = load_state(pk, h)
+  g, b, d, du, dg, dov, m, mu, mg, mo, gn, x, mn =
+    s.g, s.b, s.d, s.du, s.dg, s.dov, s.m, s.mu, s.mg, s.mo, s.gn, s.x, s.mn
+end
+
+-- quota periods (day_of and month_of of state.lua, on the locals): a past
+-- period's counters reset (the reset is written only with an admission);
+-- moved is set when the calendar changed the state's day or month bounds,
+-- which then is written in full by save_state.
+local day = idiv(now, DAY_US)
+local dnext = (day + 1) * DAY_US
+local moved, rolled = false, false
+if day ~= d then
+  d, du, dg, dov, moved = day, 0, 0, 0, true
+end
+local month, mnext
+-- (a month is at most 31 days: a clock set back past the month's start is
+-- caught unless it moved less than that)
+if now < mn and now >= mn - 31 * DAY_US and m >= 0 then
+  month, mnext = m, mn
+else
+  local _
+  month, _, mnext = month_at(now)
+  if month ~= m then
+    m, mu, mg, mo, rolled = month, 0, 0, 0, true
+  end
+  mn, moved = mnext, true
+end
+
+local ok, mask, retry = true, 0, 0
+-- (refusals inline: a closure costs on every call) a refusal adds its bit
+-- and keeps the longest wait; -1 (never) wins over any.
 
 -- GCRA
 local gtat, gnew, gclamp
 if gT > 0 then
-  gtat = s.g
+  gtat = g
   if gtat < now then gtat = now end
   if gtat > now + gB * gT then gtat, gclamp = now + gB * gT, true end
   gnew = gtat + gT
-  if gnew - now > gB * gT then refuse(1, gnew - gB * gT - now) end
+  if gnew - now > gB * gT then
+    local wait = gnew - gB * gT - now
+    ok, mask = false, mask + 1
+    if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+  end
 end
 
 -- token bucket
 local bf, bnew, bclamp
 if bU > 0 then
-  bf = s.b
+  bf = b
   if bf < now then bf = now end
   if bf > now + bC * bU then bf, bclamp = now + bC * bU, true end
+  local wait
   if cost > bC then
-    refuse(2, -1)
+    wait = -1
   else
     bnew = bf + cost * bU
-    if bnew - now > bC * bU then refuse(2, bnew - bC * bU - now) end
+    if bnew - now > bC * bU then wait = bnew - bC * bU - now end
+  end
+  if wait then
+    ok, mask = false, mask + 2
+    if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
   end
 end
 
--- quotas: day_of and month_of reset a past period's counters in s (the
--- reset is written only with an admission)
-local day, dnext = day_of(s, now)
-local month, mnext = month_of(s, now)
-local dused, dgrant = s.du, s.dg
+-- quotas
+local dused, dgrant = du, dg
 if dq >= 0 and not replay and dused + cost > dq + dgrant then
-  if cost > dq then refuse(4, -1) else refuse(4, dnext - now) end
+  local wait = dnext - now
+  if cost > dq then wait = -1 end
+  ok, mask = false, mask + 4
+  if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
 end
 
-local mused, mgrant, mover = s.mu, s.mg, s.mo
+local mused, mgrant, mover = mu, mg, mo
 local overage = 0
 if mq >= 0 and not replay then
   local limit = mq + mgrant
   if mused + cost > limit then
     if bill then
       overage = math.min(cost, mused + cost - limit)
-    elseif cost > mq then
-      refuse(8, -1)
     else
-      refuse(8, mnext - now)
+      local wait = mnext - now
+      if cost > mq then wait = -1 end
+      ok, mask = false, mask + 8
+      if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
     end
   end
 end
@@ -252,65 +318,120 @@ if not ok or mode == 'peek' then overage = 0 end
 
 -- commit: only when every limit passed, only in admit mode
 if mode == 'admit' then
-  local parts, need, dirty = {}, 0, false
+  -- wg, wb, wd, wm: the parts written (v1: the keys 'g', 'b', 'd', 'm';
+  -- v2: g and b are the field t, the day and month the field q)
+  local need, wg, wb, wd, wm = 0, false, false, false, false
   if ok then
-    if gT > 0 then
-      s.g, parts[#parts + 1], need, dirty = gnew, 'g', gnew, true
-    end
+    if gT > 0 then g, need, wg = gnew, gnew, true end
     if bU > 0 then
-      s.b, parts[#parts + 1], dirty = bnew, 'b', true
+      b, wb = bnew, true
       if bnew > need then need = bnew end
     end
     if dq >= 0 and not replay then
-      s.du, parts[#parts + 1], dirty = dused + cost, 'd', true
+      du, wd = dused + cost, true
       if dnext + HOUR_US > need then need = dnext + HOUR_US end
     end
     if mq >= 0 and not replay then
-      s.mu, s.mo, parts[#parts + 1], dirty = mused + cost, mover + overage, 'm', true
+      mu, mo, wm = mused + cost, mover + overage, true
       if mnext + HOUR_US > need then need = mnext + HOUR_US end
     end
   else
     -- keep a clamp (see "Limit changes"): it consumes nothing
-    if gclamp then
-      s.g, parts[#parts + 1], need, dirty = gtat, 'g', gtat, true
-    end
+    if gclamp then g, need, wg = gtat, gtat, true end
     if bclamp then
-      s.b, parts[#parts + 1], dirty = bf, 'b', true
+      b, wb = bf, true
       if bf > need then need = bf end
     end
   end
+  local dirty = wg or wb or wd or wm
   -- Pending usage: in the v2 hash, written by the same HSET, when the
   -- state lives there (or moves there now); else in the v1 pending hash.
   local counted = ok and not replay
-  local extra
-  if counted and (s.v2 or LAYOUT == 'v2') then
+  local extra = false
+  if counted and (v2 or LAYOUT == 'v2') then
     local u, r = 0, 0
-    if s[pk] then
-      local a, b = string.match(s[pk], '^(%-?%d+),(%-?%d+)$')
-      u, r = a + 0, b + 0
+    if pend then
+      local a, c = string.match(pend, '^(%-?%d+),(%-?%d+)$')
+      u, r = a + 0, c + 0
     end
-    s[pk] = string.format('%d,%d', u + cost, r + 1)
-    extra, dirty, counted = {pk}, true, false
+    pend = string.format('%d,%d', u + cost, r + 1)
+    extra, dirty, counted = true, true, false
     if now + PENDING_US > need then need = now + PENDING_US end
   end
-  if dirty then
-    save_state(s, need, extra, parts, pxat, now)
+  if dirty and v2 and not moved then
+    -- The common case: one HSET of the fields that changed, each formatted
+    -- as state.lua's packed would (the others are as they were).
+    local was = x
+    if need > x then
+      -- (save_state's slack: PEXPIREAT about once a day)
+      x = -idiv(-(need + DAY_US), HOUR_US) * HOUR_US
+    end
+    local t, q, c
+    if wg or wb then
+      local day0 = d * DAY_US
+      if g ~= 0 and b ~= 0 then
+        t = string.format('%d,%d', g - day0, b - day0)
+      else
+        local gs, bs = '', ''
+        if g ~= 0 then gs = fmt(g - day0) end
+        if b ~= 0 then bs = fmt(b - day0) end
+        t = gs .. ',' .. bs
+      end
+    end
+    if wd or wm then
+      if mo == mover then
+        -- d, dg, m, mg, mo and gn are as they were read
+        q = ds .. ',' .. fmt(du) .. ',' .. dgs .. ',' .. ms .. ',' .. fmt(mu) .. ',' .. qtail
+      else
+        q = string.format('%d,%d,%d,%d,%d,%d,%d,%d', d, du, dg, m, mu, mg, mo, gn)
+      end
+    end
+    if x ~= was then c = fmt(-idiv(-x, HOUR_US)) .. ',' .. mns end
+    if t and q and extra and not c then
+      call('HSET', KS, 't', t, 'q', q, pk, pend)
+    else
+      local args = {}
+      if t then args[#args + 1] = 't'; args[#args + 1] = t end
+      if q then args[#args + 1] = 'q'; args[#args + 1] = q end
+      if c then args[#args + 1] = 'c'; args[#args + 1] = c end
+      if extra then args[#args + 1] = pk; args[#args + 1] = pend end
+      call('HSET', KS, unpack(args))
+    end
+    if c then call('PEXPIREAT', KS, pxat(x)) end
+  elseif dirty then
+    -- a new day or month, or a state in the v1 keys: state.lua's save_state
+    local s = {v2 = v2, rolled = rolled, x = x, g = g, b = b, d = d, du = du, dg = dg,
+      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn}
+    local parts, xs = {}, nil
+    if wg then parts[#parts + 1] = 'g' end
+    if wb then parts[#parts + 1] = 'b' end
+    if wd then parts[#parts + 1] = 'd' end
+    if wm then parts[#parts + 1] = 'm' end
+    if extra then
+      s[pk], xs = pend, {pk}
+    end
+    save_state(s, need, xs, parts, pxat, now)
+    v2 = s.v2
   end
-  if s.v2 then
-    if ok and overage > 0 and not replay then redis.call('HINCRBY', KS, 'p' .. pf .. 'o', overage) end
-    if not ok then redis.call('HINCRBY', KS, 'p' .. pf .. 'x', 1) end
+  -- the v1 pending fields (with "p" before them in the v2 hash)
+  if v2 then
+    if ok and overage > 0 and not replay then
+      call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|o', overage)
+    end
+    if not ok then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|x', 1) end
   elseif not (ok and replay) then
+    local pf = fmt(hour * 3600) .. '|' .. meter .. '|'
     local fresh
     if counted then
-      fresh = redis.call('HINCRBY', KP, pf .. 'u', costs) == cost
-      redis.call('HINCRBY', KP, pf .. 'r', 1)
-      if overage > 0 then redis.call('HINCRBY', KP, pf .. 'o', fmt(overage)) end
+      fresh = call('HINCRBY', KP, pf .. 'u', costs) == cost
+      call('HINCRBY', KP, pf .. 'r', 1)
+      if overage > 0 then call('HINCRBY', KP, pf .. 'o', fmt(overage)) end
     else
-      fresh = redis.call('HINCRBY', KP, pf .. 'x', 1) == 1
+      fresh = call('HINCRBY', KP, pf .. 'x', 1) == 1
     end
     -- A field that is new may be a hash that is new (the worker renamed the
     -- last one away): only then can it lack its expiry.
-    if fresh then redis.call('PEXPIRE', KP, PENDING_MS) end
+    if fresh then call('PEXPIRE', KP, PENDING_MS) end
   end
 end
 

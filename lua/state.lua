@@ -130,9 +130,10 @@ local KS, KG, KB, KD, KM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 -- Absent parts read as empty (d and m -1: no period). pk, when given, is
 -- a pending field of the v2 hash read in the same HMGET (admit's
 -- "units,requests" of the hour and meter), as s[pk] (nil when absent).
-local function load_state(pk)
-  local h
-  if pk then
+-- h, when given, is that HMGET's answer, already read.
+local function load_state(pk, h)
+  if h then
+  elseif pk then
     h = redis.call('HMGET', KS, 't', 'q', 'c', pk)
   else
     h = redis.call('HMGET', KS, 't', 'q', 'c')
