@@ -75,9 +75,9 @@ type Invoicer struct {
 	// FlushedThrough, when set, holds finalization back until no usage
 	// counted before the month's end can still be waiting in Redis: a month
 	// is finalized only once it returns a time at or after the month's end.
-	// cmd/worker sets it to Reconciler.FlushedThrough, so that a flush that
-	// fails, or a batch stuck in flight, keeps the month's invoices drafts
-	// however long the grace. Nil finalizes on the grace alone.
+	// NewCycle sets it to its Reconciler's FlushedThrough, so that a flush
+	// that fails, or a batch stuck in flight, keeps the month's invoices
+	// drafts however long the grace. Nil finalizes on the grace alone.
 	FlushedThrough func() time.Time
 }
 
