@@ -757,7 +757,7 @@ func decodeAlertCursor(s string) (time.Time, string, error) {
 		return time.Time{}, "", err
 	}
 	micros, id, ok := strings.Cut(string(raw), "_")
-	if !ok || !isUUID(id) {
+	if !ok || !quota.ValidID(id) {
 		return time.Time{}, "", errors.New("malformed cursor")
 	}
 	n, err := strconv.ParseInt(micros, 10, 64)
@@ -765,24 +765,4 @@ func decodeAlertCursor(s string) (time.Time, string, error) {
 		return time.Time{}, "", err
 	}
 	return time.UnixMicro(n).UTC(), id, nil
-}
-
-// isUUID reports whether s is a UUID in its canonical 8-4-4-4-12 hex form.
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i, c := range []byte(s) {
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-				return false
-			}
-		}
-	}
-	return true
 }

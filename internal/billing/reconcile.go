@@ -383,7 +383,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	)
 	for _, b := range batches {
 		tenant := b.TenantID
-		if !validUUID(tenant) {
+		if !quota.ValidID(tenant) {
 			// Recorded as flushed (so it is not retried forever) under the
 			// zero id; its rows are dropped.
 			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", tenant, "batch_id", b.ID)
@@ -450,7 +450,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		for _, row := range b.Rows {
 			units += row.Units
 		}
-		if corrections && validUUID(b.TenantID) {
+		if corrections && quota.ValidID(b.TenantID) {
 			fixes = append(fixes, b)
 		}
 	}
@@ -631,20 +631,4 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 	}
 	r.log.Info("quota counters restored", "tenants", len(recs))
 	return nil
-}
-
-func validUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i, c := range s {
-		if i == 8 || i == 13 || i == 18 || i == 23 {
-			if c != '-' {
-				return false
-			}
-		} else if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
-			return false
-		}
-	}
-	return true
 }

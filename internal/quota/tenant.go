@@ -39,3 +39,28 @@ type IssuedKey struct {
 	APIKey
 	Secret string `json:"secret"`
 }
+
+// ValidID reports whether s has the form of Tollgate's ids (tenants, keys,
+// alerts, invoices: Postgres uuid columns): a UUID in its canonical 8-4-4-4-12
+// form, 36 bytes, hex digits of either case. Checking the form before a
+// query keeps a malformed id a CodeInvalid (or a dropped row) instead of a
+// Postgres error; it says nothing of whether the id names anything.
+func ValidID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := range len(s) {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+				return false
+			}
+		}
+	}
+	return true
+}
