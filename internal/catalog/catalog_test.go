@@ -11,6 +11,8 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -38,11 +40,10 @@ func (s *countingSource) Tiers(ctx context.Context) ([]quota.Tier, error) {
 	return s.Store.Tiers(ctx)
 }
 
-// mustNodes starts n catalogs sharing one database and one Redis, as n API
-// nodes would, each listening for invalidations.
-func mustNodes(tb testing.TB, n int) (*postgres.Store, []*Catalog, []*countingSource) {
+// mustNodes starts n catalogs sharing pool's database and one Redis, as n
+// API nodes would, each listening for invalidations.
+func mustNodes(tb testing.TB, pool *pgxpool.Pool, n int) (*postgres.Store, []*Catalog, []*countingSource) {
 	tb.Helper()
-	pool := testenv.Postgres(tb)
 	rdb := testenv.Redis(tb)
 	prefix := testenv.Prefix(tb, rdb)
 	store := postgres.NewStore(pool)
@@ -86,7 +87,7 @@ func mustTenantKey(tb testing.TB, store *postgres.Store, tier string) (quota.Ten
 func TestResolveCachesAndMakesNoQueryOnHit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, nodes, srcs := mustNodes(t, 1)
+	store, nodes, srcs := mustNodes(t, testenv.Postgres(t), 1)
 	tenant, key := mustTenantKey(t, store, "free")
 	p, err := nodes[0].Resolve(ctx, key.Secret)
 	if err != nil {
@@ -115,7 +116,7 @@ func TestResolveCachesAndMakesNoQueryOnHit(t *testing.T) {
 func TestResolveRefuses(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, nodes, _ := mustNodes(t, 1)
+	store, nodes, _ := mustNodes(t, testenv.Postgres(t), 1)
 	_, valid := mustTenantKey(t, store, "free")
 	other, _ := mustTenantKey(t, store, "free")
 	wrongSecret := valid.Secret[:len(valid.Secret)-1] + "X"
@@ -140,7 +141,8 @@ func TestResolveRefuses(t *testing.T) {
 func TestInvalidationReachesOtherNode(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, nodes, _ := mustNodes(t, 2)
+	pool := testenv.Postgres(t)
+	store, nodes, _ := mustNodes(t, pool, 2)
 	tenant, key := mustTenantKey(t, store, "free")
 	for _, n := range nodes {
 		if _, err := n.Resolve(ctx, key.Secret); err != nil {
@@ -165,7 +167,7 @@ func TestInvalidationReachesOtherNode(t *testing.T) {
 			func(_ Principal, err error) bool { return quota.ErrorCode(err) == quota.CodeUnauthorized }},
 	}
 	for _, st := range steps {
-		if _, err := storeExec(store, st.sql, tenant.ID); err != nil {
+		if _, err := pool.Exec(ctx, st.sql, tenant.ID); err != nil {
 			t.Fatal(err)
 		}
 		start := time.Now()
@@ -200,12 +202,13 @@ func TestInvalidationReachesOtherNode(t *testing.T) {
 func TestRefreshCoversAMissedMessage(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, nodes, _ := mustNodes(t, 1)
+	pool := testenv.Postgres(t)
+	store, nodes, _ := mustNodes(t, pool, 1)
 	tenant, key := mustTenantKey(t, store, "free")
 	if _, err := nodes[0].Resolve(ctx, key.Secret); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := storeExec(store, `UPDATE tenants SET tier = 'enterprise', updated_at = now() WHERE id = $1`, tenant.ID); err != nil {
+	if _, err := pool.Exec(ctx, `UPDATE tenants SET tier = 'enterprise', updated_at = now() WHERE id = $1`, tenant.ID); err != nil {
 		t.Fatal(err)
 	}
 	if p, _ := nodes[0].Resolve(ctx, key.Secret); p.Tier.Slug != "free" {
@@ -225,7 +228,7 @@ func TestRefreshCoversAMissedMessage(t *testing.T) {
 func TestKeyPrincipalFollowsTheKey(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, nodes, _ := mustNodes(t, 1)
+	store, nodes, _ := mustNodes(t, testenv.Postgres(t), 1)
 	c := nodes[0]
 	tenant, key := mustTenantKey(t, store, "free")
 	p, err := c.KeyPrincipal(ctx, key.Prefix)
@@ -267,7 +270,7 @@ func TestKeyPrincipalFollowsTheKey(t *testing.T) {
 func TestPrincipalKeepsNoBorrowedID(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store, nodes, _ := mustNodes(t, 1)
+	store, nodes, _ := mustNodes(t, testenv.Postgres(t), 1)
 	c := nodes[0]
 	tenant, _ := mustTenantKey(t, store, "free")
 	buf := []byte(tenant.ID)
