@@ -45,7 +45,7 @@ bench: build
 	@$(MAKE) --no-print-directory bench-load
 
 ## bench-load: bare Fiber, Fiber + redis_rate and the api side by side on loopback under cmd/loadgen, one table
-# The two reference servers are bin/loadgen -peer (internal/benchpeer); the
+# The two reference servers are bin/loadgen -peer (internal/httpapi/benchpeer); the
 # api is bin/api. loadgen waits until the three answer, then prints req/s,
 # p50/p99 and ratios, the open-loop p99 overhead, the Redis cost of an
 # admission and the goals of issue 12. All three are stopped on exit, even

@@ -1,6 +1,6 @@
 // Command loadgen is `make bench`'s side-by-side measurement. In one run it
 // drives, with the same load, an api and two reference servers it also
-// serves itself (package benchpeer), and prints one table:
+// serves itself (package internal/httpapi/benchpeer), and prints one table:
 //
 //  1. closed loop, -conns connections for -duration each: req/s, p50, p99,
 //     errors and the ratio to bare Fiber's req/s of bare Fiber, Fiber +
@@ -36,10 +36,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/gofiber/fiber/v2"
-
-	"github.com/tollgate/tollgate/internal/benchpeer"
 	"github.com/tollgate/tollgate/internal/config"
+	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
 	"github.com/tollgate/tollgate/internal/redisdb"
 )
 
@@ -111,38 +109,33 @@ func servePeer(ctx context.Context, peer, addr string, cfg config.Config) error 
 	if err := loopbackHost(hostOf(addr)); err != nil {
 		return fmt.Errorf("-addr: %w", err)
 	}
-	var app *fiber.App
-	switch peer {
-	case "bare":
-		app = benchpeer.Bare()
-	case "redis_rate":
-		rdb, err := redisdb.Open(ctx, cfg.Redis)
-		if err != nil {
-			return err
-		}
-		defer rdb.Close()
-		app = benchpeer.RedisRate(rdb, cfg.RedisPrefix+":peer")
-	default:
+	if peer != "bare" && peer != "redis_rate" {
 		return fmt.Errorf(`-peer %q: must be "bare" or "redis_rate"`, peer)
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return fmt.Errorf("-addr: %w", err)
 	}
-	errc := make(chan error, 1)
-	go func() { errc <- app.Listener(ln) }()
-	select {
-	case err := <-errc:
-		return fmt.Errorf("serve %s: %w", peer, err)
-	case <-ctx.Done():
+	if peer == "bare" {
+		err = benchpeer.Serve(ctx, benchpeer.Bare(), ln)
+	} else {
+		err = serveRedisRate(ctx, ln, cfg)
 	}
-	if err := app.ShutdownWithTimeout(5 * time.Second); err != nil {
-		return fmt.Errorf("shut down %s: %w", peer, err)
-	}
-	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
-		return fmt.Errorf("serve %s: %w", peer, err)
+	if err != nil {
+		return fmt.Errorf("-peer %s: %w", peer, err)
 	}
 	return nil
+}
+
+// serveRedisRate serves benchpeer.RedisRate on ln, with Redis from cfg.
+func serveRedisRate(ctx context.Context, ln net.Listener, cfg config.Config) error {
+	rdb, err := redisdb.Open(ctx, cfg.Redis)
+	if err != nil {
+		ln.Close()
+		return err
+	}
+	defer rdb.Close()
+	return benchpeer.Serve(ctx, benchpeer.RedisRate(rdb, cfg.RedisPrefix+":peer"), ln)
 }
 
 // loopbackURL accepts http URLs of loopback hosts only.

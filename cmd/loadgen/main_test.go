@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/benchpeer"
+	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -111,9 +111,15 @@ func TestLoopsDriveAServer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	app := benchpeer.Bare()
-	go func() { _ = app.Listener(ln) }()
-	t.Cleanup(func() { _ = app.Shutdown() })
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- benchpeer.Serve(ctx, benchpeer.Bare(), ln) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("serving the bare peer: %v", err)
+		}
+	})
 	tg, err := newTarget("bare", "http://"+ln.Addr().String(), "GET", benchpeer.Path, 200, 4)
 	if err != nil {
 		t.Fatal(err)

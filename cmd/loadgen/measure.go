@@ -10,8 +10,8 @@ import (
 	"runtime"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/benchpeer"
 	"github.com/tollgate/tollgate/internal/config"
+	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/redisdb"

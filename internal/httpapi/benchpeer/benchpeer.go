@@ -8,10 +8,15 @@
 //     GCRA check (one EVALSHA per request), what a rate limiter costs when it
 //     does the least a Redis-backed limiter can do.
 //
-// cmd/loadgen serves them (`loadgen -peer bare -addr 127.0.0.1:18081`).
+// cmd/loadgen serves them through Serve (`loadgen -peer bare -addr
+// 127.0.0.1:18081`), and so needs no Fiber of its own.
 package benchpeer
 
 import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
 	"time"
 
 	"github.com/go-redis/redis_rate/v10"
@@ -69,4 +74,31 @@ func RedisRate(rdb redis.UniversalClient, key string) *fiber.App {
 		return c.JSON(Echo{Method: c.Method(), Path: c.Path(), Allowed: true, Remaining: res.Remaining})
 	})
 	return app
+}
+
+// shutdownTimeout is how long Serve gives the requests in flight once its
+// context ends.
+const shutdownTimeout = 5 * time.Second
+
+// Serve serves app on ln until ctx ends, then shuts app down, which closes
+// ln. It returns nil after a clean shutdown, and an error if app stopped
+// serving on its own or the shutdown failed.
+func Serve(ctx context.Context, app *fiber.App, ln net.Listener) error {
+	errc := make(chan error, 1)
+	go func() { errc <- app.Listener(ln) }()
+	select {
+	case err := <-errc:
+		if err == nil {
+			err = errors.New("stopped before its context ended")
+		}
+		return fmt.Errorf("benchpeer: serve: %w", err)
+	case <-ctx.Done():
+	}
+	if err := app.ShutdownWithTimeout(shutdownTimeout); err != nil {
+		return fmt.Errorf("benchpeer: shut down: %w", err)
+	}
+	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("benchpeer: serve: %w", err)
+	}
+	return nil
 }

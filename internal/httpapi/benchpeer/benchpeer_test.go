@@ -1,14 +1,18 @@
 package benchpeer_test
 
 import (
+	"context"
 	"encoding/json"
 	"io"
+	"net"
+	"net/http"
 	"net/http/httptest"
 	"testing"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/tollgate/tollgate/internal/benchpeer"
+	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -68,5 +72,63 @@ func TestRedisRateAnswers503WhenRedisFails(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 503 {
 		t.Errorf("got status %d with Redis closed, want 503", resp.StatusCode)
+	}
+}
+
+// TestServeUntilTheContextEnds serves Bare on a loopback listener, answers
+// one request, and returns nil once its context ends, the listener closed.
+func TestServeUntilTheContextEnds(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- benchpeer.Serve(ctx, benchpeer.Bare(), ln) }()
+
+	resp, err := http.Get("http://" + ln.Addr().String() + benchpeer.Path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("got status %d, want 200", resp.StatusCode)
+	}
+
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Serve after its context ended = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve did not return 10s after its context ended")
+	}
+	if c, err := net.Dial("tcp", ln.Addr().String()); err == nil {
+		c.Close()
+		t.Errorf("dialing %s after Serve returned succeeded, want the listener closed", ln.Addr())
+	}
+}
+
+// TestServeReportsAServerThatStops gives Serve a closed listener: it returns
+// an error at once, without waiting for its context.
+func TestServeReportsAServerThatStops(t *testing.T) {
+	t.Parallel()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln.Close()
+	done := make(chan error, 1)
+	go func() { done <- benchpeer.Serve(t.Context(), benchpeer.Bare(), ln) }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Error("Serve on a closed listener = nil, want an error")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Serve on a closed listener did not return within 10s")
 	}
 }
