@@ -10,7 +10,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
-	"github.com/tollgate/tollgate/internal/benchpeer"
+	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 

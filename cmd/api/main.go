@@ -106,8 +106,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	defer func() { stopBG(); <-reported }()
 
 	ledger := billing.NewLedger(db)
-	srv := httpapi.New(httpapi.Deps{
-		Log: log, Store: store, Redis: rdb, Catalog: cat, Gate: gate, Routes: table, Metrics: metrics, Now: time.Now,
+	srv, err := httpapi.New(httpapi.Deps{
+		Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, cfg.RedisPrefix), Catalog: cat, Gate: gate, Routes: table, Metrics: metrics, Now: time.Now,
 		Grants: catalog.NewGrants(store, runner, cat, time.Now, log),
 		Ledger: ledger, Usage: usage.NewReader(runner, ledger, time.Now), Ready: readyChecks(rdb, db),
 		Alerts: billing.NewDeliverer(db, nil, time.Now),
@@ -115,12 +115,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		BodyLimit:    cfg.BodyLimit,
 		AdminToken:   cfg.AdminToken,
 		ServiceToken: cfg.ServiceToken,
-		RedisPrefix:  cfg.RedisPrefix,
 		SessionTTL:   cfg.SessionTTL,
 
 		TrustedProxies:      cfg.TrustedProxies,
 		WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 	})
+	if err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("TOLLGATE_ADDR: listen %s: %w", cfg.Addr, err)

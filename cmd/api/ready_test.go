@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -32,7 +33,10 @@ func readyProblem(t *testing.T, rdb redis.UniversalClient, sql string) map[strin
 		}
 	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	s := httpapi.New(httpapi.Deps{Log: log, Redis: rdb, Ready: readyChecks(rdb, db)}, httpapi.Options{BodyLimit: 1024})
+	s, err := httpapi.New(httpapi.Deps{Log: log, Sessions: redisdb.NewSessions(rdb, "tg"), Ready: readyChecks(rdb, db)}, httpapi.Options{BodyLimit: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
 	resp, err := s.App().Test(httptest.NewRequest("GET", "/readyz", nil), 10_000)
 	if err != nil {
 		t.Fatal(err)

@@ -5,8 +5,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/valyala/fasthttp"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -41,14 +41,14 @@ func tightest(d quota.Decision) (quota.LimitState, bool) {
 // Ratelimit-Policy, as it always did), so that they are set with
 // SetCanonical: no normalizing, no copy of the name per request.
 var (
-	hdrDegraded   = canonicalHeader("Tollgate-Degraded")
-	hdrReplayed   = canonicalHeader("Idempotent-Replayed")
-	hdrPolicy     = canonicalHeader("RateLimit-Policy")
-	hdrState      = canonicalHeader("RateLimit")
-	hdrLimit      = canonicalHeader("X-RateLimit-Limit")
-	hdrRemaining  = canonicalHeader("X-RateLimit-Remaining")
-	hdrReset      = canonicalHeader("X-RateLimit-Reset")
-	hdrRetryAfter = canonicalHeader(fiber.HeaderRetryAfter)
+	hdrDegraded   = httpx.CanonicalHeader("Tollgate-Degraded")
+	hdrReplayed   = httpx.CanonicalHeader("Idempotent-Replayed")
+	hdrPolicy     = httpx.CanonicalHeader("RateLimit-Policy")
+	hdrState      = httpx.CanonicalHeader("RateLimit")
+	hdrLimit      = httpx.CanonicalHeader("X-RateLimit-Limit")
+	hdrRemaining  = httpx.CanonicalHeader("X-RateLimit-Remaining")
+	hdrReset      = httpx.CanonicalHeader("X-RateLimit-Reset")
+	hdrRetryAfter = httpx.CanonicalHeader(fiber.HeaderRetryAfter)
 	valueFailOpen = []byte("fail-open")
 	valueTrue     = []byte("true")
 )
@@ -56,8 +56,6 @@ var (
 // rateLimitHdrBytes is room for the longest field, four limits' items, so
 // that the buffer never grows.
 const rateLimitHdrBytes = 256
-
-func canonicalHeader(name string) []byte { return fasthttp.AppendNormalizedHeaderKey(nil, name) }
 
 // setRateLimitHeaders writes a decision's headers: the
 // draft-ietf-httpapi-ratelimit-headers-10 fields (one item per active limit),
@@ -166,13 +164,13 @@ func refusalProblem(d quota.Decision, upgrade *quota.Upgrade, instance string) r
 // encoding/json gave the map this body used to be (sorted).
 func (r refusal) appendJSON(b []byte) []byte {
 	b = append(b, '{')
-	b = appendJSONKey(b, "detail")
+	b = httpx.AppendJSONKey(b, "detail")
 	b = append(b, `"the `...)
 	for i, v := range r.violated {
 		if i > 0 {
 			b = append(b, " and "...)
 		}
-		b = appendJSONChars(b, string(v))
+		b = httpx.AppendJSONChars(b, string(v))
 	}
 	b = append(b, " limit is exhausted"...)
 	if r.retryAfter >= 0 {
@@ -184,42 +182,42 @@ func (r refusal) appendJSON(b []byte) []byte {
 	}
 	if r.upgrade != nil {
 		b = append(b, ", or upgrade to "...)
-		b = appendJSONChars(b, r.upgrade.Name)
+		b = httpx.AppendJSONChars(b, r.upgrade.Name)
 	}
 	b = append(b, '"')
 	if r.instance != "" {
-		b = appendJSONKey(b, "instance")
-		b = appendJSONString(b, r.instance)
+		b = httpx.AppendJSONKey(b, "instance")
+		b = httpx.AppendJSONString(b, r.instance)
 	}
 	if r.hasLimit {
-		b = appendJSONKey(b, "limit")
-		b = appendJSONInt(b, r.limit)
-		b = appendJSONKey(b, "remaining")
-		b = appendJSONInt(b, r.remaining)
-		b = appendJSONKey(b, "reset")
-		b = appendJSONTime(b, r.reset, time.RFC3339)
+		b = httpx.AppendJSONKey(b, "limit")
+		b = httpx.AppendJSONInt(b, r.limit)
+		b = httpx.AppendJSONKey(b, "remaining")
+		b = httpx.AppendJSONInt(b, r.remaining)
+		b = httpx.AppendJSONKey(b, "reset")
+		b = httpx.AppendJSONTime(b, r.reset, time.RFC3339)
 	}
-	b = appendJSONKey(b, "retry_after")
+	b = httpx.AppendJSONKey(b, "retry_after")
 	if r.retryAfter >= 0 {
-		b = appendJSONInt(b, r.retryAfter)
+		b = httpx.AppendJSONInt(b, r.retryAfter)
 	} else {
 		b = append(b, "null"...)
 	}
-	b = appendJSONKey(b, "status")
-	b = appendJSONInt(b, fiber.StatusTooManyRequests)
-	b = appendJSONKey(b, "title")
+	b = httpx.AppendJSONKey(b, "status")
+	b = httpx.AppendJSONInt(b, fiber.StatusTooManyRequests)
+	b = httpx.AppendJSONKey(b, "title")
 	b = append(b, `"Quota exceeded"`...)
-	b = appendJSONKey(b, "type")
-	b = appendJSONString(b, ProblemQuotaExceeded)
-	b = appendJSONKey(b, "upgrade")
+	b = httpx.AppendJSONKey(b, "type")
+	b = httpx.AppendJSONString(b, ProblemQuotaExceeded)
+	b = httpx.AppendJSONKey(b, "upgrade")
 	b = appendUpgrade(b, r.upgrade)
-	b = appendJSONKey(b, "violated-policies")
+	b = httpx.AppendJSONKey(b, "violated-policies")
 	b = append(b, '[')
 	for i, v := range r.violated {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = appendJSONString(b, string(v))
+		b = httpx.AppendJSONString(b, string(v))
 	}
 	return append(b, ']', '}')
 }
@@ -231,23 +229,23 @@ func appendUpgrade(b []byte, u *quota.Upgrade) []byte {
 		return append(b, "null"...)
 	}
 	b = append(b, '{')
-	b = appendJSONKey(b, "tier")
-	b = appendJSONString(b, u.Tier)
-	b = appendJSONKey(b, "name")
-	b = appendJSONString(b, u.Name)
-	b = appendJSONKey(b, "price_cents")
-	b = appendJSONInt(b, u.PriceCents)
-	b = appendJSONKey(b, "daily_quota")
-	b = appendJSONIntPtr(b, u.DailyQuota)
-	b = appendJSONKey(b, "monthly_quota")
-	b = appendJSONIntPtr(b, u.MonthlyQuota)
-	b = appendJSONKey(b, "url")
-	b = appendJSONString(b, u.URL)
+	b = httpx.AppendJSONKey(b, "tier")
+	b = httpx.AppendJSONString(b, u.Tier)
+	b = httpx.AppendJSONKey(b, "name")
+	b = httpx.AppendJSONString(b, u.Name)
+	b = httpx.AppendJSONKey(b, "price_cents")
+	b = httpx.AppendJSONInt(b, u.PriceCents)
+	b = httpx.AppendJSONKey(b, "daily_quota")
+	b = httpx.AppendJSONIntPtr(b, u.DailyQuota)
+	b = httpx.AppendJSONKey(b, "monthly_quota")
+	b = httpx.AppendJSONIntPtr(b, u.MonthlyQuota)
+	b = httpx.AppendJSONKey(b, "url")
+	b = httpx.AppendJSONString(b, u.URL)
 	return append(b, '}')
 }
 
 // writeRefusal sends r as the 429 problem+json.
 func writeRefusal(c *fiber.Ctx, r refusal) error {
-	var scratch [problemBytes]byte
-	return sendProblemBody(c, fiber.StatusTooManyRequests, r.appendJSON(scratch[:0]))
+	var scratch [httpx.ProblemBytes]byte
+	return httpx.SendProblemBody(c, fiber.StatusTooManyRequests, r.appendJSON(scratch[:0]))
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -67,8 +68,11 @@ func TestHotPathIsOneRedisRoundTripAndNoPostgres(t *testing.T) {
 	src := &pgReads{Store: store}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	runner := ratelimit.New(rdb, prefix)
-	s := New(Deps{Log: log, Store: store, Redis: rdb, Catalog: catalog.New(src, rdb, prefix, log, time.Now),
+	s, err := New(Deps{Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, prefix), Catalog: catalog.New(src, rdb, prefix, log, time.Now),
 		Gate: admission.New(runner, time.Now), Ledger: billing.NewLedger(pool)}, Options{BodyLimit: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	tenant, err := store.CreateTenant(context.Background(), "test", "hot", "pro")
 	if err != nil {

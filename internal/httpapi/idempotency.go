@@ -10,6 +10,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/routes"
@@ -73,7 +74,7 @@ func fingerprint(c *fiber.Ctx) string {
 // idempotent fills req's idempotency fields from the request's
 // Idempotency-Key, if any.
 func idempotent(c *fiber.Ctx, route *routes.Route, req *quota.Request) error {
-	key, err := idempotencyKey(c)
+	key, err := httpx.IdempotencyKey(c)
 	if err != nil || key == "" {
 		return err
 	}

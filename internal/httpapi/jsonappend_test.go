@@ -12,6 +12,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/routes"
 )
@@ -31,11 +32,11 @@ func TestAppendJSONString(t *testing.T) {
 		{"\xed\xa0\x80", `"\ufffd\ufffd\ufffd"`}, // a UTF-16 surrogate is not UTF-8
 		{"a\u2028b\u2029c", `"a\u2028b\u2029c"`},
 	} {
-		if got := string(appendJSONString(nil, tc.in)); got != tc.want {
-			t.Errorf("appendJSONString(%q) = %s, want %s", tc.in, got, tc.want)
+		if got := string(httpx.AppendJSONString(nil, tc.in)); got != tc.want {
+			t.Errorf("httpx.AppendJSONString(%q) = %s, want %s", tc.in, got, tc.want)
 		}
-		if got := string(appendJSONString([]byte("x"), []byte(tc.in))); got != "x"+tc.want {
-			t.Errorf("appendJSONString(x, []byte(%q)) = %s, want x%s", tc.in, got, tc.want)
+		if got := string(httpx.AppendJSONString([]byte("x"), []byte(tc.in))); got != "x"+tc.want {
+			t.Errorf("httpx.AppendJSONString(x, []byte(%q)) = %s, want x%s", tc.in, got, tc.want)
 		}
 		if std, _ := json.Marshal(tc.in); string(std) != tc.want {
 			t.Errorf("encoding/json writes %q as %s, the test wants %s", tc.in, std, tc.want)
@@ -43,7 +44,7 @@ func TestAppendJSONString(t *testing.T) {
 	}
 }
 
-// FuzzAppendJSONString holds appendJSONString to encoding/json's output.
+// FuzzAppendJSONString holds httpx.AppendJSONString to encoding/json's output.
 func FuzzAppendJSONString(f *testing.F) {
 	for _, s := range []string{"", "a\"b\\c", "\x00\x1f<>&", "\xff\xfe", "\u2028\u2029", "世\xe4\xb8界", "\xf0\x9f\x99"} {
 		f.Add(s)
@@ -53,11 +54,11 @@ func FuzzAppendJSONString(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := appendJSONString(nil, s); !bytes.Equal(got, want) {
-			t.Errorf("appendJSONString(%q) = %s, want %s", s, got, want)
+		if got := httpx.AppendJSONString(nil, s); !bytes.Equal(got, want) {
+			t.Errorf("httpx.AppendJSONString(%q) = %s, want %s", s, got, want)
 		}
-		if got := appendJSONString(nil, []byte(s)); !bytes.Equal(got, want) {
-			t.Errorf("appendJSONString([]byte(%q)) = %s, want %s", s, got, want)
+		if got := httpx.AppendJSONString(nil, []byte(s)); !bytes.Equal(got, want) {
+			t.Errorf("httpx.AppendJSONString([]byte(%q)) = %s, want %s", s, got, want)
 		}
 	})
 }
@@ -139,7 +140,7 @@ func TestRefusalBodyIsWhatEncodingJSONWrote(t *testing.T) {
 }
 
 func TestProblemBodyIsWhatEncodingJSONWrote(t *testing.T) {
-	for _, p := range []Problem{
+	for _, p := range []httpx.Problem{
 		{Type: "about:blank", Title: "Not Found", Status: 404, Detail: "no metered route for GET /api/<x>", Instance: "/api/<x>"},
 		{Type: "about:blank", Title: "Bad Request", Status: 400, Detail: "bad \"input\"\n", Field: "Idempotency-Key"},
 		{Type: "about:blank", Title: "Internal Server Error", Status: 500, Detail: "internal error"},
@@ -152,7 +153,7 @@ func TestProblemBodyIsWhatEncodingJSONWrote(t *testing.T) {
 			body["field"] = p.Field
 		}
 		want, _ := json.Marshal(body)
-		if got := p.appendJSON(nil); !bytes.Equal(got, want) {
+		if got := p.AppendJSON(nil); !bytes.Equal(got, want) {
 			t.Errorf("\n got %s\nwant %s", got, want)
 		}
 	}
@@ -214,9 +215,9 @@ func TestHotPathRenderingAllocatesNothing(t *testing.T) {
 			setRateLimitHeaders(c, a)
 		},
 		"problem": func() {
-			_ = writeProblem(c, Problem{Status: http.StatusNotFound, Detail: "no metered route", Instance: c.Path()})
+			_ = httpx.WriteProblem(c, httpx.Problem{Status: http.StatusNotFound, Detail: "no metered route", Instance: c.Path()})
 		},
-		"request id": func() { setRequestID(c) },
+		"request id": func() { httpx.SetRequestID(c) },
 		"counter":    func() { m.request("demo", "allowed", "pro").Inc() },
 	} {
 		f() // the response's buffers grow once
@@ -224,8 +225,8 @@ func TestHotPathRenderingAllocatesNothing(t *testing.T) {
 			t.Errorf("%s: %v allocations, want 0", name, n)
 		}
 	}
-	if got := string(c.Response().Header.Peek(fiber.HeaderXRequestID)); !strings.HasPrefix(got, string(requestIDProcess[:])+"-") {
-		t.Errorf("X-Request-ID = %q, want it to start with the process's %s-", got, requestIDProcess)
+	if got := string(c.Response().Header.Peek(fiber.HeaderXRequestID)); !strings.HasPrefix(got, httpx.ProcessID()+"-") {
+		t.Errorf("X-Request-ID = %q, want it to start with the process's %s-", got, httpx.ProcessID())
 	}
 }
 

@@ -4,38 +4,16 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/proxy"
 	"github.com/valyala/fasthttp"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/routes"
 )
-
-// maxIdempotencyKey bounds the Idempotency-Key header.
-const maxIdempotencyKey = 255
-
-func itoa(n int64) string { return strconv.FormatInt(n, 10) }
-
-// idempotencyKey returns the request's Idempotency-Key, validated.
-func idempotencyKey(c *fiber.Ctx) (string, error) {
-	k := c.Get("Idempotency-Key")
-	if k == "" {
-		return "", nil
-	}
-	if len(k) > maxIdempotencyKey {
-		return "", quota.FieldError("Idempotency-Key", "must be at most %d characters", maxIdempotencyKey)
-	}
-	for i := 0; i < len(k); i++ {
-		if k[i] < 0x21 || k[i] > 0x7e {
-			return "", quota.FieldError("Idempotency-Key", "must be visible ASCII characters")
-		}
-	}
-	return k, nil
-}
 
 // metered serves every route under /api/: the tenant's key resolved (from
 // the cache), one admission for the matched route, the quota headers on
@@ -96,7 +74,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		if rerr := s.gate.Refund(rctx, req, d); rerr != nil {
 			s.log.Error("refund failed", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)
 		} else {
-			c.Set("Tollgate-Refunded", itoa(route.Cost))
+			c.Set("Tollgate-Refunded", httpx.Itoa(route.Cost))
 		}
 		cancel()
 	case req.IdempotencyKey != "" && !d.Degraded:
@@ -146,7 +124,7 @@ func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID string) err
 	h.Del(fiber.HeaderAuthorization)
 	h.Del("X-API-Key")
 	h.Set("X-Tollgate-Tenant-Id", tenantID)
-	h.Set(fiber.HeaderXForwardedFor, s.clientIP(c).String())
+	h.Set(fiber.HeaderXForwardedFor, s.guard.ClientIP(c).String())
 	h.SetHost(route.UpstreamURL().Host)
 	err := proxy.DoTimeout(c, proxyTarget(c, route), route.UpstreamTimeout(), upstreamClient)
 	if err == nil {
@@ -159,7 +137,7 @@ func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID string) err
 		status, detail = fiber.StatusGatewayTimeout, "the upstream did not answer in time"
 	}
 	s.log.Warn("upstream failed", "meter", route.Meter, "err", err)
-	return writeProblem(c, Problem{Status: status, Detail: detail, Instance: c.Path()})
+	return httpx.WriteProblem(c, httpx.Problem{Status: status, Detail: detail, Instance: c.Path()})
 }
 
 // builtin serves the demo handlers, so a fresh install has something to

@@ -13,10 +13,12 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/httpapi/admin"
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
+	"github.com/tollgate/tollgate/internal/httpapi/pages"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/routes"
 	"github.com/tollgate/tollgate/internal/usage"
@@ -27,12 +29,10 @@ type Options struct {
 	BodyLimit    int
 	AdminToken   string
 	ServiceToken string
-	// RedisPrefix prefixes the dashboard's session keys (default "tg").
-	RedisPrefix string
 	// SessionTTL is the lifetime of a dashboard or console sign-in (default 8h).
 	SessionTTL time.Duration
 	// TrustedProxies are the proxies whose X-Forwarded-For names the client
-	// (see clientIP); none: the client is the connection's peer.
+	// (see httpx.Guard.ClientIP); none: the client is the connection's peer.
 	TrustedProxies []netip.Prefix
 	// WebhookAllowPrivate lets tenants' webhook URLs name loopback,
 	// link-local and private addresses.
@@ -50,8 +50,8 @@ type gate interface {
 }
 
 // records is what the admin API and the console read of the store of
-// tiers, tenants, keys, grants and the audit log (*postgres.Store): listings
-// and single records, read through to Postgres, never cached.
+// tiers, tenants, keys, grants and the audit log (*postgres.Store), each
+// declaring its part.
 type records interface {
 	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
 	Tier(ctx context.Context, slug string) (quota.Tier, error)
@@ -73,64 +73,52 @@ type ReadyCheck struct {
 
 // Deps are the parts the handlers use; cmd/api builds them.
 type Deps struct {
-	Log     *slog.Logger
-	Store   records
-	Redis   redis.UniversalClient // the dashboard's sessions
-	Catalog *catalog.Catalog
-	Grants  *catalog.Grants
-	Gate    gate
-	Ledger  *billing.Ledger
-	Usage   *usage.Reader
-	Alerts  *billing.Deliverer // for listing alerts
-	Ready   []ReadyCheck       // what /readyz checks
-	Routes  *routes.Table
-	Metrics *Metrics
-	Now     func() time.Time
+	Log   *slog.Logger
+	Store records
+	// Sessions keeps the dashboard's and the console's sign-ins
+	// (*redisdb.Sessions).
+	Sessions sessionStore
+	Catalog  *catalog.Catalog
+	Grants   *catalog.Grants
+	Gate     gate
+	Ledger   *billing.Ledger
+	Usage    *usage.Reader
+	Alerts   *billing.Deliverer // for listing alerts
+	Ready    []ReadyCheck       // what /readyz checks
+	Routes   *routes.Table
+	Metrics  *Metrics
+	Now      func() time.Time
 }
 
-// Server holds the Fiber app and what its handlers use.
+// sessionStore is the pages' session store.
+type sessionStore interface {
+	Put(ctx context.Context, key string, value []byte, ttl time.Duration) error
+	Get(ctx context.Context, key string) ([]byte, bool, error)
+	Delete(ctx context.Context, key string) error
+}
+
+// Server holds the Fiber app and what the metered path, /v1 and the probes
+// use; the admin API and the pages hold their own.
 type Server struct {
-	app      *fiber.App
-	log      *slog.Logger
-	store    records
-	rdb      redis.UniversalClient
-	catalog  *catalog.Catalog
-	grants   *catalog.Grants
-	gate     gate
-	ready    []ReadyCheck
-	ledger   *billing.Ledger
-	reports  *usage.Reader
-	alerts   *billing.Deliverer
-	routes   *routes.Table
-	metrics  *Metrics
-	authFail *authFailures
-	now      func() time.Time
-	opts     Options
-	views    *views
-	assets   map[string]asset
-
-	// authFail counts failed API keys and dashboard sign-ins; adminFail
-	// failed admin tokens (admin API and console sign-in); serviceFail failed
-	// service tokens. Realms apart: failing in one locks nothing in another.
-	adminFail, serviceFail *authFailures
+	app     *fiber.App
+	log     *slog.Logger
+	catalog *catalog.Catalog
+	gate    gate
+	ready   []ReadyCheck
+	ledger  *billing.Ledger
+	reports *usage.Reader
+	routes  *routes.Table
+	metrics *Metrics
+	now     func() time.Time
+	opts    Options
+	guard   *httpx.Guard
+	admin   *admin.API
+	pages   *pages.Pages
 }
 
-// The dashboard's templates and files are embedded: failing to parse them is
-// a bug of the build, caught by any test, not a condition to handle.
-var pageViews, pageAssets = func() (*views, map[string]asset) {
-	v, err := loadViews()
-	if err != nil {
-		panic(err)
-	}
-	a, err := loadAssets()
-	if err != nil {
-		panic(err)
-	}
-	return v, a
-}()
-
-// New builds the Fiber app with every route registered.
-func New(d Deps, opts Options) *Server {
+// New builds the Fiber app with every route registered. It fails only when
+// the pages' embedded templates do not load (a bug of the build).
+func New(d Deps, opts Options) (*Server, error) {
 	if d.Now == nil {
 		d.Now = time.Now
 	}
@@ -140,21 +128,24 @@ func New(d Deps, opts Options) *Server {
 	if d.Routes == nil {
 		d.Routes = routes.Default()
 	}
-	if opts.RedisPrefix == "" {
-		opts.RedisPrefix = "tg"
+	guard := httpx.NewGuard(opts.TrustedProxies, d.Now, d.Metrics.AuthFailures.Inc)
+	pg, err := pages.New(pages.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Ledger: d.Ledger,
+		Alerts: d.Alerts, Usage: d.Usage, Sessions: d.Sessions, Guard: guard, Log: d.Log, Now: d.Now,
+		AdminToken: opts.AdminToken, SessionTTL: opts.SessionTTL})
+	if err != nil {
+		return nil, err
 	}
-	if opts.SessionTTL <= 0 {
-		opts.SessionTTL = 8 * time.Hour
-	}
-	s := &Server{log: d.Log, store: d.Store, now: d.Now, rdb: d.Redis, catalog: d.Catalog, grants: d.Grants, gate: d.Gate, ready: d.Ready,
-		ledger: d.Ledger, reports: d.Usage, alerts: d.Alerts, routes: d.Routes, metrics: d.Metrics, authFail: newAuthFailures(d.Now),
-		adminFail: newAuthFailures(d.Now), serviceFail: newAuthFailures(d.Now), opts: opts,
-		views: pageViews, assets: pageAssets}
+	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, gate: d.Gate, ready: d.Ready,
+		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, opts: opts, guard: guard,
+		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Ledger: d.Ledger,
+			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
+			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),
+		pages: pg}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
 		BodyLimit:             opts.BodyLimit,
 		DisableStartupMessage: true,
-		ErrorHandler:          errorHandler(d.Log, s.errorPage),
+		ErrorHandler:          httpx.ErrorHandler(d.Log, pages.IsPage, s.pages.ErrorPage),
 		ReadTimeout:           30 * time.Second,
 		WriteTimeout:          60 * time.Second,
 		IdleTimeout:           120 * time.Second,
@@ -162,7 +153,7 @@ func New(d Deps, opts Options) *Server {
 	// Answers sent while shutting down say Connection: close.
 	s.app.Server().CloseOnShutdown = true
 	s.routesSetup()
-	return s
+	return s, nil
 }
 
 // App returns the Fiber app, for Listener and for tests' app.Test.
@@ -170,8 +161,8 @@ func (s *Server) App() *fiber.App { return s.app }
 
 // routesSetup registers every route of the service, in one place.
 func (s *Server) routesSetup() {
-	s.app.Use(requestIDs)
-	s.app.Use(accessLog(s.log, s.clientIP))
+	s.app.Use(httpx.RequestIDs)
+	s.app.Use(httpx.AccessLog(s.log, s.guard.ClientIP))
 	s.app.Use(recover.New())
 
 	s.app.Get("/healthz", s.healthz)
@@ -180,67 +171,67 @@ func (s *Server) routesSetup() {
 	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
 
 	s.app.All("/api/*", s.metered) // authenticates as tenantAuth does
-	v1 := s.app.Group("/v1", checkQuery)
+	v1 := s.app.Group("/v1", httpx.CheckQuery)
 	v1.Get("/usage", s.tenantAuth, s.usage)
 	v1.Get("/invoices", s.tenantAuth, s.invoices)
 	v1.Post("/check", s.check)
 
-	admin := s.app.Group("/admin/v1", s.adminAuth, checkQuery)
-	admin.Get("/tiers", s.listTiers)
-	admin.Post("/tiers", s.createTier)
-	admin.Get("/tiers/:slug", s.getTier)
-	admin.Patch("/tiers/:slug", s.patchTier)
-	admin.Delete("/tiers/:slug", s.deleteTier)
-	admin.Get("/tenants", s.listTenants)
-	admin.Post("/tenants", s.createTenant)
-	admin.Get("/tenants/:id", s.getTenant)
-	admin.Patch("/tenants/:id", s.patchTenant)
-	admin.Delete("/tenants/:id", s.deleteTenant)
-	admin.Get("/tenants/:id/keys", s.listKeys)
-	admin.Post("/tenants/:id/keys", s.issueKey)
-	admin.Delete("/keys/:id", s.revokeKey)
-	admin.Post("/keys/:id/rotate", s.rotateKey)
-	admin.Get("/tenants/:id/grants", s.listGrants)
-	admin.Post("/tenants/:id/grants", s.createGrant)
-	admin.Get("/tenants/:id/usage", s.tenantUsage)
-	admin.Get("/tenants/:id/summary", s.tenantSummary)
-	admin.Get("/invoices", s.listInvoices)
-	admin.Get("/audit", s.listAudit)
-	admin.Get("/alerts", s.listAlerts)
+	admin := s.app.Group("/admin/v1", s.admin.Auth, httpx.CheckQuery)
+	admin.Get("/tiers", s.admin.ListTiers)
+	admin.Post("/tiers", s.admin.CreateTier)
+	admin.Get("/tiers/:slug", s.admin.GetTier)
+	admin.Patch("/tiers/:slug", s.admin.PatchTier)
+	admin.Delete("/tiers/:slug", s.admin.DeleteTier)
+	admin.Get("/tenants", s.admin.ListTenants)
+	admin.Post("/tenants", s.admin.CreateTenant)
+	admin.Get("/tenants/:id", s.admin.GetTenant)
+	admin.Patch("/tenants/:id", s.admin.PatchTenant)
+	admin.Delete("/tenants/:id", s.admin.DeleteTenant)
+	admin.Get("/tenants/:id/keys", s.admin.ListKeys)
+	admin.Post("/tenants/:id/keys", s.admin.IssueKey)
+	admin.Delete("/keys/:id", s.admin.RevokeKey)
+	admin.Post("/keys/:id/rotate", s.admin.RotateKey)
+	admin.Get("/tenants/:id/grants", s.admin.ListGrants)
+	admin.Post("/tenants/:id/grants", s.admin.CreateGrant)
+	admin.Get("/tenants/:id/usage", s.admin.TenantUsage)
+	admin.Get("/tenants/:id/summary", s.admin.TenantSummary)
+	admin.Get("/invoices", s.admin.ListInvoices)
+	admin.Get("/audit", s.admin.ListAudit)
+	admin.Get("/alerts", s.admin.ListAlerts)
 
 	// The web pages: the tenants' dashboard and the admins' console. Every
 	// POST of a signed-in area is checked for its CSRF token by the session
 	// middleware; the sign-in forms check theirs themselves.
 	s.app.Get("/", func(c *fiber.Ctx) error { return c.Redirect("/dashboard", fiber.StatusFound) })
-	s.app.Get("/robots.txt", s.robots)
-	s.app.Get("/assets/:file", s.serveAsset)
-	dash := s.app.Group("/dashboard", checkQuery)
-	dash.Get("/login", s.dashLoginForm)
-	dash.Post("/login", s.dashLogin)
-	dash.Post("/logout", s.tenantSession, s.dashLogout)
-	dash.Get("", s.tenantSession, s.dashHome)
-	dash.Get("/invoices/:id", s.tenantSession, s.dashInvoice)
-	con := s.app.Group("/console", checkQuery)
-	con.Get("/login", s.consoleLoginForm)
-	con.Post("/login", s.consoleLogin)
-	con.Post("/logout", s.adminSession, s.consoleLogout)
-	con.Get("", s.adminSession, s.consoleHome)
-	con.Get("/tiers", s.adminSession, s.consoleTiers)
-	con.Post("/tiers", s.adminSession, s.consoleCreateTier)
-	con.Get("/new-tier", s.adminSession, s.consoleNewTier) // not under /tiers/: any name there may be a slug
-	con.Get("/tiers/:slug", s.adminSession, s.consoleTierForm)
-	con.Post("/tiers/:slug", s.adminSession, s.consoleSaveTier)
-	con.Get("/tenants", s.adminSession, s.consoleTenants)
-	con.Post("/tenants", s.adminSession, s.consoleCreateTenant)
-	con.Get("/tenants/:id", s.adminSession, s.consoleTenant)
-	con.Post("/tenants/:id/keys", s.adminSession, s.consoleIssueKey)
-	con.Post("/tenants/:id/grants", s.adminSession, s.consoleGrant)
-	con.Post("/tenants/:id/tier", s.adminSession, s.consoleSetTier)
-	con.Post("/tenants/:id/status", s.adminSession, s.consoleSetStatus)
-	con.Post("/keys/:id/revoke", s.adminSession, s.consoleRevokeKey)
-	con.Get("/invoices", s.adminSession, s.consoleInvoices)
-	con.Get("/invoices.csv", s.adminSession, s.consoleInvoicesCSV)
-	con.Get("/alerts", s.adminSession, s.consoleAlerts)
+	s.app.Get("/robots.txt", s.pages.Robots)
+	s.app.Get("/assets/:file", s.pages.ServeAsset)
+	dash := s.app.Group("/dashboard", httpx.CheckQuery)
+	dash.Get("/login", s.pages.DashLoginForm)
+	dash.Post("/login", s.pages.DashLogin)
+	dash.Post("/logout", s.pages.TenantSession, s.pages.DashLogout)
+	dash.Get("", s.pages.TenantSession, s.pages.DashHome)
+	dash.Get("/invoices/:id", s.pages.TenantSession, s.pages.DashInvoice)
+	con := s.app.Group("/console", httpx.CheckQuery)
+	con.Get("/login", s.pages.ConsoleLoginForm)
+	con.Post("/login", s.pages.ConsoleLogin)
+	con.Post("/logout", s.pages.AdminSession, s.pages.ConsoleLogout)
+	con.Get("", s.pages.AdminSession, s.pages.ConsoleHome)
+	con.Get("/tiers", s.pages.AdminSession, s.pages.ConsoleTiers)
+	con.Post("/tiers", s.pages.AdminSession, s.pages.ConsoleCreateTier)
+	con.Get("/new-tier", s.pages.AdminSession, s.pages.ConsoleNewTier) // not under /tiers/: any name there may be a slug
+	con.Get("/tiers/:slug", s.pages.AdminSession, s.pages.ConsoleTierForm)
+	con.Post("/tiers/:slug", s.pages.AdminSession, s.pages.ConsoleSaveTier)
+	con.Get("/tenants", s.pages.AdminSession, s.pages.ConsoleTenants)
+	con.Post("/tenants", s.pages.AdminSession, s.pages.ConsoleCreateTenant)
+	con.Get("/tenants/:id", s.pages.AdminSession, s.pages.ConsoleTenant)
+	con.Post("/tenants/:id/keys", s.pages.AdminSession, s.pages.ConsoleIssueKey)
+	con.Post("/tenants/:id/grants", s.pages.AdminSession, s.pages.ConsoleGrant)
+	con.Post("/tenants/:id/tier", s.pages.AdminSession, s.pages.ConsoleSetTier)
+	con.Post("/tenants/:id/status", s.pages.AdminSession, s.pages.ConsoleSetStatus)
+	con.Post("/keys/:id/revoke", s.pages.AdminSession, s.pages.ConsoleRevokeKey)
+	con.Get("/invoices", s.pages.AdminSession, s.pages.ConsoleInvoices)
+	con.Get("/invoices.csv", s.pages.AdminSession, s.pages.ConsoleInvoicesCSV)
+	con.Get("/alerts", s.pages.AdminSession, s.pages.ConsoleAlerts)
 }
 
 func (s *Server) healthz(c *fiber.Ctx) error {
@@ -261,7 +252,7 @@ func (s *Server) readyz(c *fiber.Ctx) error {
 		}
 	}
 	if !ready {
-		return writeProblem(c, Problem{Status: fiber.StatusServiceUnavailable, Title: "Not Ready",
+		return httpx.WriteProblem(c, httpx.Problem{Status: fiber.StatusServiceUnavailable, Title: "Not Ready",
 			Detail: "a dependency is not ready", Extra: map[string]any{"checks": checks}})
 	}
 	return c.JSON(fiber.Map{"status": "ready", "checks": checks})

@@ -13,6 +13,8 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
+	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -22,7 +24,11 @@ func mustServer(tb testing.TB, rdb redis.UniversalClient) *Server {
 		rdb = testenv.Redis(tb)
 	}
 	log := slog.New(slog.NewJSONHandler(io.Discard, nil))
-	return New(Deps{Log: log, Redis: rdb}, Options{BodyLimit: 1024})
+	s, err := New(Deps{Log: log, Sessions: redisdb.NewSessions(rdb, "tg")}, Options{BodyLimit: 1024})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return s
 }
 
 func mustProblem(tb testing.TB, app *fiber.App, method, path, body string, wantStatus int) map[string]any {
@@ -37,8 +43,8 @@ func mustProblem(tb testing.TB, app *fiber.App, method, path, body string, wantS
 	if resp.StatusCode != wantStatus {
 		tb.Fatalf("%s %s: status %d, want %d (%s)", method, path, resp.StatusCode, wantStatus, raw)
 	}
-	if ct := resp.Header.Get("Content-Type"); ct != ContentTypeProblem {
-		tb.Fatalf("%s %s: Content-Type %q, want %q", method, path, ct, ContentTypeProblem)
+	if ct := resp.Header.Get("Content-Type"); ct != httpx.ContentTypeProblem {
+		tb.Fatalf("%s %s: Content-Type %q, want %q", method, path, ct, httpx.ContentTypeProblem)
 	}
 	var p map[string]any
 	if err := json.Unmarshal(raw, &p); err != nil {
@@ -80,7 +86,7 @@ func TestOversizedBodyIs413(t *testing.T) {
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != 413 || resp.Header.Get("Content-Type") != ContentTypeProblem {
-		t.Fatalf("status %d, Content-Type %q, want 413 %s (%s)", resp.StatusCode, resp.Header.Get("Content-Type"), ContentTypeProblem, raw)
+	if resp.StatusCode != 413 || resp.Header.Get("Content-Type") != httpx.ContentTypeProblem {
+		t.Fatalf("status %d, Content-Type %q, want 413 %s (%s)", resp.StatusCode, resp.Header.Get("Content-Type"), httpx.ContentTypeProblem, raw)
 	}
 }

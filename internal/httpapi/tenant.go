@@ -6,13 +6,14 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/usage"
 )
 
 // usage answers the caller's own usage.
 func (s *Server) usage(c *fiber.Ctx) error {
-	u, err := s.reports.For(c.UserContext(), principalOf(c))
+	u, err := s.reports.For(c.UserContext(), httpx.PrincipalOf(c))
 	if err != nil {
 		return err
 	}
@@ -21,7 +22,7 @@ func (s *Server) usage(c *fiber.Ctx) error {
 
 // invoices answers the caller's own invoices.
 func (s *Server) invoices(c *fiber.Ctx) error {
-	p := principalOf(c)
+	p := httpx.PrincipalOf(c)
 	items, err := s.ledger.TenantInvoices(c.UserContext(), p.Tenant.ID)
 	if err != nil {
 		return err
@@ -54,11 +55,11 @@ type CheckResponse struct {
 // names the tenant (by key or id), the meter and the cost; dry_run asks
 // whether it would fit without consuming anything.
 func (s *Server) check(c *fiber.Ctx) error {
-	if err := s.bearerAuth(c, s.serviceFail, s.opts.ServiceToken, "tollgate-service", "service token"); err != nil {
+	if err := s.guard.BearerAuth(c, s.guard.Service, s.opts.ServiceToken, "tollgate-service", "service token"); err != nil {
 		return err
 	}
 	var body CheckRequest
-	if err := decodeJSON(c, &body); err != nil {
+	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
 	var p catalog.Principal
@@ -71,7 +72,7 @@ func (s *Server) check(c *fiber.Ctx) error {
 			return err
 		}
 	case body.TenantID != "":
-		if !validUUID(body.TenantID) {
+		if !quota.ValidID(body.TenantID) {
 			return quota.FieldError("tenant_id", "must be a tenant id (UUID)")
 		}
 		if p, err = s.catalog.Principal(c.UserContext(), body.TenantID); err != nil {
@@ -83,7 +84,7 @@ func (s *Server) check(c *fiber.Ctx) error {
 	default:
 		return quota.FieldError("api_key", "give api_key or tenant_id")
 	}
-	if !validMeter(body.Meter) {
+	if !httpx.ValidMeter(body.Meter) {
 		return quota.FieldError("meter", "must be 1 to 64 of a-z 0-9 _ . -")
 	}
 	cost := int64(1)
@@ -93,8 +94,8 @@ func (s *Server) check(c *fiber.Ctx) error {
 	if cost < 1 || cost > quota.MaxQuantity {
 		return quota.FieldError("cost", "must be an integer between 1 and %d", quota.MaxQuantity)
 	}
-	if len(body.IdempotencyKey) > maxIdempotencyKey {
-		return quota.FieldError("idempotency_key", "must be at most %d characters", maxIdempotencyKey)
+	if len(body.IdempotencyKey) > httpx.MaxIdempotencyKey {
+		return quota.FieldError("idempotency_key", "must be at most %d characters", httpx.MaxIdempotencyKey)
 	}
 	// A check's answer is its decision: the key's record is complete at
 	// once (no lease), and the fingerprint is what the check asked.
@@ -120,34 +121,4 @@ func (s *Server) check(c *fiber.Ctx) error {
 		resp.RetryAfter = &secs
 	}
 	return c.JSON(resp)
-}
-
-func validMeter(m string) bool {
-	if len(m) < 1 || len(m) > 64 {
-		return false
-	}
-	for i := 0; i < len(m); i++ {
-		b := m[i]
-		if !(b >= 'a' && b <= 'z' || b >= '0' && b <= '9' || (i > 0 && (b == '_' || b == '.' || b == '-'))) {
-			return false
-		}
-	}
-	return true
-}
-
-func validUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		switch {
-		case i == 8 || i == 13 || i == 18 || i == 23:
-			if s[i] != '-' {
-				return false
-			}
-		case !(s[i] >= '0' && s[i] <= '9' || s[i] >= 'a' && s[i] <= 'f' || s[i] >= 'A' && s[i] <= 'F'):
-			return false
-		}
-	}
-	return true
 }

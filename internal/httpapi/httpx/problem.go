@@ -1,4 +1,4 @@
-package httpapi
+package httpx
 
 import (
 	"encoding/json"
@@ -45,22 +45,22 @@ var statusOf = map[string]int{
 	quota.CodeInternal:      http.StatusInternalServerError,
 }
 
-// problemBytes is room for a problem body without growing its buffer: a
+// ProblemBytes is room for a problem body without growing its buffer: a
 // refusal with an upgrade hint, or an error with a long detail.
-const problemBytes = 1024
+const ProblemBytes = 1024
 
-// writeProblem sends p as problem+json, written by appendJSON; Extra
+// WriteProblem sends p as problem+json, written by appendJSON; Extra
 // members (readiness checks, off the hot path) follow, sorted, each encoded
 // by encoding/json.
-func writeProblem(c *fiber.Ctx, p Problem) error {
+func WriteProblem(c *fiber.Ctx, p Problem) error {
 	if p.Type == "" {
 		p.Type = "about:blank"
 	}
 	if p.Title == "" {
 		p.Title = http.StatusText(p.Status)
 	}
-	var scratch [problemBytes]byte
-	b := p.appendJSON(scratch[:0])
+	var scratch [ProblemBytes]byte
+	b := p.AppendJSON(scratch[:0])
 	if len(p.Extra) > 0 {
 		b = b[:len(b)-1] // reopen the object
 		for _, k := range slices.Sorted(maps.Keys(p.Extra)) {
@@ -68,54 +68,54 @@ func writeProblem(c *fiber.Ctx, p Problem) error {
 			if err != nil {
 				return err
 			}
-			b = appendJSONKey(b, k)
+			b = AppendJSONKey(b, k)
 			b = append(b, v...)
 		}
 		b = append(b, '}')
 	}
-	return sendProblemBody(c, p.Status, b)
+	return SendProblemBody(c, p.Status, b)
 }
 
-// appendJSON appends p without its Extra members, in the order encoding/json
+// AppendJSON appends p without its Extra members, in the order encoding/json
 // gave the map it used to be (sorted keys).
-func (p *Problem) appendJSON(b []byte) []byte {
+func (p *Problem) AppendJSON(b []byte) []byte {
 	b = append(b, '{')
-	b = appendJSONKey(b, "detail")
-	b = appendJSONString(b, p.Detail)
+	b = AppendJSONKey(b, "detail")
+	b = AppendJSONString(b, p.Detail)
 	if p.Field != "" {
-		b = appendJSONKey(b, "field")
-		b = appendJSONString(b, p.Field)
+		b = AppendJSONKey(b, "field")
+		b = AppendJSONString(b, p.Field)
 	}
 	if p.Instance != "" {
-		b = appendJSONKey(b, "instance")
-		b = appendJSONString(b, p.Instance)
+		b = AppendJSONKey(b, "instance")
+		b = AppendJSONString(b, p.Instance)
 	}
-	b = appendJSONKey(b, "status")
-	b = appendJSONInt(b, int64(p.Status))
-	b = appendJSONKey(b, "title")
-	b = appendJSONString(b, p.Title)
-	b = appendJSONKey(b, "type")
-	b = appendJSONString(b, p.Type)
+	b = AppendJSONKey(b, "status")
+	b = AppendJSONInt(b, int64(p.Status))
+	b = AppendJSONKey(b, "title")
+	b = AppendJSONString(b, p.Title)
+	b = AppendJSONKey(b, "type")
+	b = AppendJSONString(b, p.Type)
 	return append(b, '}')
 }
 
-// sendProblemBody answers status with body as problem+json. The body is
+// SendProblemBody answers status with body as problem+json. The body is
 // copied into the response's own (pooled) buffer, so it may live on the
 // caller's stack.
-func sendProblemBody(c *fiber.Ctx, status int, body []byte) error {
+func SendProblemBody(c *fiber.Ctx, status int, body []byte) error {
 	c.Status(status)
 	c.Response().Header.SetContentType(ContentTypeProblem)
 	c.Response().SetBody(body)
 	return nil
 }
 
-// errorHandler is the one place where errors become HTTP answers. Tollgate's
+// ErrorHandler is the one place where errors become HTTP answers. Tollgate's
 // *quota.Error maps by code; Fiber's own errors (unknown route, body too large,
 // method not allowed) keep their status; anything else is a bug or an I/O
 // failure, logged once here and answered as "internal error". Under the
-// dashboard's and the console's paths the problem is rendered by page, as
-// HTML; everywhere else it is problem+json.
-func errorHandler(log *slog.Logger, page func(*fiber.Ctx, Problem) error) fiber.ErrorHandler {
+// web pages' paths (isPage) the problem is rendered by page, as HTML;
+// everywhere else it is problem+json.
+func ErrorHandler(log *slog.Logger, isPage func(path string) bool, page func(*fiber.Ctx, Problem) error) fiber.ErrorHandler {
 	return func(c *fiber.Ctx, err error) error {
 		var qe *quota.Error
 		var fe *fiber.Error
@@ -128,7 +128,7 @@ func errorHandler(log *slog.Logger, page func(*fiber.Ctx, Problem) error) fiber.
 			}
 			p.Detail, p.Field = qe.Message, qe.Field
 			if p.Status == http.StatusInternalServerError {
-				log.Error("internal error", "err", err, "path", c.Path(), "request_id", requestID(c))
+				log.Error("internal error", "err", err, "path", c.Path(), "request_id", RequestID(c))
 				p.Detail = "internal error"
 			}
 		case errors.As(err, &fe):
@@ -137,20 +137,20 @@ func errorHandler(log *slog.Logger, page func(*fiber.Ctx, Problem) error) fiber.
 				p.Detail = "request body too large"
 			}
 			if fe.Code >= 500 {
-				log.Error("internal error", "err", err, "path", c.Path(), "request_id", requestID(c))
+				log.Error("internal error", "err", err, "path", c.Path(), "request_id", RequestID(c))
 				p.Detail = "internal error"
 			}
 		default:
-			log.Error("internal error", "err", err, "path", c.Path(), "request_id", requestID(c))
+			log.Error("internal error", "err", err, "path", c.Path(), "request_id", RequestID(c))
 			p.Status, p.Detail = http.StatusInternalServerError, "internal error"
 		}
-		if page != nil && isPagePath(c.Path()) {
+		if page != nil && isPage(c.Path()) {
 			perr := page(c, p)
 			if perr == nil {
 				return nil
 			}
-			log.Error("error page failed", "err", perr, "path", c.Path(), "request_id", requestID(c))
+			log.Error("error page failed", "err", perr, "path", c.Path(), "request_id", RequestID(c))
 		}
-		return writeProblem(c, p)
+		return WriteProblem(c, p)
 	}
 }

@@ -1,31 +1,86 @@
-package httpapi
+// Package admin is the admin REST API of the HTTP layer (/admin/v1).
+package admin
 
 import (
 	"bufio"
 	"context"
 	"encoding/csv"
-	"encoding/json"
 	"fmt"
+	"log/slog"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/usage"
 )
 
 // The actor recorded in the audit log for changes made with the admin token.
 const adminActor = "admin"
 
-// adminAuth lets through only requests with the admin token; with no token
+// records is what the admin API reads of the store of tiers, tenants, keys,
+// grants and the audit log (*postgres.Store): listings and single records,
+// read through to Postgres, never cached. Writes go through the catalog.
+type records interface {
+	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
+	Tier(ctx context.Context, slug string) (quota.Tier, error)
+	ListTenants(ctx context.Context, f quota.TenantFilter, p quota.Page) ([]quota.Tenant, *string, error)
+	Tenant(ctx context.Context, id string) (quota.Tenant, error)
+	ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error)
+	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
+	ListAudit(ctx context.Context, entity, entityID string, p quota.Page) ([]quota.AuditEntry, *string, error)
+}
+
+// Deps are what the admin API uses; cmd/api builds them.
+type Deps struct {
+	Store   records
+	Catalog *catalog.Catalog // reads and the writes that invalidate it
+	Grants  *catalog.Grants
+	Ledger  *billing.Ledger
+	Alerts  *billing.Deliverer
+	Usage   *usage.Reader
+	Guard   *httpx.Guard
+	Log     *slog.Logger
+	Now     func() time.Time
+
+	AdminToken string
+	// WebhookAllowPrivate lets tenants' webhook URLs name loopback,
+	// link-local and private addresses.
+	WebhookAllowPrivate bool
+}
+
+// API is the admin REST API (/admin/v1): tiers, tenants, keys, grants,
+// usage, invoices, the audit log and alerts. Its handlers are registered,
+// with every other route, in internal/httpapi.
+type API struct {
+	store   records
+	catalog *catalog.Catalog
+	grants  *catalog.Grants
+	ledger  *billing.Ledger
+	alerts  *billing.Deliverer
+	reports *usage.Reader
+	guard   *httpx.Guard
+	log     *slog.Logger
+	now     func() time.Time
+	opts    Deps
+}
+
+// New returns the admin API over d.
+func New(d Deps) *API {
+	return &API{store: d.Store, catalog: d.Catalog, grants: d.Grants, ledger: d.Ledger, alerts: d.Alerts,
+		reports: d.Usage, guard: d.Guard, log: d.Log, now: d.Now, opts: d}
+}
+
+// Auth lets through only requests with the admin token; with no token
 // configured it refuses everything. Failed tokens are limited per address
 // (see tokenIs).
-func (s *Server) adminAuth(c *fiber.Ctx) error {
-	if err := s.bearerAuth(c, s.adminFail, s.opts.AdminToken, "tollgate-admin", "admin token"); err != nil {
+func (s *API) Auth(c *fiber.Ctx) error {
+	if err := s.guard.BearerAuth(c, s.guard.Admin, s.opts.AdminToken, "tollgate-admin", "admin token"); err != nil {
 		return err
 	}
 	return c.Next()
@@ -66,7 +121,7 @@ func paged[T any](c *fiber.Ctx, fetch func(quota.Page) ([]T, *string, error)) er
 
 // ---- tiers
 
-func (s *Server) listTiers(c *fiber.Ctx) error {
+func (s *API) ListTiers(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.Tier, *string, error) { return s.store.ListTiers(c.UserContext(), p) })
 }
 
@@ -127,12 +182,12 @@ func (b tierCreate) tier() (quota.Tier, error) {
 	if b.UpgradeURL != nil {
 		t.UpgradeURL = *b.UpgradeURL
 	}
-	return t, validURL("upgrade_url", t.UpgradeURL)
+	return t, httpx.ValidURL("upgrade_url", t.UpgradeURL)
 }
 
-func (s *Server) createTier(c *fiber.Ctx) error {
+func (s *API) CreateTier(c *fiber.Ctx) error {
 	var body tierCreate
-	if err := decodeJSON(c, &body); err != nil {
+	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
 	t, err := body.tier()
@@ -145,7 +200,7 @@ func (s *Server) createTier(c *fiber.Ctx) error {
 	return c.Status(fiber.StatusCreated).JSON(t)
 }
 
-func (s *Server) getTier(c *fiber.Ctx) error {
+func (s *API) GetTier(c *fiber.Ctx) error {
 	t, err := s.store.Tier(c.UserContext(), c.Params("slug"))
 	if err != nil {
 		return err
@@ -206,12 +261,12 @@ func (p tierPatch) apply(t *quota.Tier) error {
 	setNullable(p.BucketRefillPerSec, &t.BucketRefillPerSec)
 	setNullable(p.DailyQuota, &t.DailyQuota)
 	setNullable(p.MonthlyQuota, &t.MonthlyQuota)
-	return validURL("upgrade_url", t.UpgradeURL)
+	return httpx.ValidURL("upgrade_url", t.UpgradeURL)
 }
 
-func (s *Server) patchTier(c *fiber.Ctx) error {
+func (s *API) PatchTier(c *fiber.Ctx) error {
 	var body tierPatch
-	if err := decodeJSON(c, &body); err != nil {
+	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
 	t, err := s.catalog.UpdateTier(c.UserContext(), adminActor, c.Params("slug"), body.apply)
@@ -221,7 +276,7 @@ func (s *Server) patchTier(c *fiber.Ctx) error {
 	return c.JSON(t)
 }
 
-func (s *Server) deleteTier(c *fiber.Ctx) error {
+func (s *API) DeleteTier(c *fiber.Ctx) error {
 	slug := c.Params("slug")
 	if err := s.catalog.DeleteTier(c.UserContext(), adminActor, slug); err != nil {
 		return err
@@ -231,7 +286,7 @@ func (s *Server) deleteTier(c *fiber.Ctx) error {
 
 // ---- tenants
 
-func (s *Server) listTenants(c *fiber.Ctx) error {
+func (s *API) ListTenants(c *fiber.Ctx) error {
 	f := quota.TenantFilter{Query: c.Query("q"), Tier: c.Query("tier")}
 	if len(f.Query) > quota.MaxNameLen {
 		return quota.FieldError("q", "must be at most %d characters", quota.MaxNameLen)
@@ -248,9 +303,9 @@ type tenantCreate struct {
 	WebhookURL string          `json:"webhook_url"`
 }
 
-func (s *Server) createTenant(c *fiber.Ctx) error {
+func (s *API) CreateTenant(c *fiber.Ctx) error {
 	var body tenantCreate
-	if err := decodeJSON(c, &body); err != nil {
+	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
 	name, err := required("name", body.Name)
@@ -272,7 +327,7 @@ func (s *Server) createTenant(c *fiber.Ctx) error {
 	return c.Status(fiber.StatusCreated).JSON(t)
 }
 
-func (s *Server) getTenant(c *fiber.Ctx) error {
+func (s *API) GetTenant(c *fiber.Ctx) error {
 	t, err := s.store.Tenant(c.UserContext(), c.Params("id"))
 	if err != nil {
 		return err
@@ -303,15 +358,15 @@ func (p tenantPatch) apply(t *quota.Tenant) error {
 			t.Overrides = *p.Overrides.Value
 		}
 	}
-	return validURL("webhook_url", t.WebhookURL)
+	return httpx.ValidURL("webhook_url", t.WebhookURL)
 }
 
-// patchTenant changes a tenant. A tier change applies from the next request
+// PatchTenant changes a tenant. A tier change applies from the next request
 // on every node; the usage already counted in the period stays counted,
 // because quota counters belong to the tenant, not to its tier.
-func (s *Server) patchTenant(c *fiber.Ctx) error {
+func (s *API) PatchTenant(c *fiber.Ctx) error {
 	var body tenantPatch
-	if err := decodeJSON(c, &body); err != nil {
+	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
 	t, err := s.catalog.UpdateTenant(c.UserContext(), adminActor, c.Params("id"), func(t *quota.Tenant) error {
@@ -326,7 +381,7 @@ func (s *Server) patchTenant(c *fiber.Ctx) error {
 	return c.JSON(t)
 }
 
-func (s *Server) deleteTenant(c *fiber.Ctx) error {
+func (s *API) DeleteTenant(c *fiber.Ctx) error {
 	id := c.Params("id")
 	if err := s.catalog.DeleteTenant(c.UserContext(), adminActor, id); err != nil {
 		return err
@@ -336,7 +391,7 @@ func (s *Server) deleteTenant(c *fiber.Ctx) error {
 
 // ---- keys
 
-func (s *Server) listKeys(c *fiber.Ctx) error {
+func (s *API) ListKeys(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.APIKey, *string, error) {
 		return s.store.ListKeys(c.UserContext(), c.Params("id"), p)
 	})
@@ -347,10 +402,10 @@ type keyCreate struct {
 	ExpiresAt *time.Time `json:"expires_at"`
 }
 
-func (s *Server) issueKey(c *fiber.Ctx) error {
+func (s *API) IssueKey(c *fiber.Ctx) error {
 	var body keyCreate
 	if len(c.Body()) > 0 {
-		if err := decodeJSON(c, &body); err != nil {
+		if err := httpx.DecodeJSON(c, &body); err != nil {
 			return err
 		}
 	}
@@ -369,7 +424,7 @@ func (s *Server) issueKey(c *fiber.Ctx) error {
 	return c.Status(fiber.StatusCreated).JSON(k)
 }
 
-func (s *Server) revokeKey(c *fiber.Ctx) error {
+func (s *API) RevokeKey(c *fiber.Ctx) error {
 	if _, err := s.catalog.RevokeKey(c.UserContext(), adminActor, c.Params("id")); err != nil {
 		return err
 	}
@@ -398,9 +453,9 @@ func (b keyRotate) validate() (time.Duration, error) {
 	return time.Duration(grace) * time.Second, nil
 }
 
-func (s *Server) rotateKey(c *fiber.Ctx) error {
+func (s *API) RotateKey(c *fiber.Ctx) error {
 	var body keyRotate
-	if err := decodeJSON(c, &body); err != nil {
+	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
 	grace, err := body.validate()
@@ -426,16 +481,16 @@ type grantCreate struct {
 const grantLater = "the grant is recorded but not applied yet (Redis did not answer): " +
 	"the worker applies it within one reconcile interval (TOLLGATE_RECONCILE_INTERVAL)"
 
-// createGrant answers 201 with a grant applied at once; 202 with applied
+// CreateGrant answers 201 with a grant applied at once; 202 with applied
 // false and a detail when Redis did not answer, so that the worker applies
 // it; 200 with the grant first recorded for a repeat of its Idempotency-Key.
-func (s *Server) createGrant(c *fiber.Ctx) error {
-	key, err := idempotencyKey(c)
+func (s *API) CreateGrant(c *fiber.Ctx) error {
+	key, err := httpx.IdempotencyKey(c)
 	if err != nil {
 		return err
 	}
 	var body grantCreate
-	if err := decodeJSON(c, &body); err != nil {
+	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
 	g, created, err := s.grant(c.UserContext(), adminActor, c.Params("id"), key, body)
@@ -473,7 +528,7 @@ func (b grantCreate) validate() (string, int64, error) {
 }
 
 // grant grants through the catalog's Grants, for the API and the console.
-func (s *Server) grant(ctx context.Context, actor, tenantID, key string, body grantCreate) (quota.Grant, bool, error) {
+func (s *API) grant(ctx context.Context, actor, tenantID, key string, body grantCreate) (quota.Grant, bool, error) {
 	period, units, err := body.validate()
 	if err != nil {
 		return quota.Grant{}, false, err
@@ -481,18 +536,13 @@ func (s *Server) grant(ctx context.Context, actor, tenantID, key string, body gr
 	return s.grants.Create(ctx, actor, tenantID, key, period, units)
 }
 
-func (s *Server) listGrants(c *fiber.Ctx) error {
+func (s *API) ListGrants(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.Grant, *string, error) {
 		return s.store.ListGrants(c.UserContext(), c.Params("id"), p)
 	})
 }
 
 // ---- usage and invoices exports
-
-// wantsCSV reports whether the client asked for text/csv.
-func wantsCSV(c *fiber.Ctx) bool {
-	return c.Accepts(fiber.MIMEApplicationJSON, "text/csv") == "text/csv"
-}
 
 // parseTime reads a date (YYYY-MM-DD, UTC midnight) or an RFC 3339 time.
 func parseTime(field, v string, def time.Time) (time.Time, error) {
@@ -512,7 +562,7 @@ func parseTime(field, v string, def time.Time) (time.Time, error) {
 // maxUsageRange bounds one usage export.
 const maxUsageRange = 2 * 366 * 24 * time.Hour
 
-func (s *Server) tenantUsage(c *fiber.Ctx) error {
+func (s *API) TenantUsage(c *fiber.Ctx) error {
 	now := s.now().UTC()
 	from, err := parseTime("from", c.Query("from"), quota.MonthStart(now))
 	if err != nil {
@@ -533,7 +583,7 @@ func (s *Server) tenantUsage(c *fiber.Ctx) error {
 		return quota.FieldError("granularity", `must be "hour" or "day"`)
 	}
 	meter := c.Query("meter")
-	if meter != "" && !validMeter(meter) {
+	if meter != "" && !httpx.ValidMeter(meter) {
 		return quota.FieldError("meter", "must be 1 to 64 of a-z 0-9 _ . -")
 	}
 	t, err := s.store.Tenant(c.UserContext(), c.Params("id"))
@@ -543,38 +593,29 @@ func (s *Server) tenantUsage(c *fiber.Ctx) error {
 	each := func(ctx context.Context, fn func(billing.UsageRow) error) error {
 		return s.ledger.EachUsage(ctx, t.ID, from, to, gran, meter, fn)
 	}
-	if wantsCSV(c) {
+	if httpx.WantsCSV(c) {
 		c.Attachment(fmt.Sprintf("usage-%s-%s.csv", t.ID, from.Format("20060102")))
-		return s.stream(c, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
+		return httpx.Stream(c, s.log, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
 			cw := csv.NewWriter(w)
 			_ = cw.Write([]string{"period_start", "meter", "units", "requests", "rejected", "overage_units"})
 			err := each(ctx, func(r billing.UsageRow) error {
-				return cw.Write([]string{r.PeriodStart.Format(time.RFC3339), r.Meter, itoa(r.Units), itoa(r.Requests),
-					itoa(r.Rejected), itoa(r.OverageUnits)})
+				return cw.Write([]string{r.PeriodStart.Format(time.RFC3339), r.Meter, httpx.Itoa(r.Units), httpx.Itoa(r.Requests),
+					httpx.Itoa(r.Rejected), httpx.Itoa(r.OverageUnits)})
 			})
 			cw.Flush()
 			return err
 		})
 	}
-	return s.stream(c, fiber.MIMEApplicationJSON, func(ctx context.Context, w *bufio.Writer) error {
-		return jsonItems(w, func(item func(any) error) error {
+	return httpx.Stream(c, s.log, fiber.MIMEApplicationJSON, func(ctx context.Context, w *bufio.Writer) error {
+		return httpx.JSONItems(w, func(item func(any) error) error {
 			return each(ctx, func(r billing.UsageRow) error { return item(r) })
 		})
 	})
 }
 
-// parsePeriod reads a month such as 2026-11.
-func parsePeriod(raw string) (time.Time, error) {
-	period, err := time.Parse("2006-01", raw)
-	if err != nil {
-		return period, quota.FieldError("period", "must be a month such as 2026-11")
-	}
-	return period, nil
-}
-
-// tenantSummary answers a tenant's usage exactly as the tenant's own
+// TenantSummary answers a tenant's usage exactly as the tenant's own
 // GET /v1/usage would: limits, this month's days and meters, upgrade hint.
-func (s *Server) tenantSummary(c *fiber.Ctx) error {
+func (s *API) TenantSummary(c *fiber.Ctx) error {
 	p, err := s.catalog.Principal(c.UserContext(), c.Params("id"))
 	if err != nil {
 		return err
@@ -586,115 +627,39 @@ func (s *Server) tenantSummary(c *fiber.Ctx) error {
 	return c.JSON(u)
 }
 
-func (s *Server) listInvoices(c *fiber.Ctx) error {
+func (s *API) ListInvoices(c *fiber.Ctx) error {
 	raw := c.Query("period")
-	period, err := parsePeriod(raw)
+	period, err := httpx.ParsePeriod(raw)
 	if err != nil {
 		return err
 	}
-	if wantsCSV(c) {
-		return s.invoicesCSV(c, raw, period)
+	if httpx.WantsCSV(c) {
+		return httpx.InvoicesCSV(c, s.log, s.ledger, raw, period)
 	}
-	return s.stream(c, fiber.MIMEApplicationJSON, func(ctx context.Context, w *bufio.Writer) error {
-		return jsonItems(w, func(item func(any) error) error {
+	return httpx.Stream(c, s.log, fiber.MIMEApplicationJSON, func(ctx context.Context, w *bufio.Writer) error {
+		return httpx.JSONItems(w, func(item func(any) error) error {
 			return s.ledger.EachInvoice(ctx, period, func(inv billing.Invoice) error { return item(inv) })
 		})
 	})
 }
 
-// invoicesCSV streams the invoices of a month as CSV, one row per line, for
-// the admin API and the console's download.
-func (s *Server) invoicesCSV(c *fiber.Ctx, raw string, period time.Time) error {
-	c.Attachment("invoices-" + raw + ".csv")
-	return s.stream(c, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
-		cw := csv.NewWriter(w)
-		_ = cw.Write([]string{"invoice_id", "tenant_id", "period", "status", "currency", "total_cents", "line", "kind", "description", "quantity", "amount_cents"})
-		err := s.ledger.EachInvoice(ctx, period, func(inv billing.Invoice) error {
-			for i, l := range inv.Lines {
-				if err := cw.Write([]string{inv.ID, inv.TenantID, inv.Period, inv.Status, inv.Currency, itoa(inv.TotalCents),
-					strconv.Itoa(i + 1), l.Kind, l.Description, itoa(l.Quantity), itoa(l.AmountCents)}); err != nil {
-					return err
-				}
-			}
-			return nil
-		})
-		cw.Flush()
-		return err
-	})
-}
-
-// stream answers 200 with a body written by write after the handler
-// returns, straight from the database cursor to the socket. An error after
-// the first byte can no longer change the status: it is logged and the body
-// is cut short, which the client sees as a truncated document.
-func (s *Server) stream(c *fiber.Ctx, contentType string, write func(context.Context, *bufio.Writer) error) error {
-	c.Set(fiber.HeaderContentType, contentType)
-	c.Set(fiber.HeaderCacheControl, "no-store")
-	path := strings.Clone(c.Path()) // used after the handler returns
-	c.Context().SetBodyStreamWriter(func(w *bufio.Writer) {
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-		defer cancel()
-		if err := write(ctx, w); err != nil {
-			s.log.Error("export failed mid-stream", "path", path, "err", err)
-		}
-		_ = w.Flush()
-	})
-	return nil
-}
-
-// jsonItems writes {"items": [...], "next_cursor": null}, one item at a time.
-func jsonItems(w *bufio.Writer, each func(item func(any) error) error) error {
-	_, _ = w.WriteString(`{"items":[`)
-	n := 0
-	err := each(func(v any) error {
-		b, err := json.Marshal(v)
-		if err != nil {
-			return err
-		}
-		if n > 0 {
-			_ = w.WriteByte(',')
-		}
-		n++
-		_, err = w.Write(b)
-		if n%256 == 0 {
-			_ = w.Flush()
-		}
-		return err
-	})
-	_, _ = w.WriteString(`],"next_cursor":null}`)
-	return err
-}
-
 // ---- audit
 
-func (s *Server) listAudit(c *fiber.Ctx) error {
+func (s *API) ListAudit(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.AuditEntry, *string, error) {
 		return s.store.ListAudit(c.UserContext(), c.Query("entity"), c.Query("entity_id"), p)
 	})
-}
-
-// validURL accepts "" or an absolute http(s) URL.
-func validURL(field, v string) error {
-	if v == "" {
-		return nil
-	}
-	u, err := url.Parse(v)
-	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || len(v) > quota.MaxURLLength ||
-		strings.ContainsAny(v, " \t\r\n") {
-		return quota.FieldError(field, "must be an http or https URL of at most %d characters", quota.MaxURLLength)
-	}
-	return nil
 }
 
 // validWebhook accepts "" or an http(s) URL whose host may receive webhooks:
 // not a loopback, link-local, private or reserved address, unless
 // WebhookAllowPrivate. Names are not resolved here (what a name resolves to
 // may change after any check); the worker checks each address it dials.
-func (s *Server) validWebhook(v string) error {
-	if err := validURL("webhook_url", v); err != nil || v == "" || s.opts.WebhookAllowPrivate {
+func (s *API) validWebhook(v string) error {
+	if err := httpx.ValidURL("webhook_url", v); err != nil || v == "" || s.opts.WebhookAllowPrivate {
 		return err
 	}
-	u, _ := url.Parse(v) // validURL parsed it
+	u, _ := url.Parse(v) // httpx.ValidURL parsed it
 	if billing.CheckWebhookHost(u.Hostname()) != nil {
 		return quota.FieldError("webhook_url", "must name a public host: loopback, link-local, private and reserved addresses "+
 			"are refused (TOLLGATE_WEBHOOK_ALLOW_PRIVATE=true allows them)")
@@ -702,8 +667,8 @@ func (s *Server) validWebhook(v string) error {
 	return nil
 }
 
-// listAlerts lists threshold alerts with their delivery state, newest first.
-func (s *Server) listAlerts(c *fiber.Ctx) error {
+// ListAlerts lists threshold alerts with their delivery state, newest first.
+func (s *API) ListAlerts(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]billing.Alert, *string, error) {
 		return s.alerts.List(c.UserContext(), c.Query("status"), p.Limit, p.Cursor)
 	})

@@ -1,4 +1,4 @@
-package httpapi
+package pages
 
 import (
 	"context"
@@ -8,6 +8,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/usage"
 )
@@ -43,7 +44,7 @@ type usageRow struct {
 	Units, Requests, Rejected int64
 }
 
-func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantView, error) {
+func (s *Pages) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantView, error) {
 	u, err := s.reports.For(ctx, p)
 	if err != nil {
 		return tenantView{}, s.unavailable(err)
@@ -72,10 +73,10 @@ func (s *Server) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantV
 	return v, nil
 }
 
-// dashHome is the tenant's dashboard: tier, quotas, burst limits, the
+// DashHome is the tenant's dashboard: tier, quotas, burst limits, the
 // month's chart, usage by meter, invoices and the upgrade hint.
-func (s *Server) dashHome(c *fiber.Ctx) error {
-	p := principalOf(c)
+func (s *Pages) DashHome(c *fiber.Ctx) error {
+	p := httpx.PrincipalOf(c)
 	v, err := s.tenantViewOf(c.UserContext(), p)
 	if err != nil {
 		return err
@@ -90,10 +91,10 @@ type invoiceView struct {
 	Tenant  quota.Tenant
 }
 
-// dashInvoice shows one of the tenant's own invoices; another tenant's id
+// DashInvoice shows one of the tenant's own invoices; another tenant's id
 // is not found, exactly like an id that does not exist.
-func (s *Server) dashInvoice(c *fiber.Ctx) error {
-	p := principalOf(c)
+func (s *Pages) DashInvoice(c *fiber.Ctx) error {
+	p := httpx.PrincipalOf(c)
 	invoices, err := s.ledger.TenantInvoices(c.UserContext(), p.Tenant.ID)
 	if err != nil {
 		return err

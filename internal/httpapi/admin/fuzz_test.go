@@ -1,4 +1,4 @@
-package httpapi
+package admin
 
 import (
 	"bytes"
@@ -10,15 +10,16 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// decoders are the admin (and service) request bodies with the validation
+// decoders are the admin request bodies with the validation
 // their handlers run before touching the database.
 var decoders = []func(c *fiber.Ctx) error{
 	func(c *fiber.Ctx) error {
 		var b tierCreate
-		if err := decodeJSON(c, &b); err != nil {
+		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
 		t, err := b.tier()
@@ -29,7 +30,7 @@ var decoders = []func(c *fiber.Ctx) error{
 	},
 	func(c *fiber.Ctx) error {
 		var b tierPatch
-		if err := decodeJSON(c, &b); err != nil {
+		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
 		t := quota.Tier{Slug: "pro", Name: "Pro", Rank: 1, Overage: quota.OverageBlock}
@@ -40,7 +41,7 @@ var decoders = []func(c *fiber.Ctx) error{
 	},
 	func(c *fiber.Ctx) error {
 		var b tenantCreate
-		if err := decodeJSON(c, &b); err != nil {
+		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
 		if _, err := required("name", b.Name); err != nil {
@@ -49,28 +50,28 @@ var decoders = []func(c *fiber.Ctx) error{
 		if _, err := required("tier", b.Tier); err != nil {
 			return err
 		}
-		if err := (&Server{}).validWebhook(b.WebhookURL); err != nil {
+		if err := (&API{}).validWebhook(b.WebhookURL); err != nil {
 			return err
 		}
 		return b.Overrides.Apply(quota.Limits{DailyQuota: quota.Ptr(int64(10))}).Validate()
 	},
 	func(c *fiber.Ctx) error {
 		var b tenantPatch
-		if err := decodeJSON(c, &b); err != nil {
+		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
 		t := quota.Tenant{Name: "x", Tier: "free", Status: quota.StatusActive}
 		if err := b.apply(&t); err != nil {
 			return err
 		}
-		if err := (&Server{}).validWebhook(t.WebhookURL); err != nil {
+		if err := (&API{}).validWebhook(t.WebhookURL); err != nil {
 			return err
 		}
 		return t.Overrides.Apply(quota.Limits{}).Validate()
 	},
 	func(c *fiber.Ctx) error {
 		var b keyRotate
-		if err := decodeJSON(c, &b); err != nil {
+		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
 		_, err := b.validate()
@@ -78,7 +79,7 @@ var decoders = []func(c *fiber.Ctx) error{
 	},
 	func(c *fiber.Ctx) error {
 		var b grantCreate
-		if err := decodeJSON(c, &b); err != nil {
+		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
 		_, _, err := b.validate()
@@ -86,16 +87,12 @@ var decoders = []func(c *fiber.Ctx) error{
 	},
 	func(c *fiber.Ctx) error {
 		var b keyCreate
-		return decodeJSON(c, &b)
-	},
-	func(c *fiber.Ctx) error {
-		var b CheckRequest
-		return decodeJSON(c, &b)
+		return httpx.DecodeJSON(c, &b)
 	},
 }
 
 func decoderApp() *fiber.App {
-	app := fiber.New(fiber.Config{ErrorHandler: errorHandler(slog.New(slog.NewTextHandler(io.Discard, nil)), nil)})
+	app := fiber.New(fiber.Config{ErrorHandler: httpx.ErrorHandler(slog.New(slog.NewTextHandler(io.Discard, nil)), nil, nil)})
 	app.Post("/:kind", func(c *fiber.Ctx) error {
 		k, _ := strconv.Atoi(c.Params("kind"))
 		if err := decoders[k](c); err != nil {
@@ -109,7 +106,7 @@ func decoderApp() *fiber.App {
 // FuzzAdminDecoders feeds arbitrary bodies to every admin decoder: each must
 // answer 204 (valid) or a 4xx problem, never a 5xx or a panic. Seeds live in
 // testdata/fuzz/FuzzAdminDecoders; run longer with
-// go test -fuzz FuzzAdminDecoders ./internal/httpapi/.
+// go test -fuzz FuzzAdminDecoders ./internal/httpapi/admin/.
 func FuzzAdminDecoders(f *testing.F) {
 	for i, seed := range []string{
 		`{"slug": "gold", "name": "Gold", "rank": 15, "price_cents": 9900, "burst_rate": 20, "burst": 40, "overage": "bill", "overage_price_cents_per_1k": 30}`,
@@ -138,7 +135,7 @@ func FuzzAdminDecoders(f *testing.F) {
 		if resp.StatusCode >= 500 {
 			t.Fatalf("decoder %d answered %d to %q", k, resp.StatusCode, body)
 		}
-		if resp.StatusCode != 204 && resp.Header.Get("Content-Type") != ContentTypeProblem {
+		if resp.StatusCode != 204 && resp.Header.Get("Content-Type") != httpx.ContentTypeProblem {
 			t.Fatalf("decoder %d answered %d without a problem body to %q", k, resp.StatusCode, body)
 		}
 	})

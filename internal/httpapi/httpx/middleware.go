@@ -1,4 +1,4 @@
-package httpapi
+package httpx
 
 import (
 	"context"
@@ -29,7 +29,11 @@ var requestIDProcess = func() (p [16]byte) {
 	return p
 }()
 
-var hdrRequestID = canonicalHeader(fiber.HeaderXRequestID)
+// ProcessID is the random part of this process's request IDs, which every
+// ID it generates starts with.
+func ProcessID() string { return string(requestIDProcess[:]) }
+
+var hdrRequestID = CanonicalHeader(fiber.HeaderXRequestID)
 
 // requestIDBytes is room for the longest generated ID.
 const requestIDBytes = len(requestIDProcess) + 2*(1+16)
@@ -42,39 +46,39 @@ func appendRequestID(dst []byte, ctx *fasthttp.RequestCtx) []byte {
 	return strconv.AppendUint(dst, ctx.ConnRequestNum(), 16)
 }
 
-// requestIDs answers every request with its ID in X-Request-ID, set once
+// RequestIDs answers every request with its ID in X-Request-ID, set once
 // the answer is made: a proxied answer replaces the response headers, and
 // the ID can be made again at any time.
-func requestIDs(c *fiber.Ctx) error {
+func RequestIDs(c *fiber.Ctx) error {
 	err := c.Next()
-	setRequestID(c)
+	SetRequestID(c)
 	return err
 }
 
-func setRequestID(c *fiber.Ctx) {
+func SetRequestID(c *fiber.Ctx) {
 	var scratch [requestIDBytes]byte
-	c.Response().Header.SetCanonical(hdrRequestID, appendRequestIDOf(scratch[:0], c))
+	c.Response().Header.SetCanonical(hdrRequestID, AppendRequestIDOf(scratch[:0], c))
 }
 
-// requestID returns the request's ID, for logging; what requestIDs sent.
-func requestID(c *fiber.Ctx) string {
+// RequestID returns the request's ID, for logging; what RequestIDs sent.
+func RequestID(c *fiber.Ctx) string {
 	var scratch [requestIDBytes]byte
-	return string(appendRequestIDOf(scratch[:0], c))
+	return string(AppendRequestIDOf(scratch[:0], c))
 }
 
-// appendRequestIDOf appends the request's ID: the one it brought, or the
-// one requestIDs made for it.
-func appendRequestIDOf(dst []byte, c *fiber.Ctx) []byte {
+// AppendRequestIDOf appends the request's ID: the one it brought, or the
+// one RequestIDs made for it.
+func AppendRequestIDOf(dst []byte, c *fiber.Ctx) []byte {
 	if rid := c.Request().Header.PeekBytes(hdrRequestID); len(rid) > 0 {
 		return append(dst, rid...)
 	}
 	return appendRequestID(dst, c.Context())
 }
 
-// accessLog logs one line per request at the edge, after the error handler
+// AccessLog logs one line per request at the edge, after the error handler
 // has set the final status. When the logger would drop the line (a level
 // above info, or above error for a 5xx), nothing of it is built.
-func accessLog(log *slog.Logger, clientIP func(*fiber.Ctx) netip.Addr) fiber.Handler {
+func AccessLog(log *slog.Logger, clientIP func(*fiber.Ctx) netip.Addr) fiber.Handler {
 	return func(c *fiber.Ctx) error {
 		start := time.Now()
 		err := c.Next()
@@ -98,13 +102,13 @@ func accessLog(log *slog.Logger, clientIP func(*fiber.Ctx) netip.Addr) fiber.Han
 	}
 }
 
-// logRequest writes the access log line; apart from accessLog so that the
+// logRequest writes the access log line; apart from AccessLog so that the
 // attributes, which escape to the handler, cost nothing when it is off. The
 // request ID and the client's address share one string: one allocation.
 func logRequest(ctx context.Context, log *slog.Logger, level slog.Level, c *fiber.Ctx, status int,
 	took time.Duration, clientIP func(*fiber.Ctx) netip.Addr) {
 	var scratch [requestIDBytes + len("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff")]byte
-	b := appendRequestIDOf(scratch[:0], c)
+	b := AppendRequestIDOf(scratch[:0], c)
 	n := len(b)
 	if ip := clientIP(c); ip.IsValid() {
 		b = ip.AppendTo(b)
@@ -121,3 +125,7 @@ func logRequest(ctx context.Context, log *slog.Logger, level slog.Level, c *fibe
 		slog.String("remote_ip", both[n:]),
 	)
 }
+
+// CanonicalHeader is name in the canonical form fasthttp stores, for the
+// Set*Canonical calls that skip normalizing on every request.
+func CanonicalHeader(name string) []byte { return fasthttp.AppendNormalizedHeaderKey(nil, name) }

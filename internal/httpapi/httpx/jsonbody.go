@@ -1,4 +1,4 @@
-package httpapi
+package httpx
 
 import (
 	"bytes"
@@ -15,10 +15,10 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// decodeJSON reads the request body into v strictly: a JSON media type, one
+// DecodeJSON reads the request body into v strictly: a JSON media type, one
 // object, no unknown fields, no trailing data. Every failure is a CodeInvalid
 // (or CodeUnsupported) error naming the field where one can be named.
-func decodeJSON(c *fiber.Ctx, v any) error {
+func DecodeJSON(c *fiber.Ctx, v any) error {
 	ct := strings.ToLower(strings.TrimSpace(strings.Split(c.Get(fiber.HeaderContentType), ";")[0]))
 	if ct != fiber.MIMEApplicationJSON && !strings.HasSuffix(ct, "+json") {
 		return quota.Errorf(quota.CodeUnsupported, "the body must be application/json")
@@ -114,13 +114,13 @@ func jsonKind(k string) string {
 	}
 }
 
-// checkQuery refuses query parameters that are not valid UTF-8 or hold NUL
+// CheckQuery refuses query parameters that are not valid UTF-8 or hold NUL
 // or other control characters: they can only be mistakes or probes, and
 // Postgres would refuse them as text.
-func checkQuery(c *fiber.Ctx) error {
+func CheckQuery(c *fiber.Ctx) error {
 	var bad string
 	c.Context().QueryArgs().VisitAll(func(k, v []byte) {
-		if bad == "" && (!printable(k) || !printable(v)) {
+		if bad == "" && (!Printable(k) || !Printable(v)) {
 			bad = string(k)
 			if !utf8.ValidString(bad) {
 				bad = "query"
@@ -133,7 +133,8 @@ func checkQuery(c *fiber.Ctx) error {
 	return c.Next()
 }
 
-func printable(b []byte) bool {
+// Printable reports whether b is valid UTF-8 without control characters.
+func Printable(b []byte) bool {
 	if !utf8.Valid(b) {
 		return false
 	}

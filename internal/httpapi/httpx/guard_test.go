@@ -1,4 +1,4 @@
-package httpapi
+package httpx
 
 import (
 	"bytes"
@@ -44,7 +44,7 @@ func TestForwardedClient(t *testing.T) {
 		{"zone refused", "127.0.0.1", lines("fe80::1%eth0"), "127.0.0.1"},
 		{"all trusted: the farthest", "127.0.0.1", lines("10.0.0.1, 10.0.0.2"), "10.0.0.1"},
 	} {
-		got := forwardedClient(netip.MustParseAddr(tc.peer), tc.xff, trusted)
+		got := ForwardedClient(netip.MustParseAddr(tc.peer), tc.xff, trusted)
 		if got.String() != tc.want {
 			t.Errorf("%s: got %s, want %s", tc.name, got, tc.want)
 		}
@@ -61,8 +61,8 @@ func FuzzForwardedClient(f *testing.F) {
 	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("10.0.0.0/8")}
 	peer := netip.MustParseAddr("127.0.0.1")
 	f.Fuzz(func(t *testing.T, written, appended []byte) {
-		if a := forwardedClient(peer, [][]byte{written}, trusted); !a.IsValid() || a.Is4In6() || a.Zone() != "" {
-			t.Fatalf("forwardedClient(%q) = %v, want a plain address", written, a)
+		if a := ForwardedClient(peer, [][]byte{written}, trusted); !a.IsValid() || a.Is4In6() || a.Zone() != "" {
+			t.Fatalf("ForwardedClient(%q) = %v, want a plain address", written, a)
 		}
 		if len(appended) < 4 {
 			return
@@ -76,7 +76,7 @@ func FuzzForwardedClient(f *testing.F) {
 			{written, []byte(client.String())},
 			{written, []byte(client.String() + ", 10.9.8.7")},
 		} {
-			if got := forwardedClient(peer, xff, trusted); got != client {
+			if got := ForwardedClient(peer, xff, trusted); got != client {
 				t.Fatalf("X-Forwarded-For %q: got %v, want %v", xff, got, client)
 			}
 		}
@@ -88,7 +88,7 @@ func FuzzForwardedClient(f *testing.F) {
 func TestAuthFailures(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	a := newAuthFailures(func() time.Time { return now })
+	a := NewFailures(func() time.Time { return now })
 	ip := netip.MustParseAddr("203.0.113.9")
 	for i := range authFailureBurst {
 		if wait, blocked := a.fail(ip); blocked {
@@ -126,7 +126,7 @@ func TestAuthFailures(t *testing.T) {
 func TestAuthFailuresForget(t *testing.T) {
 	t.Parallel()
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	a := newAuthFailures(func() time.Time { return now })
+	a := NewFailures(func() time.Time { return now })
 	for i := range authFailureMaxAddrs - 1 {
 		a.fail(netip.AddrFrom4([4]byte{10, byte(i >> 16), byte(i >> 8), byte(i)}))
 	}

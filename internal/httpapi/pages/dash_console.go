@@ -1,4 +1,4 @@
-package httpapi
+package pages
 
 import (
 	"net/url"
@@ -8,6 +8,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -26,12 +27,12 @@ var consoleFlash = map[string]string{
 	"resumed":   "Tenant resumed.",
 }
 
-func (s *Server) consoleView(c *fiber.Ctx, title, nav string, data any) view {
+func (s *Pages) consoleView(c *fiber.Ctx, title, nav string, data any) view {
 	return view{Title: title, Area: adminArea.name, Nav: nav, CSRF: sessionOf(c).CSRF, Who: "admin",
 		Flash: consoleFlash[c.Query("ok")], Data: data}
 }
 
-func (s *Server) consoleHome(c *fiber.Ctx) error {
+func (s *Pages) ConsoleHome(c *fiber.Ctx) error {
 	return c.Redirect("/console/tenants", fiber.StatusSeeOther)
 }
 
@@ -42,7 +43,7 @@ type tiersView struct {
 	Next  string // cursor of the next page, "" on the last
 }
 
-func (s *Server) consoleTiers(c *fiber.Ctx) error {
+func (s *Pages) ConsoleTiers(c *fiber.Ctx) error {
 	tiers, next, err := s.store.ListTiers(c.UserContext(), quota.Page{Limit: 200, Cursor: c.Query("cursor")})
 	if err != nil {
 		return err
@@ -85,10 +86,10 @@ func tierValues(t quota.Tier) map[string]string {
 		return strconv.FormatFloat(*p, 'f', -1, 64)
 	}
 	v := map[string]string{
-		"slug": t.Slug, "name": t.Name, "rank": strconv.Itoa(t.Rank), "price_cents": itoa(t.PriceCents),
+		"slug": t.Slug, "name": t.Name, "rank": strconv.Itoa(t.Rank), "price_cents": httpx.Itoa(t.PriceCents),
 		"burst_rate": f(t.BurstRate), "burst": i(t.Burst), "bucket_capacity": i(t.BucketCapacity),
 		"bucket_refill_per_sec": f(t.BucketRefillPerSec), "daily_quota": i(t.DailyQuota), "monthly_quota": i(t.MonthlyQuota),
-		"overage": string(t.Overage), "overage_price_cents_per_1k": itoa(t.OveragePriceCentsPer1K), "upgrade_url": t.UpgradeURL,
+		"overage": string(t.Overage), "overage_price_cents_per_1k": httpx.Itoa(t.OveragePriceCentsPer1K), "upgrade_url": t.UpgradeURL,
 	}
 	if t.FailOpen {
 		v["fail_open"] = "on"
@@ -123,13 +124,13 @@ func tierFromForm(errs formErrors, f map[string]string) quota.Tier {
 	t.BucketRefillPerSec = rateField(errs, f, "bucket_refill_per_sec")
 	t.DailyQuota = intField(errs, f, "daily_quota", true)
 	t.MonthlyQuota = intField(errs, f, "monthly_quota", true)
-	if err := validURL("upgrade_url", t.UpgradeURL); err != nil {
+	if err := httpx.ValidURL("upgrade_url", t.UpgradeURL); err != nil {
 		errs.add(err)
 	}
 	return t
 }
 
-func (s *Server) consoleTierForm(c *fiber.Ctx) error {
+func (s *Pages) ConsoleTierForm(c *fiber.Ctx) error {
 	t, err := s.store.Tier(c.UserContext(), c.Params("slug"))
 	if err != nil {
 		return err
@@ -138,15 +139,15 @@ func (s *Server) consoleTierForm(c *fiber.Ctx) error {
 		tierFormView{Slug: t.Slug, Values: tierValues(t), Errors: formErrors{}}))
 }
 
-func (s *Server) consoleNewTier(c *fiber.Ctx) error {
+func (s *Pages) ConsoleNewTier(c *fiber.Ctx) error {
 	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "New tier", "tiers",
 		tierFormView{Create: true, Values: map[string]string{"overage": "block", "price_cents": "0", "overage_price_cents_per_1k": "0"}, Errors: formErrors{}}))
 }
 
-// consoleSaveTier saves the editor: every field is replaced by the form's,
+// ConsoleSaveTier saves the editor: every field is replaced by the form's,
 // then the tier is validated exactly as PATCH /admin/v1/tiers/{slug}
 // validates it. A bad value is shown beside its field and changes nothing.
-func (s *Server) consoleSaveTier(c *fiber.Ctx) error {
+func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 	slug := c.Params("slug")
 	f, err := readForm(c, append([]string{csrfField}, tierFields...)...)
 	if err != nil {
@@ -172,7 +173,7 @@ func (s *Server) consoleSaveTier(c *fiber.Ctx) error {
 		tierFormView{Slug: slug, Values: f, Errors: errs}))
 }
 
-func (s *Server) consoleCreateTier(c *fiber.Ctx) error {
+func (s *Pages) ConsoleCreateTier(c *fiber.Ctx) error {
 	f, err := readForm(c, append([]string{csrfField, "slug"}, tierFields...)...)
 	if err != nil {
 		return err
@@ -216,14 +217,14 @@ type tenantsView struct {
 	Errors formErrors
 }
 
-func (s *Server) consoleTenants(c *fiber.Ctx) error {
+func (s *Pages) ConsoleTenants(c *fiber.Ctx) error {
 	return s.renderTenants(c, fiber.StatusOK, map[string]string{}, formErrors{})
 }
 
 // renderTenants lists tenants matching ?q= (a name substring or an id) with
 // their tier, status and this month's usage, flushed plus pending: the sum
 // of the tenant's /v1/usage daily rows.
-func (s *Server) renderTenants(c *fiber.Ctx, status int, values map[string]string, errs formErrors) error {
+func (s *Pages) renderTenants(c *fiber.Ctx, status int, values map[string]string, errs formErrors) error {
 	ctx := c.UserContext()
 	q := strings.TrimSpace(c.Query("q"))
 	if len(q) > quota.MaxNameLen {
@@ -258,7 +259,7 @@ func (s *Server) renderTenants(c *fiber.Ctx, status int, values map[string]strin
 	return s.render(c, status, "tenants", s.consoleView(c, "Tenants", "tenants", v))
 }
 
-func (s *Server) consoleCreateTenant(c *fiber.Ctx) error {
+func (s *Pages) ConsoleCreateTenant(c *fiber.Ctx) error {
 	f, err := readForm(c, csrfField, "name", "tier")
 	if err != nil {
 		return err
@@ -290,7 +291,7 @@ type consoleTenantView struct {
 
 // tenantPage gathers a tenant's page: its usage, keys, grants and the tiers
 // to change to.
-func (s *Server) tenantPage(c *fiber.Ctx, id string) (consoleTenantView, error) {
+func (s *Pages) tenantPage(c *fiber.Ctx, id string) (consoleTenantView, error) {
 	ctx := c.UserContext()
 	p, err := s.catalog.Principal(ctx, id)
 	if err != nil {
@@ -316,7 +317,7 @@ func (s *Server) tenantPage(c *fiber.Ctx, id string) (consoleTenantView, error) 
 		Values: map[string]string{}, Errors: formErrors{}}, nil
 }
 
-func (s *Server) showTenant(c *fiber.Ctx, status int, v consoleTenantView) error {
+func (s *Pages) showTenant(c *fiber.Ctx, status int, v consoleTenantView) error {
 	pv := s.consoleView(c, v.View.Tenant.Name, "tenants", v)
 	if v.Issued != nil {
 		pv.Flash = ""
@@ -324,7 +325,7 @@ func (s *Server) showTenant(c *fiber.Ctx, status int, v consoleTenantView) error
 	return s.render(c, status, "tenant", pv)
 }
 
-func (s *Server) consoleTenant(c *fiber.Ctx) error {
+func (s *Pages) ConsoleTenant(c *fiber.Ctx) error {
 	v, err := s.tenantPage(c, c.Params("id"))
 	if err != nil {
 		return err
@@ -334,7 +335,7 @@ func (s *Server) consoleTenant(c *fiber.Ctx) error {
 
 // tenantFormError re-renders the tenant page with err beside its field, or
 // returns err when it is not a validation error.
-func (s *Server) tenantFormError(c *fiber.Ctx, id string, f map[string]string, err error) error {
+func (s *Pages) tenantFormError(c *fiber.Ctx, id string, f map[string]string, err error) error {
 	if quota.ErrorCode(err) != quota.CodeInvalid {
 		return err
 	}
@@ -343,7 +344,7 @@ func (s *Server) tenantFormError(c *fiber.Ctx, id string, f map[string]string, e
 	return s.tenantFormErrors(c, id, f, errs)
 }
 
-func (s *Server) tenantFormErrors(c *fiber.Ctx, id string, f map[string]string, errs formErrors) error {
+func (s *Pages) tenantFormErrors(c *fiber.Ctx, id string, f map[string]string, errs formErrors) error {
 	v, err := s.tenantPage(c, id)
 	if err != nil {
 		return err
@@ -352,10 +353,10 @@ func (s *Server) tenantFormErrors(c *fiber.Ctx, id string, f map[string]string, 
 	return s.showTenant(c, fiber.StatusBadRequest, v)
 }
 
-// consoleIssueKey issues a key and shows its secret on the answer itself,
+// ConsoleIssueKey issues a key and shows its secret on the answer itself,
 // never in a URL or a later page. The page is gathered first, so that a key
 // is issued only when its secret can be shown.
-func (s *Server) consoleIssueKey(c *fiber.Ctx) error {
+func (s *Pages) ConsoleIssueKey(c *fiber.Ctx) error {
 	id := c.Params("id")
 	f, err := readForm(c, csrfField, "name")
 	if err != nil {
@@ -376,7 +377,7 @@ func (s *Server) consoleIssueKey(c *fiber.Ctx) error {
 	return s.showTenant(c, fiber.StatusCreated, v)
 }
 
-func (s *Server) consoleRevokeKey(c *fiber.Ctx) error {
+func (s *Pages) ConsoleRevokeKey(c *fiber.Ctx) error {
 	if _, err := readForm(c, csrfField); err != nil {
 		return err
 	}
@@ -387,7 +388,7 @@ func (s *Server) consoleRevokeKey(c *fiber.Ctx) error {
 	return c.Redirect("/console/tenants/"+k.TenantID+"?ok=revoked#keys", fiber.StatusSeeOther)
 }
 
-func (s *Server) consoleGrant(c *fiber.Ctx) error {
+func (s *Pages) ConsoleGrant(c *fiber.Ctx) error {
 	id := c.Params("id")
 	f, err := readForm(c, csrfField, "period", "units")
 	if err != nil {
@@ -399,7 +400,7 @@ func (s *Server) consoleGrant(c *fiber.Ctx) error {
 	if len(errs) > 0 {
 		return s.tenantFormErrors(c, id, f, errs)
 	}
-	g, _, err := s.grant(c.UserContext(), consoleActor, id, "", grantCreate{Period: &period, Units: units})
+	g, _, err := s.grants.Create(c.UserContext(), consoleActor, id, "", period, *units)
 	if err != nil {
 		return s.tenantFormError(c, id, f, err)
 	}
@@ -412,7 +413,7 @@ func (s *Server) consoleGrant(c *fiber.Ctx) error {
 
 // consoleUpdateTenant changes one field of a tenant (tier or status) as
 // PATCH /admin/v1/tenants/{id} does.
-func (s *Server) consoleUpdateTenant(c *fiber.Ctx, field string, change func(*quota.Tenant, string), ok func(quota.Tenant) string) error {
+func (s *Pages) consoleUpdateTenant(c *fiber.Ctx, field string, change func(*quota.Tenant, string), ok func(quota.Tenant) string) error {
 	id := c.Params("id")
 	f, err := readForm(c, csrfField, field)
 	if err != nil {
@@ -428,12 +429,12 @@ func (s *Server) consoleUpdateTenant(c *fiber.Ctx, field string, change func(*qu
 	return c.Redirect("/console/tenants/"+t.ID+"?ok="+ok(t), fiber.StatusSeeOther)
 }
 
-func (s *Server) consoleSetTier(c *fiber.Ctx) error {
+func (s *Pages) ConsoleSetTier(c *fiber.Ctx) error {
 	return s.consoleUpdateTenant(c, "tier", func(t *quota.Tenant, v string) { t.Tier = v },
 		func(quota.Tenant) string { return "tier" })
 }
 
-func (s *Server) consoleSetStatus(c *fiber.Ctx) error {
+func (s *Pages) ConsoleSetStatus(c *fiber.Ctx) error {
 	return s.consoleUpdateTenant(c, "status", func(t *quota.Tenant, v string) { t.Status = quota.TenantStatus(v) },
 		func(t quota.Tenant) string {
 			if t.Status == quota.StatusSuspended {
@@ -460,7 +461,7 @@ type invoicesView struct {
 
 // tenantNames returns the name of each item's tenant, in the items' order,
 // for the lists that show them.
-func tenantNames[T any](s *Server, c *fiber.Ctx, items []T, tenantID func(T) string) ([]string, error) {
+func tenantNames[T any](s *Pages, c *fiber.Ctx, items []T, tenantID func(T) string) ([]string, error) {
 	out := make([]string, len(items))
 	if len(items) == 0 {
 		return out, nil
@@ -484,23 +485,23 @@ func tenantNames[T any](s *Server, c *fiber.Ctx, items []T, tenantID func(T) str
 }
 
 // consolePeriod reads ?period=, by default the current month.
-func (s *Server) consolePeriod(c *fiber.Ctx) (string, error) {
+func (s *Pages) consolePeriod(c *fiber.Ctx) (string, error) {
 	raw := c.Query("period")
 	if raw == "" {
 		return quota.MonthStart(s.now()).Format("2006-01"), nil
 	}
-	_, err := parsePeriod(raw)
+	_, err := httpx.ParsePeriod(raw)
 	return raw, err
 }
 
-func (s *Server) consoleInvoices(c *fiber.Ctx) error {
+func (s *Pages) ConsoleInvoices(c *fiber.Ctx) error {
 	raw, err := s.consolePeriod(c)
 	if err != nil {
 		return err
 	}
-	period, _ := parsePeriod(raw)
+	period, _ := httpx.ParsePeriod(raw)
 	after := c.Query("after")
-	if after != "" && !validUUID(after) {
+	if after != "" && !quota.ValidID(after) {
 		return quota.FieldError("after", "must be a tenant id")
 	}
 	invs, more, err := s.ledger.InvoicePage(c.UserContext(), period, after, 100)
@@ -525,14 +526,14 @@ func (s *Server) consoleInvoices(c *fiber.Ctx) error {
 	return s.render(c, fiber.StatusOK, "invoices", s.consoleView(c, "Invoices "+raw, "invoices", v))
 }
 
-// consoleInvoicesCSV downloads the month's invoices as the admin API's CSV.
-func (s *Server) consoleInvoicesCSV(c *fiber.Ctx) error {
+// ConsoleInvoicesCSV downloads the month's invoices as the admin API's CSV.
+func (s *Pages) ConsoleInvoicesCSV(c *fiber.Ctx) error {
 	raw, err := s.consolePeriod(c)
 	if err != nil {
 		return err
 	}
-	period, _ := parsePeriod(raw)
-	return s.invoicesCSV(c, raw, period)
+	period, _ := httpx.ParsePeriod(raw)
+	return httpx.InvoicesCSV(c, s.log, s.ledger, raw, period)
 }
 
 type alertRow struct {
@@ -546,7 +547,7 @@ type alertsView struct {
 	Next   string
 }
 
-func (s *Server) consoleAlerts(c *fiber.Ctx) error {
+func (s *Pages) ConsoleAlerts(c *fiber.Ctx) error {
 	status := c.Query("status")
 	alerts, next, err := s.alerts.List(c.UserContext(), status, 50, c.Query("cursor"))
 	if err != nil {

@@ -1,4 +1,4 @@
-package httpapi
+package pages
 
 // The dashboard (tenants, under /dashboard) and the console (admins, under
 // /console) are pages rendered on the server from web/templates, with the
@@ -26,6 +26,7 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/web"
 )
@@ -115,12 +116,12 @@ type view struct {
 	Flash   string // a one-line confirmation
 	Now     time.Time
 	Data    any
-	Problem *Problem // error pages
+	Problem *httpx.Problem // error pages
 }
 
 // render answers status with the page name, executed into a buffer first so
 // that a template error is a clean 500, not half a page.
-func (s *Server) render(c *fiber.Ctx, status int, name string, v view) error {
+func (s *Pages) render(c *fiber.Ctx, status int, name string, v view) error {
 	t, ok := s.views.pages[name]
 	if !ok {
 		return fmt.Errorf("httpapi: no page %q", name)
@@ -151,7 +152,7 @@ func pageHeaders(c *fiber.Ctx) {
 // page: the page cannot be drawn or the sign-in kept until they answer
 // again, which is an outage to wait out, not a bug. The cause is logged here
 // (the error handler logs only internal errors); a quota.Error passes as is.
-func (s *Server) unavailable(err error) error {
+func (s *Pages) unavailable(err error) error {
 	if err == nil {
 		return nil
 	}
@@ -163,8 +164,8 @@ func (s *Server) unavailable(err error) error {
 	return quota.Errorf(quota.CodeUnavailable, "this page is unavailable for a moment; try again shortly")
 }
 
-// errorPage renders a problem as an HTML page, for the page areas.
-func (s *Server) errorPage(c *fiber.Ctx, p Problem) error {
+// ErrorPage renders a problem as an HTML page, for the page areas.
+func (s *Pages) ErrorPage(c *fiber.Ctx, p httpx.Problem) error {
 	area := "dashboard"
 	if strings.HasPrefix(c.Path(), "/console") {
 		area = "console"
@@ -206,17 +207,17 @@ func loadAssets() (map[string]asset, error) {
 	return out, nil
 }
 
-// serveAsset answers GET /assets/{file} from the embedded files.
-func (s *Server) serveAsset(c *fiber.Ctx) error {
+// ServeAsset answers GET /assets/{file} from the embedded files.
+func (s *Pages) ServeAsset(c *fiber.Ctx) error {
 	return s.sendAsset(c, c.Params("file"))
 }
 
-// robots keeps crawlers out of the dashboard and console.
-func (s *Server) robots(c *fiber.Ctx) error {
+// Robots keeps crawlers out of the dashboard and console.
+func (s *Pages) Robots(c *fiber.Ctx) error {
 	return s.sendAsset(c, "robots.txt")
 }
 
-func (s *Server) sendAsset(c *fiber.Ctx, name string) error {
+func (s *Pages) sendAsset(c *fiber.Ctx, name string) error {
 	a, ok := s.assets[name]
 	if !ok {
 		return quota.Errorf(quota.CodeNotFound, "no such file")

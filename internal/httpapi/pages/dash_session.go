@@ -1,4 +1,4 @@
-package httpapi
+package pages
 
 // Sign-in sessions of the dashboard and the console.
 //
@@ -6,8 +6,8 @@ package httpapi
 // browser gets only a random session id, in an HttpOnly, SameSite=Lax cookie
 // scoped to its area's path (Secure when the request came over HTTPS, as a
 // TLS-terminating proxy says with X-Forwarded-Proto); the key or token is
-// never stored in the browser. The session lives in Redis under the SHA-256
-// of the id, so a copy of Redis holds no usable cookie, for
+// never stored in the browser. The session lives in the session store (Redis)
+// under the SHA-256 of the id, so a copy of it holds no usable cookie, for
 // TOLLGATE_SESSION_TTL from sign-in; signing out deletes it.
 //
 // A tenant session remembers its key by prefix, never the secret, and every
@@ -30,7 +30,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"net/url"
 	"path"
@@ -38,8 +37,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -95,9 +94,11 @@ func validToken(s string) bool {
 	return err == nil
 }
 
-func (s *Server) sessionKey(id string) string {
+// sessionKey is the name the session store keeps the session id under: its
+// SHA-256, so that a copy of the store holds no usable cookie.
+func sessionKey(id string) string {
 	sum := sha256.Sum256([]byte(id))
-	return s.opts.RedisPrefix + ":v1:session:" + hex.EncodeToString(sum[:])
+	return hex.EncodeToString(sum[:])
 }
 
 // adminMAC binds an admin session to the admin token it was opened with.
@@ -108,7 +109,7 @@ func adminMAC(token string) string {
 }
 
 // startSession stores a new session and sets its cookie.
-func (s *Server) startSession(c *fiber.Ctx, a area, sess session) error {
+func (s *Pages) startSession(c *fiber.Ctx, a area, sess session) error {
 	id, err := randomToken()
 	if err != nil {
 		return err
@@ -121,14 +122,14 @@ func (s *Server) startSession(c *fiber.Ctx, a area, sess session) error {
 	if err != nil {
 		return fmt.Errorf("httpapi: session: %w", err)
 	}
-	if err := s.rdb.Set(c.UserContext(), s.sessionKey(id), b, s.opts.SessionTTL).Err(); err != nil {
+	if err := s.sessions.Put(c.UserContext(), sessionKey(id), b, s.opts.SessionTTL); err != nil {
 		return s.unavailable(fmt.Errorf("httpapi: store session: %w", err))
 	}
 	s.setCookie(c, a.cookie, id, a.base, s.opts.SessionTTL)
 	return nil
 }
 
-func (s *Server) setCookie(c *fiber.Ctx, name, value, path string, ttl time.Duration) {
+func (s *Pages) setCookie(c *fiber.Ctx, name, value, path string, ttl time.Duration) {
 	ck := &fiber.Cookie{Name: name, Value: value, Path: path, HTTPOnly: true,
 		SameSite: fiber.CookieSameSiteLaxMode, Secure: c.Protocol() == "https"}
 	if ttl > 0 {
@@ -140,14 +141,14 @@ func (s *Server) setCookie(c *fiber.Ctx, name, value, path string, ttl time.Dura
 }
 
 // loadSession returns the area's session of the request, if it has a live one.
-func (s *Server) loadSession(c *fiber.Ctx, a area) (session, bool, error) {
+func (s *Pages) loadSession(c *fiber.Ctx, a area) (session, bool, error) {
 	id := c.Cookies(a.cookie)
 	if !validToken(id) {
 		return session{}, false, nil
 	}
 	id = strings.Clone(id)
-	raw, err := s.rdb.Get(c.UserContext(), s.sessionKey(id)).Bytes()
-	if errors.Is(err, redis.Nil) {
+	raw, found, err := s.sessions.Get(c.UserContext(), sessionKey(id))
+	if err == nil && !found {
 		return session{}, false, nil
 	}
 	if err != nil {
@@ -162,12 +163,12 @@ func (s *Server) loadSession(c *fiber.Ctx, a area) (session, bool, error) {
 }
 
 // endSession deletes the session and its cookie.
-func (s *Server) endSession(c *fiber.Ctx, a area, sess session) error {
+func (s *Pages) endSession(c *fiber.Ctx, a area, sess session) error {
 	s.setCookie(c, a.cookie, "", a.base, 0)
 	if sess.id == "" {
 		return nil
 	}
-	if err := s.rdb.Del(c.UserContext(), s.sessionKey(sess.id)).Err(); err != nil {
+	if err := s.sessions.Delete(c.UserContext(), sessionKey(sess.id)); err != nil {
 		return s.unavailable(fmt.Errorf("httpapi: end session: %w", err))
 	}
 	return nil
@@ -245,10 +246,10 @@ func formPost(c *fiber.Ctx) error {
 	return nil
 }
 
-// tenantSession lets through requests of a signed-in tenant whose key is
+// TenantSession lets through requests of a signed-in tenant whose key is
 // still valid, with the principal in the locals; a POST must carry the
 // session's CSRF token.
-func (s *Server) tenantSession(c *fiber.Ctx) error {
+func (s *Pages) TenantSession(c *fiber.Ctx) error {
 	sess, ok, err := s.loadSession(c, tenantArea)
 	if err != nil {
 		return err
@@ -268,13 +269,13 @@ func (s *Server) tenantSession(c *fiber.Ctx) error {
 	case err != nil:
 		return s.unavailable(err)
 	}
-	c.Locals(localPrincipal, p)
+	httpx.SetPrincipal(c, p)
 	return enter(c, sess)
 }
 
 // expire ends a session that no longer holds and sends to the sign-in page,
 // saying why.
-func (s *Server) expire(c *fiber.Ctx, a area, sess session, reason string) error {
+func (s *Pages) expire(c *fiber.Ctx, a area, sess session, reason string) error {
 	if err := s.endSession(c, a, sess); err != nil {
 		return err
 	}
@@ -296,9 +297,9 @@ func enter(c *fiber.Ctx, sess session) error {
 	return c.Next()
 }
 
-// adminSession lets through requests of a signed-in admin whose session was
+// AdminSession lets through requests of a signed-in admin whose session was
 // opened with the current admin token; a POST must carry the CSRF token.
-func (s *Server) adminSession(c *fiber.Ctx) error {
+func (s *Pages) AdminSession(c *fiber.Ctx) error {
 	sess, ok, err := s.loadSession(c, adminArea)
 	if err != nil {
 		return err
@@ -328,7 +329,7 @@ var loginReasons = map[string]string{
 // loginForm shows the area's sign-in form with a fresh double-submit token.
 // The token is kept while its cookie lives, so that sign-in forms open in
 // several tabs all stay valid.
-func (s *Server) loginForm(c *fiber.Ctx, a area, status int, lv loginView) error {
+func (s *Pages) loginForm(c *fiber.Ctx, a area, status int, lv loginView) error {
 	tok := c.Cookies(loginCookie)
 	if !validToken(tok) {
 		var err error
@@ -345,7 +346,7 @@ func (s *Server) loginForm(c *fiber.Ctx, a area, status int, lv loginView) error
 	return s.render(c, status, "login", view{Title: title, Area: a.name, CSRF: tok, Data: lv})
 }
 
-func (s *Server) showLogin(c *fiber.Ctx, a area) error {
+func (s *Pages) showLogin(c *fiber.Ctx, a area) error {
 	if _, ok, err := s.loadSession(c, a); err != nil {
 		return err
 	} else if ok {
@@ -354,14 +355,14 @@ func (s *Server) showLogin(c *fiber.Ctx, a area) error {
 	return s.loginForm(c, a, fiber.StatusOK, loginView{Next: safeNext(a, c.Query("next")), Message: loginReasons[c.Query("m")]})
 }
 
-func (s *Server) dashLoginForm(c *fiber.Ctx) error    { return s.showLogin(c, tenantArea) }
-func (s *Server) consoleLoginForm(c *fiber.Ctx) error { return s.showLogin(c, adminArea) }
+func (s *Pages) DashLoginForm(c *fiber.Ctx) error    { return s.showLogin(c, tenantArea) }
+func (s *Pages) ConsoleLoginForm(c *fiber.Ctx) error { return s.showLogin(c, adminArea) }
 
 // checkLogin checks a sign-in POST: its form, origin and double-submit
 // token. It returns the form's fields. The secret itself is checked, and
 // failures limited, as the API checks it: a key as tenantAuth does, the admin
 // token as adminAuth does.
-func (s *Server) checkLogin(c *fiber.Ctx, secretField string) (map[string]string, error) {
+func (s *Pages) checkLogin(c *fiber.Ctx, secretField string) (map[string]string, error) {
 	if err := formPost(c); err != nil {
 		return nil, err
 	}
@@ -386,8 +387,8 @@ func checkLoginToken(c *fiber.Ctx, got string) error {
 	return nil
 }
 
-// dashLogin exchanges an API key for a tenant session.
-func (s *Server) dashLogin(c *fiber.Ctx) error {
+// DashLogin exchanges an API key for a tenant session.
+func (s *Pages) DashLogin(c *fiber.Ctx) error {
 	f, err := s.checkLogin(c, "api_key")
 	if err != nil {
 		return err
@@ -396,7 +397,7 @@ func (s *Server) dashLogin(c *fiber.Ctx) error {
 	p, err := s.catalog.Resolve(c.UserContext(), strings.TrimSpace(f["api_key"]))
 	switch quota.ErrorCode(err) {
 	case quota.CodeUnauthorized:
-		if err := s.keyFailed(c, "sign-ins"); err != nil {
+		if err := s.guard.KeyFailed(c, "sign-ins"); err != nil {
 			return err
 		}
 		return s.loginForm(c, tenantArea, fiber.StatusUnauthorized, loginView{Next: next,
@@ -413,21 +414,21 @@ func (s *Server) dashLogin(c *fiber.Ctx) error {
 
 // signedIn starts the session of a successful sign-in and goes on to next.
 // The sign-in form's cookie stays: a form open in another tab still works.
-func (s *Server) signedIn(c *fiber.Ctx, a area, sess session, next string) error {
+func (s *Pages) signedIn(c *fiber.Ctx, a area, sess session, next string) error {
 	if err := s.startSession(c, a, sess); err != nil {
 		return err
 	}
 	return c.Redirect(next, fiber.StatusSeeOther)
 }
 
-// consoleLogin exchanges the admin token for an admin session.
-func (s *Server) consoleLogin(c *fiber.Ctx) error {
+// ConsoleLogin exchanges the admin token for an admin session.
+func (s *Pages) ConsoleLogin(c *fiber.Ctx) error {
 	f, err := s.checkLogin(c, "token")
 	if err != nil {
 		return err
 	}
 	next := safeNext(adminArea, f["next"])
-	ok, err := s.tokenIs(c, s.adminFail, strings.TrimSpace(f["token"]), s.opts.AdminToken, "sign-ins")
+	ok, err := s.guard.TokenIs(c, s.guard.Admin, strings.TrimSpace(f["token"]), s.opts.AdminToken, "sign-ins")
 	if err != nil {
 		return err
 	}
@@ -441,7 +442,7 @@ func (s *Server) consoleLogin(c *fiber.Ctx) error {
 	return s.signedIn(c, adminArea, session{AdminMAC: adminMAC(s.opts.AdminToken)}, next)
 }
 
-func (s *Server) logout(c *fiber.Ctx, a area) error {
+func (s *Pages) logout(c *fiber.Ctx, a area) error {
 	if _, err := readForm(c, csrfField); err != nil {
 		return err
 	}
@@ -451,5 +452,5 @@ func (s *Server) logout(c *fiber.Ctx, a area) error {
 	return c.Redirect(a.base+"/login?m=signedout", fiber.StatusSeeOther)
 }
 
-func (s *Server) dashLogout(c *fiber.Ctx) error    { return s.logout(c, tenantArea) }
-func (s *Server) consoleLogout(c *fiber.Ctx) error { return s.logout(c, adminArea) }
+func (s *Pages) DashLogout(c *fiber.Ctx) error    { return s.logout(c, tenantArea) }
+func (s *Pages) ConsoleLogout(c *fiber.Ctx) error { return s.logout(c, adminArea) }

@@ -1,4 +1,4 @@
-package httpapi
+package pages
 
 import (
 	"errors"
@@ -10,13 +10,14 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
 // maxFormValue bounds one form field; the longest legitimate one is a URL.
 const maxFormValue = quota.MaxURLLength
 
-// readForm reads a urlencoded body as strictly as decodeJSON reads JSON:
+// readForm reads a urlencoded body as strictly as httpx.DecodeJSON reads JSON:
 // only the named fields, each at most once, each valid UTF-8 without control
 // characters and at most maxFormValue bytes. Absent fields are absent from
 // the map. Every failure is a CodeInvalid error naming the field.
@@ -34,13 +35,13 @@ func readForm(c *fiber.Ctx, fields ...string) (map[string]string, error) {
 		name := string(k)
 		switch {
 		case !allowed[name]:
-			if !utf8.ValidString(name) || !printable(k) {
+			if !utf8.ValidString(name) || !httpx.Printable(k) {
 				name = "form"
 			}
 			bad = quota.FieldError(name, "unknown field")
 		case len(v) > maxFormValue:
 			bad = quota.FieldError(name, "must be at most %d characters", maxFormValue)
-		case !printable(v):
+		case !httpx.Printable(v):
 			bad = quota.FieldError(name, "must be valid UTF-8 without control characters")
 		default:
 			if _, dup := out[name]; dup {

@@ -1,0 +1,96 @@
+// Package pages is the web part of the HTTP layer: the tenants' dashboard
+// and the admins' console, server-rendered from the embedded templates in
+// web/, with their sign-in sessions kept behind a small store. Its handlers
+// are registered, with every other route, in internal/httpapi.
+package pages
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/usage"
+)
+
+// records is what the console reads of the store of tiers, tenants, keys
+// and grants (*postgres.Store), read through to Postgres, never cached.
+// Writes go through the catalog.
+type records interface {
+	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
+	Tier(ctx context.Context, slug string) (quota.Tier, error)
+	Tiers(ctx context.Context) ([]quota.Tier, error)
+	ListTenants(ctx context.Context, f quota.TenantFilter, p quota.Page) ([]quota.Tenant, *string, error)
+	TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, error)
+	ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error)
+	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
+}
+
+// sessionStore keeps sign-in sessions by key until their TTL
+// (*redisdb.Sessions); Get reports found false for a missing or expired one.
+type sessionStore interface {
+	Put(ctx context.Context, key string, value []byte, ttl time.Duration) error
+	Get(ctx context.Context, key string) (value []byte, found bool, err error)
+	Delete(ctx context.Context, key string) error
+}
+
+// Deps are what the pages use; cmd/api builds them.
+type Deps struct {
+	Store    records
+	Catalog  *catalog.Catalog // reads and the writes that invalidate it
+	Grants   *catalog.Grants
+	Ledger   *billing.Ledger
+	Alerts   *billing.Deliverer
+	Usage    *usage.Reader
+	Sessions sessionStore
+	Guard    *httpx.Guard
+	Log      *slog.Logger
+	Now      func() time.Time
+
+	AdminToken string
+	// SessionTTL is the lifetime of a dashboard or console sign-in (default 8h).
+	SessionTTL time.Duration
+}
+
+// Pages serves the dashboard and the console.
+type Pages struct {
+	store    records
+	catalog  *catalog.Catalog
+	grants   *catalog.Grants
+	ledger   *billing.Ledger
+	alerts   *billing.Deliverer
+	reports  *usage.Reader
+	sessions sessionStore
+	guard    *httpx.Guard
+	log      *slog.Logger
+	now      func() time.Time
+	opts     Deps
+	views    *views
+	assets   map[string]asset
+}
+
+// New returns the pages over d. It fails only when the embedded templates
+// or files do not load: a bug of the build, which any test catches.
+func New(d Deps) (*Pages, error) {
+	if d.SessionTTL <= 0 {
+		d.SessionTTL = 8 * time.Hour
+	}
+	v, err := loadViews()
+	if err != nil {
+		return nil, err
+	}
+	a, err := loadAssets()
+	if err != nil {
+		return nil, err
+	}
+	return &Pages{store: d.Store, catalog: d.Catalog, grants: d.Grants, ledger: d.Ledger, alerts: d.Alerts,
+		reports: d.Usage, sessions: d.Sessions, guard: d.Guard, log: d.Log, now: d.Now, opts: d,
+		views: v, assets: a}, nil
+}
+
+// IsPage reports whether path is one of the pages' (its errors are
+// rendered as HTML).
+func IsPage(path string) bool { return isPagePath(path) }
