@@ -12,7 +12,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/routes"
 )
 
@@ -103,7 +102,7 @@ func idemRefusal(d quota.Decision) error {
 // replay answers a repeat with the first request's stored answer.
 func (s *Server) replay(c *fiber.Ctx, req quota.Request, d quota.Decision) error {
 	a, err := s.gate.Answer(c.UserContext(), req)
-	if errors.Is(err, ratelimit.ErrNoAnswer) {
+	if errors.Is(err, quota.ErrNoAnswer) {
 		return quota.Errorf(quota.CodeConflict, "the answer to this Idempotency-Key is no longer stored; use a new key")
 	}
 	if err != nil {

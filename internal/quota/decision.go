@@ -2,6 +2,7 @@ package quota
 
 import (
 	"context"
+	"errors"
 	"math"
 	"time"
 )
@@ -187,3 +188,8 @@ func ResetTime(t time.Time) time.Time {
 	}
 	return t.UTC()
 }
+
+// ErrNoAnswer means an idempotency record holds a decision but no answer
+// (it expired between the decision and the read, or was stored by a caller
+// with nothing to answer but the decision).
+var ErrNoAnswer = errors.New("quota: no stored answer")

@@ -2,7 +2,6 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 
@@ -40,11 +39,6 @@ func (r *Runner) ReleaseKey(ctx context.Context, tenantID, key, fp string) error
 	return nil
 }
 
-// ErrNoAnswer means an idempotency record holds a decision but no answer
-// (it expired between the decision and the read, or was stored by a caller
-// with nothing to answer but the decision).
-var ErrNoAnswer = errors.New("ratelimit: no stored answer")
-
 // Answer reads the stored answer of key.
 func (r *Runner) Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error) {
 	v, err := r.c.HMGet(ctx, r.key(tenantID, "idem2:"+idemHash(key)), "status", "hdr", "body").Result()
@@ -54,7 +48,7 @@ func (r *Runner) Answer(ctx context.Context, tenantID, key string) (quota.Stored
 	status, _ := v[0].(string)
 	code, err := strconv.Atoi(status)
 	if err != nil {
-		return quota.StoredAnswer{}, ErrNoAnswer
+		return quota.StoredAnswer{}, quota.ErrNoAnswer
 	}
 	hdr, _ := v[1].(string)
 	body, _ := v[2].(string)

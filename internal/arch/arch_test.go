@@ -1,0 +1,298 @@
+package arch
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// pkg is what the rules read of `go list -json`: the non-test Go files
+// (GoFiles) and their imports (Imports; test imports are listed apart, as
+// TestImports and XTestImports, and are not read).
+type pkg struct {
+	ImportPath string
+	Dir        string
+	GoFiles    []string
+	Imports    []string
+	Error      *struct{ Err string }
+}
+
+// module is the module's packages, keyed by import path relative to the
+// module ("internal/quota", "cmd/api").
+type module struct {
+	path string
+	pkgs map[string]*pkg
+}
+
+// The packages the rules name, relative to the module.
+const (
+	domain    = "internal/quota"
+	httpLayer = "internal/httpapi"
+)
+
+var (
+	// adapters are the adapters other than the HTTP layer, which is
+	// httpLayer and every package under it.
+	adapters = []string{"internal/ratelimit", "internal/postgres", "internal/redisdb"}
+	services = []string{"internal/admission", "internal/billing", "internal/catalog",
+		"internal/usage", "internal/worker", "internal/locallimit"}
+)
+
+func TestArchitecture(t *testing.T) {
+	m := mustLoad(t)
+
+	t.Run("domain imports nothing of ours, Redis, Postgres or HTTP", func(t *testing.T) {
+		m.mustExist(t, domain)
+		forbidden := []string{"github.com/redis/", "github.com/jackc/", "github.com/golang-migrate/",
+			"github.com/gofiber/", "github.com/valyala/", "net/http"}
+		for _, imp := range m.imports(domain) {
+			if rel, ours := m.rel(imp); ours {
+				t.Errorf("%s imports %s: the domain imports no package of this module", domain, rel)
+				continue
+			}
+			for _, f := range forbidden {
+				if under(imp, f) {
+					t.Errorf("%s imports %s: the domain imports nothing of Redis, Postgres or HTTP (%s)", domain, imp, f)
+				}
+			}
+		}
+	})
+
+	t.Run("adapters do not import one another", func(t *testing.T) {
+		m.mustExist(t, append([]string{httpLayer}, adapters...)...)
+		for _, p := range m.sorted() {
+			from := adapterOf(p)
+			if from == "" {
+				continue
+			}
+			for _, imp := range m.imports(p) {
+				rel, ours := m.rel(imp)
+				if to := adapterOf(rel); ours && to != "" && to != from {
+					t.Errorf("%s imports %s: adapter %s must not import adapter %s", p, rel, from, to)
+				}
+			}
+		}
+	})
+
+	t.Run("only the HTTP layer imports Fiber", func(t *testing.T) {
+		m.mustExist(t, httpLayer)
+		for _, p := range m.sorted() {
+			if under(p, httpLayer) {
+				continue
+			}
+			for _, imp := range m.imports(p) {
+				if under(imp, "github.com/gofiber") {
+					t.Errorf("%s imports %s: only %s and the packages under it may import Fiber", p, imp, httpLayer)
+				}
+			}
+		}
+	})
+
+	t.Run("no package holds more than a quarter of the lines", func(t *testing.T) {
+		type count struct {
+			pkg   string
+			lines int
+		}
+		var counts []count
+		total := 0
+		for _, p := range m.sorted() {
+			if !under(p, "cmd") && !under(p, "internal") {
+				continue
+			}
+			n, err := goLines(m.pkgs[p])
+			if err != nil {
+				t.Fatalf("%s: %v", p, err)
+			}
+			counts = append(counts, count{p, n})
+			total += n
+		}
+		if total == 0 {
+			t.Fatal("no Go lines under cmd/ and internal/: the count read nothing")
+		}
+		slices.SortStableFunc(counts, func(a, b count) int { return b.lines - a.lines })
+		var table strings.Builder
+		fmt.Fprintf(&table, "non-test Go lines per package (limit %d, a quarter of %d):\n", total/4, total)
+		for _, c := range counts {
+			fmt.Fprintf(&table, "  %-36s %6d  %5.1f%%\n", c.pkg, c.lines, 100*float64(c.lines)/float64(total))
+		}
+		t.Log(table.String())
+		for _, c := range counts {
+			if 4*c.lines > total {
+				t.Errorf("%s holds %d of %d non-test Go lines (%.1f%%), more than a quarter\n%s",
+					c.pkg, c.lines, total, 100*float64(c.lines)/float64(total), table.String())
+			}
+		}
+	})
+
+	t.Run("services do not import ratelimit, postgres or the HTTP layer", func(t *testing.T) {
+		m.mustExist(t, services...)
+		m.mustExist(t, "internal/ratelimit", "internal/postgres", httpLayer)
+		for _, s := range services {
+			for _, imp := range m.imports(s) {
+				rel, ours := m.rel(imp)
+				if ours && (under(rel, "internal/ratelimit") || under(rel, "internal/postgres") || under(rel, httpLayer)) {
+					t.Errorf("%s imports %s: a service does not import the adapters internal/ratelimit, internal/postgres or %s (cmd/* wires them in)", s, rel, httpLayer)
+				}
+			}
+		}
+	})
+}
+
+// adapterOf returns the adapter a module-relative package belongs to
+// (httpLayer for every package under it), or "" for none.
+func adapterOf(rel string) string {
+	if under(rel, httpLayer) {
+		return httpLayer
+	}
+	for _, a := range adapters {
+		if under(rel, a) {
+			return a
+		}
+	}
+	return ""
+}
+
+// under reports whether import path p is prefix or a package below it; a
+// prefix ending in "/" matches any path that starts with it.
+func under(p, prefix string) bool {
+	if strings.HasSuffix(prefix, "/") {
+		return strings.HasPrefix(p, prefix)
+	}
+	return p == prefix || strings.HasPrefix(p, prefix+"/")
+}
+
+// rel returns imp relative to the module, and whether it is of the module.
+func (m *module) rel(imp string) (string, bool) {
+	if imp == m.path {
+		return ".", true
+	}
+	rel, ok := strings.CutPrefix(imp, m.path+"/")
+	return rel, ok
+}
+
+func (m *module) imports(rel string) []string {
+	if p := m.pkgs[rel]; p != nil {
+		return p.Imports
+	}
+	return nil
+}
+
+func (m *module) sorted() []string {
+	var rels []string
+	for rel := range m.pkgs {
+		rels = append(rels, rel)
+	}
+	slices.Sort(rels)
+	return rels
+}
+
+// mustExist fails t for each of rels that is not a package of the module: a
+// rule about a package that was renamed or removed would otherwise pass on
+// nothing.
+func (m *module) mustExist(tb testing.TB, rels ...string) {
+	tb.Helper()
+	for _, rel := range rels {
+		if m.pkgs[rel] == nil {
+			tb.Errorf("package %s/%s does not exist: the rule names it, so update the rule with the rename", m.path, rel)
+		}
+	}
+}
+
+// mustLoad lists the module's packages with `go list -json ./...`, run at the
+// module root. A package go list could not load fails the test: its imports
+// would be incomplete, and the rules would read a partial graph.
+func mustLoad(tb testing.TB) *module {
+	tb.Helper()
+	root, modPath, err := moduleRoot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	cmd := exec.Command("go", "list", "-e", "-deps=false", "-json=ImportPath,Dir,GoFiles,Imports,Error", "./...")
+	cmd.Dir = root
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		tb.Fatalf("go list in %s: %v\n%s", root, err, stderr.Bytes())
+	}
+	m := &module{path: modPath, pkgs: map[string]*pkg{}}
+	dec := json.NewDecoder(bytes.NewReader(out))
+	for {
+		var p pkg
+		if err := dec.Decode(&p); errors.Is(err, io.EOF) {
+			break
+		} else if err != nil {
+			tb.Fatalf("go list output: %v", err)
+		}
+		rel, ours := m.rel(p.ImportPath)
+		if !ours {
+			tb.Fatalf("go list ./... listed %s, outside module %s", p.ImportPath, modPath)
+		}
+		if p.Error != nil {
+			tb.Errorf("go list: package %s: %s (the rules read its imports as far as go list got)", rel, p.Error.Err)
+		}
+		m.pkgs[rel] = &p
+	}
+	if len(m.pkgs) == 0 {
+		tb.Fatalf("go list ./... in %s listed no package", root)
+	}
+	return m
+}
+
+// moduleRoot walks up from the working directory to the directory holding
+// go.mod, and returns it with the module path go.mod declares.
+func moduleRoot() (dir, modPath string, err error) {
+	dir, err = os.Getwd()
+	if err != nil {
+		return "", "", err
+	}
+	for {
+		f, err := os.Open(filepath.Join(dir, "go.mod"))
+		if err == nil {
+			defer f.Close()
+			sc := bufio.NewScanner(f)
+			for sc.Scan() {
+				if rest, ok := strings.CutPrefix(strings.TrimSpace(sc.Text()), "module "); ok {
+					return dir, strings.Trim(strings.TrimSpace(rest), `"`), nil
+				}
+			}
+			if err := sc.Err(); err != nil {
+				return "", "", err
+			}
+			return "", "", fmt.Errorf("%s/go.mod declares no module", dir)
+		}
+		if !errors.Is(err, os.ErrNotExist) {
+			return "", "", err
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", "", errors.New("no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// goLines counts the lines of p's non-test Go files.
+func goLines(p *pkg) (int, error) {
+	n := 0
+	for _, f := range p.GoFiles {
+		b, err := os.ReadFile(filepath.Join(p.Dir, f))
+		if err != nil {
+			return 0, err
+		}
+		n += bytes.Count(b, []byte("\n"))
+		if len(b) > 0 && b[len(b)-1] != '\n' {
+			n++
+		}
+	}
+	return n, nil
+}

@@ -1,0 +1,30 @@
+// Package arch holds no code: its test checks the module's import graph
+// against the layering the project keeps (STYLE.md, points 2, 3 and 19), so
+// that a change that breaks it fails `go test ./...` instead of a review.
+//
+// The rules, each a subtest of TestArchitecture, read the non-test imports of
+// every package (`go list -json ./...` at the module root):
+//
+//   - The domain, internal/quota, imports no package of this module and
+//     nothing of Redis (github.com/redis/...), Postgres (github.com/jackc/...,
+//     github.com/golang-migrate/...) or HTTP (github.com/gofiber/...,
+//     github.com/valyala/..., net/http and below).
+//   - Adapters do not import one another. The adapters are internal/ratelimit
+//     (quota state in Redis), internal/postgres (the catalog store),
+//     internal/redisdb (the Redis connection) and the HTTP layer,
+//     internal/httpapi and every package under it, which counts as one
+//     adapter: its subpackages may import each other.
+//   - No package outside the HTTP layer imports Fiber (github.com/gofiber/...),
+//     cmd/* included. (cmd/loadgen drives its load with fasthttp's client,
+//     which is not a server framework.)
+//   - No package holds more than a quarter of the module's non-test Go lines,
+//     counted over the packages under cmd/ and internal/.
+//   - The services (internal/admission, internal/billing, internal/catalog,
+//     internal/usage, internal/worker, internal/locallimit) do not import
+//     internal/ratelimit, internal/postgres or the HTTP layer; they declare
+//     the small interfaces they consume and cmd/* wires the adapters in.
+//     Their tests may import adapters: only non-test imports are checked.
+//
+// Every package a rule names must exist, so that renaming one fails the test
+// rather than silently voiding the rule.
+package arch
