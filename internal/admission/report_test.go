@@ -7,6 +7,8 @@ import (
 	"slices"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/quota"
 )
 
 // mustRunReports starts g.RunReports every interval and returns its stop:
@@ -95,15 +97,7 @@ func TestRunReportsReportsOnceMoreAtTheEnd(t *testing.T) {
 	if !slices.Contains(ids, req.TenantID) {
 		t.Errorf("active tenants %v, want %s among them", ids, req.TenantID)
 	}
-	rows, err := inner.Pending(ctx, req.TenantID)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var refused int64
-	for _, r := range rows {
-		refused += r.Rejected
-	}
-	if refused != 4 {
+	if refused := pendingRefused(t, inner, req.TenantID); refused != 4 {
 		t.Errorf("pending refusals: got %d, want 4", refused)
 	}
 }
@@ -123,4 +117,20 @@ func TestRunReportsLogsFailures(t *testing.T) {
 	if got := g.refused[refusalKey{tenant: "tn", meter: "demo", hour: 3600}]; got != 2 {
 		t.Errorf("refusals held after failed reports: got %d, want 2 (kept for the next one)", got)
 	}
+}
+
+// pendingRefused sums the refusals in the tenant's pending usage.
+func pendingRefused(tb testing.TB, s interface {
+	Pending(context.Context, string) ([]quota.PendingRow, error)
+}, tenantID string) int64 {
+	tb.Helper()
+	rows, err := s.Pending(context.Background(), tenantID)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var refused int64
+	for _, r := range rows {
+		refused += r.Rejected
+	}
+	return refused
 }

@@ -49,19 +49,11 @@ type gate interface {
 	Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error)
 }
 
-// records is what the admin API and the console read of the store of
-// tiers, tenants, keys, grants and the audit log (*postgres.Store), each
-// declaring its part.
+// records is the store of tiers, tenants, keys, grants and the audit log
+// (*postgres.Store) as the admin API and the pages read it.
 type records interface {
-	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
-	Tier(ctx context.Context, slug string) (quota.Tier, error)
-	Tiers(ctx context.Context) ([]quota.Tier, error)
-	ListTenants(ctx context.Context, f quota.TenantFilter, p quota.Page) ([]quota.Tenant, *string, error)
-	Tenant(ctx context.Context, id string) (quota.Tenant, error)
-	TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, error)
-	ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error)
-	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
-	ListAudit(ctx context.Context, entity, entityID string, p quota.Page) ([]quota.AuditEntry, *string, error)
+	admin.Records
+	pages.Records
 }
 
 // ReadyCheck is one dependency /readyz checks: Check returns nil when the
@@ -77,7 +69,7 @@ type Deps struct {
 	Store records
 	// Sessions keeps the dashboard's and the console's sign-ins
 	// (*redisdb.Sessions).
-	Sessions sessionStore
+	Sessions pages.SessionStore
 	Catalog  *catalog.Catalog
 	Grants   *catalog.Grants
 	Gate     gate
@@ -88,13 +80,6 @@ type Deps struct {
 	Routes   *routes.Table
 	Metrics  *Metrics
 	Now      func() time.Time
-}
-
-// sessionStore is the pages' session store.
-type sessionStore interface {
-	Put(ctx context.Context, key string, value []byte, ttl time.Duration) error
-	Get(ctx context.Context, key string) ([]byte, bool, error)
-	Delete(ctx context.Context, key string) error
 }
 
 // Server holds the Fiber app and what the metered path, /v1 and the probes

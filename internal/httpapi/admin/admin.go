@@ -23,10 +23,10 @@ import (
 // The actor recorded in the audit log for changes made with the admin token.
 const adminActor = "admin"
 
-// records is what the admin API reads of the store of tiers, tenants, keys,
+// Records is what the admin API reads of the store of tiers, tenants, keys,
 // grants and the audit log (*postgres.Store): listings and single records,
 // read through to Postgres, never cached. Writes go through the catalog.
-type records interface {
+type Records interface {
 	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
 	Tier(ctx context.Context, slug string) (quota.Tier, error)
 	ListTenants(ctx context.Context, f quota.TenantFilter, p quota.Page) ([]quota.Tenant, *string, error)
@@ -38,7 +38,7 @@ type records interface {
 
 // Deps are what the admin API uses; cmd/api builds them.
 type Deps struct {
-	Store   records
+	Store   Records
 	Catalog *catalog.Catalog // reads and the writes that invalidate it
 	Grants  *catalog.Grants
 	Ledger  *billing.Ledger
@@ -58,7 +58,7 @@ type Deps struct {
 // usage, invoices, the audit log and alerts. Its handlers are registered,
 // with every other route, in internal/httpapi.
 type API struct {
-	store   records
+	store   Records
 	catalog *catalog.Catalog
 	grants  *catalog.Grants
 	ledger  *billing.Ledger

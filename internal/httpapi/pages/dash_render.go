@@ -34,7 +34,9 @@ import (
 // pagePrefixes are the areas whose answers, errors included, are HTML.
 var pagePrefixes = []string{"/dashboard", "/console"}
 
-func isPagePath(p string) bool {
+// IsPage reports whether p is a path of the pages, whose errors are
+// rendered as HTML.
+func IsPage(p string) bool {
 	for _, pre := range pagePrefixes {
 		if p == pre || strings.HasPrefix(p, pre+"/") {
 			return true

@@ -16,10 +16,10 @@ import (
 	"github.com/tollgate/tollgate/internal/usage"
 )
 
-// records is what the console reads of the store of tiers, tenants, keys
+// Records is what the console reads of the store of tiers, tenants, keys
 // and grants (*postgres.Store), read through to Postgres, never cached.
 // Writes go through the catalog.
-type records interface {
+type Records interface {
 	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
 	Tier(ctx context.Context, slug string) (quota.Tier, error)
 	Tiers(ctx context.Context) ([]quota.Tier, error)
@@ -29,9 +29,9 @@ type records interface {
 	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
 }
 
-// sessionStore keeps sign-in sessions by key until their TTL
+// SessionStore keeps sign-in sessions by key until their TTL
 // (*redisdb.Sessions); Get reports found false for a missing or expired one.
-type sessionStore interface {
+type SessionStore interface {
 	Put(ctx context.Context, key string, value []byte, ttl time.Duration) error
 	Get(ctx context.Context, key string) (value []byte, found bool, err error)
 	Delete(ctx context.Context, key string) error
@@ -39,13 +39,13 @@ type sessionStore interface {
 
 // Deps are what the pages use; cmd/api builds them.
 type Deps struct {
-	Store    records
+	Store    Records
 	Catalog  *catalog.Catalog // reads and the writes that invalidate it
 	Grants   *catalog.Grants
 	Ledger   *billing.Ledger
 	Alerts   *billing.Deliverer
 	Usage    *usage.Reader
-	Sessions sessionStore
+	Sessions SessionStore
 	Guard    *httpx.Guard
 	Log      *slog.Logger
 	Now      func() time.Time
@@ -57,13 +57,13 @@ type Deps struct {
 
 // Pages serves the dashboard and the console.
 type Pages struct {
-	store    records
+	store    Records
 	catalog  *catalog.Catalog
 	grants   *catalog.Grants
 	ledger   *billing.Ledger
 	alerts   *billing.Deliverer
 	reports  *usage.Reader
-	sessions sessionStore
+	sessions SessionStore
 	guard    *httpx.Guard
 	log      *slog.Logger
 	now      func() time.Time
@@ -90,7 +90,3 @@ func New(d Deps) (*Pages, error) {
 		reports: d.Usage, sessions: d.Sessions, guard: d.Guard, log: d.Log, now: d.Now, opts: d,
 		views: v, assets: a}, nil
 }
-
-// IsPage reports whether path is one of the pages' (its errors are
-// rendered as HTML).
-func IsPage(path string) bool { return isPagePath(path) }
