@@ -295,7 +295,7 @@ func TestWebhookURLMustBePublic(t *testing.T) {
 	}
 	// A URL stored before this check does not block other changes; the
 	// worker refuses to send to it.
-	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE tenants SET webhook_url = 'http://127.0.0.1/' WHERE id = $1`, id); err != nil {
+	if _, err := s.pool.Exec(context.Background(), `UPDATE tenants SET webhook_url = 'http://127.0.0.1/' WHERE id = $1`, id); err != nil {
 		t.Fatal(err)
 	}
 	if r := admin(t, "PATCH", base+"/admin/v1/tenants/"+id, `{"name": "Renamed `+testenv.RandomHex(3)+`"}`); r.status != 200 {

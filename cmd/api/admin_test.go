@@ -180,7 +180,7 @@ func TestAdminWithoutTokenChangesNothing(t *testing.T) {
 	var auditBefore int
 	countAudit := func() int {
 		var n int
-		if err := s.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM audit_log`).Scan(&n); err != nil {
+		if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM audit_log`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
@@ -399,13 +399,13 @@ func TestAdminTenantListSearchAndDelete(t *testing.T) {
 	if r := admin(t, "GET", base+"/admin/v1/tenants/"+ids[0], ""); r.status != 404 {
 		t.Fatalf("after delete: %d, want 404", r.status)
 	}
-	if _, err := s.store.Pool().Exec(context.Background(), `INSERT INTO invoices (tenant_id, period) VALUES ($1, '2026-11-01')`, ids[2]); err != nil {
+	if _, err := s.pool.Exec(context.Background(), `INSERT INTO invoices (tenant_id, period) VALUES ($1, '2026-11-01')`, ids[2]); err != nil {
 		t.Fatal(err)
 	}
 	if r := admin(t, "DELETE", base+"/admin/v1/tenants/"+ids[2], ""); r.status != 204 {
 		t.Fatalf("delete a tenant with only a draft invoice: %d, want 204", r.status)
 	}
-	if _, err := s.store.Pool().Exec(context.Background(), `INSERT INTO invoices (tenant_id, period, status, finalized_at) VALUES ($1, '2026-10-01', 'final', now())`, ids[1]); err != nil {
+	if _, err := s.pool.Exec(context.Background(), `INSERT INTO invoices (tenant_id, period, status, finalized_at) VALUES ($1, '2026-10-01', 'final', now())`, ids[1]); err != nil {
 		t.Fatal(err)
 	}
 	if r := admin(t, "DELETE", base+"/admin/v1/tenants/"+ids[1], ""); r.status != 409 {
@@ -423,7 +423,7 @@ func TestAdminUsageExportJSONAndCSV(t *testing.T) {
 		meter string
 		units int
 	}{{"2026-10-05T10:00:00Z", "demo", 3}, {"2026-10-05T11:00:00Z", "demo", 4}, {"2026-10-05T11:00:00Z", "report", 10}, {"2026-10-06T00:00:00Z", "demo", 1}} {
-		if _, err := s.store.Pool().Exec(context.Background(), `INSERT INTO usage (tenant_id, hour, meter, units, requests) VALUES ($1, $2, $3, $4, 1)`,
+		if _, err := s.pool.Exec(context.Background(), `INSERT INTO usage (tenant_id, hour, meter, units, requests) VALUES ($1, $2, $3, $4, 1)`,
 			tenant.ID, row.hour, row.meter, row.units); err != nil {
 			t.Fatal(err)
 		}
@@ -471,11 +471,11 @@ func TestInvoicesReachTenantAndAdmin(t *testing.T) {
 	other, otherKey := s.tenant("free")
 	now := time.Now().UTC()
 	month := time.Date(now.Year(), now.Month(), 1, 0, 0, 0, 0, time.UTC)
-	if _, err := s.store.Pool().Exec(context.Background(), `INSERT INTO usage (tenant_id, hour, meter, units, requests) VALUES ($1, $2, 'demo', 1234, 10)`,
+	if _, err := s.pool.Exec(context.Background(), `INSERT INTO usage (tenant_id, hour, meter, units, requests) VALUES ($1, $2, 'demo', 1234, 10)`,
 		tenant.ID, month); err != nil {
 		t.Fatal(err)
 	}
-	inv := billing.NewInvoicer(s.store.Pool(), time.Now, 48*time.Hour)
+	inv := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour)
 	if err := inv.Run(context.Background()); err != nil {
 		t.Fatal(err)
 	}

@@ -191,13 +191,13 @@ func TestBrowserAdminManagesTenants(t *testing.T) {
 	}
 	mustStatus(t, do(t, "GET", base+"/api/demo/echo", acmeKey, ""), 200)
 	month := quota.MonthStart(time.Now())
-	if _, err := billing.NewInvoicer(s.store.Pool(), time.Now, 48*time.Hour).Generate(ctx, acme.ID, month); err != nil {
+	if _, err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Generate(ctx, acme.ID, month); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := billing.NewInvoicer(s.store.Pool(), time.Now, 48*time.Hour).Generate(ctx, globex.ID, month); err != nil {
+	if _, err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Generate(ctx, globex.ID, month); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.store.Pool().Exec(ctx, `INSERT INTO alerts (tenant_id, period, threshold, units, quota, status, attempts, last_error)
+	if _, err := s.pool.Exec(ctx, `INSERT INTO alerts (tenant_id, period, threshold, units, quota, status, attempts, last_error)
 		VALUES ($1, $2, 80, 820, 1000, 'failed', 10, 'POST https://hooks.example.test: connection refused')`, acme.ID, month); err != nil {
 		t.Fatal(err)
 	}
@@ -370,7 +370,7 @@ func TestBrowserPagesAtPhoneWidth(t *testing.T) {
 	tenant, key := s.tenant("pro")
 	base := s.start()
 	mustStatus(t, do(t, "POST", base+"/api/demo/report", key, ""), 201)
-	if _, err := billing.NewInvoicer(s.store.Pool(), time.Now, 48*time.Hour).Generate(ctx, tenant.ID, quota.MonthStart(time.Now())); err != nil {
+	if _, err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Generate(ctx, tenant.ID, quota.MonthStart(time.Now())); err != nil {
 		t.Fatal(err)
 	}
 	b := browser(t, phoneW, phoneH)

@@ -215,12 +215,12 @@ func TestBrowserTenantSeesTheNumbersOfTheAPI(t *testing.T) {
 	now := time.Now().UTC()
 	month := quota.MonthStart(now)
 	if now.Day() > 1 {
-		if _, err := s.store.Pool().Exec(ctx, `INSERT INTO usage (tenant_id, hour, meter, units, requests, rejected)
+		if _, err := s.pool.Exec(ctx, `INSERT INTO usage (tenant_id, hour, meter, units, requests, rejected)
 			VALUES ($1, $2, 'demo', 40, 40, 3)`, tenant.ID, month.Add(10*time.Hour)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	inv, err := billing.NewInvoicer(s.store.Pool(), time.Now, 48*time.Hour).Generate(ctx, tenant.ID, month)
+	inv, err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Generate(ctx, tenant.ID, month)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -358,7 +358,7 @@ func TestBrowserTenantCannotOpenOtherTenantsOrAdminPages(t *testing.T) {
 	alice, aliceKey := s.tenant("free")
 	bob, _ := s.tenant("pro")
 	month := quota.MonthStart(time.Now())
-	inv := billing.NewInvoicer(s.store.Pool(), time.Now, 48*time.Hour)
+	inv := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour)
 	aliceInv, err := inv.Generate(ctx, alice.ID, month)
 	if err != nil {
 		t.Fatal(err)

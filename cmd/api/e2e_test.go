@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
@@ -29,13 +30,14 @@ const (
 	adminToken   = "admin-token-for-tests-012345"
 )
 
-// stack is one test's database, Redis prefix and store, shared by the API
-// instances it starts.
+// stack is one test's database (its pool and store), Redis prefix, shared
+// by the API instances it starts.
 type stack struct {
 	tb     testing.TB
 	dbURL  string
 	redis  string
 	prefix string
+	pool   *pgxpool.Pool
 	store  *postgres.Store
 	routes string // TOLLGATE_ROUTES, optional
 }
@@ -49,7 +51,7 @@ func mustStack(tb testing.TB) *stack {
 	}
 	tb.Cleanup(pool.Close)
 	rdb := testenv.Redis(tb)
-	return &stack{tb: tb, dbURL: dbURL, redis: testenv.RedisURL(tb), prefix: testenv.Prefix(tb, rdb), store: postgres.NewStore(pool)}
+	return &stack{tb: tb, dbURL: dbURL, redis: testenv.RedisURL(tb), prefix: testenv.Prefix(tb, rdb), pool: pool, store: postgres.NewStore(pool)}
 }
 
 // start runs one API instance of the stack and returns its base URL.
@@ -439,15 +441,15 @@ func TestAuthenticationFailures(t *testing.T) {
 	base := s.start()
 	_, key := s.tenant("free")
 	suspended, skey := s.tenant("free")
-	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE tenants SET status = 'suspended' WHERE id = $1`, suspended.ID); err != nil {
+	if _, err := s.pool.Exec(context.Background(), `UPDATE tenants SET status = 'suspended' WHERE id = $1`, suspended.ID); err != nil {
 		t.Fatal(err)
 	}
 	revokedT, rkey := s.tenant("free")
 	expiredT, ekey := s.tenant("free")
-	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1`, revokedT.ID); err != nil {
+	if _, err := s.pool.Exec(context.Background(), `UPDATE api_keys SET revoked_at = now() WHERE tenant_id = $1`, revokedT.ID); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE tenant_id = $1`, expiredT.ID); err != nil {
+	if _, err := s.pool.Exec(context.Background(), `UPDATE api_keys SET expires_at = now() - interval '1 second' WHERE tenant_id = $1`, expiredT.ID); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct {
@@ -581,7 +583,7 @@ func TestAdminChangeReachesTheOtherInstanceWithinASecond(t *testing.T) {
 	if r := do(t, "GET", baseB+"/api/demo/echo", key, ""); !strings.Contains(r.header.Get("RateLimit-Policy"), `"daily";q=10;`) {
 		t.Fatalf("before: policy %q, want daily q=10", r.header.Get("RateLimit-Policy"))
 	}
-	if _, err := s.store.Pool().Exec(context.Background(), `UPDATE tenants SET tier = $2, updated_at = now() WHERE id = $1`, tenant.ID, big.Slug); err != nil {
+	if _, err := s.pool.Exec(context.Background(), `UPDATE tenants SET tier = $2, updated_at = now() WHERE id = $1`, tenant.ID, big.Slug); err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()

@@ -26,7 +26,7 @@ func BenchmarkPages(b *testing.B) {
 			b.Fatal(r.status)
 		}
 	}
-	if _, err := billing.NewInvoicer(s.store.Pool(), time.Now, 48*time.Hour).Generate(ctx, tenant.ID, quota.MonthStart(time.Now())); err != nil {
+	if _, err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Generate(ctx, tenant.ID, quota.MonthStart(time.Now())); err != nil {
 		b.Fatal(err)
 	}
 	for i := range 49 {

@@ -112,7 +112,7 @@ func (w *webClient) mustSignIn(area, secret string) {
 func auditCount(tb testing.TB, s *stack) int {
 	tb.Helper()
 	var n int
-	if err := s.store.Pool().QueryRow(context.Background(), `SELECT count(*) FROM audit_log`).Scan(&n); err != nil {
+	if err := s.pool.QueryRow(context.Background(), `SELECT count(*) FROM audit_log`).Scan(&n); err != nil {
 		tb.Fatal(err)
 	}
 	return n

@@ -149,6 +149,3 @@ func (s *Store) TouchKeys(ctx context.Context, used map[string]time.Time) error 
 	}
 	return nil
 }
-
-// Pool returns the store's pool, for parts that read the same database.
-func (s *Store) Pool() *pgxpool.Pool { return s.db }
