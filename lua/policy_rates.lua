@@ -1,0 +1,1 @@
+-- policy_rates.lua: token_bucket, gcra, leaky_bucket, warm_up (see policy.lua)

@@ -1,0 +1,1 @@
+-- policy_windows.lua: fixed_window, sliding_log, sliding_window, concurrency (see policy.lua)
