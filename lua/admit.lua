@@ -60,10 +60,20 @@ ARGV
   [13] fp          request fingerprint (with KEYS[7]): method, path, body
   [14] lease_us    how long a first request may stay in flight, us; 0 =
                    the record is 'done' at once (no answer to store)
+  [15] np          policies decided with the tenant's limits (absent or 0:
+                   none; only admit.lua's policy variant, which has
+                   policy.lua and the algorithms before it, takes more)
+  [16] id          the request's id (concurrency leases, log entries)
+  [17..]           np groups of policy.lua's POLICY_ARGS; their keys are
+                   the last np KEYS (after the idempotency key, if any),
+                   all under the tenant's hash tag
 
-Return: a flat array of 22 integers
+Return: a flat array of 22 integers, then policy.lua's POLICY_ITEM
+integers per policy (none when np is 0, and none for idempotency codes 2, 3)
   [1] allowed (1/0)
-  [2] violated bitmask: 1 burst, 2 bucket, 4 daily, 8 monthly
+  [2] violated bitmask: 1 burst, 2 bucket, 4 daily, 8 monthly, 16 a policy
+      (its item says which), 32 degraded: only a degrade policy refused (the
+      request gets its fallback answer; nothing is consumed)
   [3] retry after, us (0 when allowed; -1 = never: the cost exceeds a limit's
       whole size)
   [4] overage units admitted past the monthly quota (bill)
@@ -117,6 +127,16 @@ Quotas (count cost units per UTC calendar day / month)
   always a hard cap, and GCRA and the bucket always refuse: overage billing
   is a promise about the month's volume, not a licence to burst.
 
+Policies (np > 0)
+  Decided with the tier's limits, all or nothing: policies_check (policy.lua)
+  reads each one's key after the tier's checks; a refusing enforced policy
+  (reject, queue) refuses the request (mask 16); a refusing degrade policy,
+  when everything else admits, makes it degraded (mask 32): not admitted,
+  nothing consumed, counted as degraded; a refusing shadow policy refuses
+  nothing and is counted as a shadow refusal. An admitted request commits
+  every policy that admitted it, in the same call. Peek and dry runs check
+  and write nothing. Pending fields: "|d" degraded, "|s" shadow refusals.
+
 Idempotency (KEYS[6] present, mode 'admit')
   A record younger than 24 h (by its own 'at', so that explicit test times
   see the same window) decides first: another fingerprint is a mismatch (3);
@@ -163,6 +183,8 @@ local gT, gB = ARGV[7] + 0, ARGV[8] + 0
 local bU, bC = ARGV[9] + 0, ARGV[10] + 0
 local dq, mq = ARGV[11] + 0, ARGV[12] + 0
 local fp, lease = ARGV[13], ARGV[14] + 0
+local np = 0
+if ARGV[15] then np = ARGV[15] + 0 end
 local KP, idem = KEYS[6], KEYS[7]
 
 -- replay holds the stored decision of a finished first request.
@@ -314,6 +336,22 @@ if mq >= 0 and not replay then
     end
   end
 end
+-- policies (see "Policies"): precs holds what commit and report need
+local precs, degraded, shadowed = nil, false, false
+if np > 0 then
+  local pass, degr, pretry
+  pass, degr, pretry, precs = policies_check(#KEYS - np + 1, 17, np, now, ARGV[16])
+  if not pass then
+    ok, mask = false, mask + 16
+    if retry ~= -1 and (pretry < 0 or pretry > retry) then retry = pretry end
+  elseif degr and ok then
+    ok, mask, degraded = false, mask + 32, true
+  end
+  for _, r in ipairs(precs) do
+    if r.outcome == 2 then shadowed = true end
+  end
+end
+
 if not ok or mode == 'peek' then overage = 0 end
 
 -- commit: only when every limit passed, only in admit mode
@@ -343,6 +381,7 @@ if mode == 'admit' then
       if bf > need then need = bf end
     end
   end
+  if ok and precs then policies_commit(precs, now) end
   local dirty = wg or wb or wd or wm
   -- Pending usage: in the v2 hash, written by the same HSET, when the
   -- state lives there (or moves there now); else in the v1 pending hash.
@@ -418,7 +457,8 @@ if mode == 'admit' then
     if ok and overage > 0 and not replay then
       call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|o', overage)
     end
-    if not ok then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|x', 1) end
+    if not ok then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. (degraded and '|d' or '|x'), 1) end
+    if shadowed then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|s', 1) end
   elseif not (ok and replay) then
     local pf = fmt(hour * 3600) .. '|' .. meter .. '|'
     local fresh
@@ -427,8 +467,9 @@ if mode == 'admit' then
       call('HINCRBY', KP, pf .. 'r', 1)
       if overage > 0 then call('HINCRBY', KP, pf .. 'o', fmt(overage)) end
     else
-      fresh = call('HINCRBY', KP, pf .. 'x', 1) == 1
+      fresh = call('HINCRBY', KP, pf .. (degraded and 'd' or 'x'), 1) == 1
     end
+    if shadowed then call('HINCRBY', KP, pf .. 's', 1) end
     -- A field that is new may be a hash that is new (the worker renamed the
     -- last one away): only then can it lack its expiry.
     if fresh then call('PEXPIRE', KP, PENDING_MS) end
@@ -468,14 +509,16 @@ local res = {ok and 1 or 0, mask, ok and 0 or retry, overage, now, 0,
   ga, gl, gr, gz, ba, bl, br, bz, da, dl, dr, dz, ma, ml, mr, mz}
 
 if ok and replay then
-  -- the stored decision, with the burst and bucket items of now
+  -- the stored decision, with the burst and bucket items and the policies
+  -- of now
   for i = 1, 8 do replay[6 + i] = res[6 + i] end
   replay[5], replay[6] = now, 1
+  if precs then policies_report(replay, precs, true) end
   return replay
 end
 if ok and mode == 'admit' and idem then
   local enc = {}
-  for i = 1, #res do
+  for i = 1, 22 do
     enc[i] = fmt(res[i])
   end
   local st = 'done'
@@ -485,4 +528,5 @@ if ok and mode == 'admit' and idem then
     'lease', fmt(now + lease), 'at', fmt(now))
   redis.call('PEXPIREAT', idem, pxat(now + IDEM_US))
 end
+if precs then policies_report(res, precs, consumed) end
 return res

@@ -47,6 +47,12 @@ type Request struct {
 	IdempotencyLease time.Duration
 	// Now, when non-zero, replaces Redis server time. Tests only.
 	Now time.Time
+	// Policies are the policies that match the request, decided with its
+	// limits, all or nothing (API.md "Policies").
+	Policies []PolicyCall
+	// RequestID identifies the request among all of a node's and all
+	// nodes' requests: a concurrency policy's lease, a sliding log's entry.
+	RequestID string
 }
 
 // LimitState is one active limit as seen by a decision.
@@ -79,6 +85,15 @@ type Decision struct {
 	Degraded bool
 	// Now is the time the decision was taken at (Redis server time).
 	Now time.Time
+	// Policies holds one state per policy of the request, in its order;
+	// a refusing one also appears, by name, in Violated.
+	Policies []PolicyState
+	// Fallback is set when a degrade policy refused and nothing else did:
+	// the request is answered with it, consuming nothing (Allowed false).
+	Fallback *PolicyState
+	// Delay is how long the request waits before it proceeds (the longest
+	// leaky_bucket queue delay); zero for most.
+	Delay time.Duration
 }
 
 // IdemOutcome is what an Idempotency-Key made of a request. IdemInFlight and

@@ -511,3 +511,55 @@ func contains(list []string, s string) bool {
 	}
 	return false
 }
+
+// PolicyCall is one policy instance a request is decided against: the
+// policy, the value of its scope (a tenant id, key id, client address or
+// param value; "" for global and node) and its limit for that value (an
+// exception's for a hot param value).
+type PolicyCall struct {
+	Policy *Policy
+	Value  string
+	Limit  int64
+}
+
+// PolicyOutcome is what a policy made of a request.
+type PolicyOutcome int8
+
+const (
+	PolicyRefused       PolicyOutcome = 0 // the request is refused (reject, queue)
+	PolicyAdmitted      PolicyOutcome = 1
+	PolicyShadowRefused PolicyOutcome = 2 // it would have refused; the request goes on
+	PolicyDegraded      PolicyOutcome = 3 // the request gets the fallback answer
+)
+
+// String names the outcome as /metrics and logs do.
+func (o PolicyOutcome) String() string {
+	switch o {
+	case PolicyRefused:
+		return "refused"
+	case PolicyAdmitted:
+		return "admitted"
+	case PolicyShadowRefused:
+		return "shadow_refused"
+	case PolicyDegraded:
+		return "degraded"
+	}
+	return "unknown"
+}
+
+// PolicyState is one policy's part of a decision, in the order of the
+// request's Policies.
+type PolicyState struct {
+	Policy     *Policy
+	Outcome    PolicyOutcome
+	Limit      int64
+	Remaining  int64
+	Reset      time.Time
+	Window     time.Duration // the RateLimit-Policy w: 0 when it has none
+	RetryAfter time.Duration // when it refused: the wait that suffices; negative never
+	Delay      time.Duration // when it admitted: the wait before the request proceeds (leaky_bucket queue)
+}
+
+// Enforced reports whether the policy's item belongs in the RateLimit
+// headers: every policy but a shadow one.
+func (s PolicyState) Enforced() bool { return s.Policy.OnRefuse != RefuseShadow }

@@ -2,8 +2,13 @@ package ratelimit
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"strconv"
+	"time"
 
+	"github.com/tollgate/tollgate/internal/policyalg"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -11,7 +16,12 @@ import (
 // script: the framework, then the algorithms (see lua/policy.lua).
 var policyPreludes = []string{"state.lua", "policy.lua", "policy_windows.lua", "policy_rates.lua"}
 
-var policyRunScript = script(append(append([]string{}, policyPreludes...), "policy_run.lua")...)
+var (
+	policyRunScript = script(append(append([]string{}, policyPreludes...), "policy_run.lua")...)
+	// admitPolicyScript is admit.lua with the policies: the variant a
+	// request runs when Redis policies under the tenant's hash tag match it.
+	admitPolicyScript = script(append(append([]string{}, policyPreludes...), "admit.lua")...)
+)
 
 // Refusal modes as the scripts take them (lua/policy.lua "how").
 const (
@@ -92,8 +102,8 @@ func (r *Runner) RunPolicies(ctx context.Context, mode string, now int64, id str
 	args = append(args, r.layout, now, mode, id, len(specs))
 	for i, s := range specs {
 		keys[i] = s.Key
-		args = append(args, string(s.Alg), s.How, s.Weight, s.Params[0], s.Params[1], s.Params[2], s.Params[3])
 	}
+	args = appendPolicyArgs(args, specs)
 	res, err := policyRunScript.Run(ctx, r.c, keys, args...).Int64Slice()
 	if err != nil {
 		return PolicyResult{}, fmt.Errorf("ratelimit: policies: %w", err)
@@ -117,4 +127,276 @@ func decodePolicyItems(r []int64) []PolicyItem {
 			Reset: r[i+3], Retry: r[i+4], Delay: r[i+5], How: r[i+6]})
 	}
 	return items
+}
+
+// appendPolicyArgs appends the POLICY_ARGS groups of specs (lua/policy.lua).
+func appendPolicyArgs(args []any, specs []PolicySpec) []any {
+	for _, s := range specs {
+		args = append(args, string(s.Alg), s.How, s.Weight, s.Params[0], s.Params[1], s.Params[2], s.Params[3])
+	}
+	return args
+}
+
+// inSlot are the policies decided in the tenant's own admission call.
+type inSlot struct {
+	id    string
+	specs []PolicySpec
+	calls []int // index in the request's Policies of each spec
+}
+
+// crossGroup are policies of one other hash slot, decided by a reservation.
+type crossGroup struct {
+	specs []PolicySpec
+	calls []int
+}
+
+// Key scopes (API.md "Policies"): where a policy instance's key lives.
+// tenant, key and param instances carry the tenant's hash tag, so the
+// admission script decides them in the same call; global instances share
+// one slot per policy, ip instances one per policy and address, decided by
+// a reservation (admitWithPolicies). A policy's key holds a digest of its
+// algorithm and parameters: an edited policy starts from fresh state (its
+// old state expires), so that state written under other parameters is
+// never read under new ones.
+func (r *Runner) policySpec(req quota.Request, c quota.PolicyCall) (spec PolicySpec, tag string) {
+	p := c.Policy
+	params := policyalg.ParamsOf(p, c.Limit)
+	sum := sha256.Sum256([]byte(string(p.Algorithm) + ":" + strconv.FormatInt(params[0], 10) + ":" +
+		strconv.FormatInt(params[1], 10) + ":" + strconv.FormatInt(params[2], 10) + ":" + strconv.FormatInt(params[3], 10)))
+	name := p.Name + "." + hex.EncodeToString(sum[:4])
+	var value string
+	switch p.Scope {
+	case quota.ScopeKey:
+		tag, value = "t:"+req.TenantID, "k:"+c.Value
+	case quota.ScopeParam:
+		v := sha256.Sum256([]byte(c.Value)) // bounded length, any bytes
+		tag, value = "t:"+req.TenantID, "p:"+hex.EncodeToString(v[:12])
+	case quota.ScopeGlobal:
+		tag, value = "g:"+p.Name, "g"
+	case quota.ScopeIP:
+		tag, value = "i:"+p.Name+":"+c.Value, "i"
+	default:
+		tag, value = "t:"+req.TenantID, "t"
+	}
+	w := int64(1)
+	if p.Cost == quota.CostUnits {
+		w = req.Cost
+	}
+	return PolicySpec{Key: r.PolicyKey(tag, name, value), Alg: p.Algorithm, How: HowOf(p.OnRefuse), Weight: w, Params: params}, tag
+}
+
+// splitPolicies sorts the request's Redis policies into those of the
+// tenant's slot and groups of other slots (one group per hash tag).
+// Node-scoped and adaptive policies are the Gate's, not Redis's.
+func (r *Runner) splitPolicies(req quota.Request) (*inSlot, []crossGroup, error) {
+	if req.RequestID == "" || len(req.RequestID) > 128 {
+		return nil, nil, quota.FieldError("request_id", "policies need a request id of 1 to 128 bytes")
+	}
+	if len(req.Policies) > quota.MaxPoliciesPerRequest {
+		return nil, nil, quota.FieldError("policies", "at most %d policies per request", quota.MaxPoliciesPerRequest)
+	}
+	in := &inSlot{id: req.RequestID}
+	var cross []crossGroup
+	byTag := map[string]int{}
+	for i, c := range req.Policies {
+		if c.Policy == nil || !c.Policy.InRedis() {
+			continue
+		}
+		spec, tag := r.policySpec(req, c)
+		if c.Policy.InTenantSlot() {
+			in.specs = append(in.specs, spec)
+			in.calls = append(in.calls, i)
+			continue
+		}
+		g, ok := byTag[tag]
+		if !ok {
+			g = len(cross)
+			byTag[tag] = g
+			cross = append(cross, crossGroup{})
+		}
+		cross[g].specs = append(cross[g].specs, spec)
+		cross[g].calls = append(cross[g].calls, i)
+	}
+	if len(in.specs) == 0 {
+		in = nil
+	}
+	return in, cross, nil
+}
+
+// admitWithPolicies decides a request that matched policies. Those under
+// the tenant's hash tag are decided in its admission call, all or nothing
+// with the tier's limits. Those of other slots (global, ip) cannot join a
+// script call in Redis Cluster: each slot's group is reserved first (its
+// admission written), then the tenant's call decides; when that refuses,
+// or a later group refuses, the reservations made are rolled back (undo),
+// so that a refused request consumes none of them in the end. Between the
+// reservation and its rollback another request may see the reserved room
+// as taken: a refusal that, at worst, a retry after Retry-After corrects.
+// When a reservation refuses, the tenant's call runs as a dry run (for the
+// tier's items) and the refusal is counted with CountRefused.
+func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p params, mode, idem string) (quota.Decision, error) {
+	in, cross, err := r.splitPolicies(req)
+	if err != nil {
+		return quota.Decision{}, err
+	}
+	now := micros(req.Now)
+	states := make([]*quota.PolicyState, len(req.Policies))
+	var reserved []crossGroup
+	undo := func() {
+		// (a detached context: the request's may be ending; the rollback
+		// must still run)
+		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		for _, g := range reserved {
+			_, _ = r.RunPolicies(uctx, PolicyUndo, now, req.RequestID, g.specs)
+		}
+		reserved = nil
+	}
+	crossOK, crossDegraded, crossRetry := true, false, int64(0)
+	pmode := PolicyAdmit
+	if mode != "admit" {
+		pmode = PolicyDry
+	}
+	for _, g := range cross {
+		res, err := r.RunPolicies(ctx, pmode, now, req.RequestID, g.specs)
+		if err != nil {
+			undo()
+			return quota.Decision{}, fmt.Errorf("ratelimit: admit: reservation: %w", err)
+		}
+		for j, it := range res.Items {
+			states[g.calls[j]] = policyState(req.Policies[g.calls[j]].Policy, it)
+		}
+		if !res.Allowed {
+			if enforcedRefusal(res.Items) {
+				crossOK = false
+				if crossRetry != -1 && (res.Retry < 0 || res.Retry > crossRetry) {
+					crossRetry = res.Retry
+				}
+			} else {
+				crossDegraded = true
+			}
+			break
+		}
+		if pmode == PolicyAdmit {
+			reserved = append(reserved, g)
+		}
+	}
+	tenantMode := mode
+	if (!crossOK || crossDegraded) && mode == "admit" {
+		tenantMode, idem = "dry", ""
+	}
+	res, err := r.run(ctx, req.TenantID, idem, now, tenantMode, req.Cost, req.Meter, overageMode(req.Overage), p,
+		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), in)
+	if err != nil {
+		undo()
+		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
+	}
+	if mode == "admit" {
+		r.active.add(req.TenantID)
+	}
+	d := decode(res[:resultLen], p)
+	if len(res) > resultLen && in != nil {
+		for j, it := range decodePolicyItems(res[resultLen:]) {
+			states[in.calls[j]] = policyState(req.Policies[in.calls[j]].Policy, it)
+		}
+	}
+	if d.Idem == quota.IdemInFlight || d.Idem == quota.IdemMismatch {
+		undo()
+		return d, nil
+	}
+	if !crossOK || crossDegraded {
+		if mode == "admit" {
+			d.Allowed = false
+			_ = r.CountRefused(ctx, []quota.RefusalCount{{TenantID: req.TenantID, Meter: req.Meter,
+				Hour: d.Now.Truncate(time.Hour), Requests: 1}})
+		}
+		if !crossOK {
+			d.Allowed = false
+			if d.RetryAfter >= 0 {
+				cr := time.Duration(crossRetry) * time.Microsecond
+				if crossRetry < 0 || cr > d.RetryAfter {
+					d.RetryAfter = cr
+				}
+			}
+		}
+	}
+	if !d.Allowed {
+		undo()
+	}
+	finishPolicies(&d, states, crossDegraded && crossOK && res[1] == 0)
+	return d, nil
+}
+
+// enforcedRefusal reports whether a reject or queue policy refused.
+func enforcedRefusal(items []PolicyItem) bool {
+	for _, it := range items {
+		if it.Outcome == int64(quota.PolicyRefused) {
+			return true
+		}
+	}
+	return false
+}
+
+// finishPolicies adds the policies' states to d: the refusing ones to
+// Violated, the degrade one that answers to Fallback, the longest queue
+// delay to Delay. crossDegraded says a reservation's degrade policy
+// refused while nothing else did.
+func finishPolicies(d *quota.Decision, states []*quota.PolicyState, crossDegraded bool) {
+	onlyDegrade := crossDegraded
+	for _, st := range states {
+		if st == nil {
+			continue
+		}
+		d.Policies = append(d.Policies, *st)
+	}
+	for i := range d.Policies {
+		st := &d.Policies[i]
+		switch st.Outcome {
+		case quota.PolicyRefused:
+			d.Violated = append(d.Violated, quota.LimitName(st.Policy.Name))
+		case quota.PolicyDegraded:
+			if d.Fallback == nil && (onlyDegrade || degradedOnly(d)) {
+				d.Fallback = st
+			}
+		case quota.PolicyAdmitted:
+			if st.Delay > d.Delay && d.Allowed {
+				d.Delay = st.Delay
+			}
+		}
+	}
+	if d.Fallback != nil {
+		d.Allowed, d.RetryAfter = false, 0
+	}
+}
+
+// degradedOnly reports whether d was refused by a degrade policy alone
+// (the script's mask 32: no tier limit and no enforced policy refused).
+func degradedOnly(d *quota.Decision) bool {
+	if d.Allowed || len(d.Violated) > 0 {
+		return false
+	}
+	for _, st := range d.Policies {
+		if st.Outcome == quota.PolicyRefused {
+			return false
+		}
+	}
+	return true
+}
+
+// policyState turns a script item into the policy's state in a decision.
+func policyState(p *quota.Policy, it PolicyItem) *quota.PolicyState {
+	st := &quota.PolicyState{Policy: p, Outcome: quota.PolicyOutcome(it.Outcome), Limit: it.Limit,
+		Remaining: it.Remaining, Reset: time.UnixMicro(it.Reset).UTC(),
+		Window: time.Duration(p.WindowSecondsOf()) * time.Second,
+		Delay:  time.Duration(it.Delay) * time.Microsecond}
+	if st.Remaining < 0 {
+		st.Remaining = 0
+	}
+	if it.Outcome != 1 {
+		st.RetryAfter = time.Duration(it.Retry) * time.Microsecond
+		if it.Retry < 0 {
+			st.RetryAfter = -1
+		}
+	}
+	return st
 }

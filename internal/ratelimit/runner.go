@@ -16,7 +16,9 @@ import (
 )
 
 var (
-	admitScript = stateScript("admit.lua")
+	// admitScript is admit.lua without policies (policy_none.lua stands in
+	// for the policy preludes): what most requests run.
+	admitScript = script("state.lua", "policy_none.lua", "admit.lua")
 	grantScript = stateScript("grant.lua")
 )
 
@@ -147,8 +149,11 @@ func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, 
 	case req.IdempotencyKey != "":
 		idem = idemHash(req.IdempotencyKey)
 	}
+	if len(req.Policies) > 0 {
+		return r.admitWithPolicies(ctx, req, p, mode, idem)
+	}
 	res, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p,
-		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds())
+		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), nil)
 	if err == nil && mode != "dry" {
 		r.active.add(req.TenantID) // admitted or refused, its pending usage changed
 	}
@@ -175,26 +180,43 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 	if err != nil {
 		return quota.Decision{}, err
 	}
-	res, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p, "", 0)
+	res, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p, "", 0, nil)
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: peek: %w", err)
 	}
 	return decode(res, p), nil
 }
 
-func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64) ([]int64, error) {
+// run calls admit.lua; pol, when not nil, are the policies decided in the
+// same call (admit.lua's policy variant), with the request's id.
+func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64, pol *inSlot) ([]int64, error) {
 	// The batcher coalesces concurrent calls into pipelines (batch.go);
 	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
-	args := make([]any, 14)
+	n := 14
+	if pol != nil {
+		n += 2 + 7*len(pol.specs)
+	}
+	args := make([]any, 14, n)
 	args[0], args[1], args[2], args[3], args[4], args[5] = boxed(r.layout), now, boxed(mode), cost, meter, boxed(overage)
 	copy(args[6:12], boxedParams(p))
 	args[12], args[13] = fp, leaseUS
-	res, err := r.batch.do(ctx, r.keys(tenantID, idem), args)
+	keys := r.keys(tenantID, idem)
+	var s *redis.Script
+	want := resultLen
+	if pol != nil {
+		s, want = admitPolicyScript, resultLen+7*len(pol.specs)
+		args = append(args, len(pol.specs), pol.id)
+		args = appendPolicyArgs(args, pol.specs)
+		for _, sp := range pol.specs {
+			keys = append(keys, sp.Key)
+		}
+	}
+	res, err := r.batch.do(ctx, s, keys, args)
 	if err != nil {
 		return nil, err
 	}
-	if len(res) != resultLen {
-		return nil, fmt.Errorf("script answered %d values, want %d", len(res), resultLen)
+	if len(res) != want && !(len(res) == resultLen && res[5] >= int64(quota.IdemInFlight)) {
+		return nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
 	}
 	return res, nil
 }
