@@ -400,3 +400,42 @@ func policyState(p *quota.Policy, it PolicyItem) *quota.PolicyState {
 	}
 	return st
 }
+
+// PeekPolicies reports the state of the tenant's Redis policies as they
+// stand (a dry run of one request of weight 1 each, consuming nothing): for
+// /v1/usage and the dashboards. req gives the tenant, the policies (with
+// their scope values) and the request id; Cost 1 is assumed.
+func (r *Runner) PeekPolicies(ctx context.Context, req quota.Request) ([]quota.PolicyState, error) {
+	if err := checkTenant(req.TenantID); err != nil {
+		return nil, err
+	}
+	if req.RequestID == "" {
+		req.RequestID = "peek"
+	}
+	req.Cost = 1
+	in, cross, err := r.splitPolicies(req)
+	if err != nil {
+		return nil, err
+	}
+	groups := cross
+	if in != nil {
+		groups = append(groups, crossGroup{specs: in.specs, calls: in.calls})
+	}
+	states := make([]*quota.PolicyState, len(req.Policies))
+	for _, g := range groups {
+		res, err := r.RunPolicies(ctx, PolicyDry, micros(req.Now), req.RequestID, g.specs)
+		if err != nil {
+			return nil, err
+		}
+		for j, it := range res.Items {
+			states[g.calls[j]] = policyState(req.Policies[g.calls[j]].Policy, it)
+		}
+	}
+	out := make([]quota.PolicyState, 0, len(states))
+	for _, st := range states {
+		if st != nil {
+			out = append(out, *st)
+		}
+	}
+	return out, nil
+}
