@@ -61,6 +61,8 @@ type Store interface {
 	ReleaseKey(ctx context.Context, tenantID, key, fp string) error
 	Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error)
 	CountRefused(ctx context.Context, counts []quota.RefusalCount) error
+	// ReleasePolicies ends the leases of req's concurrency policies.
+	ReleasePolicies(ctx context.Context, req quota.Request) error
 	// ReportActive tells the worker which tenants counted usage since the
 	// last call.
 	ReportActive(ctx context.Context) error
@@ -95,6 +97,7 @@ type Gate struct {
 	refused  map[refusalKey]int64
 
 	nBreakers atomic.Int32 // fast path: none kept
+	waiters   atomic.Int64 // requests waiting in a policy queue on this node
 
 	local *locallimit.Limiter // fail-open decisions during an outage
 
@@ -114,10 +117,100 @@ func New(s Store, now func() time.Time) *Gate {
 		OnRedisError: func(error) {}, OnDenyHit: func() {}, OnRoom: func(context.Context, string) {}}
 }
 
+// MaxWaiters bounds the requests of one node waiting in policy queues at
+// once (on_refuse "queue"): past it a refusal is answered at once.
+const MaxWaiters = 1024
+
 // Admit decides on req. It returns an error only when the decision cannot be
 // taken: Redis failed and the tier fails closed (CodeUnavailable), the
 // request is invalid (CodeInvalid), or the context ended.
+//
+// A request refused only by policies whose on_refuse is "queue" waits for
+// the refusal's retry time and is decided again, as long as the wait stays
+// within the smallest max_wait_ms of those policies (counted from the first
+// decision) and fewer than MaxWaiters requests of this node wait; a waiter
+// whose ctx ends (its client hung up) leaves the queue with its last
+// refusal. Tier limits never queue.
 func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, error) {
+	d, err := g.admitOnce(ctx, req)
+	if err != nil || d.Allowed || req.DryRun {
+		return d, err
+	}
+	budget, ok := queueBudget(d)
+	if !ok {
+		return d, nil
+	}
+	deadline := g.now().Add(budget)
+	if g.waiters.Add(1) > MaxWaiters {
+		g.waiters.Add(-1)
+		return d, nil
+	}
+	defer g.waiters.Add(-1)
+	for !d.Allowed {
+		wait := d.RetryAfter
+		if _, ok := queueBudget(d); !ok || wait < 0 || g.now().Add(wait).After(deadline) {
+			return d, nil
+		}
+		t := time.NewTimer(max(wait, time.Millisecond))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return d, nil
+		case <-t.C:
+		}
+		d, err = g.admitOnce(ctx, req)
+		if err != nil {
+			return d, err
+		}
+	}
+	return d, nil
+}
+
+// queueBudget reports whether refusal d may wait in a queue (only policies
+// with on_refuse "queue" refused it) and how long at most.
+func queueBudget(d quota.Decision) (time.Duration, bool) {
+	if d.Allowed || d.Fallback != nil || d.Idem != quota.IdemNone || len(d.Violated) == 0 {
+		return 0, false
+	}
+	budget, queued := time.Duration(-1), 0
+	for _, st := range d.Policies {
+		if st.Outcome != quota.PolicyRefused {
+			continue
+		}
+		if st.Policy.OnRefuse != quota.RefuseQueue || st.Policy.MaxWaitMS == nil {
+			return 0, false
+		}
+		w := time.Duration(*st.Policy.MaxWaitMS) * time.Millisecond
+		if budget < 0 || w < budget {
+			budget = w
+		}
+		queued++
+	}
+	// every violated name must be one of those policies: a tier limit
+	// never queues
+	if queued == 0 || queued != len(d.Violated) {
+		return 0, false
+	}
+	return budget, true
+}
+
+// Release ends what an admitted request holds until its response ends (the
+// leases of its concurrency policies).
+func (g *Gate) Release(ctx context.Context, req quota.Request, d quota.Decision) error {
+	if !d.Allowed || d.Degraded {
+		return nil
+	}
+	for _, st := range d.Policies {
+		if st.Policy.Algorithm == quota.AlgConcurrency && st.Outcome == quota.PolicyAdmitted {
+			return g.store.ReleasePolicies(ctx, req)
+		}
+	}
+	return nil
+}
+
+// admitOnce is one decision: the deny cache, else Redis, else the outage
+// policy.
+func (g *Gate) admitOnce(ctx context.Context, req quota.Request) (quota.Decision, error) {
 	now := g.now()
 	if d, ok := g.denied(req, now); ok {
 		g.OnDenyHit()
@@ -138,7 +231,9 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 			if g.local.Len() > 0 {
 				g.local.Forget(req.TenantID) // its own shard answered again
 			}
-			if !d.Allowed && !req.DryRun && d.Idem == quota.IdemNone {
+			if !d.Allowed && !req.DryRun && d.Idem == quota.IdemNone && len(d.Policies) == 0 {
+				// (a policy's refusal is not the tenant's: it may hold
+				// for one meter, key or value only)
 				g.remember(req, d, now)
 			}
 			return d, nil

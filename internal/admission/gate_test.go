@@ -178,6 +178,9 @@ func (s *twoShards) Answer(ctx context.Context, tenant, key string) (quota.Store
 func (s *twoShards) CountRefused(ctx context.Context, counts []quota.RefusalCount) error {
 	return s.live.CountRefused(ctx, counts)
 }
+func (s *twoShards) ReleasePolicies(ctx context.Context, req quota.Request) error {
+	return s.of(req.TenantID).ReleasePolicies(ctx, req)
+}
 func (s *twoShards) ReportActive(ctx context.Context) error {
 	return errors.Join(s.live.ReportActive(ctx), s.dead.ReportActive(ctx))
 }

@@ -439,3 +439,33 @@ func (r *Runner) PeekPolicies(ctx context.Context, req quota.Request) ([]quota.P
 	}
 	return out, nil
 }
+
+// ReleasePolicies ends the leases req's concurrency policies hold (when its
+// response ended): one script call per hash slot of them, the documented
+// round trip a concurrency policy adds after the answer. Other algorithms
+// hold nothing to release.
+func (r *Runner) ReleasePolicies(ctx context.Context, req quota.Request) error {
+	held := req
+	held.Policies = nil
+	for _, c := range req.Policies {
+		if c.Policy != nil && c.Policy.Algorithm == quota.AlgConcurrency && c.Policy.InRedis() {
+			held.Policies = append(held.Policies, c)
+		}
+	}
+	if len(held.Policies) == 0 {
+		return nil
+	}
+	in, cross, err := r.splitPolicies(held)
+	if err != nil {
+		return err
+	}
+	if in != nil {
+		cross = append(cross, crossGroup{specs: in.specs, calls: in.calls})
+	}
+	for _, g := range cross {
+		if _, err := r.RunPolicies(ctx, PolicyRelease, 0, req.RequestID, g.specs); err != nil {
+			return err
+		}
+	}
+	return nil
+}
