@@ -183,9 +183,13 @@ local gT, gB = ARGV[7] + 0, ARGV[8] + 0
 local bU, bC = ARGV[9] + 0, ARGV[10] + 0
 local dq, mq = ARGV[11] + 0, ARGV[12] + 0
 local fp, lease = ARGV[13], ARGV[14] + 0
-local np = 0
-if ARGV[15] then np = ARGV[15] + 0 end
 local KP, idem = KEYS[6], KEYS[7]
+local np = 0
+if ARGV[15] then
+  np = ARGV[15] + 0
+  -- the idempotency key is KEYS[7] only when the policies' keys leave it
+  if #KEYS - np < 7 then idem = nil end
+end
 
 -- replay holds the stored decision of a finished first request.
 local replay

@@ -18,22 +18,42 @@ const ProblemQuotaExceeded = "https://iana.org/assignments/http-problem-types#qu
 // violated limit on a refusal, else the one with the least remaining room
 // relative to its size (ties go to the earlier, shorter-window limit).
 func tightest(d quota.Decision) (quota.LimitState, bool) {
-	if len(d.Limits) == 0 {
+	if len(d.Limits) == 0 && len(d.Policies) == 0 {
 		return quota.LimitState{}, false
 	}
 	if !d.Allowed && len(d.Violated) > 0 {
 		if l, ok := d.Limit(d.Violated[0]); ok {
 			return l, true
 		}
-	}
-	best := d.Limits[0]
-	for _, l := range d.Limits[1:] {
-		// Compare remaining/limit without floats: r1*l2 < r2*l1.
-		if float64(l.Remaining)*float64(max(best.Limit, 1)) < float64(best.Remaining)*float64(max(l.Limit, 1)) {
-			best = l
+		for _, st := range d.Policies {
+			if st.Policy.Name == string(d.Violated[0]) {
+				return policyLimit(st), true
+			}
 		}
 	}
-	return best, true
+	var best quota.LimitState
+	found := false
+	consider := func(l quota.LimitState) {
+		// Compare remaining/limit without floats: r1*l2 < r2*l1.
+		if !found || float64(l.Remaining)*float64(max(best.Limit, 1)) < float64(best.Remaining)*float64(max(l.Limit, 1)) {
+			best, found = l, true
+		}
+	}
+	for _, l := range d.Limits {
+		consider(l)
+	}
+	for _, st := range d.Policies {
+		if st.Enforced() {
+			consider(policyLimit(st))
+		}
+	}
+	return best, found
+}
+
+// policyLimit is a policy's state as a limit item of the headers.
+func policyLimit(st quota.PolicyState) quota.LimitState {
+	return quota.LimitState{Name: quota.LimitName(st.Policy.Name), Limit: st.Limit, Remaining: st.Remaining,
+		Reset: st.Reset, Window: st.Window}
 }
 
 // The names of the headers setRateLimitHeaders writes, in the form
@@ -74,31 +94,42 @@ func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
 		h.SetCanonical(hdrReplayed, valueTrue)
 	}
 	var scratch [rateLimitHdrBytes]byte
-	if len(d.Limits) > 0 {
+	if len(d.Limits) > 0 || len(d.Policies) > 0 {
 		b := scratch[:0]
-		for i, l := range d.Limits {
-			if i > 0 {
-				b = append(b, ", "...)
-			}
-			b = appendSFString(b, string(l.Name))
-			b = append(b, ";q="...)
-			b = strconv.AppendInt(b, l.Limit, 10)
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, quota.WindowSeconds(l.Window), 10)
+		n := 0
+		for _, l := range d.Limits {
+			b = appendPolicyItem(b, n, l)
+			n++
 		}
-		h.SetCanonical(hdrPolicy, b)
+		for _, st := range d.Policies {
+			if st.Enforced() {
+				b = appendPolicyItem(b, n, policyLimit(st))
+				n++
+			}
+		}
+		if n > 0 {
+			h.SetCanonical(hdrPolicy, b)
+		}
 		b = scratch[:0]
-		for i, l := range d.Limits {
-			if i > 0 {
-				b = append(b, ", "...)
-			}
-			b = appendSFString(b, string(l.Name))
-			b = append(b, ";r="...)
-			b = strconv.AppendInt(b, l.Remaining, 10)
-			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, quota.CeilSeconds(l.Reset.Sub(d.Now)), 10)
+		n = 0
+		for _, l := range d.Limits {
+			b = appendStateItem(b, n, l, d.Now)
+			n++
 		}
-		h.SetCanonical(hdrState, b)
+		for _, st := range d.Policies {
+			if st.Enforced() {
+				b = appendStateItem(b, n, policyLimit(st), d.Now)
+				n++
+			}
+		}
+		if n > 0 {
+			h.SetCanonical(hdrState, b)
+		}
+		if len(d.Policies) > 0 {
+			if names := appendPolicyNames(scratch[:0], d, quota.PolicyShadowRefused); len(names) > 0 {
+				h.SetCanonical(hdrShadowRefused, names)
+			}
+		}
 	}
 	if l, ok := tightest(d); ok {
 		h.SetCanonical(hdrLimit, strconv.AppendInt(scratch[:0], l.Limit, 10))
@@ -108,6 +139,35 @@ func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
 	if !d.Allowed && d.RetryAfter >= 0 {
 		h.SetCanonical(hdrRetryAfter, strconv.AppendInt(scratch[:0], max(1, quota.CeilSeconds(d.RetryAfter)), 10))
 	}
+}
+
+// appendPolicyItem appends the RateLimit-Policy item of l, the n-th: its
+// name, q, and w where it has a window (a concurrency or warm_up policy
+// has none).
+func appendPolicyItem(b []byte, n int, l quota.LimitState) []byte {
+	if n > 0 {
+		b = append(b, ", "...)
+	}
+	b = appendSFString(b, string(l.Name))
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, l.Limit, 10)
+	if l.Window > 0 {
+		b = append(b, ";w="...)
+		b = strconv.AppendInt(b, quota.WindowSeconds(l.Window), 10)
+	}
+	return b
+}
+
+// appendStateItem appends the RateLimit item of l, the n-th, at now.
+func appendStateItem(b []byte, n int, l quota.LimitState, now time.Time) []byte {
+	if n > 0 {
+		b = append(b, ", "...)
+	}
+	b = appendSFString(b, string(l.Name))
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, l.Remaining, 10)
+	b = append(b, ";t="...)
+	return strconv.AppendInt(b, quota.CeilSeconds(l.Reset.Sub(now)), 10)
 }
 
 // appendSFString appends s as a structured-field string (RFC 9651, section

@@ -39,16 +39,37 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if err := idempotent(c, route, &req); err != nil {
 		return err
 	}
+	calls, err := s.policyCalls(c, p, route)
+	if err != nil {
+		return err
+	}
+	ctx := c.UserContext()
+	if len(calls) > 0 {
+		req.Policies, req.RequestID = calls, httpx.UniqueID(c)
+		if mayWait(calls) {
+			var stop func()
+			ctx, stop = untilHangup(c)
+			defer stop()
+		}
+	}
 	start := time.Now()
-	d, err := s.gate.Admit(c.UserContext(), req)
+	d, err := s.gate.Admit(ctx, req)
 	s.metrics.Admission.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.count(route, "unavailable", p.Tier.Slug)
 		return err
 	}
+	if len(d.Policies) > 0 {
+		s.countPolicies(d)
+	}
 	if err := idemRefusal(d); err != nil {
 		s.count(route, "idempotency_conflict", p.Tier.Slug)
 		return err
+	}
+	if d.Fallback != nil {
+		s.count(route, "degraded", p.Tier.Slug)
+		setRateLimitHeaders(c, d)
+		return writeFallback(c, d)
 	}
 	if !d.Allowed {
 		s.count(route, "refused", p.Tier.Slug)
@@ -60,6 +81,13 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		return s.replay(c, req, d)
 	}
 	s.count(route, "allowed", p.Tier.Slug)
+	if len(d.Policies) > 0 {
+		defer s.release(c, req, d)
+		waitDelay(ctx, d)
+		if ctx.Err() != nil {
+			return ctx.Err() // the client hung up while its request waited
+		}
+	}
 
 	if route.UpstreamURL() != nil {
 		err = s.forward(c, route, p.Tenant.ID)
@@ -91,6 +119,27 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		}
 	}
 	return err
+}
+
+// release ends what the request held until its answer (concurrency
+// leases), after the answer is made.
+func (s *Server) release(c *fiber.Ctx, req quota.Request, d quota.Decision) {
+	rctx, cancel := detached(c)
+	defer cancel()
+	if err := s.gate.Release(rctx, req, d); err != nil {
+		s.log.Error("releasing a concurrency lease failed; it expires with its lease", "tenant_id", req.TenantID, "err", err)
+	}
+}
+
+// mayWait reports whether a request of these policies may wait before it
+// proceeds: a queue, or a leaky bucket's slot.
+func mayWait(calls []quota.PolicyCall) bool {
+	for _, c := range calls {
+		if c.Policy.OnRefuse == quota.RefuseQueue {
+			return true
+		}
+	}
+	return false
 }
 
 // detached is the context of what must follow an answer even when the

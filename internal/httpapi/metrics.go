@@ -18,6 +18,7 @@ type Metrics struct {
 	CacheLookups *prometheus.CounterVec // key cache lookups by result
 	DenyHits     prometheus.Counter
 	AuthFailures prometheus.Counter
+	Policies     *prometheus.CounterVec // policy decisions by policy, algorithm, outcome
 
 	// requests caches the children of Requests (see request).
 	requestsMu sync.Mutex
@@ -55,8 +56,12 @@ func NewMetrics() *Metrics {
 		AuthFailures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "tollgate_auth_failures_total", Help: "Requests with a missing, unknown, revoked or expired key.",
 		}),
+		Policies: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_policy_decisions_total",
+			Help: "Policy decisions by policy, algorithm and outcome (admitted, refused, shadow_refused, degraded).",
+		}, []string{"policy", "algorithm", "outcome"}),
 	}
-	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures,
+	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures, m.Policies,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -47,6 +47,7 @@ type gate interface {
 	StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) error
 	ReleaseKey(ctx context.Context, req quota.Request) error
 	Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error)
+	Release(ctx context.Context, req quota.Request, d quota.Decision) error
 }
 
 // records is the store of tiers, tenants, keys, grants and the audit log
@@ -80,6 +81,8 @@ type Deps struct {
 	Routes   *routes.Table
 	Metrics  *Metrics
 	Now      func() time.Time
+	// Policies lists the policies (*catalog.Catalog); nil: none apply.
+	Policies policyList
 }
 
 // Server holds the Fiber app and what the metered path, /v1 and the probes
@@ -95,10 +98,12 @@ type Server struct {
 	routes  *routes.Table
 	metrics *Metrics
 	now     func() time.Time
-	opts    Options
-	guard   *httpx.Guard
-	admin   *admin.API
-	pages   *pages.Pages
+	// policies lists the policies the metered path matches requests to.
+	policies policyList
+	opts     Options
+	guard    *httpx.Guard
+	admin    *admin.API
+	pages    *pages.Pages
 }
 
 // New builds the Fiber app with every route registered. It fails only when
@@ -121,7 +126,7 @@ func New(d Deps, opts Options) (*Server, error) {
 		return nil, err
 	}
 	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, gate: d.Gate, ready: d.Ready,
-		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, opts: opts, guard: guard,
+		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, policies: d.Policies, opts: opts, guard: guard,
 		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),

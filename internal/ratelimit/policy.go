@@ -232,8 +232,9 @@ func (r *Runner) splitPolicies(req quota.Request) (*inSlot, []crossGroup, error)
 // so that a refused request consumes none of them in the end. Between the
 // reservation and its rollback another request may see the reserved room
 // as taken: a refusal that, at worst, a retry after Retry-After corrects.
-// When a reservation refuses, the tenant's call runs as a dry run (for the
-// tier's items) and the refusal is counted with CountRefused.
+// When a reservation refuses, the tenant's call runs as a peek (the tier's
+// items as they are, and whether it refuses too) and the refusal is counted
+// with CountRefused.
 func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p params, mode, idem string) (quota.Decision, error) {
 	in, cross, err := r.splitPolicies(req)
 	if err != nil {
@@ -283,7 +284,8 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 	}
 	tenantMode := mode
 	if (!crossOK || crossDegraded) && mode == "admit" {
-		tenantMode, idem = "dry", ""
+		// the tier's items as they are, and whether it would refuse too
+		tenantMode, idem = "peek", ""
 	}
 	res, err := r.run(ctx, req.TenantID, idem, now, tenantMode, req.Cost, req.Meter, overageMode(req.Overage), p,
 		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), in)
@@ -321,6 +323,14 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		}
 	}
 	if !d.Allowed {
+		// the reserved policies report their room as it is again
+		for _, g := range reserved {
+			for j, i := range g.calls {
+				if st := states[i]; st != nil && st.Outcome == quota.PolicyAdmitted {
+					st.Remaining = min(st.Limit, st.Remaining+g.specs[j].Weight)
+				}
+			}
+		}
 		undo()
 	}
 	finishPolicies(&d, states, crossDegraded && crossOK && res[1] == 0)

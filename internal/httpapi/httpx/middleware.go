@@ -129,3 +129,12 @@ func logRequest(ctx context.Context, log *slog.Logger, level slog.Level, c *fibe
 // CanonicalHeader is name in the canonical form fasthttp stores, for the
 // Set*Canonical calls that skip normalizing on every request.
 func CanonicalHeader(name string) []byte { return fasthttp.AppendNormalizedHeaderKey(nil, name) }
+
+// UniqueID returns an ID of the request that no other request of any node
+// has: the one this process makes (never the client's X-Request-ID, which
+// a client could repeat): a concurrency policy's lease, a sliding log's
+// entry.
+func UniqueID(c *fiber.Ctx) string {
+	var scratch [requestIDBytes]byte
+	return string(appendRequestID(scratch[:0], c.Context()))
+}

@@ -1,0 +1,152 @@
+package httpapi
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/routes"
+)
+
+// policyList is the catalog's list of policies, the same on every node
+// within a second of a change. The slice and what it points to are never
+// modified once returned.
+type policyList interface {
+	Policies(ctx context.Context) ([]quota.Policy, error)
+}
+
+// policyCalls returns the policies that apply to a metered request, with
+// the value of each one's scope and its limit for that value. A param
+// policy whose value the request does not carry (no such header, query
+// parameter or path segment) does not apply to it. Requests of a node
+// without policies allocate nothing here.
+func (s *Server) policyCalls(c *fiber.Ctx, p catalog.Principal, route *routes.Route) ([]quota.PolicyCall, error) {
+	if s.policies == nil {
+		return nil, nil
+	}
+	list, err := s.policies.Policies(c.UserContext())
+	if err != nil || len(list) == 0 {
+		return nil, err
+	}
+	var calls []quota.PolicyCall
+	path := proxyPath(c)
+	for i := range list {
+		pol := &list[i]
+		if !pol.Match.Matches(route.Meter, path, c.Method(), p.Tier.Slug) {
+			continue
+		}
+		var value string
+		switch pol.Scope {
+		case quota.ScopeTenant:
+			value = p.Tenant.ID
+		case quota.ScopeKey:
+			value = p.KeyID
+		case quota.ScopeIP:
+			value = s.guard.ClientIP(c).String()
+		case quota.ScopeParam:
+			v, ok := paramValue(c, pol.Param, path)
+			if !ok {
+				continue
+			}
+			value = v
+		}
+		limit, _ := pol.LimitFor(value)
+		calls = append(calls, quota.PolicyCall{Policy: pol, Value: value, Limit: limit})
+		if len(calls) == quota.MaxPoliciesPerRequest {
+			break
+		}
+	}
+	return calls, nil
+}
+
+// paramValue finds the value a param policy limits by: a header, a query
+// parameter or a path segment (0-based, after the leading /), copied out
+// of Fiber's buffers and at most quota.MaxParamValueLen bytes (longer ones
+// are cut: they still count, under their first bytes).
+func paramValue(c *fiber.Ctx, param, path string) (string, bool) {
+	src, name, err := quota.ParseParam(param)
+	if err != nil {
+		return "", false
+	}
+	var v []byte
+	switch src {
+	case quota.ParamHeader:
+		v = c.Request().Header.Peek(name)
+	case quota.ParamQuery:
+		v = c.Request().URI().QueryArgs().Peek(name)
+	case quota.ParamPath:
+		n, _ := strconv.Atoi(name)
+		segs := strings.Split(strings.TrimPrefix(path, "/"), "/")
+		if n >= len(segs) || segs[n] == "" {
+			return "", false
+		}
+		v = []byte(segs[n])
+	}
+	if len(v) == 0 {
+		return "", false
+	}
+	if len(v) > quota.MaxParamValueLen {
+		v = v[:quota.MaxParamValueLen]
+	}
+	return string(v), true
+}
+
+// Policy headers and outcomes.
+var (
+	hdrShadowRefused = httpx.CanonicalHeader("Tollgate-Shadow-Refused")
+)
+
+// appendPolicyNames appends the names of the policies of d whose outcome
+// is o, comma-separated.
+func appendPolicyNames(b []byte, d quota.Decision, o quota.PolicyOutcome) []byte {
+	n := 0
+	for _, st := range d.Policies {
+		if st.Outcome != o {
+			continue
+		}
+		if n > 0 {
+			b = append(b, ", "...)
+		}
+		b = append(b, st.Policy.Name...)
+		n++
+	}
+	return b
+}
+
+// writeFallback answers a request a degrade policy refused with the
+// policy's fallback (API.md: counted, not charged).
+func writeFallback(c *fiber.Ctx, d quota.Decision) error {
+	f := d.Fallback.Policy.Fallback
+	c.Status(f.Status)
+	c.Response().Header.SetContentType(f.ContentType)
+	c.Response().Header.SetCanonical(hdrDegraded, []byte(d.Fallback.Policy.Name))
+	c.Response().SetBodyString(f.Body)
+	return nil
+}
+
+// countPolicies counts each policy's outcome in /metrics.
+func (s *Server) countPolicies(d quota.Decision) {
+	for _, st := range d.Policies {
+		s.metrics.Policies.WithLabelValues(st.Policy.Name, string(st.Policy.Algorithm), st.Outcome.String()).Inc()
+	}
+}
+
+// waitDelay holds an admitted request for its leaky_bucket slot (d.Delay),
+// or until ctx ends.
+func waitDelay(ctx context.Context, d quota.Decision) {
+	if d.Delay <= 0 {
+		return
+	}
+	t := time.NewTimer(d.Delay)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+}

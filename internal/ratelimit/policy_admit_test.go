@@ -1,0 +1,175 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// The policies decided with a tenant's limits (admit.lua's policy variant
+// and the reservation of other slots): all or nothing, on one server and on
+// the 3-master cluster.
+
+func fixedWindow(name string, limit int64, scope quota.Scope, how quota.OnRefuse) *quota.Policy {
+	p := &quota.Policy{Name: name, Algorithm: quota.AlgFixedWindow, Limit: i64(limit), WindowSeconds: i64(3600),
+		Scope: scope, OnRefuse: how}
+	if how == quota.RefuseDegrade {
+		p.Fallback = &quota.Fallback{Status: 200, ContentType: "text/plain", Body: "cached"}
+	}
+	p.Defaults()
+	if err := p.Validate(); err != nil {
+		panic(err)
+	}
+	return p
+}
+
+// policyReq is a request of cost 1 at now with the given policies (their
+// values: the tenant for tenant scope, "" for global).
+func policyReq(tenant string, now time.Time, n int, daily int64, pols ...*quota.Policy) quota.Request {
+	req := quota.Request{TenantID: tenant, Meter: "m", Cost: 1, Now: now,
+		Limits:    quota.Limits{DailyQuota: i64(daily)},
+		RequestID: fmt.Sprintf("req-%d", n)}
+	for _, p := range pols {
+		v := tenant
+		if p.Scope == quota.ScopeGlobal {
+			v = ""
+		}
+		l, _ := p.LimitFor(v)
+		req.Policies = append(req.Policies, quota.PolicyCall{Policy: p, Value: v, Limit: l})
+	}
+	return req
+}
+
+func policyRemaining(tb testing.TB, d quota.Decision, name string) int64 {
+	tb.Helper()
+	for _, st := range d.Policies {
+		if st.Policy.Name == name {
+			return st.Remaining
+		}
+	}
+	tb.Fatalf("decision has no item for policy %s: %s", name, fmtDecision(d))
+	return 0
+}
+
+func dailyRemaining(tb testing.TB, d quota.Decision) int64 {
+	tb.Helper()
+	l, ok := d.Limit(quota.LimitDaily)
+	if !ok {
+		tb.Fatalf("no daily item: %s", fmtDecision(d))
+	}
+	return l.Remaining
+}
+
+func TestPolicyAndTierAreAllOrNothing(t *testing.T) {
+	t.Parallel()
+	t.Run("single", func(t *testing.T) { t.Parallel(); runAllOrNothing(t, testenv.Redis(t)) })
+	t.Run("cluster", func(t *testing.T) { t.Parallel(); runAllOrNothing(t, testenv.Cluster(t)) })
+}
+
+func runAllOrNothing(t *testing.T, c redis.UniversalClient) {
+	ctx := context.Background()
+	now := at(t, "2026-05-04T10:00:00Z")
+	for _, scope := range []quota.Scope{quota.ScopeTenant, quota.ScopeGlobal} {
+		t.Run(string(scope), func(t *testing.T) {
+			r, _ := mustRunner(t, c)
+			// The tier refuses (daily 3): the policy (limit 10) keeps the
+			// room of the refused requests.
+			tenant := newTenant()
+			pol := fixedWindow("pol-"+testenv.RandomHex(3), 10, scope, quota.RefuseReject)
+			for i := range 5 {
+				d := mustAdmit(t, r, policyReq(tenant, now, i, 3, pol))
+				if d.Allowed != (i < 3) {
+					t.Fatalf("request %d: allowed %t, want %t", i, d.Allowed, i < 3)
+				}
+				if got := policyRemaining(t, d, pol.Name); got != 10-int64(min(i+1, 3)) {
+					t.Fatalf("request %d: policy remaining %d, want %d (a refused request consumes none of it)", i, got, 10-min(i+1, 3))
+				}
+			}
+			peek, err := r.PeekPolicies(ctx, policyReq(tenant, now, 99, 3, pol))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(peek) != 1 || peek[0].Remaining != 7 {
+				t.Fatalf("peek after the tier's refusals: %+v, want remaining 7", peek)
+			}
+			// The policy refuses (limit 2): the tier's quota (daily 10)
+			// keeps the room of the refused requests.
+			tenant = newTenant()
+			pol = fixedWindow("pol-"+testenv.RandomHex(3), 2, scope, quota.RefuseReject)
+			for i := range 4 {
+				d := mustAdmit(t, r, policyReq(tenant, now, i, 10, pol))
+				if d.Allowed != (i < 2) {
+					t.Fatalf("request %d: allowed %t, want %t", i, d.Allowed, i < 2)
+				}
+				if got := dailyRemaining(t, d); got != 10-int64(min(i+1, 2)) {
+					t.Fatalf("request %d: daily remaining %d, want %d", i, got, 10-min(i+1, 2))
+				}
+				if !d.Allowed && !slices.Contains(d.Violated, quota.LimitName(pol.Name)) {
+					t.Fatalf("request %d: violated %v, want the policy", i, d.Violated)
+				}
+				if !d.Allowed && (d.RetryAfter <= 0 || d.RetryAfter > time.Hour) {
+					t.Fatalf("request %d: retry %v, want the window's end", i, d.RetryAfter)
+				}
+			}
+		})
+	}
+}
+
+// TestPolicyOutcomes: a shadow policy refuses nothing and counts; a degrade
+// policy answers with its fallback and charges nothing.
+func TestPolicyOutcomes(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	ctx := context.Background()
+	r, _ := mustRunner(t, c)
+	now := at(t, "2026-05-04T10:00:00Z")
+
+	tenant := newTenant()
+	shadow := fixedWindow("shadow", 1, quota.ScopeTenant, quota.RefuseShadow)
+	for i := range 3 {
+		d := mustAdmit(t, r, policyReq(tenant, now, i, 10, shadow))
+		if !d.Allowed {
+			t.Fatalf("shadow request %d refused: %s", i, fmtDecision(d))
+		}
+		want := quota.PolicyAdmitted
+		if i > 0 {
+			want = quota.PolicyShadowRefused
+		}
+		if d.Policies[0].Outcome != want || len(d.Violated) != 0 {
+			t.Fatalf("shadow request %d: outcome %v violated %v, want %v and none", i, d.Policies[0].Outcome, d.Violated, want)
+		}
+	}
+	rows, err := r.Pending(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Requests != 3 || rows[0].ShadowRefused != 2 {
+		t.Fatalf("pending %+v, want 3 requests and 2 shadow refusals", rows)
+	}
+
+	tenant = newTenant()
+	degrade := fixedWindow("degrade", 1, quota.ScopeTenant, quota.RefuseDegrade)
+	for i := range 3 {
+		d := mustAdmit(t, r, policyReq(tenant, now, i, 10, degrade))
+		if (i == 0) != d.Allowed || (i > 0) != (d.Fallback != nil) {
+			t.Fatalf("degrade request %d: allowed %t fallback %v", i, d.Allowed, d.Fallback)
+		}
+		if got := dailyRemaining(t, d); got != 9 {
+			t.Fatalf("degrade request %d: daily remaining %d, want 9: a degraded request is not charged", i, got)
+		}
+	}
+	rows, err = r.Pending(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 1 || rows[0].Units != 1 || rows[0].Degraded != 2 || rows[0].Rejected != 0 {
+		t.Fatalf("pending %+v, want 1 unit and 2 degraded", rows)
+	}
+}
