@@ -1,7 +1,6 @@
 package quota
 
 import (
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -402,8 +401,7 @@ func (m *PolicyMatch) validate() error {
 	for i, s := range m.Methods {
 		u := strings.ToUpper(s)
 		switch u {
-		case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut,
-			http.MethodPatch, http.MethodDelete, http.MethodOptions:
+		case "GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS":
 			m.Methods[i] = u
 		default:
 			return FieldError("match", "methods must be HTTP methods (GET, POST, ...)")
