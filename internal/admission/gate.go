@@ -101,6 +101,10 @@ type Gate struct {
 
 	local *locallimit.Limiter // fail-open decisions during an outage
 
+	node     *locallimit.Node // policies of scope node
+	adaptMu  sync.Mutex
+	adaptive map[string]adaptiveEntry // adaptive policies' state, by name
+
 	// OnRedisError is called on every Redis failure (metrics).
 	OnRedisError func(error)
 	// OnDenyHit is called when the deny cache answers (metrics).
@@ -113,6 +117,7 @@ type Gate struct {
 // New returns a Gate in front of the Redis store s.
 func New(s Store, now func() time.Time) *Gate {
 	return &Gate{store: s, now: now, deny: map[string]denial{}, local: locallimit.NewLimiter(maxLocal),
+		node: locallimit.NewNode(maxLocal), adaptive: map[string]adaptiveEntry{},
 		breakers: map[string]*breaker{}, refused: map[refusalKey]int64{},
 		OnRedisError: func(error) {}, OnDenyHit: func() {}, OnRoom: func(context.Context, string) {}}
 }
@@ -194,23 +199,37 @@ func queueBudget(d quota.Decision) (time.Duration, bool) {
 	return budget, true
 }
 
-// Release ends what an admitted request holds until its response ends (the
-// leases of its concurrency policies).
+// Release ends what an admitted request holds until its response ends:
+// the leases of its concurrency policies (in Redis and on this node) and
+// its place in an adaptive policy's flight.
 func (g *Gate) Release(ctx context.Context, req quota.Request, d quota.Decision) error {
-	if !d.Allowed || d.Degraded {
+	if !d.Allowed {
+		return nil
+	}
+	g.releaseLocal(req, d)
+	if d.Degraded {
 		return nil
 	}
 	for _, st := range d.Policies {
-		if st.Policy.Algorithm == quota.AlgConcurrency && st.Outcome == quota.PolicyAdmitted {
+		if st.Policy.Algorithm == quota.AlgConcurrency && st.Outcome == quota.PolicyAdmitted && st.Policy.InRedis() {
 			return g.store.ReleasePolicies(ctx, req)
 		}
 	}
 	return nil
 }
 
-// admitOnce is one decision: the deny cache, else Redis, else the outage
-// policy.
+// admitOnce is one decision: the node's own policies (policies.go), then
+// the deny cache, else Redis, else the outage policy.
 func (g *Gate) admitOnce(ctx context.Context, req quota.Request) (quota.Decision, error) {
+	if len(req.Policies) > 0 {
+		return g.admitWithLocal(ctx, req)
+	}
+	return g.admitShared(ctx, req)
+}
+
+// admitShared decides on req with the state all nodes share: the deny
+// cache, else Redis, else the outage policy.
+func (g *Gate) admitShared(ctx context.Context, req quota.Request) (quota.Decision, error) {
 	now := g.now()
 	if d, ok := g.denied(req, now); ok {
 		g.OnDenyHit()

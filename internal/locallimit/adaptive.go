@@ -178,6 +178,20 @@ func (a *Adaptive) Done(now, started int64) error {
 	return nil
 }
 
+// Cancel ends a request Acquire admitted that never ran (another limit
+// refused it): it leaves the flight without a latency or a completion, so
+// that the estimate learns nothing from it. With no request in flight it
+// returns ErrNotInFlight.
+func (a *Adaptive) Cancel() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.inflight == 0 {
+		return ErrNotInFlight
+	}
+	a.inflight--
+	return nil
+}
+
 // State reports the requests in flight and the limit in force as of the
 // latest Acquire or Done (see Adaptive). Acquire admits exactly while
 // inflight < limit, so that a RateLimit header can show limit and limit -

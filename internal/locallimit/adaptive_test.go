@@ -537,3 +537,42 @@ func TestAdaptiveIsSafeForConcurrentUse(t *testing.T) {
 		t.Errorf("one more Done: %v, want ErrNotInFlight", err)
 	}
 }
+
+// TestAdaptiveCancelLeavesNoTrace: a cancelled request frees its place and
+// counts neither a completion nor a latency.
+func TestAdaptiveCancelLeavesNoTrace(t *testing.T) {
+	a, err := NewAdaptive(2, 50*time.Millisecond)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if ok, _ := a.Acquire(1_000_000); !ok {
+			t.Fatal("refused below max_concurrency")
+		}
+	}
+	if ok, _ := a.Acquire(1_000_000); ok {
+		t.Fatal("admitted past max_concurrency")
+	}
+	if err := a.Cancel(); err != nil {
+		t.Fatal(err)
+	}
+	if inflight, _ := a.State(); inflight != 1 {
+		t.Fatalf("in flight %d after a cancel, want 1", inflight)
+	}
+	if ok, _ := a.Acquire(1_000_001); !ok {
+		t.Fatal("the cancelled place was not freed")
+	}
+	for range 2 {
+		if err := a.Cancel(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := a.Cancel(); err != ErrNotInFlight {
+		t.Fatalf("cancel with nothing in flight: %v, want ErrNotInFlight", err)
+	}
+	for _, b := range a.buckets {
+		if b.pass != 0 || b.rtSum != 0 {
+			t.Fatalf("a cancel counted in the window: %+v", b)
+		}
+	}
+}

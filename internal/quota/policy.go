@@ -556,6 +556,9 @@ type PolicyState struct {
 	Window     time.Duration // the RateLimit-Policy w: 0 when it has none
 	RetryAfter time.Duration // when it refused: the wait that suffices; negative never
 	Delay      time.Duration // when it admitted: the wait before the request proceeds (leaky_bucket queue)
+	// Started is when an adaptive policy took the request into its
+	// flight (node-local time): its latency is measured from it.
+	Started time.Time
 }
 
 // Enforced reports whether the policy's item belongs in the RateLimit
