@@ -5,11 +5,14 @@ models, which the tests of internal/ratelimit hold to the same answers, to
 the microsecond and to the last bit of warm_up's doubles).
 
 One Redis key per policy instance, a string:
-  token_bucket   FULL      us: when the bucket is full again
-  gcra           TAT       us: the theoretical arrival time
+  token_bucket   "FULL,d"  us: when the bucket is full again, and its debt
+                           FULL - W when it was written at W
+  gcra           "TAT,d"   us: the theoretical arrival time, and TAT - W
   leaky_bucket   TAT       us: when the queue has drained
-  warm_up        "s,nf"    Guava's storedPermits ('%.17g', which round-trips
-                           a double) and nextFreeTicket (us)
+  warm_up        "s,nf,c"  Guava's storedPermits ('%.17g', which round-trips
+                           a double), nextFreeTicket (us), and c: after how
+                           many us from nf the permits are all stored again
+                           (cold)
 An absent key is the empty state (a full bucket, a drained queue, a cold
 warm_up), and a state that time has made empty is the same as an absent key
 (FULL or TAT <= now; warm_up's permits all stored again): so every write sets
@@ -24,27 +27,41 @@ Bounds: every quantity is an integer in a double, exact below 2^53, as in
 admit.lua: quota.Policy bounds C*U and (burst+1)*T by 2^50 us and warm_up's
 S*F by 2^40; now is about 2^50.6. A weight is bounded per algorithm so that
 its time stays below 2^50 too: w > C (token_bucket) or w > B (gcra) never
-fits; w*T > 2^50 (leaky_bucket) or w*F*S > 2^50 (warm_up: a debt of more
-than 35 years) is refused as never (retry -1) too.
+fits (a param exception may make C or B 0: nothing passes); w*T > 2^50
+(leaky_bucket) or w*F*S > 2^50 (warm_up: a debt of more than 35 years) is
+refused as never (retry -1) too.
 
 token_bucket (a = capacity C units, b = U us per unit of refill)
   admit.lua's bucket in virtual-scheduling form: tokens(now) = C -
-  max(0, FULL - now)/U. f = min(max(FULL, now), now + C*U) (the clamp: a
-  FULL written under other limits is read as the most indebted state the
-  current ones allow; unchanged limits never reach it); new = f + w*U;
-  admitted iff new - now <= C*U (w tokens are there). limit C; remaining =
+  max(0, FULL - now)/U. f = max(min(FULL, W + C*U), now) (the clamp, see
+  below); new = f + w*U; admitted iff new - now <= C*U (w tokens are
+  there). limit C; remaining =
   floor((C*U - (new - now))/U), of f when refused; reset = new (f when
   refused): full again; retry = new - C*U - now, -1 when w > C. undo: FULL
   -= w*U. Guarantee: in any window of t us at most C + t/U units pass.
 gcra (a = burst B >= 1, b = T us per request)
-  admit.lua's tier GCRA with a weight: tat = min(max(TAT, now), now + B*T);
-  new = tat + w*T; admitted iff new - now <= B*T; limit B; remaining =
+  admit.lua's tier GCRA with a weight: tat = max(min(TAT, W + B*T), now)
+  (the clamp, see below); new = tat + w*T; admitted iff new - now <= B*T;
+  limit B; remaining =
   floor((B*T - (new - now))/T) (of tat when refused); reset = new (tat
   when refused); retry = new - B*T - now, -1 when w > B. undo: TAT -= w*T.
   The arithmetic is the token bucket's (B for C, T for U): the two differ
   in how they are configured (rate and burst, capacity and refill) and in
   what the API reports. Guarantee: in any window of t us at most B + t/T
   requests (units) pass.
+The clamp of token_bucket and gcra (limit changes): admit.lua reads a time
+  written under other limits as the most indebted state the current ones
+  allow, tat <= now + B*T, and writes that back even when it refuses. Here
+  a refusal writes nothing (policy.lua: check never writes, commit only
+  admissions), so a clamp against now would hold a request clamped, and
+  refused with a retry of one interval, for as long as the old debt lasts:
+  it would change no decision, only make Retry-After wrong. So the key
+  keeps W, the time of its write, and the clamp is the same bound taken at
+  W: TAT <= W + B*T (FULL <= W + C*U), as if the limits had changed right
+  after that write. Unchanged limits never reach it (an admission at W
+  leaves TAT <= W + B*T, an undo less); after a change the next request
+  waits at most its own w intervals of the new limits, its retry is true,
+  and the first admission writes state of the new limits.
 leaky_bucket (a = burst, b = T us per request, c = max wait us, 0 = nodelay)
   nginx's limit_req. TAT is when the queue has drained; t0 = max(TAT, now)
   is this request's slot, t0 - now the wait of the requests ahead of it.
@@ -84,10 +101,19 @@ warm_up (a = S us per permit at the stable rate, b = W warm-up us, c = cold
       whole us as Guava's (long) casts), and the rest fresh at S each
       (truncated); nf += that wait; stored -= the stored ones spent.
   A fresh key is cold: storedPermits = maxPermits (as Guava's limiter
-  starts). Doubles are computed with the same operations in the same order
-  as Guava and the Go model. Limit changes: storedPermits is read as at
-  most maxPermits (Guava rescales it in setRate; the key does not keep the
-  old maxPermits); nf stands (as in Guava's setRate). limit = the stable
+  starts), nf = now. The key keeps, beside s and nf, when it is cold again
+  under the limits it was written with: nf + ceil((maxPermits -
+  s)*coolDown) + 1 (the +1 us absorbs the rounding of the resync's
+  division); from then on it reads as a fresh key (and expires then +
+  SLACK_MS). Under unchanged limits that is exactly what the resync
+  computes (all permits stored, nf = now); it makes an expired key and a
+  key read after its cold-at time the same state whatever the current
+  limits. Doubles are computed with the same operations in the same order
+  as Guava and the Go model. Limit changes: a limiter that cooled down
+  stays cold (as Guava's setRate, which rescales storedPermits, keeps a
+  full one full); otherwise storedPermits is read as at most the new
+  maxPermits (the key does not keep the old one to rescale it), and nf
+  stands (as in Guava's setRate). limit = the stable
   rate per second, floor(1e6/S), at least 1; remaining = 1 when a request
   would be admitted now after this one (nf <= now), else 0: it is 0 after
   every admission (a permit costs at least a us), so it says whether the
@@ -134,6 +160,21 @@ do
     end
   end
 
+  -- vs_read returns the time of k (FULL, TAT) and when it was written: 0,
+  -- 0 when k does not exist.
+  local function vs_read(k)
+    local v = redis.call('GET', k)
+    if not v then return 0, 0 end
+    local t, d = string.match(v, '^(%d+),(%-?%d+)$')
+    t = t + 0
+    return t, t - d
+  end
+
+  -- vs_write writes time t of k, written at wr.
+  local function vs_write(k, now, t, wr)
+    redis.call('SET', k, fmt(t) .. ',' .. fmt(t - wr), 'PX', px(t, now))
+  end
+
   -- room is floor((n - x)/u), at least 0.
   local function room(n, x, u)
     local r = idiv(n - x, u)
@@ -145,9 +186,9 @@ do
   -- each (see the header).
   local function vsched_check(k, now, w, c, u)
     local cu = c * u
-    local f = get_time(k)
+    local f, wr = vs_read(k)
+    if f > wr + cu then f = wr + cu end
     if f < now then f = now end
-    if f > now + cu then f = now + cu end
     local wait
     local new
     if w > c then
@@ -163,7 +204,19 @@ do
   end
 
   local function vsched_commit(k, now, w, p, st)
-    set_time(k, now, st)
+    vs_write(k, now, st, now)
+  end
+
+  -- vsched_undo moves the time back by d, keeping when it was written.
+  local function vsched_undo(k, now, d)
+    local t, wr = vs_read(k)
+    if t == 0 then return end
+    t = t - d
+    if t <= now then
+      redis.call('DEL', k)
+    else
+      vs_write(k, now, t, wr)
+    end
   end
 
   POL.token_bucket = {
@@ -172,7 +225,7 @@ do
     end,
     commit = vsched_commit,
     undo = function(k, now, w, p)
-      if w <= p[1] then undo_time(k, now, w * p[2]) end
+      if w <= p[1] then vsched_undo(k, now, w * p[2]) end
     end,
   }
 
@@ -182,7 +235,7 @@ do
     end,
     commit = vsched_commit,
     undo = function(k, now, w, p)
-      if w <= p[1] then undo_time(k, now, w * p[2]) end
+      if w <= p[1] then vsched_undo(k, now, w * p[2]) end
     end,
   }
 
@@ -232,22 +285,30 @@ do
     return S, F, thr, maxp, slope, W / maxp
   end
 
-  -- wu_read returns the stored permits (at most maxp) and nextFree of k,
-  -- and whether k exists: cold (maxp, now) when it does not.
+  -- wu_read returns the stored permits (at most maxp) and nextFree of k at
+  -- now, and whether k exists: cold (maxp, now) when it does not or when
+  -- its permits are all stored again (its cold-at time has come).
   local function wu_read(k, now, maxp)
     local v = redis.call('GET', k)
     if not v then return maxp, now, false end
-    local a, b = string.match(v, '^([^,]+),(%-?%d+)$')
+    local a, b, c = string.match(v, '^([^,]+),(%-?%d+),(%d+)$')
+    local nf = b + 0
+    if now >= nf + c then return maxp, now, true end
     local s = tonumber(a)
     if s > maxp then s = maxp end
-    return s, b + 0, true
+    return s, nf, true
   end
 
-  -- wu_write stores s and nf, to expire when the permits are all stored
-  -- again (+1 us against the rounding of the resync's division).
-  local function wu_write(k, now, s, nf, maxp, cool)
-    local need = nf + math.ceil((maxp - s) * cool) + 1
-    redis.call('SET', k, string.format('%.17g,%d', s, nf), 'PX', px(need, now))
+  -- wu_cold is when the permits are all stored again, from s and nf (+1 us
+  -- against the rounding of the resync's division).
+  local function wu_cold(s, nf, maxp, cool)
+    return nf + math.ceil((maxp - s) * cool) + 1
+  end
+
+  -- wu_write stores s, nf and when it is cold again (after nf), to expire
+  -- then.
+  local function wu_write(k, now, s, nf, cold)
+    redis.call('SET', k, string.format('%.17g,%d,%d', s, nf, cold - nf), 'PX', px(cold, now))
   end
 
   -- wu_wait is Guava's storedPermitsToWaitTime: the price of take of the
@@ -290,10 +351,10 @@ do
       s = s - spend
       local rem = 0
       if nf <= now then rem = 1 end
-      return true, 0, limit, rem, nf, 0, {s, nf, maxp, cool}
+      return true, 0, limit, rem, nf, 0, {s, nf, wu_cold(s, nf, maxp, cool)}
     end,
     commit = function(k, now, w, p, st)
-      wu_write(k, now, st[1], st[2], st[3], st[4])
+      wu_write(k, now, st[1], st[2], st[3])
     end,
     undo = function(k, now, w, p)
       local S, F, _, maxp, _, cool = wu_params(p)
@@ -302,10 +363,11 @@ do
       if not found then return end
       s = math.min(maxp, s + w)
       nf = nf - w * S
-      if nf + math.ceil((maxp - s) * cool) + 1 <= now then
+      local cold = wu_cold(s, nf, maxp, cool)
+      if cold <= now then
         redis.call('DEL', k)
       else
-        wu_write(k, now, s, nf, maxp, cool)
+        wu_write(k, now, s, nf, cold)
       end
     end,
   }

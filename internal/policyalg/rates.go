@@ -21,15 +21,15 @@ func init() {
 	constructors[quota.AlgWarmUp] = func(p Params) Model { return NewWarmUp(p) }
 }
 
-// maxDebt is the longest time (us) a rate state may hold: quota's
+// rateMaxDebt is the longest time (us) a rate state may hold: quota's
 // MaxWindowMicros, 2^50 us. A request whose weight would take longer is
 // refused as never (retry -1), so that every time stays exact in the
 // script's doubles.
-const maxDebt = quota.MaxWindowMicros
+const rateMaxDebt = quota.MaxWindowMicros
 
-// floorDiv is division rounding toward minus infinity, as the scripts'
+// rateFloor is division rounding toward minus infinity, as the scripts'
 // idiv; b > 0.
-func floorDiv(a, b int64) int64 {
+func rateFloor(a, b int64) int64 {
 	q := a / b
 	if a%b != 0 && (a < 0) != (b < 0) {
 		q--
@@ -37,47 +37,50 @@ func floorDiv(a, b int64) int64 {
 	return q
 }
 
-// room is floor((n - x)/u), at least 0.
-func room(n, x, u int64) int64 {
-	return max(0, floorDiv(n-x, u))
+// rateRoom is floor((n - x)/u), at least 0.
+func rateRoom(n, x, u int64) int64 {
+	return max(0, rateFloor(n-x, u))
 }
 
 // vsched is the virtual-scheduling arithmetic of the token bucket and GCRA
-// (lua/admit.lua's): c units of capacity, u us per unit, and the time at
-// which all of the capacity is back.
+// (lua/admit.lua's): c units of capacity, u us per unit, the time at which
+// all of the capacity is back, and when that time was written.
 type vsched struct {
 	c, u int64
 	at   int64 // FULL (token bucket) or TAT (GCRA), us; 0 = none
+	wr   int64 // when at was written (an admission's now), us
 }
 
 // check decides w at now; next is the state after an admission.
 func (v *vsched) check(now, w int64) (r Result, next int64) {
 	cu := v.c * v.u
 	// The clamp: a time written under other limits is read as the most
-	// indebted state the current ones allow.
-	f := min(max(v.at, now), now+cu)
+	// indebted state the current ones allowed when it was written (see
+	// lua/policy_rates.lua: a refusal writes nothing, so the bound is
+	// taken at the write, not at now).
+	f := max(min(v.at, v.wr+cu), now)
 	r.Limit = v.c
 	if w > v.c {
-		r.Retry, r.Remaining, r.Reset = -1, room(cu, f-now, v.u), f
+		r.Retry, r.Remaining, r.Reset = -1, rateRoom(cu, f-now, v.u), f
 		return r, 0
 	}
 	next = f + w*v.u
 	if next-now > cu {
-		r.Retry, r.Remaining, r.Reset = next-cu-now, room(cu, f-now, v.u), f
+		r.Retry, r.Remaining, r.Reset = next-cu-now, rateRoom(cu, f-now, v.u), f
 		return r, 0
 	}
-	r.OK, r.Remaining, r.Reset = true, room(cu, next-now, v.u), next
+	r.OK, r.Remaining, r.Reset = true, rateRoom(cu, next-now, v.u), next
 	return r, next
 }
 
 func (v *vsched) commit(now, w int64) {
 	if r, next := v.check(now, w); r.OK {
-		v.at = next
+		v.at, v.wr = next, now
 	}
 }
 
 func (v *vsched) undo(w int64) {
-	if w <= v.c {
+	if w <= v.c && v.at != 0 {
 		v.at -= w * v.u
 	}
 }
@@ -107,8 +110,13 @@ func (m *TokenBucket) Undo(_, w int64, _ string) { m.v.undo(w) }
 // Release does nothing.
 func (m *TokenBucket) Release(int64, string) {}
 
-// Full is the state: the time (us) the bucket is full again.
-func (m *TokenBucket) Full() int64 { return m.v.at }
+// Full is the state: the time (us) the bucket is full again, and when it
+// was written.
+func (m *TokenBucket) Full() (full, written int64) { return m.v.at, m.v.wr }
+
+// Reparam changes the limits, keeping the state (the policy was edited;
+// its key stays). Check clamps FULL to the new limits as of its write.
+func (m *TokenBucket) Reparam(p Params) { m.v.c, m.v.u = p[0], p[1] }
 
 // GCRA is gcra: the generic cell rate algorithm of the tier limits
 // (lua/admit.lua) with a weight: one request (unit) per T us, Burst of them
@@ -119,7 +127,8 @@ type GCRA struct{ v vsched }
 // NewGCRA returns a GCRA of p with no history.
 func NewGCRA(p Params) *GCRA { return &GCRA{vsched{c: p[0], u: p[1]}} }
 
-// Check decides w at now: tat = min(max(TAT, now), now + B*T), admitted
+// Check decides w at now: tat = max(min(TAT, W + B*T), now) (W the time
+// TAT was written), admitted
 // iff tat + w*T - now <= B*T. Limit is the burst, Remaining the requests
 // that would still pass at once, Reset the new TAT (the old one when
 // refused), Retry the wait (-1 when w exceeds the burst).
@@ -134,8 +143,12 @@ func (m *GCRA) Undo(_, w int64, _ string) { m.v.undo(w) }
 // Release does nothing.
 func (m *GCRA) Release(int64, string) {}
 
-// TAT is the state: the theoretical arrival time, us.
-func (m *GCRA) TAT() int64 { return m.v.at }
+// TAT is the state: the theoretical arrival time (us), and when it was
+// written.
+func (m *GCRA) TAT() (tat, written int64) { return m.v.at, m.v.wr }
+
+// Reparam changes the limits, keeping the state (see TokenBucket.Reparam).
+func (m *GCRA) Reparam(p Params) { m.v.c, m.v.u = p[0], p[1] }
 
 // LeakyBucket is leaky_bucket: nginx's limit_req, one request per T us,
 // with Burst requests queued beyond the one in progress. Its state is TAT,
@@ -160,7 +173,7 @@ func NewLeakyBucket(p Params) *LeakyBucket {
 // slots is the requests of weight 1 admitted behind a queue of q us, m the
 // longest queue admitted.
 func (m *LeakyBucket) slots(longest, q int64) int64 {
-	return max(0, floorDiv(longest-q, m.T)+1)
+	return max(0, rateFloor(longest-q, m.T)+1)
 }
 
 // Check decides w at now. Limit is Burst+1, Remaining the requests that
@@ -176,7 +189,7 @@ func (m *LeakyBucket) Check(now, w int64) Result {
 	}
 	r := Result{Limit: m.Burst + 1}
 	switch {
-	case w > maxDebt/m.T:
+	case w > rateMaxDebt/m.T:
 		r.Retry, r.Remaining, r.Reset = -1, m.slots(longest, q), t0
 	case q > longest:
 		r.Retry, r.Remaining, r.Reset = q-longest, m.slots(longest, q), t0
@@ -199,13 +212,17 @@ func (m *LeakyBucket) Commit(now, w int64, _ string) {
 
 // Undo gives w slots back: TAT -= w*T.
 func (m *LeakyBucket) Undo(_, w int64, _ string) {
-	if w <= maxDebt/m.T {
+	if w <= rateMaxDebt/m.T {
 		m.TAT -= w * m.T
 	}
 }
 
 // Release does nothing.
 func (m *LeakyBucket) Release(int64, string) {}
+
+// Reparam changes the limits, keeping the state: the queue drains at the
+// rate it was written with (no clamp; see lua/policy_rates.lua).
+func (m *LeakyBucket) Reparam(p Params) { m.Burst, m.T, m.MaxWait = p[0], p[1], p[2] }
 
 // WarmUp is warm_up: Guava's SmoothWarmingUp RateLimiter, with tryAcquire's
 // decision (no wait of its own: a request is admitted iff NextFree <= now,
@@ -225,12 +242,24 @@ type WarmUp struct {
 
 	Stored   float64 // storedPermits
 	NextFree int64   // nextFreeTicketMicros
-	Has      bool    // whether there is state (the key exists)
+	// ColdAt is when all permits are stored again under the limits of the
+	// last write (NextFree + ceil((MaxPermits-Stored)*CoolDown) + 1): from
+	// then on the limiter is cold, fresh, whatever the current limits.
+	ColdAt int64
+	Has    bool // whether there is state (the key exists)
 }
 
 // NewWarmUp returns a cold limiter of p.
 func NewWarmUp(p Params) *WarmUp {
-	m := &WarmUp{S: p[0], W: p[1], F: p[2]}
+	m := &WarmUp{}
+	m.Reparam(p)
+	return m
+}
+
+// Reparam changes the limits, keeping the state: Stored is read as at most
+// the new MaxPermits, NextFree stands.
+func (m *WarmUp) Reparam(p Params) {
+	m.S, m.W, m.F = p[0], p[1], p[2]
 	s, w, f := float64(p[0]), float64(p[1]), float64(p[2])
 	cold := s * f
 	m.Stable = s
@@ -238,13 +267,12 @@ func NewWarmUp(p Params) *WarmUp {
 	m.MaxPermits = m.Threshold + 2.0*w/(s+cold)
 	m.Slope = (cold - s) / (m.MaxPermits - m.Threshold)
 	m.CoolDown = w / m.MaxPermits
-	return m
 }
 
 // state is the stored permits (at most MaxPermits) and nextFree: cold at
-// now when there is none.
+// now when there is none or its ColdAt has come.
 func (m *WarmUp) state(now int64) (float64, int64) {
-	if !m.Has {
+	if !m.Has || now >= m.ColdAt {
 		return m.MaxPermits, now
 	}
 	return min(m.Stored, m.MaxPermits), m.NextFree
@@ -284,7 +312,7 @@ func (m *WarmUp) reserve(now, w int64) (float64, int64) {
 }
 
 // never reports whether w permits could never be priced within 2^50 us.
-func (m *WarmUp) never(w int64) bool { return w > maxDebt/(m.F*m.S) }
+func (m *WarmUp) never(w int64) bool { return w > rateMaxDebt/(m.F*m.S) }
 
 // Check decides w permits at now: admitted iff NextFree <= now. Limit is
 // the stable rate per second (at least 1), Remaining 1 when a request would
@@ -317,8 +345,13 @@ func (m *WarmUp) Check(now, w int64) Result {
 func (m *WarmUp) Commit(now, w int64, _ string) {
 	if r := m.Check(now, w); r.OK {
 		m.Stored, m.NextFree = m.reserve(now, w)
-		m.Has = true
+		m.ColdAt, m.Has = m.coldAt(), true
 	}
+}
+
+// coldAt is when the state is cold again: all permits stored.
+func (m *WarmUp) coldAt() int64 {
+	return m.NextFree + int64(math.Ceil((m.MaxPermits-m.Stored)*m.CoolDown)) + 1
 }
 
 // Undo gives w permits back: Stored += w (at most MaxPermits), NextFree -=
@@ -330,6 +363,7 @@ func (m *WarmUp) Undo(now, w int64, _ string) {
 	}
 	s, nf := m.state(now)
 	m.Stored, m.NextFree = min(m.MaxPermits, s+float64(w)), nf-w*m.S
+	m.ColdAt = m.coldAt()
 }
 
 // Release does nothing.
@@ -342,6 +376,5 @@ func (m *WarmUp) Need() int64 {
 	if !m.Has {
 		return 0
 	}
-	s, nf := m.state(0)
-	return nf + int64(math.Ceil((m.MaxPermits-s)*m.CoolDown)) + 1
+	return m.ColdAt
 }

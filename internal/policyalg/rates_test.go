@@ -10,38 +10,38 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-const t0 = int64(1_800_000_000_000_000) // us: 2027-01-15, a time like the scripts see
+const rateT0 = int64(1_800_000_000_000_000) // us: 2027-01-15, a time like the scripts see
 
-// step is one decision of a scenario: at now (us after t0), weight w, what
+// rateStep is one decision of a scenario: at now (us after rateT0), weight w, what
 // Check must answer, and whether to commit it.
-type step struct {
+type rateStep struct {
 	at, w int64
 	want  Result
 }
 
-// runSteps checks and commits each step on m (a refusal commits nothing).
-func runSteps(t *testing.T, m Model, steps []step) {
+// runRateSteps checks and commits each step on m (a refusal commits nothing).
+func runRateSteps(t *testing.T, m Model, steps []rateStep) {
 	t.Helper()
 	for i, s := range steps {
-		got := m.Check(t0+s.at, s.w)
+		got := m.Check(rateT0+s.at, s.w)
 		want := s.want
 		if want.Reset != 0 {
-			want.Reset += t0
+			want.Reset += rateT0
 		}
 		if got != want {
 			t.Fatalf("step %d (at +%dus, w %d): got %+v, want %+v", i, s.at, s.w, got, want)
 		}
 		if got.OK {
-			m.Commit(t0+s.at, s.w, "")
+			m.Commit(rateT0+s.at, s.w, "")
 		}
 	}
 }
 
-func ok(limit, remaining, reset int64) Result {
+func rateOK(limit, remaining, reset int64) Result {
 	return Result{OK: true, Limit: limit, Remaining: remaining, Reset: reset}
 }
 
-func refused(retry, limit, remaining, reset int64) Result {
+func rateRefused(retry, limit, remaining, reset int64) Result {
 	return Result{Retry: retry, Limit: limit, Remaining: remaining, Reset: reset}
 }
 
@@ -52,7 +52,7 @@ func TestNewKnowsTheRateAlgorithms(t *testing.T) {
 		if err != nil {
 			t.Fatalf("New(%s): %v", alg, err)
 		}
-		if r := m.Check(t0, 1); !r.OK {
+		if r := m.Check(rateT0, 1); !r.OK {
 			t.Errorf("%s: a fresh model refuses its first request: %+v", alg, r)
 		}
 	}
@@ -62,48 +62,74 @@ func TestTokenBucketScenario(t *testing.T) {
 	t.Parallel()
 	// capacity 3, one unit per ms
 	m := NewTokenBucket(Params{3, 1000})
-	runSteps(t, m, []step{
-		{0, 1, ok(3, 2, 1000)},
-		{0, 2, ok(3, 0, 3000)},
-		{0, 1, refused(1000, 3, 0, 3000)},
-		{0, 4, refused(-1, 3, 0, 3000)},     // more than the capacity: never
-		{500, 1, refused(500, 3, 0, 3000)},  // half a token back
-		{1000, 1, ok(3, 0, 4000)},           // one token back, taken
-		{2500, 2, refused(500, 3, 1, 4000)}, // 1.5 tokens there
-		{3000, 2, ok(3, 0, 6000)},
-		{9000, 3, ok(3, 0, 12000)}, // full again (never more than the capacity)
+	runRateSteps(t, m, []rateStep{
+		{0, 1, rateOK(3, 2, 1000)},
+		{0, 2, rateOK(3, 0, 3000)},
+		{0, 1, rateRefused(1000, 3, 0, 3000)},
+		{0, 4, rateRefused(-1, 3, 0, 3000)},     // more than the capacity: never
+		{500, 1, rateRefused(500, 3, 0, 3000)},  // half a token back
+		{1000, 1, rateOK(3, 0, 4000)},           // one token back, taken
+		{2500, 2, rateRefused(500, 3, 1, 4000)}, // 1.5 tokens there
+		{3000, 2, rateOK(3, 0, 6000)},
+		{9000, 3, rateOK(3, 0, 12000)}, // full again (never more than the capacity)
 	})
-	m.Undo(t0+9000, 2, "")
-	if r := m.Check(t0+9000, 2); r != ok(3, 0, t0+12000) {
+	m.Undo(rateT0+9000, 2, "")
+	if r := m.Check(rateT0+9000, 2); r != rateOK(3, 0, rateT0+12000) {
 		t.Fatalf("after an undo of 2: %+v", r)
 	}
-	// The clamp: a FULL written under a slower refill is read as the most
-	// indebted state the current limits allow: one unit's wait, not 3 s.
-	slow := NewTokenBucket(Params{3, 1_000_000})
-	slow.Commit(t0, 3, "")
-	fast := NewTokenBucket(Params{3, 1000})
-	fast.v.at = slow.Full()
-	if r := fast.Check(t0, 1); r != refused(1000, 3, 0, t0+3000) {
-		t.Fatalf("clamped: %+v", r)
+	// The clamp: a FULL written (at +0) under a slower refill is read as
+	// the most indebted state the current limits allowed then: one unit's
+	// wait, not 3 s, and the retry is true.
+	c := NewTokenBucket(Params{3, 1_000_000})
+	c.Commit(rateT0, 3, "")
+	c.Reparam(Params{3, 1000})
+	runRateSteps(t, c, []rateStep{
+		{0, 1, rateRefused(1000, 3, 0, 3000)},
+		{999, 1, rateRefused(1, 3, 0, 3000)},
+		{1000, 1, rateOK(3, 0, 4000)}, // written now: the new limits' state
+		{1000, 1, rateRefused(1000, 3, 0, 4000)},
+	})
+	// Back to the slow refill: the state written under the fast one is
+	// below its bound; nothing changes.
+	c.Reparam(Params{3, 1_000_000})
+	runRateSteps(t, c, []rateStep{
+		{1000, 1, rateOK(3, 1, 1_004_000)},
+	})
+}
+
+// TestRateZeroLimit: a param exception may set a capacity or burst of 0:
+// nothing passes (a leaky bucket of burst 0 still passes one at a time).
+func TestRateZeroLimit(t *testing.T) {
+	t.Parallel()
+	for _, m := range []Model{NewTokenBucket(Params{0, 1000}), NewGCRA(Params{0, 1000})} {
+		if r := m.Check(rateT0, 1); r != rateRefused(-1, 0, 0, rateT0) {
+			t.Errorf("%T of 0: %+v", m, r)
+		}
 	}
+	m := NewLeakyBucket(Params{0, 1000, 0})
+	runRateSteps(t, m, []rateStep{
+		{0, 1, rateOK(1, 0, 1000)},
+		{0, 1, rateRefused(1000, 1, 0, 1000)},
+		{1000, 1, rateOK(1, 0, 2000)},
+	})
 }
 
 func TestGCRAScenario(t *testing.T) {
 	t.Parallel()
 	// burst 2, one request per 500 us
 	m := NewGCRA(Params{2, 500})
-	runSteps(t, m, []step{
-		{0, 1, ok(2, 1, 500)},
-		{0, 1, ok(2, 0, 1000)},
-		{0, 1, refused(500, 2, 0, 1000)},
-		{499, 1, refused(1, 2, 0, 1000)},
-		{500, 1, ok(2, 0, 1500)},
-		{500, 3, refused(-1, 2, 0, 1500)},
-		{10_000, 2, ok(2, 0, 11_000)}, // a weight of 2 is 2 requests' worth
+	runRateSteps(t, m, []rateStep{
+		{0, 1, rateOK(2, 1, 500)},
+		{0, 1, rateOK(2, 0, 1000)},
+		{0, 1, rateRefused(500, 2, 0, 1000)},
+		{499, 1, rateRefused(1, 2, 0, 1000)},
+		{500, 1, rateOK(2, 0, 1500)},
+		{500, 3, rateRefused(-1, 2, 0, 1500)},
+		{10_000, 2, rateOK(2, 0, 11_000)}, // a weight of 2 is 2 requests' worth
 	})
-	m.Undo(t0+10_000, 1, "")
-	if m.TAT() != t0+10_500 {
-		t.Fatalf("TAT after an undo of 1: %d, want %d", m.TAT()-t0, 10_500)
+	m.Undo(rateT0+10_000, 1, "")
+	if tat, wr := m.TAT(); tat != rateT0+10_500 || wr != rateT0+10_000 {
+		t.Fatalf("TAT after an undo of 1: +%d written at +%d, want +10500 written at +10000", tat-rateT0, wr-rateT0)
 	}
 }
 
@@ -114,16 +140,16 @@ func TestLeakyBucketScenario(t *testing.T) {
 		// burst 2, one request per ms, nodelay: burst+1 at once, then one
 		// per ms
 		m := NewLeakyBucket(Params{2, 1000, 0})
-		runSteps(t, m, []step{
-			{0, 1, ok(3, 2, 1000)},
-			{0, 1, ok(3, 1, 2000)},
-			{0, 1, ok(3, 0, 3000)},
-			{0, 1, refused(1000, 3, 0, 3000)},
-			{999, 1, refused(1, 3, 0, 3000)},
-			{1000, 1, ok(3, 0, 4000)},
-			{1000, 3, refused(1000, 3, 0, 4000)},
-			{2000, 3, ok(3, 0, 7000)}, // admitted on the queue ahead; takes 3 slots
-			{2000, 1, refused(3000, 3, 0, 7000)},
+		runRateSteps(t, m, []rateStep{
+			{0, 1, rateOK(3, 2, 1000)},
+			{0, 1, rateOK(3, 1, 2000)},
+			{0, 1, rateOK(3, 0, 3000)},
+			{0, 1, rateRefused(1000, 3, 0, 3000)},
+			{999, 1, rateRefused(1, 3, 0, 3000)},
+			{1000, 1, rateOK(3, 0, 4000)},
+			{1000, 3, rateRefused(1000, 3, 0, 4000)},
+			{2000, 3, rateOK(3, 0, 7000)}, // admitted on the queue ahead; takes 3 slots
+			{2000, 1, rateRefused(3000, 3, 0, 7000)},
 		})
 	})
 	t.Run("shaping", func(t *testing.T) {
@@ -131,18 +157,18 @@ func TestLeakyBucketScenario(t *testing.T) {
 		// burst 5, one request per ms, waiting at most 2.5 ms
 		m := NewLeakyBucket(Params{5, 1000, 2500})
 		d := func(r Result, delay int64) Result { r.Delay = delay; return r }
-		runSteps(t, m, []step{
-			{0, 1, d(ok(6, 2, 1000), 0)},
-			{0, 1, d(ok(6, 1, 2000), 1000)},
-			{0, 1, d(ok(6, 0, 3000), 2000)},
-			{0, 1, refused(500, 6, 0, 3000)}, // would wait 3 ms
-			{500, 1, d(ok(6, 0, 4000), 2500)},
+		runRateSteps(t, m, []rateStep{
+			{0, 1, d(rateOK(6, 2, 1000), 0)},
+			{0, 1, d(rateOK(6, 1, 2000), 1000)},
+			{0, 1, d(rateOK(6, 0, 3000), 2000)},
+			{0, 1, rateRefused(500, 6, 0, 3000)}, // would wait 3 ms
+			{500, 1, d(rateOK(6, 0, 4000), 2500)},
 		})
 	})
 	t.Run("never", func(t *testing.T) {
 		t.Parallel()
 		m := NewLeakyBucket(Params{1, 1_000_000, 0})
-		if r := m.Check(t0, maxDebt/1_000_000+1); r != refused(-1, 2, 2, t0) {
+		if r := m.Check(rateT0, rateMaxDebt/1_000_000+1); r != rateRefused(-1, 2, 2, rateT0) {
 			t.Fatalf("a weight of more than 2^50 us: %+v", r)
 		}
 	})
@@ -177,7 +203,7 @@ func (n *nginxLimitReq) decide(now int64) (bool, int64) {
 // pass, with the same delay (without nodelay).
 func TestLeakyBucketIsNginx(t *testing.T) {
 	t.Parallel()
-	rng := newRand(t)
+	rng := rateRand(t)
 	for range 200 {
 		rate := []int64{1, 2, 4, 5, 10, 40, 125, 1000}[rng.IntN(8)]
 		burst := rng.Int64N(6)
@@ -190,7 +216,7 @@ func TestLeakyBucketIsNginx(t *testing.T) {
 			now += rng.Int64N(3 * T / 1000)
 			pass, delay := ngx.decide(now)
 			for _, m := range []*LeakyBucket{shaping, nodelay} {
-				r := m.Check(t0+now*1000, 1)
+				r := m.Check(rateT0+now*1000, 1)
 				wantDelay := delay * 1000
 				if m.MaxWait == 0 {
 					wantDelay = 0
@@ -200,7 +226,7 @@ func TestLeakyBucketIsNginx(t *testing.T) {
 						rate, burst, m.MaxWait, i, now, r.OK, r.Delay, pass, wantDelay)
 				}
 				if r.OK {
-					m.Commit(t0+now*1000, 1, "")
+					m.Commit(rateT0+now*1000, 1, "")
 				}
 			}
 		}
@@ -218,7 +244,7 @@ func TestWarmUpGuavaTrace(t *testing.T) {
 		t.Fatalf("derived: threshold %g, max %g, slope %g, cool-down %g; want 4, 8, 250000, 500000",
 			m.Threshold, m.MaxPermits, m.Slope, m.CoolDown)
 	}
-	now := t0
+	now := rateT0
 	acquire := func() int64 {
 		t.Helper()
 		r := m.Check(now, 1)
@@ -259,29 +285,29 @@ func TestWarmUpScenario(t *testing.T) {
 	// 10 per second, 2 s of warm-up, cold factor 3: threshold 10 permits,
 	// max 20, slope 20000 us per permit, cool-down 100000 us per permit
 	m := NewWarmUp(Params{100_000, 2_000_000, 3})
-	runSteps(t, m, []step{
-		{0, 1, ok(10, 0, 290_000)},                                  // cold: the top of the ramp, (300000+280000)/2
-		{0, 1, refused(290_000, 10, 0, 290_000)},                    // the wait is the next one's
-		{290_000, 2, ok(10, 0, 290_000+270_000+250_000)},            // 19 -> 17 stored: (280000+240000)/2*2
-		{900_000, maxDebt/300_000 + 1, refused(-1, 10, 1, 900_000)}, // a debt of more than 2^50 us
+	runRateSteps(t, m, []rateStep{
+		{0, 1, rateOK(10, 0, 290_000)},                                      // cold: the top of the ramp, (300000+280000)/2
+		{0, 1, rateRefused(290_000, 10, 0, 290_000)},                        // the wait is the next one's
+		{290_000, 2, rateOK(10, 0, 290_000+270_000+250_000)},                // 19 -> 17 stored: (280000+240000)/2*2
+		{900_000, rateMaxDebt/300_000 + 1, rateRefused(-1, 10, 1, 900_000)}, // a debt of more than 2^50 us
 	})
 	m2 := NewWarmUp(Params{100_000, 2_000_000, 3})
-	if r := m2.Check(t0, maxDebt/300_000+1); r.Retry != -1 || r.OK {
+	if r := m2.Check(rateT0, rateMaxDebt/300_000+1); r.Retry != -1 || r.OK {
 		t.Fatalf("a weight of more than 2^50 us: %+v", r)
 	}
 	// Undo gives the permits back at the stable rate and restocks them.
-	m.Undo(t0+900_000, 2, "")
-	if m.NextFree != t0+810_000-200_000 || m.Stored != 19 {
-		t.Fatalf("after an undo of 2: next free +%d, stored %g; want +610000, 19", m.NextFree-t0, m.Stored)
+	m.Undo(rateT0+900_000, 2, "")
+	if m.NextFree != rateT0+810_000-200_000 || m.Stored != 19 {
+		t.Fatalf("after an undo of 2: next free +%d, stored %g; want +610000, 19", m.NextFree-rateT0, m.Stored)
 	}
 	if m.Need() != m.NextFree+100_000+1 {
-		t.Fatalf("Need %d, want next free + one cool-down + 1", m.Need()-t0)
+		t.Fatalf("Need %d, want next free + one cool-down + 1", m.Need()-rateT0)
 	}
 }
 
-// newRand reads POLICYALG_SEED (to replay a failure), else picks a seed; the
+// rateRand reads POLICYALG_SEED (to replay a failure), else picks a seed; the
 // seed is logged when the test fails.
-func newRand(t *testing.T) *rand.Rand {
+func rateRand(t *testing.T) *rand.Rand {
 	t.Helper()
 	seed := rand.Uint64()
 	if s := os.Getenv("POLICYALG_SEED"); s != "" {
@@ -299,18 +325,18 @@ func newRand(t *testing.T) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, 0x9a7e))
 }
 
-// admission is an admitted request of a schedule.
-type admission struct {
+// rateAdmission is an admitted request of a schedule.
+type rateAdmission struct {
 	at, w, leave int64 // leave: at + Delay
 	res          Result
 }
 
-// schedule runs n random requests on m, gaps up to maxGap us (a quarter of
+// rateSchedule runs n random requests on m, gaps up to maxGap us (a quarter of
 // them at the same time as the last), weights up to maxW, committing the
 // admitted ones; it returns them.
-func schedule(rng *rand.Rand, m Model, n int, maxGap, maxW int64) []admission {
-	var out []admission
-	now := t0
+func rateSchedule(rng *rand.Rand, m Model, n int, maxGap, maxW int64) []rateAdmission {
+	var out []rateAdmission
+	now := rateT0
 	for range n {
 		if rng.IntN(4) > 0 {
 			now += rng.Int64N(maxGap + 1)
@@ -319,7 +345,7 @@ func schedule(rng *rand.Rand, m Model, n int, maxGap, maxW int64) []admission {
 		r := m.Check(now, w)
 		if r.OK {
 			m.Commit(now, w, "")
-			out = append(out, admission{now, w, now + r.Delay, r})
+			out = append(out, rateAdmission{now, w, now + r.Delay, r})
 		}
 	}
 	return out
@@ -329,12 +355,12 @@ func schedule(rng *rand.Rand, m Model, n int, maxGap, maxW int64) []admission {
 // schedules, over every window between two admissions.
 func TestRateWindowBounds(t *testing.T) {
 	t.Parallel()
-	rng := newRand(t)
+	rng := rateRand(t)
 	for i := range 60 {
 		capacity := 1 + rng.Int64N(8)
 		u := []int64{1, 3, 1000, 250_000}[rng.IntN(4)]
 		for _, m := range []Model{NewTokenBucket(Params{capacity, u}), NewGCRA(Params{capacity, u})} {
-			got := schedule(rng, m, 400, 2*u, 1+capacity/2)
+			got := rateSchedule(rng, m, 400, 2*u, 1+capacity/2)
 			if len(got) < 20 {
 				t.Fatalf("only %d admissions: the schedule tests nothing", len(got))
 			}
@@ -345,7 +371,7 @@ func TestRateWindowBounds(t *testing.T) {
 					sum += got[b].w
 					if sum*u > capacity*u+got[b].at-got[a].at {
 						t.Fatalf("%d %T capacity %d U %d: %d units in [%d, %d] us", i, m, capacity, u,
-							sum, got[a].at-t0, got[b].at-t0)
+							sum, got[a].at-rateT0, got[b].at-rateT0)
 					}
 				}
 			}
@@ -353,7 +379,7 @@ func TestRateWindowBounds(t *testing.T) {
 		burst := rng.Int64N(6)
 		for _, maxWait := range []int64{0, 1 + rng.Int64N((burst+1)*u)} {
 			m := NewLeakyBucket(Params{burst, u, maxWait})
-			got := schedule(rng, m, 400, 2*u, []int64{1, 3}[rng.IntN(2)])
+			got := rateSchedule(rng, m, 400, 2*u, []int64{1, 3}[rng.IntN(2)])
 			// departures in order, at most burst + w_last + t/T units (with
 			// a queue: at most w_last + t/T, the queue shapes them)
 			for a := range got {
@@ -369,7 +395,7 @@ func TestRateWindowBounds(t *testing.T) {
 					}
 					if (sum-got[b].w)*u > bound {
 						t.Fatalf("%d leaky burst %d T %d max wait %d: %d units leave in [%d, %d] us", i, burst, u, maxWait,
-							sum, got[a].leave-t0, got[b].leave-t0)
+							sum, got[a].leave-rateT0, got[b].leave-rateT0)
 					}
 				}
 			}
@@ -384,7 +410,7 @@ func TestRateWindowBounds(t *testing.T) {
 // never beat the stable rate.
 func TestWarmUpNeverFasterThanStable(t *testing.T) {
 	t.Parallel()
-	rng := newRand(t)
+	rng := rateRand(t)
 	for i := range 60 {
 		s := []int64{1000, 20_000, 100_000, 333_333}[rng.IntN(4)]
 		f := 2 + rng.Int64N(4)
@@ -393,8 +419,8 @@ func TestWarmUpNeverFasterThanStable(t *testing.T) {
 		// the truncation
 		w := s * (2 + rng.Int64N(49))
 		m := NewWarmUp(Params{s, w, f})
-		now := t0
-		var prev *admission
+		now := rateT0
+		var prev *rateAdmission
 		var sumW, count, first int64
 		for range 400 {
 			switch rng.IntN(10) {
@@ -420,7 +446,7 @@ func TestWarmUpNeverFasterThanStable(t *testing.T) {
 			}
 			if prev != nil {
 				if now < prev.res.Reset {
-					t.Fatalf("admitted at +%d before the last one's price was paid (+%d)", now-t0, prev.res.Reset-t0)
+					t.Fatalf("admitted at +%d before the last one's price was paid (+%d)", now-rateT0, prev.res.Reset-rateT0)
 				}
 				// since the first admission: never faster than stable
 				if now-first < sumW*s-3*count {
@@ -431,13 +457,13 @@ func TestWarmUpNeverFasterThanStable(t *testing.T) {
 			}
 			sumW += wt
 			count++
-			prev = &admission{at: now, w: wt, res: r}
+			prev = &rateAdmission{at: now, w: wt, res: r}
 		}
 	}
 }
 
-// clone copies a model, so that a decision can be tried on the copy.
-func clone(m Model) Model {
+// rateClone copies a model, so that a decision can be tried on the copy.
+func rateClone(m Model) Model {
 	switch v := m.(type) {
 	case *TokenBucket:
 		c := *v
@@ -457,26 +483,44 @@ func clone(m Model) Model {
 
 // TestRetryAfterSuffices: after a refusal with retry r >= 0 the same
 // request is admitted at now+r when nothing else happened, and not a us
-// sooner.
+// sooner, also after a change of limits.
 func TestRetryAfterSuffices(t *testing.T) {
 	t.Parallel()
-	rng := newRand(t)
+	rng := rateRand(t)
 	refusals := 0
-	for range 80 {
+	// params draws the parameters of model kind k; now and then a model's
+	// limits change (Reparam), which the retries must survive too.
+	params := func(k int) Params {
 		iv := []int64{1, 7, 1000, 100_000}[rng.IntN(4)]
 		n := 1 + rng.Int64N(6)
-		models := []Model{
-			NewTokenBucket(Params{n, iv}), NewGCRA(Params{n, iv}),
-			NewLeakyBucket(Params{n - 1, iv, 0}), NewLeakyBucket(Params{n, iv, 1 + rng.Int64N(n*iv)}),
-			NewWarmUp(Params{iv * 1000, iv * 1000 * (1 + rng.Int64N(20)), 2 + rng.Int64N(4)}),
+		switch k {
+		case 0, 1:
+			return Params{n, iv}
+		case 2:
+			return Params{n - 1, iv, 0}
+		case 3:
+			return Params{n, iv, 1 + rng.Int64N(n*iv)}
 		}
-		for _, m := range models {
-			now := t0
+		return Params{iv * 1000, iv * 1000 * (1 + rng.Int64N(20)), 2 + rng.Int64N(4)}
+	}
+	for range 80 {
+		models := []Model{NewTokenBucket(params(0)), NewGCRA(params(1)), NewLeakyBucket(params(2)),
+			NewLeakyBucket(params(3)), NewWarmUp(params(4))}
+		for k, m := range models {
+			now := rateT0
 			for range 200 {
-				if rng.IntN(3) == 0 {
-					now += rng.Int64N(2 * iv * 1000)
+				switch rng.IntN(8) {
+				case 0:
+					now += rng.Int64N(10)
+				case 1:
+					now += rng.Int64N(2000)
+				case 2:
+					now += rng.Int64N(200_000_000)
 				}
-				w := 1 + rng.Int64N(n)
+				if rng.IntN(25) == 0 {
+					m.(interface{ Reparam(Params) }).Reparam(params(k))
+				}
+				w := 1 + rng.Int64N(6)
 				r := m.Check(now, w)
 				if r.OK {
 					m.Commit(now, w, "")
@@ -486,18 +530,18 @@ func TestRetryAfterSuffices(t *testing.T) {
 					continue
 				}
 				refusals++
-				if later := clone(m).Check(now+r.Retry, w); !later.OK {
-					t.Fatalf("%T %+v: refused at +%d with retry %d, refused again then: %+v", m, m, now-t0, r.Retry, later)
+				if later := rateClone(m).Check(now+r.Retry, w); !later.OK {
+					t.Fatalf("%T %+v: refused at +%d with retry %d, refused again then: %+v", m, m, now-rateT0, r.Retry, later)
 				}
 				if r.Retry > 0 {
-					if sooner := clone(m).Check(now+r.Retry-1, w); sooner.OK {
-						t.Fatalf("%T %+v: refused at +%d with retry %d, admitted a us sooner", m, m, now-t0, r.Retry)
+					if sooner := rateClone(m).Check(now+r.Retry-1, w); sooner.OK {
+						t.Fatalf("%T %+v: refused at +%d with retry %d, admitted a us sooner", m, m, now-rateT0, r.Retry)
 					}
 				}
 			}
 		}
 	}
-	if refusals < 100 {
+	if refusals < 1000 {
 		t.Fatalf("only %d refusals: the schedules test nothing", refusals)
 	}
 }
