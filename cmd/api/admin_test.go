@@ -428,9 +428,14 @@ func TestAdminUsageExportJSONAndCSV(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	if _, err := s.pool.Exec(context.Background(), `UPDATE usage SET shadow_refused = 2, degraded = 1
+		WHERE tenant_id = $1 AND hour = '2026-10-05T11:00:00Z' AND meter = 'demo'`, tenant.ID); err != nil {
+		t.Fatal(err)
+	}
 	u := base + "/admin/v1/tenants/" + tenant.ID + "/usage?from=2026-10-01&to=2026-11-01"
 	day := admin(t, "GET", u+"&granularity=day", "").json(t)["items"].([]any)
-	if len(day) != 3 || day[0].(map[string]any)["units"] != 7.0 || day[0].(map[string]any)["period_start"] != "2026-10-05T00:00:00Z" {
+	if len(day) != 3 || day[0].(map[string]any)["units"] != 7.0 || day[0].(map[string]any)["period_start"] != "2026-10-05T00:00:00Z" ||
+		day[0].(map[string]any)["shadow_refused"] != 2.0 || day[0].(map[string]any)["degraded"] != 1.0 {
 		t.Fatalf("daily rows = %v", day)
 	}
 	hour := admin(t, "GET", u+"&granularity=hour&meter=demo", "").json(t)["items"].([]any)
@@ -442,8 +447,15 @@ func TestAdminUsageExportJSONAndCSV(t *testing.T) {
 		t.Fatalf("CSV: %d %q", r.status, r.header.Get("Content-Type"))
 	}
 	recs, err := csv.NewReader(strings.NewReader(string(r.body))).ReadAll()
-	if err != nil || len(recs) != 4 || recs[0][0] != "period_start" || recs[1][2] != "7" {
+	if err != nil || len(recs) != 4 || recs[1][2] != "7" {
 		t.Fatalf("CSV = %v, %v", recs, err)
+	}
+	// columns are only ever appended: existing readers go by position
+	if got, want := strings.Join(recs[0], ","), "period_start,meter,units,requests,rejected,overage_units,shadow_refused,degraded"; got != want {
+		t.Errorf("CSV header %q, want %q", got, want)
+	}
+	if got := strings.Join(recs[1][6:], ","); got != "2,1" {
+		t.Errorf("CSV row %v: shadow_refused,degraded = %q, want 2,1", recs[1], got)
 	}
 	for _, q := range []struct{ query, field string }{
 		{"?from=yesterday", "from"}, {"?to=2020-01-01", "to"}, {"?granularity=week", "granularity"},

@@ -97,14 +97,19 @@ func (l *Ledger) TenantInvoices(ctx context.Context, tenantID string) ([]Invoice
 	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Invoice, error) { return scanInvoice(row) })
 }
 
-// UsageRow is one period (hour or day) of one meter's usage.
+// UsageRow is one period (hour or day) of one meter's usage. ShadowRefused
+// counts the requests a shadow policy would have refused (admitted or not),
+// Degraded those answered with a degrade policy's fallback (not in
+// Rejected). The fields keep the order of the admin export's columns.
 type UsageRow struct {
-	PeriodStart  time.Time `json:"period_start"`
-	Meter        string    `json:"meter"`
-	Units        int64     `json:"units"`
-	Requests     int64     `json:"requests"`
-	Rejected     int64     `json:"rejected"`
-	OverageUnits int64     `json:"overage_units"`
+	PeriodStart   time.Time `json:"period_start"`
+	Meter         string    `json:"meter"`
+	Units         int64     `json:"units"`
+	Requests      int64     `json:"requests"`
+	Rejected      int64     `json:"rejected"`
+	OverageUnits  int64     `json:"overage_units"`
+	ShadowRefused int64     `json:"shadow_refused"`
+	Degraded      int64     `json:"degraded"`
 }
 
 // EachUsage calls fn for every row of the tenant's usage in [from, to), per
@@ -113,7 +118,8 @@ type UsageRow struct {
 func (l *Ledger) EachUsage(ctx context.Context, tenantID string, from, to time.Time, granularity, meter string, fn func(UsageRow) error) error {
 	rows, err := l.db.Query(ctx, `
 		SELECT (date_trunc($4, hour AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS period_start, meter,
-		       sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint, sum(overage_units)::bigint
+		       sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint, sum(overage_units)::bigint,
+		       sum(shadow_refused)::bigint, sum(degraded)::bigint
 		FROM usage WHERE tenant_id = $1 AND hour >= $2 AND hour < $3 AND ($5 = '' OR meter = $5)
 		GROUP BY 1, 2 ORDER BY 1, 2`, tenantID, from, to, granularity, meter)
 	if err != nil {
@@ -122,7 +128,8 @@ func (l *Ledger) EachUsage(ctx context.Context, tenantID string, from, to time.T
 	defer rows.Close()
 	var r UsageRow
 	for rows.Next() {
-		if err := rows.Scan(&r.PeriodStart, &r.Meter, &r.Units, &r.Requests, &r.Rejected, &r.OverageUnits); err != nil {
+		if err := rows.Scan(&r.PeriodStart, &r.Meter, &r.Units, &r.Requests, &r.Rejected, &r.OverageUnits,
+			&r.ShadowRefused, &r.Degraded); err != nil {
 			return fmt.Errorf("billing: usage: %w", err)
 		}
 		r.PeriodStart = r.PeriodStart.UTC()

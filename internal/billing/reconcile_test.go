@@ -84,6 +84,116 @@ func (r *rig) admit(tb testing.TB, ids []string, n int, seed uint64) map[string]
 	return got
 }
 
+// counts are a tenant's usage counters as the ledger keeps them.
+type counts struct{ units, requests, rejected, shadowRefused, degraded int64 }
+
+// policed is the policies of admitPoliced, per tenant: token buckets that
+// refill one per 1000 s (empty for the test) of 3 (shadow, every request)
+// and 8 (degrade, the "report" meter's requests).
+var policed = func() struct{ shadow, degrade quota.Policy } {
+	var p struct{ shadow, degrade quota.Policy }
+	p.shadow = quota.Policy{Name: "shadow-three", Algorithm: quota.AlgTokenBucket, Capacity: quota.Ptr(int64(3)),
+		RefillPerSec: quota.Ptr(0.001), OnRefuse: quota.RefuseShadow}
+	p.degrade = quota.Policy{Name: "degrade-reports", Algorithm: quota.AlgTokenBucket, Capacity: quota.Ptr(int64(8)),
+		RefillPerSec: quota.Ptr(0.001), OnRefuse: quota.RefuseDegrade,
+		Fallback: &quota.Fallback{Status: 200, ContentType: "text/plain", Body: "later"}}
+	for _, pol := range []*quota.Policy{&p.shadow, &p.degrade} {
+		pol.Defaults()
+		if err := pol.Validate(); err != nil {
+			panic(err)
+		}
+	}
+	return p
+}()
+
+// admitPoliced is admit under a daily quota of 60 units and the policed
+// policies: some requests are admitted, some refused by the quota, some
+// degraded, and many counted as shadow refusals. It returns each tenant's
+// counters as its decisions tell them.
+func (r *rig) admitPoliced(tb testing.TB, ids []string, n int, seed uint64) map[string]counts {
+	tb.Helper()
+	rnd := rand.New(rand.NewPCG(seed, seed))
+	got := map[string]counts{}
+	for i := range n {
+		id := ids[rnd.IntN(len(ids))]
+		cost := int64(1 + rnd.IntN(9))
+		meter := []string{"demo", "report"}[rnd.IntN(2)]
+		calls := []quota.PolicyCall{{Policy: &policed.shadow, Value: id, Limit: 3}}
+		if meter == "report" {
+			calls = append(calls, quota.PolicyCall{Policy: &policed.degrade, Value: id, Limit: 8})
+		}
+		d, err := r.rl.Admit(context.Background(), quota.Request{TenantID: id, Meter: meter, Cost: cost,
+			Limits: quota.Limits{DailyQuota: quota.Ptr(int64(60))}, Policies: calls, RequestID: fmt.Sprintf("req-%d-%d", seed, i)})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		c := got[id]
+		switch {
+		case d.Allowed:
+			c.units, c.requests = c.units+cost, c.requests+1
+		case d.Fallback != nil:
+			c.degraded++
+		default:
+			c.rejected++
+		}
+		for _, st := range d.Policies {
+			if st.Outcome == quota.PolicyShadowRefused {
+				c.shadowRefused++
+			}
+		}
+		got[id] = c
+	}
+	if err := r.rl.ReportActive(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+	return got
+}
+
+// ledgerCounts returns the counters per tenant in Postgres.
+func (r *rig) ledgerCounts(tb testing.TB) map[string]counts {
+	tb.Helper()
+	rows, err := r.db.Query(context.Background(), `
+		SELECT tenant_id::text, sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint,
+		       sum(shadow_refused)::bigint, sum(degraded)::bigint
+		FROM usage GROUP BY 1`)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer rows.Close()
+	out := map[string]counts{}
+	for rows.Next() {
+		var id string
+		var c counts
+		if err := rows.Scan(&id, &c.units, &c.requests, &c.rejected, &c.shadowRefused, &c.degraded); err != nil {
+			tb.Fatal(err)
+		}
+		out[id] = c
+	}
+	return out
+}
+
+// equalCounts checks every tenant's counters in the ledger against those
+// admitted, and that the traffic had some of each.
+func equalCounts(tb testing.TB, got, want map[string]counts) {
+	tb.Helper()
+	var all counts
+	for id, w := range want {
+		if got[id] != w {
+			tb.Errorf("tenant %s: %+v in Postgres, want the %+v admitted", id, got[id], w)
+		}
+		all.units, all.rejected = all.units+w.units, all.rejected+w.rejected
+		all.shadowRefused, all.degraded = all.shadowRefused+w.shadowRefused, all.degraded+w.degraded
+	}
+	for id := range got {
+		if _, ok := want[id]; !ok {
+			tb.Errorf("tenant %s: %+v in Postgres, want nothing", id, got[id])
+		}
+	}
+	if all.units == 0 || all.rejected == 0 || all.shadowRefused == 0 || all.degraded == 0 {
+		tb.Errorf("the traffic had %+v in all: want some of each counter", all)
+	}
+}
+
 // ledger returns the units per tenant in Postgres.
 func (r *rig) ledger(tb testing.TB) map[string]int64 {
 	tb.Helper()
@@ -120,7 +230,8 @@ func equalUnits(tb testing.TB, got, want map[string]int64) {
 
 // TestFlushIsExactlyOnceThroughACrashAtEachStep stops the flush between each
 // pair of its steps, as a crash would, then lets a fresh reconciler finish:
-// every admitted unit is in Postgres exactly once.
+// every admitted unit is in Postgres exactly once, and so is every request
+// admitted, refused, refused by a shadow policy or degraded.
 func TestFlushIsExactlyOnceThroughACrashAtEachStep(t *testing.T) {
 	t.Parallel()
 	for _, step := range []string{"claimed", "committed", "finished"} {
@@ -128,7 +239,7 @@ func TestFlushIsExactlyOnceThroughACrashAtEachStep(t *testing.T) {
 			t.Parallel()
 			r := mustRig(t, nil)
 			ids := r.tenants(t, 20, "pro")
-			want := r.admit(t, ids, 300, 1)
+			want := r.admitPoliced(t, ids, 300, 1)
 			crash := r.reconciler()
 			crash.hook = func(s string) error {
 				if s == step {
@@ -140,16 +251,18 @@ func TestFlushIsExactlyOnceThroughACrashAtEachStep(t *testing.T) {
 				t.Fatal("the crashing flush returned no error")
 			}
 			// More traffic arrives while the batch is in flight.
-			more := r.admit(t, ids, 100, 2)
-			for id, u := range more {
-				want[id] += u
+			for id, c := range r.admitPoliced(t, ids, 100, 2) {
+				w := want[id]
+				w.units, w.requests, w.rejected = w.units+c.units, w.requests+c.requests, w.rejected+c.rejected
+				w.shadowRefused, w.degraded = w.shadowRefused+c.shadowRefused, w.degraded+c.degraded
+				want[id] = w
 			}
 			for range 2 { // a restarted worker, twice
 				if err := r.reconciler().Flush(context.Background()); err != nil {
 					t.Fatal(err)
 				}
 			}
-			equalUnits(t, r.ledger(t), want)
+			equalCounts(t, r.ledgerCounts(t), want)
 			left, _ := r.rl.SweepTenants(context.Background())
 			if len(left) != 0 {
 				t.Fatalf("%d tenants still have usage in Redis after the flush", len(left))

@@ -14,14 +14,15 @@ import (
 )
 
 // ledgerRow is what Postgres holds for one tenant over all hours and meters.
-type ledgerRow struct{ units, overage, requests int64 }
+type ledgerRow struct{ units, overage, requests, rejected, shadowRefused, degraded int64 }
 
 func (r *rig) ledgerOf(tb testing.TB, tenantID string) ledgerRow {
 	tb.Helper()
 	var l ledgerRow
 	err := r.db.QueryRow(context.Background(), `
-		SELECT coalesce(sum(units), 0)::bigint, coalesce(sum(overage_units), 0)::bigint, coalesce(sum(requests), 0)::bigint
-		FROM usage WHERE tenant_id = $1`, tenantID).Scan(&l.units, &l.overage, &l.requests)
+		SELECT coalesce(sum(units), 0)::bigint, coalesce(sum(overage_units), 0)::bigint, coalesce(sum(requests), 0)::bigint,
+		       coalesce(sum(rejected), 0)::bigint, coalesce(sum(shadow_refused), 0)::bigint, coalesce(sum(degraded), 0)::bigint
+		FROM usage WHERE tenant_id = $1`, tenantID).Scan(&l.units, &l.overage, &l.requests, &l.rejected, &l.shadowRefused, &l.degraded)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -32,7 +33,10 @@ func (r *rig) ledgerOf(tb testing.TB, tenantID string) ledgerRow {
 // flush protocol (while its units are pending, after the worker claimed them,
 // after Postgres recorded them, after the batch was dropped): once the
 // worker has flushed again, the ledger holds the admitted units minus the
-// refunded ones, overage likewise, and still counts the request.
+// refunded ones, overage likewise, and still counts the request. A degraded
+// request and shadow refusals counted with the refund (after a claim: in
+// the same pending row as its negative units, which the ledger takes as a
+// correction) are recorded once too.
 func TestRefundNetsOutWheneverItArrives(t *testing.T) {
 	t.Parallel()
 	for _, at := range []string{"pending", "claimed", "committed", "finished"} {
@@ -43,15 +47,35 @@ func TestRefundNetsOutWheneverItArrives(t *testing.T) {
 			ids := r.tenants(t, 2, "pro")
 			refunded, other := ids[0], ids[1]
 			limits := quota.Limits{MonthlyQuota: quota.Ptr(int64(100))}
+			// the refunded tenant's requests go through a shadow policy of
+			// 1 request and a degrade policy of 2 (token buckets that refill
+			// one per 1000 s)
+			shadow, degrade := policed.shadow, policed.degrade
+			shadow.Name, shadow.Capacity = "shadow-one", quota.Ptr(int64(1))
+			degrade.Name, degrade.Capacity = "degrade-two", quota.Ptr(int64(2))
+			calls := []quota.PolicyCall{{Policy: &shadow, Value: refunded, Limit: 1}, {Policy: &degrade, Value: refunded, Limit: 2}}
+			seq := 0
+			decide := func(id string, cost int64) quota.Decision {
+				req := quota.Request{TenantID: id, Meter: "demo", Cost: cost, Limits: limits, Overage: quota.OverageBill}
+				if id == refunded {
+					seq++
+					req.Policies, req.RequestID = calls, fmt.Sprintf("req-%d", seq)
+				}
+				d, err := r.rl.Admit(ctx, req)
+				if err != nil {
+					t.Fatalf("admit %d: %v", cost, err)
+				}
+				return d
+			}
 			admit := func(id string, cost int64) quota.Decision {
-				d, err := r.rl.Admit(ctx, quota.Request{TenantID: id, Meter: "demo", Cost: cost, Limits: limits, Overage: quota.OverageBill})
-				if err != nil || !d.Allowed {
-					t.Fatalf("admit %d: %+v, %v; want allowed", cost, d, err)
+				d := decide(id, cost)
+				if !d.Allowed {
+					t.Fatalf("admit %d: %+v; want allowed", cost, d)
 				}
 				return d
 			}
 			admit(refunded, 60)
-			failed := admit(refunded, 70) // 30 of them past the quota, billed as overage
+			failed := admit(refunded, 70) // 30 of them past the quota, billed as overage; shadow refused
 			if failed.OverageUnits != 30 {
 				t.Fatalf("overage of the second request: got %d, want 30", failed.OverageUnits)
 			}
@@ -65,6 +89,10 @@ func TestRefundNetsOutWheneverItArrives(t *testing.T) {
 					// The upstream of the 70-unit request failed with a 5xx.
 					if err := r.rl.Refund(ctx, refunded, "demo", 70, 30, failed.Now); err != nil {
 						t.Error(err)
+					}
+					// In the same hour: shadow refused, degraded.
+					if d := decide(refunded, 1); d.Allowed || d.Fallback == nil {
+						t.Errorf("the third request: %+v, want the degrade policy's fallback", d)
 					}
 					if err := r.rl.ReportActive(ctx); err != nil {
 						t.Error(err)
@@ -87,7 +115,7 @@ func TestRefundNetsOutWheneverItArrives(t *testing.T) {
 					t.Fatalf("flush %d: %v", cycle+1, err)
 				}
 			}
-			if got, want := r.ledgerOf(t, refunded), (ledgerRow{units: 60, overage: 0, requests: 2}); got != want {
+			if got, want := r.ledgerOf(t, refunded), (ledgerRow{units: 60, overage: 0, requests: 2, shadowRefused: 2, degraded: 1}); got != want {
 				t.Errorf("refunded tenant: got %+v, want %+v", got, want)
 			}
 			if got, want := r.ledgerOf(t, other), (ledgerRow{units: 5, requests: 1}); got != want {

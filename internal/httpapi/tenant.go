@@ -11,11 +11,22 @@ import (
 	"github.com/tollgate/tollgate/internal/usage"
 )
 
-// usage answers the caller's own usage.
+// usage answers the caller's own usage, with the policies of its tier (the
+// list the metered path matches requests to) and their state.
 func (s *Server) usage(c *fiber.Ctx) error {
-	u, err := s.reports.For(c.UserContext(), httpx.PrincipalOf(c))
+	p := httpx.PrincipalOf(c)
+	u, err := s.reports.For(c.UserContext(), p)
 	if err != nil {
 		return err
+	}
+	if s.policies != nil {
+		list, err := s.policies.Policies(c.UserContext())
+		if err != nil {
+			return err
+		}
+		if u.Policies, err = s.reports.Policies(c.UserContext(), p, usage.TierPolicies(list, p.Tier.Slug)); err != nil {
+			return err
+		}
 	}
 	return c.JSON(u)
 }

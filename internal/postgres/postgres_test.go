@@ -79,6 +79,8 @@ func TestConstraints(t *testing.T) {
 		{"negative usage", `INSERT INTO usage (tenant_id, hour, meter, units) VALUES ('` + tenant.ID + `', '2026-01-01T00:00:00Z', 'demo', -1)`},
 		{"usage off the hour", `INSERT INTO usage (tenant_id, hour, meter, units) VALUES ('` + tenant.ID + `', '2026-01-01T00:30:00Z', 'demo', 1)`},
 		{"overage above units", `INSERT INTO usage (tenant_id, hour, meter, units, overage_units) VALUES ('` + tenant.ID + `', '2026-01-01T00:00:00Z', 'demo', 1, 2)`},
+		{"negative shadow refusals", `INSERT INTO usage (tenant_id, hour, meter, shadow_refused) VALUES ('` + tenant.ID + `', '2026-01-01T00:00:00Z', 'demo', -1)`},
+		{"negative degraded", `INSERT INTO usage (tenant_id, hour, meter, degraded) VALUES ('` + tenant.ID + `', '2026-01-01T00:00:00Z', 'demo', -1)`},
 		{"invoice mid-month", `INSERT INTO invoices (tenant_id, period) VALUES ('` + tenant.ID + `', '2026-01-15')`},
 		{"final invoice without time", `INSERT INTO invoices (tenant_id, period, status) VALUES ('` + tenant.ID + `', '2026-01-01', 'final')`},
 		{"alert at 50 %", `INSERT INTO alerts (tenant_id, period, threshold, units, quota) VALUES ('` + tenant.ID + `', '2026-01-01', 50, 1, 2)`},

@@ -15,6 +15,11 @@ type PendingRow struct {
 	Requests int64
 	Rejected int64
 	Overage  int64
+	// ShadowRefused counts the requests a shadow policy would have refused,
+	// admitted or not; Degraded the requests answered with a degrade
+	// policy's fallback (not admitted, not charged, not in Rejected).
+	ShadowRefused int64
+	Degraded      int64
 }
 
 // Batch is one tenant's pending usage taken for one flush.

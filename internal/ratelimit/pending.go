@@ -14,9 +14,11 @@ import (
 
 var refundScript = stateScript("refund.lua")
 
-// ParsePending turns a pending-usage hash ("<hour unix s>|<meter>|<u|r|x|o>"
-// to counts) into rows ordered by hour and meter. Fields it cannot read are
-// returned as an error, never silently dropped: they are billing data.
+// ParsePending turns a pending-usage hash ("<hour unix s>|<meter>|<kind>"
+// to counts; kind u units, r requests, x refused, o overage units, s shadow
+// refusals, d degraded: lua/admit.lua) into rows ordered by hour and meter.
+// Fields it cannot read are returned as an error, never silently dropped:
+// they are billing data.
 func ParsePending(h map[string]string) ([]quota.PendingRow, error) {
 	type key struct {
 		hour  int64
@@ -48,6 +50,10 @@ func ParsePending(h map[string]string) ([]quota.PendingRow, error) {
 			r.Rejected += n
 		case "o":
 			r.Overage += n
+		case "s":
+			r.ShadowRefused += n
+		case "d":
+			r.Degraded += n
 		default:
 			return nil, fmt.Errorf("ratelimit: pending field %q", f)
 		}

@@ -16,10 +16,11 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// counters is the admission side (*ratelimit.Runner): the limits as they
-// stand and the usage counted but not yet recorded.
+// counters is the admission side (*ratelimit.Runner): the limits and the
+// policies as they stand, and the usage counted but not yet recorded.
 type counters interface {
 	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
+	PeekPolicies(ctx context.Context, req quota.Request) ([]quota.PolicyState, error)
 	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
 	PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error)
 }
@@ -62,30 +63,54 @@ func Limits(d quota.Decision) []Limit {
 	return out
 }
 
-// Day is one day of a report.
+// Day is one day of a report. ShadowRefused counts the requests a shadow
+// policy would have refused (admitted or not), Degraded those answered with
+// a degrade policy's fallback (not admitted, not charged, not in Rejected).
 type Day struct {
-	Date     string `json:"date"`
-	Units    int64  `json:"units"`
-	Requests int64  `json:"requests"`
-	Rejected int64  `json:"rejected"`
+	Date          string `json:"date"`
+	Units         int64  `json:"units"`
+	Requests      int64  `json:"requests"`
+	Rejected      int64  `json:"rejected"`
+	ShadowRefused int64  `json:"shadow_refused"`
+	Degraded      int64  `json:"degraded"`
 }
 
-// Meter is one meter's usage this month in a report.
+// Meter is one meter's usage this month in a report, counted as Day's.
 type Meter struct {
-	Meter    string `json:"meter"`
-	Units    int64  `json:"units"`
-	Requests int64  `json:"requests"`
-	Rejected int64  `json:"rejected"`
+	Meter         string `json:"meter"`
+	Units         int64  `json:"units"`
+	Requests      int64  `json:"requests"`
+	Rejected      int64  `json:"rejected"`
+	ShadowRefused int64  `json:"shadow_refused"`
+	Degraded      int64  `json:"degraded"`
+}
+
+// counts is what a day or a meter of a report sums.
+type counts struct {
+	units, requests, rejected, shadowRefused, degraded int64
+}
+
+func (d *Day) add(c counts) {
+	d.Units, d.Requests, d.Rejected = d.Units+c.units, d.Requests+c.requests, d.Rejected+c.rejected
+	d.ShadowRefused, d.Degraded = d.ShadowRefused+c.shadowRefused, d.Degraded+c.degraded
+}
+
+func (m *Meter) add(c counts) {
+	m.Units, m.Requests, m.Rejected = m.Units+c.units, m.Requests+c.requests, m.Rejected+c.rejected
+	m.ShadowRefused, m.Degraded = m.ShadowRefused+c.shadowRefused, m.Degraded+c.degraded
 }
 
 // Report is a tenant's usage: the body of GET /v1/usage and of the admin's
 // GET /admin/v1/tenants/{id}/summary, and what both dashboards show.
 type Report struct {
-	TenantID string         `json:"tenant_id"`
-	Tier     string         `json:"tier"`
-	Limits   []Limit        `json:"limits"`
-	Daily    []Day          `json:"daily"`
-	Meters   []Meter        `json:"meters"`
+	TenantID string  `json:"tenant_id"`
+	Tier     string  `json:"tier"`
+	Limits   []Limit `json:"limits"`
+	Daily    []Day   `json:"daily"`
+	Meters   []Meter `json:"meters"`
+	// Policies are the tenant's policies with their state (Reader.Policies);
+	// For leaves the list empty for its caller to fill.
+	Policies []Policy       `json:"policies"`
 	Upgrade  *quota.Upgrade `json:"upgrade"`
 
 	monthStart time.Time // the month of Daily and Meters, by the admission side's time
@@ -137,7 +162,7 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 	to := from.AddDate(0, 1, 0)
 	days := map[string]*Day{}
 	meters := map[string]*Meter{}
-	add := func(t time.Time, meter string, units, requests, rejected int64) {
+	add := func(t time.Time, meter string, c counts) {
 		k := t.UTC().Format(time.DateOnly)
 		dj := days[k]
 		if dj == nil {
@@ -149,11 +174,11 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 			mj = &Meter{Meter: meter}
 			meters[meter] = mj
 		}
-		dj.Units, dj.Requests, dj.Rejected = dj.Units+units, dj.Requests+requests, dj.Rejected+rejected
-		mj.Units, mj.Requests, mj.Rejected = mj.Units+units, mj.Requests+requests, mj.Rejected+rejected
+		dj.add(c)
+		mj.add(c)
 	}
 	if err := r.ledger.EachUsage(ctx, p.Tenant.ID, from, to, "day", "", func(row billing.UsageRow) error {
-		add(row.PeriodStart, row.Meter, row.Units, row.Requests, row.Rejected)
+		add(row.PeriodStart, row.Meter, counts{row.Units, row.Requests, row.Rejected, row.ShadowRefused, row.Degraded})
 		return nil
 	}); err != nil {
 		return Report{}, err
@@ -164,12 +189,12 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 	}
 	for _, row := range pending {
 		if !row.Hour.Before(from) && row.Hour.Before(to) {
-			add(row.Hour, row.Meter, row.Units, row.Requests, row.Rejected)
+			add(row.Hour, row.Meter, counts{row.Units, row.Requests, row.Rejected, row.ShadowRefused, row.Degraded})
 		}
 	}
 	u := Report{TenantID: p.Tenant.ID, Tier: p.Tier.Slug, Limits: Limits(d), Upgrade: p.Upgrade, monthStart: from,
 		today: d.Now.UTC().Format(time.DateOnly),
-		Daily: make([]Day, 0, len(days)), Meters: make([]Meter, 0, len(meters))}
+		Daily: make([]Day, 0, len(days)), Meters: make([]Meter, 0, len(meters)), Policies: []Policy{}}
 	for _, dj := range days {
 		u.Daily = append(u.Daily, *dj)
 	}

@@ -1,0 +1,2 @@
+-- (a column's checks go with it)
+ALTER TABLE usage DROP COLUMN IF EXISTS shadow_refused, DROP COLUMN IF EXISTS degraded;
