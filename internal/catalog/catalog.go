@@ -1,5 +1,5 @@
-// Package catalog is the API node's in-process cache of API keys, tenants and
-// tiers, so that a metered request makes no Postgres query.
+// Package catalog is the API node's in-process cache of API keys, tenants,
+// tiers and policies, so that a metered request makes no Postgres query.
 //
 // A miss reads Postgres once (concurrent misses for one key share the read).
 // Admin changes reach every node through Redis pub/sub: Invalidate drops the
@@ -38,6 +38,7 @@ type source interface {
 	Tenant(ctx context.Context, id string) (quota.Tenant, error)
 	TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, error)
 	Tiers(ctx context.Context) ([]quota.Tier, error)
+	Policies(ctx context.Context) ([]quota.Policy, error)
 	TouchKeys(ctx context.Context, used map[string]time.Time) error
 }
 
@@ -74,6 +75,7 @@ type Catalog struct {
 	tenants  map[string]quota.Tenant // by id
 	tiers    map[string]quota.Tier   // by slug
 	tierList []quota.Tier
+	pol      policyCache // policies.go
 	negative int
 
 	usedMu sync.Mutex
@@ -407,6 +409,7 @@ const (
 	KindKey    = "key"    // id: key prefix
 	KindTenant = "tenant" // id: tenant id
 	KindTier   = "tier"   // id: tier slug
+	KindPolicy = "policy" // id: policy name
 	// KindRoom says a tenant has room again that no cached entry shows (a
 	// refund, a grant): only what OnTenantChange hooks hold is dropped.
 	KindRoom = "room" // id: tenant id
@@ -443,8 +446,13 @@ func (c *Catalog) apply(msg string) {
 		c.tierList, c.tiers = nil, map[string]quota.Tier{}
 		c.dropLocked("tiers")
 		notify, id = c.onTenant, "" // a tier's limits are every tenant's on it
+	case KindPolicy:
+		c.pol.current = false
+		c.dropLocked("policies")
+		notify, id = c.onTenant, "" // a policy may apply to every tenant
 	default:
 		c.keys, c.tenants, c.tierList, c.negative = map[string]keyEntry{}, map[string]quota.Tenant{}, nil, 0
+		c.pol.current = false
 		c.dropLocked("")
 		notify, id = c.onTenant, ""
 	}
@@ -542,9 +550,9 @@ func (c *Catalog) FlushUsed(ctx context.Context) error {
 	return nil
 }
 
-// Refresh re-reads every cached tier, tenant and key from the source. An
-// entry invalidated while it reads is left to the next lookup, which reads
-// it again.
+// Refresh re-reads the tiers, the policies and every cached tenant and key
+// from the source. An entry invalidated while it reads is left to the next
+// lookup, which reads it again.
 func (c *Catalog) Refresh(ctx context.Context) error {
 	c.mu.Lock()
 	since := c.beginLoadLocked()
@@ -561,9 +569,10 @@ func (c *Catalog) Refresh(ctx context.Context) error {
 	c.mu.Unlock()
 
 	tiersErr := c.loadTiers(ctx)
+	policiesErr := c.loadPolicies(ctx)
 	keys, kerr := c.src.KeysByPrefix(ctx, prefixes)
 	tenants, terr := c.src.TenantsByID(ctx, ids)
-	if err := errors.Join(tiersErr, kerr, terr); err != nil {
+	if err := errors.Join(tiersErr, policiesErr, kerr, terr); err != nil {
 		c.mu.Lock()
 		c.endLoadLocked()
 		c.mu.Unlock()

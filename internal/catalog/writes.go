@@ -7,7 +7,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// writer is the store's admin writes of tiers, tenants and keys
+// writer is the store's admin writes of tiers, tenants, keys and policies
 // (*postgres.Store): each one transaction with its audit entry.
 type writer interface {
 	CreateTier(ctx context.Context, actor string, t quota.Tier) (quota.Tier, error)
@@ -19,6 +19,9 @@ type writer interface {
 	IssueKey(ctx context.Context, actor, tenantID, name string, expires ...time.Time) (quota.IssuedKey, error)
 	RevokeKey(ctx context.Context, actor, id string) (quota.APIKey, error)
 	RotateKey(ctx context.Context, actor, id, name string, grace time.Duration) (quota.IssuedKey, quota.APIKey, error)
+	CreatePolicy(ctx context.Context, actor string, p quota.Policy) (quota.Policy, error)
+	UpdatePolicy(ctx context.Context, actor, name string, change func(*quota.Policy) error) (quota.Policy, error)
+	DeletePolicy(ctx context.Context, actor, name string) error
 }
 
 // The admin writes below are the one door for changing tiers, tenants and

@@ -89,6 +89,27 @@ var decoders = []func(c *fiber.Ctx) error{
 		var b keyCreate
 		return httpx.DecodeJSON(c, &b)
 	},
+	func(c *fiber.Ctx) error {
+		p, err := decodePolicy(c)
+		if err != nil {
+			return err
+		}
+		p.Defaults()
+		return p.Validate()
+	},
+	func(c *fiber.Ctx) error {
+		patch, err := decodePolicyPatch(c)
+		if err != nil {
+			return err
+		}
+		p := quota.Policy{Name: "reports", Algorithm: quota.AlgLeakyBucket, Rate: quota.Ptr(5.0), Burst: quota.Ptr(int64(10)),
+			Match: quota.PolicyMatch{Meters: []string{"report"}}, OnRefuse: quota.RefuseQueue, MaxWaitMS: quota.Ptr(int64(2000))}
+		if err := patch.apply(&p); err != nil {
+			return err
+		}
+		p.Defaults()
+		return p.Validate()
+	},
 }
 
 func decoderApp() *fiber.App {
@@ -122,6 +143,8 @@ func FuzzAdminDecoders(f *testing.F) {
 	}
 	f.Add(uint8(2), []byte(`{"name": "Acme", "tier": "free", "webhook_url": "http://[::ffff:a9fe:a9fe]:80/latest"}`))
 	f.Add(uint8(3), []byte(`{"webhook_url": "https://0x7f.1./hook"}`))
+	f.Add(uint8(7), []byte(`{"name": "reports-concurrency", "algorithm": "concurrency", "limit": 2, "match": {"meters": ["report"], "tiers": ["free", "pro"]}, "scope": "tenant", "cost": "requests", "on_refuse": "queue", "max_wait_ms": 2000, "lease_seconds": 30}`))
+	f.Add(uint8(8), []byte(`{"rate": null, "algorithm": "gcra", "match": {"methods": ["get"]}, "exceptions": {"a\u0000": 1}}`))
 	app := decoderApp()
 	f.Fuzz(func(t *testing.T, kind uint8, body []byte) {
 		k := int(kind) % len(decoders)

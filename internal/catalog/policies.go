@@ -1,0 +1,105 @@
+package catalog
+
+import (
+	"context"
+	"reflect"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// PolicySet is the policies in force, by name, and the version of the set:
+// the version changes whenever the list does (and only then), so that what
+// a caller derives from a set, such as compiled matchers, can be kept per
+// version. List is shared by every caller: read it, never modify it.
+type PolicySet struct {
+	Version uint64
+	List    []quota.Policy
+}
+
+// policyCache is the catalog's copy of the policies (under Catalog.mu).
+// The set is replaced whole, never changed in place.
+type policyCache struct {
+	set     PolicySet // the last set loaded; Version 0 before the first
+	current bool      // set is loaded and not invalidated since
+}
+
+// Policies returns the policies in force, by name, from the cache (see
+// PolicySet): a snapshot the caller must not modify.
+func (c *Catalog) Policies(ctx context.Context) ([]quota.Policy, error) {
+	s, err := c.PolicySet(ctx)
+	return s.List, err
+}
+
+// PolicySet returns the policies in force with their version. Only the
+// first call, and the first after a change, reads Postgres (concurrent
+// callers share the read); every node sees a change within a second
+// (pub/sub), or within a refresh interval when the message was lost.
+func (c *Catalog) PolicySet(ctx context.Context) (PolicySet, error) {
+	for {
+		c.mu.RLock()
+		s, ok := c.pol.set, c.pol.current
+		c.mu.RUnlock()
+		if ok {
+			return s, nil
+		}
+		if err := c.shared(ctx, "policies", c.loadPolicies); err != nil {
+			return PolicySet{}, err
+		}
+	}
+}
+
+// loadPolicies reads the policies and makes them current, under a new
+// version when they differ from the set loaded last. A read that an
+// invalidation overtook is dropped: the next lookup reads again.
+func (c *Catalog) loadPolicies(ctx context.Context) error {
+	since := c.beginLoad()
+	list, err := c.src.Policies(ctx)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	defer c.endLoadLocked()
+	if err != nil {
+		return err
+	}
+	if c.droppedLocked("policies", since) {
+		return nil
+	}
+	if list == nil {
+		list = []quota.Policy{}
+	}
+	if c.pol.set.Version == 0 || !reflect.DeepEqual(list, c.pol.set.List) {
+		c.pol.set = PolicySet{Version: c.pol.set.Version + 1, List: list}
+	}
+	c.pol.current = true
+	return nil
+}
+
+// The policies' admin writes, the one door for changing them: each writes
+// through the store, then invalidates the policies on every node (see
+// writes.go).
+
+// CreatePolicy creates p, its defaults filled.
+func (c *Catalog) CreatePolicy(ctx context.Context, actor string, p quota.Policy) (quota.Policy, error) {
+	p, err := c.src.CreatePolicy(ctx, actor, p)
+	if err == nil {
+		c.invalidate(ctx, KindPolicy, p.Name)
+	}
+	return p, err
+}
+
+// UpdatePolicy applies change to the policy name.
+func (c *Catalog) UpdatePolicy(ctx context.Context, actor, name string, change func(*quota.Policy) error) (quota.Policy, error) {
+	p, err := c.src.UpdatePolicy(ctx, actor, name, change)
+	if err == nil {
+		c.invalidate(ctx, KindPolicy, p.Name)
+	}
+	return p, err
+}
+
+// DeletePolicy deletes the policy name.
+func (c *Catalog) DeletePolicy(ctx context.Context, actor, name string) error {
+	err := c.src.DeletePolicy(ctx, actor, name)
+	if err == nil {
+		c.invalidate(ctx, KindPolicy, name)
+	}
+	return err
+}
