@@ -24,9 +24,8 @@ import (
 const adminActor = "admin"
 
 // Records is what the admin API reads of the store of tiers, tenants, keys,
-// grants, policies and the audit log (*postgres.Store): listings and single
-// records, read through to Postgres, never cached. Writes go through the
-// catalog.
+// grants and the audit log (*postgres.Store): listings and single records,
+// read through to Postgres, never cached. Writes go through the catalog.
 type Records interface {
 	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
 	Tier(ctx context.Context, slug string) (quota.Tier, error)
@@ -35,8 +34,6 @@ type Records interface {
 	ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error)
 	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
 	ListAudit(ctx context.Context, entity, entityID string, p quota.Page) ([]quota.AuditEntry, *string, error)
-	ListPolicies(ctx context.Context, p quota.Page) ([]quota.Policy, *string, error)
-	Policy(ctx context.Context, name string) (quota.Policy, error)
 }
 
 // Deps are what the admin API uses; cmd/api builds them.
@@ -600,10 +597,12 @@ func (s *API) TenantUsage(c *fiber.Ctx) error {
 		c.Attachment(fmt.Sprintf("usage-%s-%s.csv", t.ID, from.Format("20060102")))
 		return httpx.Stream(c, s.log, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
 			cw := csv.NewWriter(w)
-			_ = cw.Write([]string{"period_start", "meter", "units", "requests", "rejected", "overage_units"})
+			// New columns go at the end: spreadsheets and scripts read them by position.
+			_ = cw.Write([]string{"period_start", "meter", "units", "requests", "rejected", "overage_units",
+				"shadow_refused", "degraded"})
 			err := each(ctx, func(r billing.UsageRow) error {
 				return cw.Write([]string{r.PeriodStart.Format(time.RFC3339), r.Meter, httpx.Itoa(r.Units), httpx.Itoa(r.Requests),
-					httpx.Itoa(r.Rejected), httpx.Itoa(r.OverageUnits)})
+					httpx.Itoa(r.Rejected), httpx.Itoa(r.OverageUnits), httpx.Itoa(r.ShadowRefused), httpx.Itoa(r.Degraded)})
 			})
 			cw.Flush()
 			return err
