@@ -24,8 +24,9 @@ import (
 const adminActor = "admin"
 
 // Records is what the admin API reads of the store of tiers, tenants, keys,
-// grants and the audit log (*postgres.Store): listings and single records,
-// read through to Postgres, never cached. Writes go through the catalog.
+// grants, policies and the audit log (*postgres.Store): listings and single
+// records, read through to Postgres, never cached. Writes go through the
+// catalog.
 type Records interface {
 	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
 	Tier(ctx context.Context, slug string) (quota.Tier, error)
@@ -34,6 +35,8 @@ type Records interface {
 	ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error)
 	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
 	ListAudit(ctx context.Context, entity, entityID string, p quota.Page) ([]quota.AuditEntry, *string, error)
+	ListPolicies(ctx context.Context, p quota.Page) ([]quota.Policy, *string, error)
+	Policy(ctx context.Context, name string) (quota.Policy, error)
 }
 
 // Deps are what the admin API uses; cmd/api builds them.
