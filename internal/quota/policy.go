@@ -139,6 +139,10 @@ func (p *Policy) Defaults() {
 	if p.Algorithm == AlgWarmUp && p.ColdFactor == nil {
 		p.ColdFactor = Ptr(int64(3))
 	}
+	if p.Algorithm == AlgAdaptive && p.Scope == ScopeTenant {
+		// an adaptive policy sheds its node's load: node is its one scope
+		p.Scope = ScopeNode
+	}
 }
 
 // field is one algorithm field: its JSON name and whether it is set.
@@ -318,17 +322,33 @@ func (p *Policy) validateScope() error {
 			return FieldError("exceptions", "%s has no single limit to replace", p.Algorithm)
 		}
 		for v, n := range p.Exceptions {
-			if v == "" || len(v) > MaxParamValueLen || !utf8.ValidString(v) {
-				return FieldError("exceptions", "values must be 1 to %d bytes of UTF-8", MaxParamValueLen)
+			if v == "" || len(v) > MaxParamValueLen || !printable(v) {
+				return FieldError("exceptions", "values must be 1 to %d bytes of UTF-8 without control characters", MaxParamValueLen)
 			}
-			if n < 0 || n > MaxQuantity || (p.Algorithm == AlgSlidingLog && n > MaxSlidingLogLimit) {
-				return FieldError("exceptions", "limits must be integers between 0 and %d", MaxQuantity)
+			// an exception replaces the primary limit: it is held to the
+			// same bounds (a copy of the policy with it must be valid)
+			q := *p
+			q.Exceptions = nil
+			switch q.Algorithm {
+			case AlgFixedWindow, AlgSlidingLog, AlgSlidingWindow, AlgConcurrency:
+				q.Limit = Ptr(n)
+			case AlgTokenBucket:
+				q.Capacity = Ptr(n)
+			case AlgGCRA, AlgLeakyBucket:
+				q.Burst = Ptr(n)
+			}
+			if err := q.validateNumbers(); err != nil || n < 0 {
+				msg := "limits must be within the bounds of the policy's own limit"
+				if e, ok := err.(*Error); ok {
+					msg += ": " + e.Message
+				}
+				return FieldError("exceptions", "%s", msg)
 			}
 		}
 	default:
 		return FieldError("scope", "must be one of tenant, key, ip, global, node, param")
 	}
-	if p.Algorithm == AlgAdaptive && p.Scope != ScopeNode && p.Scope != ScopeTenant {
+	if p.Algorithm == AlgAdaptive && p.Scope != ScopeNode {
 		return FieldError("scope", `adaptive sheds the load of this node: scope must be "node"`)
 	}
 	return nil
@@ -369,11 +389,11 @@ func (p *Policy) validateRefusal() error {
 		if f.Status < 200 || f.Status > 599 {
 			return FieldError("fallback", "status must be between 200 and 599")
 		}
-		if f.ContentType == "" || len(f.ContentType) > 200 || strings.ContainsAny(f.ContentType, "\r\n") {
-			return FieldError("fallback", "content_type must be 1 to 200 characters on one line")
+		if f.ContentType == "" || len(f.ContentType) > 200 || !printable(f.ContentType) {
+			return FieldError("fallback", "content_type must be 1 to 200 printable characters")
 		}
-		if len(f.Body) > MaxFallbackBody {
-			return FieldError("fallback", "body must be at most %d bytes", MaxFallbackBody)
+		if len(f.Body) > MaxFallbackBody || !utf8.ValidString(f.Body) || strings.ContainsRune(f.Body, 0) {
+			return FieldError("fallback", "body must be at most %d bytes of UTF-8 without NUL", MaxFallbackBody)
 		}
 	default:
 		return FieldError("on_refuse", "must be one of reject, queue, shadow, degrade")
@@ -389,7 +409,7 @@ func (p *Policy) validateRefusal() error {
 
 func (m *PolicyMatch) validate() error {
 	for _, s := range m.Meters {
-		if s == "" || len(s) > 64 || strings.ContainsAny(s, "|,") {
+		if s == "" || len(s) > 64 || strings.ContainsAny(s, "|,") || !printable(s) {
 			return FieldError("match", "meters must be 1 to 64 characters without '|' or ','")
 		}
 	}
@@ -499,6 +519,19 @@ func algorithmList() string {
 		s[i] = string(a)
 	}
 	return strings.Join(s, ", ")
+}
+
+// printable reports whether s is UTF-8 without control characters.
+func printable(s string) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func contains(list []string, s string) bool {

@@ -1,0 +1,303 @@
+package main
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// Policies end to end: created through the admin API, applied by the
+// metered path of every node.
+
+// mustPolicy creates a policy through the admin API of base.
+func mustPolicy(tb *testing.T, base, body string) {
+	tb.Helper()
+	if r := admin(tb, "POST", base+"/admin/v1/policies", body); r.status != 201 {
+		tb.Fatalf("create policy %s: %d %s", body, r.status, r.body)
+	}
+}
+
+// waitPolicy waits until base applies the policy name to key's requests
+// (its item in RateLimit-Policy, or its name among the refusals), at most
+// 1 s: the promise of a change reaching every node.
+func waitPolicy(tb *testing.T, base, key, name string) reply {
+	tb.Helper()
+	start := time.Now()
+	for {
+		r := do(tb, "GET", base+"/api/demo/echo", key, "")
+		if strings.Contains(r.header.Get("RateLimit-Policy"), `"`+name+`"`) ||
+			strings.Contains(r.header.Get("Tollgate-Shadow-Refused"), name) || r.header.Get("Tollgate-Degraded") == name {
+			return r
+		}
+		if time.Since(start) > time.Second {
+			tb.Fatalf("%s does not apply policy %s 1 s after it was created: RateLimit-Policy %q", base, name, r.header.Get("RateLimit-Policy"))
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPoliciesAreExactOnTwoNodes: for every algorithm kept in Redis, 64
+// clients split over two API nodes are admitted exactly what the policy
+// allows: its limit within one window (the windows are long enough that
+// none ends during the test), never more.
+func TestPoliciesAreExactOnTwoNodes(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		alg, fields string
+		want        int64
+	}{
+		{"fixed_window", `"limit": 40, "window_seconds": 86400`, 40},
+		{"sliding_log", `"limit": 40, "window_seconds": 86400`, 40},
+		{"sliding_window", `"limit": 40, "window_seconds": 86400, "buckets": 24`, 40},
+		{"token_bucket", `"capacity": 40, "refill_per_sec": 0.0001`, 40},
+		{"gcra", `"rate": 0.0001, "burst": 40`, 40},
+		{"leaky_bucket", `"rate": 0.0001, "burst": 39`, 40},
+		// Guava's warm-up lets the first request through and makes the
+		// next wait the cold interval (3 × 10,000 s here)
+		{"warm_up", `"rate": 0.0001, "warmup_seconds": 60`, 1},
+	}
+	for _, tc := range cases {
+		t.Run(tc.alg, func(t *testing.T) {
+			t.Parallel()
+			s := mustStack(t)
+			bases := []string{s.start(), s.start()}
+			tier := s.tier(30, quota.Limits{DailyQuota: quota.Ptr(int64(100_000))})
+			_, key := s.tenant(tier.Slug)
+			name := "exact-" + strings.ReplaceAll(tc.alg, "_", "-")
+			mustPolicy(t, bases[0], fmt.Sprintf(`{"name": %q, "algorithm": %q, %s, "match": {"meters": ["demo"]}}`, name, tc.alg, tc.fields))
+			// both nodes apply it before the load starts (that first
+			// request is admitted or refused like the others and counted)
+			var admitted, refused atomic.Int64
+			count := func(r reply) {
+				switch r.status {
+				case 200:
+					admitted.Add(1)
+				case 429:
+					refused.Add(1)
+					if !strings.Contains(string(r.body), `"`+name+`"`) {
+						t.Errorf("refusal without the policy's name: %s", r.body)
+					}
+				default:
+					t.Errorf("status %d: %s", r.status, r.body)
+				}
+			}
+			count(waitPolicy(t, bases[0], key, name))
+			count(waitPolicy(t, bases[1], key, name))
+			var wg sync.WaitGroup
+			for i := range 64 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for range 2 {
+						count(do(t, "GET", bases[i%2]+"/api/demo/echo", key, ""))
+					}
+				}()
+			}
+			wg.Wait()
+			if admitted.Load() != tc.want || admitted.Load()+refused.Load() != 130 {
+				t.Fatalf("admitted %d, refused %d of 130: want exactly %d admitted", admitted.Load(), refused.Load(), tc.want)
+			}
+		})
+	}
+}
+
+// TestConcurrencyPolicyHoldsASlotUntilTheAnswer: a concurrency policy
+// admits at most its limit in flight, across two nodes, and frees a slot
+// when an answer ends.
+func TestConcurrencyPolicyHoldsASlotUntilTheAnswer(t *testing.T) {
+	t.Parallel()
+	release := make(chan struct{})
+	var inFlight, most atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n := inFlight.Add(1)
+		for {
+			m := most.Load()
+			if n <= m || most.CompareAndSwap(m, n) {
+				break
+			}
+		}
+		<-release
+		inFlight.Add(-1)
+		_, _ = w.Write([]byte("ok"))
+	}))
+	defer up.Close()
+	s := mustStack(t)
+	s.upstreamRoutes(t, up.URL)
+	bases := []string{s.start(), s.start()}
+	tier := s.tier(31, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
+	_, key := s.tenant(tier.Slug)
+	mustPolicy(t, bases[0], `{"name": "two-at-once", "algorithm": "concurrency", "limit": 2, "lease_seconds": 60}`)
+	time.Sleep(1100 * time.Millisecond) // (every node applies a change within 1 s)
+
+	var wg sync.WaitGroup
+	var ok, refused atomic.Int64
+	for i := range 6 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			r := do(t, "GET", bases[i%2]+"/api/up/slow", key, "")
+			switch r.status {
+			case 200:
+				ok.Add(1)
+			case 429:
+				refused.Add(1)
+				if r.header.Get("Retry-After") == "" || !strings.Contains(string(r.body), "two-at-once") {
+					t.Errorf("refusal %v %s: want Retry-After and the policy's name", r.header, r.body)
+				}
+			default:
+				t.Errorf("status %d %s", r.status, r.body)
+			}
+		}()
+	}
+	// four of the six are refused while two wait on the upstream
+	deadline := time.Now().Add(10 * time.Second)
+	for refused.Load() < 4 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	if ok.Load() != 2 || refused.Load() != 4 || most.Load() != 2 {
+		t.Fatalf("ok %d refused %d, at most %d in flight: want 2, 4 and 2", ok.Load(), refused.Load(), most.Load())
+	}
+	// the answers ended: the slots are free again
+	for i := range 3 {
+		if r := do(t, "GET", bases[i%2]+"/api/up/slow", key, ""); r.status != 200 {
+			t.Fatalf("after the answers, request %d: %d %s", i, r.status, r.body)
+		}
+	}
+}
+
+// TestShadowAndDegradePolicies: a shadow policy refuses nothing and says
+// what it would have refused; a degrade policy answers its fallback and
+// charges nothing; both are counted in /metrics and /v1/usage.
+func TestShadowAndDegradePolicies(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	shadowTier := s.tier(32, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	degradeTier := s.tier(33, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	_, shadowKey := s.tenant(shadowTier.Slug)
+	_, degradeKey := s.tenant(degradeTier.Slug)
+	mustPolicy(t, base, `{"name": "try-out", "algorithm": "fixed_window", "limit": 2, "window_seconds": 86400,
+		"on_refuse": "shadow", "match": {"tiers": ["`+shadowTier.Slug+`"]}}`)
+	mustPolicy(t, base, `{"name": "cheap", "algorithm": "fixed_window", "limit": 1, "window_seconds": 86400,
+		"on_refuse": "degrade", "fallback": {"status": 200, "content_type": "text/plain", "body": "from the cache"},
+		"match": {"tiers": ["`+degradeTier.Slug+`"]}}`)
+	time.Sleep(1100 * time.Millisecond)
+
+	for i := range 5 {
+		r := do(t, "GET", base+"/api/demo/echo", shadowKey, "")
+		if r.status != 200 {
+			t.Fatalf("shadow request %d: %d %s", i, r.status, r.body)
+		}
+		if got, want := r.header.Get("Tollgate-Shadow-Refused") == "try-out", i >= 2; got != want {
+			t.Fatalf("shadow request %d: Tollgate-Shadow-Refused %q", i, r.header.Get("Tollgate-Shadow-Refused"))
+		}
+		if strings.Contains(r.header.Get("RateLimit-Policy"), "try-out") {
+			t.Fatalf("a shadow policy is not enforced: no header item, got %q", r.header.Get("RateLimit-Policy"))
+		}
+	}
+	for i := range 4 {
+		r := do(t, "GET", base+"/api/demo/echo", degradeKey, "")
+		if i == 0 {
+			if r.status != 200 || r.header.Get("Tollgate-Degraded") != "" {
+				t.Fatalf("first request: %d %v", r.status, r.header)
+			}
+			continue
+		}
+		if r.status != 200 || string(r.body) != "from the cache" || r.header.Get("Tollgate-Degraded") != "cheap" ||
+			r.header.Get("Content-Type") != "text/plain" {
+			t.Fatalf("degraded request %d: %d %v %q", i, r.status, r.header, r.body)
+		}
+		if !strings.Contains(r.header.Get("RateLimit"), `"daily";r=99;`) {
+			t.Fatalf("degraded request %d charged the quota: RateLimit %q", i, r.header.Get("RateLimit"))
+		}
+	}
+	m := string(do(t, "GET", base+"/metrics", "", "").body)
+	for _, line := range []string{
+		`tollgate_policy_decisions_total{algorithm="fixed_window",outcome="shadow_refused",policy="try-out"} 3`,
+		`tollgate_policy_decisions_total{algorithm="fixed_window",outcome="admitted",policy="try-out"} 2`,
+		`tollgate_policy_decisions_total{algorithm="fixed_window",outcome="degraded",policy="cheap"} 3`,
+	} {
+		if !strings.Contains(m, line) {
+			t.Errorf("/metrics lacks %s", line)
+		}
+	}
+}
+
+// TestQueuedPolicyWaitsInsteadOfRefusing: with on_refuse "queue", requests
+// past a gcra policy's burst wait for their turn instead of a 429; the
+// same policy with "reject" refuses them.
+func TestQueuedPolicyWaitsInsteadOfRefusing(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	queued := s.tier(34, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	rejected := s.tier(35, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	_, qKey := s.tenant(queued.Slug)
+	_, rKey := s.tenant(rejected.Slug)
+	mustPolicy(t, base, `{"name": "steady-q", "algorithm": "gcra", "rate": 20, "burst": 1, "on_refuse": "queue",
+		"max_wait_ms": 5000, "match": {"tiers": ["`+queued.Slug+`"]}}`)
+	mustPolicy(t, base, `{"name": "steady-r", "algorithm": "gcra", "rate": 20, "burst": 1,
+		"match": {"tiers": ["`+rejected.Slug+`"]}}`)
+	time.Sleep(1100 * time.Millisecond)
+	statuses := func(key string) map[int]int {
+		var mu sync.Mutex
+		got := map[int]int{}
+		var wg sync.WaitGroup
+		for range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := do(t, "GET", base+"/api/demo/echo", key, "")
+				mu.Lock()
+				got[r.status]++
+				mu.Unlock()
+			}()
+		}
+		wg.Wait()
+		return got
+	}
+	if got := statuses(qKey); got[200] != 6 {
+		t.Fatalf("queued: statuses %v, want all 6 admitted after waiting", got)
+	}
+	if got := statuses(rKey); got[429] == 0 {
+		t.Fatalf("rejected: statuses %v, want refusals past the burst", got)
+	}
+}
+
+// TestParamPolicyLimitsEachValue: a param policy keeps one limit per value
+// of a header, per tenant, with an exception for a hot value.
+func TestParamPolicyLimitsEachValue(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tier := s.tier(36, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	_, key := s.tenant(tier.Slug)
+	mustPolicy(t, base, `{"name": "per-term", "algorithm": "fixed_window", "limit": 2, "window_seconds": 86400,
+		"scope": "param", "param": "header:X-Term", "exceptions": {"hot": 4}}`)
+	time.Sleep(1100 * time.Millisecond)
+	admittedOf := func(term string) int {
+		n := 0
+		for range 6 {
+			if r := do(t, "GET", base+"/api/demo/echo", key, "", "X-Term", term); r.status == 200 {
+				n++
+			}
+		}
+		return n
+	}
+	if a, b, hot := admittedOf("apples"), admittedOf("pears"), admittedOf("hot"); a != 2 || b != 2 || hot != 4 {
+		t.Fatalf("admitted apples %d, pears %d, hot %d: want 2, 2 and 4", a, b, hot)
+	}
+	// a request without the header is not under the policy
+	if r := do(t, "GET", base+"/api/demo/echo", key, ""); r.status != 200 || strings.Contains(r.header.Get("RateLimit-Policy"), "per-term") {
+		t.Fatalf("without the header: %d, RateLimit-Policy %q", r.status, r.header.Get("RateLimit-Policy"))
+	}
+}
