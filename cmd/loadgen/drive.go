@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net/url"
 	"slices"
@@ -23,6 +24,7 @@ type target struct {
 	auth   string // Authorization header, if any
 	body   []byte // JSON body, if any
 	want   int    // the status that counts as success
+	refuse int    // a status counted as a refusal, not an error (0: none)
 }
 
 func newTarget(row, base, method, path string, want, conns int) (*target, error) {
@@ -53,10 +55,17 @@ func (t *target) newRequest() (req *fasthttp.Request, resp *fasthttp.Response, r
 	return req, resp, func() { fasthttp.ReleaseRequest(req); fasthttp.ReleaseResponse(resp) }
 }
 
+// errRefused is send's answer to the status t.refuse: a refusal, counted
+// apart from the errors.
+var errRefused = errors.New("refused")
+
 // send sends req once and says what went wrong, if anything.
 func (t *target) send(req *fasthttp.Request, resp *fasthttp.Response) error {
 	if err := t.client.Do(req, resp); err != nil {
 		return err
+	}
+	if t.refuse != 0 && resp.StatusCode() == t.refuse {
+		return errRefused
 	}
 	if resp.StatusCode() != t.want {
 		return fmt.Errorf("status %d, want %d: %.200s", resp.StatusCode(), t.want, resp.Body())
@@ -69,6 +78,7 @@ type Result struct {
 	Row      string
 	Requests int64 // answered or failed
 	OK       int64 // answered with the wanted status
+	Refused  int64 // answered with the target's refuse status
 	RPS      float64
 	P50, P99 time.Duration
 	Errors   int64
@@ -79,6 +89,7 @@ type Result struct {
 type tally struct {
 	lat      [][]time.Duration // per goroutine
 	errors   atomic.Int64
+	refused  atomic.Int64
 	firstErr sync.Once
 	first    string
 }
@@ -86,6 +97,10 @@ type tally struct {
 func newTally(conns int) *tally { return &tally{lat: make([][]time.Duration, conns)} }
 
 func (t *tally) fail(err error) {
+	if errors.Is(err, errRefused) {
+		t.refused.Add(1)
+		return
+	}
 	t.errors.Add(1)
 	t.firstErr.Do(func() { t.first = err.Error() })
 }
@@ -96,8 +111,8 @@ func (t *tally) result(row string, elapsed time.Duration) Result {
 		all = append(all, l...)
 	}
 	slices.Sort(all)
-	r := Result{Row: row, Requests: int64(len(all)), Errors: t.errors.Load(), FirstErr: t.first}
-	r.OK = r.Requests - r.Errors
+	r := Result{Row: row, Requests: int64(len(all)), Errors: t.errors.Load(), Refused: t.refused.Load(), FirstErr: t.first}
+	r.OK = r.Requests - r.Errors - r.Refused
 	if len(all) > 0 && elapsed > 0 {
 		r.RPS = float64(len(all)) / elapsed.Seconds()
 		r.P50, r.P99 = percentile(all, 50), percentile(all, 99)

@@ -10,11 +10,17 @@
 //     Fiber and of the metered route, and the p99 overhead;
 //  3. the Redis cost of an admission (INFO commandstats over the metered
 //     phase) and the bytes a tenant keeps in Redis (MEMORY USAGE);
-//  4. a PASS/FAIL line per goal of issue 12.
+//  4. a PASS/FAIL line per goal of issue 12;
+//  5. the policies table (policies.go): per algorithm of API.md "Policies
+//     (v2)", one policy created through the admin API for a tier of its own,
+//     and that tier's tenant driven closed-loop for half of -duration:
+//     req/s, ratios to bare and to the metered admitted row, p99, Redis µs
+//     per decision, bytes per policy key and refusals. Each policy is
+//     deleted after its row (and those a killed run left, before the first).
 //
-// It creates its own tenants in Postgres (REDIS_URL, DATABASE_URL and
-// TOLLGATE_* are read as the api reads them). It exits 1 only when requests
-// failed: the goals are informational.
+// It creates its own tiers and tenants in Postgres (REDIS_URL, DATABASE_URL
+// and TOLLGATE_* are read as the api reads them). It exits 1 only when
+// requests failed: the goals are informational.
 //
 // Serving a peer instead: `loadgen -peer bare -addr 127.0.0.1:18081`, or
 // `-peer redis_rate` (Redis from REDIS_URL), until SIGINT or SIGTERM.
@@ -58,6 +64,7 @@ type options struct {
 	max                     int64
 	conns                   int
 	serviceToken, rdbPrefix string // from the environment, as the api reads them
+	adminToken              string // the policies table's admin calls; "" skips it
 }
 
 func run(ctx context.Context, args []string, getenv func(string) string, stdout io.Writer) error {
@@ -97,7 +104,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 			return fmt.Errorf("%s: %w", u.flag, err)
 		}
 	}
-	o.serviceToken, o.rdbPrefix = cfg.ServiceToken, cfg.RedisPrefix
+	o.serviceToken, o.rdbPrefix, o.adminToken = cfg.ServiceToken, cfg.RedisPrefix, cfg.AdminToken
 	if o.serviceToken == "" {
 		return errors.New("TOLLGATE_SERVICE_TOKEN is not set: the /v1/check row needs the api's service token")
 	}

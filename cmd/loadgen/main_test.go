@@ -2,12 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"net"
+	"path"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
+	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -142,6 +146,10 @@ func TestLoopsDriveAServer(t *testing.T) {
 	if r := closedLoop(tg, 50*time.Millisecond, 10, 1); r.Errors != r.Requests || !strings.Contains(r.FirstErr, "status 200") {
 		t.Errorf("wanting 201: got %d errors of %d, first %q; want every request failed with status 200", r.Errors, r.Requests, r.FirstErr)
 	}
+	tg.refuse = 200
+	if r := closedLoop(tg, time.Minute, 10, 1); r.Refused != 10 || r.Errors != 0 || r.OK != 0 {
+		t.Errorf("200 as the refusal: got %d refused, %d errors, %d ok of %d; want 10, 0, 0", r.Refused, r.Errors, r.OK, r.Requests)
+	}
 }
 
 func TestTenantMemorySumsTheTenantsKeys(t *testing.T) {
@@ -189,5 +197,130 @@ func TestCommandStatsReadsTheServer(t *testing.T) {
 	}
 	if s["ping"].calls < 1 { // redisdb.Open pings
 		t.Errorf("got ping %+v, want at least one call", s["ping"])
+	}
+}
+
+// TestBenchPoliciesAreValidAndRoomy holds every policy of the policies
+// table to what the admin API accepts, and to limits that one machine's
+// load cannot reach.
+func TestBenchPoliciesAreValidAndRoomy(t *testing.T) {
+	if len(quota.Algorithms) != 9 {
+		t.Errorf("quota.Algorithms has %d algorithms; the policies table was written for 9", len(quota.Algorithms))
+	}
+	for _, alg := range quota.Algorithms {
+		name, tier := policyName(alg, "0123abcd"), policyPrefix+slugOf(alg)
+		if !quota.ValidSlug(name) || !quota.ValidSlug(tier) {
+			t.Errorf("%s: name %q or tier %q is not a slug", alg, name, tier)
+		}
+		p := benchPolicy(alg, name, tier)
+		p.Defaults()
+		if err := p.Validate(); err != nil {
+			t.Errorf("%s: %v", alg, err)
+			continue
+		}
+		if want := alg != quota.AlgAdaptive; p.InRedis() != want || p.InTenantSlot() != want {
+			t.Errorf("%s: in Redis %t, in the tenant's slot %t; want both %t", alg, p.InRedis(), p.InTenantSlot(), want)
+		}
+		perSec, inFlight := policyCapacity(p)
+		if perSec == 0 && inFlight == 0 {
+			t.Errorf("%s: policyCapacity knows no bound", alg)
+		}
+		if perSec != 0 && perSec < 100_000 {
+			t.Errorf("%s admits %.0f requests a second, want at least 100000", alg, perSec)
+		}
+		if inFlight != 0 && inFlight < 1024 {
+			t.Errorf("%s admits %d requests in flight, want at least 1024 (-conns' most)", alg, inFlight)
+		}
+	}
+}
+
+func TestPolicyItemNames(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		want  []string
+	}{
+		{"", nil},
+		{`"burst";q=20;w=2, "daily";q=1000;w=86400`, []string{"burst", "daily"}},
+		{`"burst";q=20;w=2,"loadgen-pol-gcra-0123abcd";q=1000000;w=2`, []string{"burst", "loadgen-pol-gcra-0123abcd"}},
+		{`"a\"b";x="1,2", tok;q=1, "c\\d"`, []string{`a"b`, "tok", `c\d`}},
+		{`"unterminated`, []string{"unterminated"}},
+	} {
+		got := policyItemNames(tc.field)
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("policyItemNames(%q) = %q, want %q", tc.field, got, tc.want)
+		}
+	}
+}
+
+func TestPolicyKeyPattern(t *testing.T) {
+	pat := policyKeyPattern("bench", "7f3c", "loadgen-pol-gcra-0123abcd")
+	if want := "bench:pol:{t:7f3c}:loadgen-pol-gcra-0123abcd.*"; pat != want {
+		t.Fatalf("policyKeyPattern = %q, want %q", pat, want)
+	}
+	for key, want := range map[string]bool{
+		"bench:pol:{t:7f3c}:loadgen-pol-gcra-0123abcd.9e8d7c6b:t":  true,
+		"bench:pol:{t:7f3c}:loadgen-pol-gcra-0123abcde.9e8d7c6b:t": false, // another name
+		"bench:pol:{t:7f3d}:loadgen-pol-gcra-0123abcd.9e8d7c6b:t":  false, // another tenant
+		"bench:v1:{t:7f3c}:gcra":                                   false,
+	} {
+		// (path.Match's * and Redis's agree on keys without '/')
+		if got, _ := path.Match(pat, key); got != want {
+			t.Errorf("%q matches %q: %t, want %t", pat, key, got, want)
+		}
+	}
+}
+
+func TestScriptCost(t *testing.T) {
+	s := cmdStats{"evalsha": {10, 100}, "eval": {1, 7}, "evalsha_ro": {2, 4}, "fcall": {3, 9}, "get": {50, 50}, "info": {1, 500}}
+	if got, want := scriptCost(s), (cmdStat{16, 120}); got != want {
+		t.Errorf("scriptCost = %+v, want %+v", got, want)
+	}
+}
+
+func TestPolicyRowString(t *testing.T) {
+	r := policyRow{label: "gcra", rps: 30000.4, vsBare: 0.3, vsPlain: 0.9, p99: 1500 * time.Microsecond,
+		requests: 1000, script: cmdStat{calls: 1000, usec: 12345}, inRedis: true, memBytes: 301, memKeys: 2, refused: 3}
+	got := strings.Fields(r.String())
+	want := []string{"gcra", "30000", "0.30", "0.90", "1.500ms", "12.35", "1.00", "151", "2", "3", "0"}
+	if !slices.Equal(got, want) {
+		t.Errorf("row = %q, want %q", got, want)
+	}
+	if n := len(strings.Fields(fmt.Sprintf(policyHeader, "a", "b", "c", "d", "e", "f", "g", "h", "i", "j", "k"))); n != len(want) {
+		t.Errorf("the header has %d columns, a row %d", n, len(want))
+	}
+	r.inRedis = false
+	if got := strings.Fields(r.String()); got[7] != "-" || got[8] != "-" {
+		t.Errorf("a node-local policy's bytes and keys: %q, want - -", got[7:9])
+	}
+	r.inRedis, r.memKeys = true, 0
+	if got := strings.Fields(r.String()); got[7] != "-" || got[8] != "0" {
+		t.Errorf("no keys: %q, want - 0", got[7:9])
+	}
+	r.requests = 0
+	if got := strings.Fields(r.String()); got[5] != "-" || got[6] != "-" {
+		t.Errorf("no requests: %q, want - -", got[5:7])
+	}
+	r.note = "not measured: why"
+	if got := r.String(); !strings.HasPrefix(got, "gcra") || !strings.HasSuffix(got, " not measured: why") {
+		t.Errorf("a row with a note: %q", got)
+	}
+}
+
+func TestKeysMemoryOfAPolicy(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Prefix(t, rdb)
+	ctx := context.Background()
+	for _, k := range []string{":pol:{t:a}:p-1.0a0b0c0d:t", ":pol:{t:a}:p-1.1a1b1c1d:t", ":pol:{t:a}:p-12.0a0b0c0d:t", ":pol:{t:b}:p-1.0a0b0c0d:t"} {
+		if err := rdb.Set(ctx, prefix+k, "1", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bytes, keys, err := keysMemory(ctx, rdb, policyKeyPattern(prefix, "a", "p-1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys != 2 || bytes <= 0 {
+		t.Errorf("got %d bytes in %d keys, want > 0 bytes in 2 keys (policy p-1 of tenant a)", bytes, keys)
 	}
 }

@@ -56,6 +56,11 @@ func measure(ctx context.Context, o options, cfg config.Config, out io.Writer) e
 	if err != nil {
 		return err
 	}
+	// (made now, before the api's first metered request loads the tiers)
+	polTenants, err := newPolicyTenants(ctx, cfg.DatabaseURL)
+	if err != nil {
+		return err
+	}
 	admitted.auth = "Bearer " + ten.admittedKey
 	refused.auth = "Bearer " + ten.refusedKey
 	check.auth = "Bearer " + o.serviceToken
@@ -168,6 +173,12 @@ func measure(ctx context.Context, o options, cfg config.Config, out io.Writer) e
 		}
 		fmt.Fprintf(out, "  %s  %-38s got %s\n", verdict, g.goal, g.got)
 	}
+
+	polFailed, err := measurePolicies(ctx, o, rdb, polTenants, res, redisCost, warm, out)
+	if err != nil {
+		return err
+	}
+	failed = polFailed || failed
 	if failed {
 		return errors.New("some requests failed; the figures above are not to be trusted")
 	}
@@ -264,33 +275,48 @@ func newTenants(ctx context.Context, dbURL string) (tenants, error) {
 	}
 	defer db.Close()
 	store := postgres.NewStore(db)
-	big := quota.Ptr(quota.MaxQuantity)
 	var ten tenants
 	for _, tc := range []struct {
 		tier    quota.Tier
 		id, key *string
 	}{
 		{quota.Tier{Slug: "loadgen", Name: "Load generator", Rank: 1_000_000, Overage: quota.OverageBlock,
-			Limits: quota.Limits{BurstRate: quota.Ptr(1e6), Burst: quota.Ptr(int64(1e9)), BucketCapacity: quota.Ptr(int64(1e9)),
-				BucketRefillPerSec: quota.Ptr(1e6), DailyQuota: big, MonthlyQuota: big}}, &ten.admittedID, &ten.admittedKey},
+			Limits: unreachableLimits()}, &ten.admittedID, &ten.admittedKey},
 		{quota.Tier{Slug: "loadgen-refused", Name: "Load generator, one request a day", Rank: 999_999, Overage: quota.OverageBlock,
 			Limits: quota.Limits{DailyQuota: quota.Ptr(int64(1))}}, nil, &ten.refusedKey},
 	} {
-		if _, err := store.CreateTier(ctx, "loadgen", tc.tier); err != nil && quota.ErrorCode(err) != quota.CodeConflict {
-			return tenants{}, err
-		}
-		t, err := store.CreateTenant(ctx, "loadgen", "loadgen", tc.tier.Slug)
-		if err != nil {
-			return tenants{}, err
-		}
-		k, err := store.IssueKey(ctx, "loadgen", t.ID, "loadgen")
+		id, key, err := tenantOn(ctx, store, tc.tier)
 		if err != nil {
 			return tenants{}, err
 		}
 		if tc.id != nil {
-			*tc.id = t.ID
+			*tc.id = id
 		}
-		*tc.key = k.Secret
+		*tc.key = key
 	}
 	return ten, nil
+}
+
+// unreachableLimits are the limits of a tier the load cannot reach.
+func unreachableLimits() quota.Limits {
+	big := quota.Ptr(quota.MaxQuantity)
+	return quota.Limits{BurstRate: quota.Ptr(1e6), Burst: quota.Ptr(int64(1e9)), BucketCapacity: quota.Ptr(int64(1e9)),
+		BucketRefillPerSec: quota.Ptr(1e6), DailyQuota: big, MonthlyQuota: big}
+}
+
+// tenantOn creates the tier (unless it exists), a new tenant on it and
+// a key of that tenant.
+func tenantOn(ctx context.Context, store *postgres.Store, tier quota.Tier) (id, key string, err error) {
+	if _, err := store.CreateTier(ctx, "loadgen", tier); err != nil && quota.ErrorCode(err) != quota.CodeConflict {
+		return "", "", err
+	}
+	t, err := store.CreateTenant(ctx, "loadgen", "loadgen", tier.Slug)
+	if err != nil {
+		return "", "", err
+	}
+	k, err := store.IssueKey(ctx, "loadgen", t.ID, "loadgen")
+	if err != nil {
+		return "", "", err
+	}
+	return t.ID, k.Secret, nil
 }

@@ -137,9 +137,15 @@ func commandStats(ctx context.Context, rdb redis.UniversalClient) (cmdStats, err
 // tenantMemory sums MEMORY USAGE over the tenant's keys
 // (<prefix>:*{t:<id>}*, the hash tag of internal/ratelimit) on every master.
 func tenantMemory(ctx context.Context, rdb redis.UniversalClient, prefix, tenantID string) (bytes int64, keys int, err error) {
+	return keysMemory(ctx, rdb, prefix+":*{t:"+tenantID+"}*")
+}
+
+// keysMemory sums MEMORY USAGE over the keys that match the SCAN pattern
+// on every master.
+func keysMemory(ctx context.Context, rdb redis.UniversalClient, pattern string) (bytes int64, keys int, err error) {
 	var mu sync.Mutex
 	err = forEachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
-		iter := c.Scan(ctx, 0, prefix+":*{t:"+tenantID+"}*", 1000).Iterator()
+		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
 		for iter.Next(ctx) {
 			n, err := c.MemoryUsage(ctx, iter.Val()).Result()
 			if err == redis.Nil {
