@@ -301,3 +301,33 @@ func TestParamPolicyLimitsEachValue(t *testing.T) {
 		t.Fatalf("without the header: %d, RateLimit-Policy %q", r.status, r.header.Get("RateLimit-Policy"))
 	}
 }
+
+// TestCheckAppliesThePoliciesOfItsMeter: /v1/check is decided with the
+// policies of its meter and tier; one that selects a path does not apply to
+// it (a check has none).
+func TestCheckAppliesThePoliciesOfItsMeter(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tier := s.tier(37, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	tenant, _ := s.tenant(tier.Slug)
+	mustPolicy(t, base, `{"name": "checks", "algorithm": "fixed_window", "limit": 2, "window_seconds": 86400, "match": {"meters": ["searches"]}}`)
+	mustPolicy(t, base, `{"name": "by-path", "algorithm": "fixed_window", "limit": 1, "window_seconds": 86400, "match": {"path_prefix": "/api/"}}`)
+	time.Sleep(1100 * time.Millisecond)
+	check := func() map[string]any {
+		r := do(t, "POST", base+"/v1/check", serviceToken, `{"tenant_id": "`+tenant.ID+`", "meter": "searches", "cost": 1}`)
+		if r.status != 200 {
+			t.Fatalf("check: %d %s", r.status, r.body)
+		}
+		return r.json(t)
+	}
+	for i := range 3 {
+		got := check()
+		if got["allowed"] != (i < 2) {
+			t.Fatalf("check %d: %v", i, got)
+		}
+		if i == 2 && fmt.Sprint(got["violated_policies"]) != "[checks]" {
+			t.Fatalf("check %d: violated %v, want [checks] only (by-path selects a path)", i, got["violated_policies"])
+		}
+	}
+}

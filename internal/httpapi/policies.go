@@ -21,40 +21,68 @@ type policyList interface {
 	Policies(ctx context.Context) ([]quota.Policy, error)
 }
 
+// scopeValues are the values a request gives the policies' scopes; an
+// empty one means the request has none (a policy of that scope does not
+// apply to it).
+type scopeValues struct {
+	tenant, key, ip string
+	// param reads a param scope's value; nil when there is no HTTP
+	// request to read (/v1/check)
+	param func(param string) (string, bool)
+	// leases says whether the request's end is known, so that a
+	// concurrency policy's slot can be released (not for /v1/check)
+	leases bool
+}
+
 // policyCalls returns the policies that apply to a metered request, with
 // the value of each one's scope and its limit for that value. A param
 // policy whose value the request does not carry (no such header, query
 // parameter or path segment) does not apply to it. Requests of a node
 // without policies allocate nothing here.
 func (s *Server) policyCalls(c *fiber.Ctx, p catalog.Principal, route *routes.Route) ([]quota.PolicyCall, error) {
+	path := proxyPath(c)
+	return s.matchPolicies(c.UserContext(), route.Meter, path, c.Method(), p.Tier.Slug, scopeValues{
+		tenant: p.Tenant.ID, key: p.KeyID, ip: s.guard.ClientIP(c).String(), leases: true,
+		param: func(param string) (string, bool) { return paramValue(c, param, path) },
+	})
+}
+
+// matchPolicies returns the policies matching a request of meter, path,
+// method and tier with the given scope values. A request without a path
+// or method (/v1/check) matches only policies that select neither.
+func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier string, v scopeValues) ([]quota.PolicyCall, error) {
 	if s.policies == nil {
 		return nil, nil
 	}
-	list, err := s.policies.Policies(c.UserContext())
+	list, err := s.policies.Policies(ctx)
 	if err != nil || len(list) == 0 {
 		return nil, err
 	}
 	var calls []quota.PolicyCall
-	path := proxyPath(c)
 	for i := range list {
 		pol := &list[i]
-		if !pol.Match.Matches(route.Meter, path, c.Method(), p.Tier.Slug) {
+		if !pol.Match.Matches(meter, path, method, tier) {
 			continue
 		}
-		var value string
+		if pol.Algorithm == quota.AlgConcurrency && !v.leases {
+			continue
+		}
+		value, ok := "", true
 		switch pol.Scope {
 		case quota.ScopeTenant:
-			value = p.Tenant.ID
+			value = v.tenant
 		case quota.ScopeKey:
-			value = p.KeyID
+			value, ok = v.key, v.key != ""
 		case quota.ScopeIP:
-			value = s.guard.ClientIP(c).String()
+			value, ok = v.ip, v.ip != ""
 		case quota.ScopeParam:
-			v, ok := paramValue(c, pol.Param, path)
-			if !ok {
-				continue
+			ok = v.param != nil
+			if ok {
+				value, ok = v.param(pol.Param)
 			}
-			value = v
+		}
+		if !ok {
+			continue
 		}
 		limit, _ := pol.LimitFor(value)
 		calls = append(calls, quota.PolicyCall{Policy: pol, Value: value, Limit: limit})

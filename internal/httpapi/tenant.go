@@ -60,6 +60,11 @@ type CheckResponse struct {
 	Upgrade          *quota.Upgrade    `json:"upgrade"`
 	Degraded         bool              `json:"degraded"`
 	Replayed         bool              `json:"replayed"`
+	// DegradedBy names the degrade policy that refused the check (the
+	// caller answers its own fallback); ShadowRefused the shadow
+	// policies that would have refused it.
+	DegradedBy    string   `json:"degraded_by,omitempty"`
+	ShadowRefused []string `json:"shadow_refused,omitempty"`
 }
 
 // check meters for backends that do not proxy through Tollgate: the service
@@ -110,13 +115,28 @@ func (s *Server) check(c *fiber.Ctx) error {
 	}
 	// A check's answer is its decision: the key's record is complete at
 	// once (no lease), and the fingerprint is what the check asked.
-	d, err := s.gate.Admit(c.UserContext(), quota.Request{
+	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: body.Meter, Cost: cost, Limits: p.Limits, Overage: p.Tier.Overage,
 		FailOpen: p.Tier.FailOpen, DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
 		IdempotencyFingerprint: "check " + body.Meter + " " + strconv.FormatInt(cost, 10),
-	})
+	}
+	// The policies of the meter and tier apply to a check too, except
+	// those that need the metered request itself: a path or method match,
+	// scope ip or param (the caller is the backend, not the client), and
+	// concurrency (a check has no end to release its slot at).
+	if req.Policies, err = s.matchPolicies(c.UserContext(), body.Meter, "", "", p.Tier.Slug,
+		scopeValues{tenant: p.Tenant.ID, key: p.KeyID}); err != nil {
+		return err
+	}
+	if len(req.Policies) > 0 {
+		req.RequestID = httpx.UniqueID(c)
+	}
+	d, err := s.gate.Admit(c.UserContext(), req)
 	if err != nil {
 		return err
+	}
+	if len(d.Policies) > 0 {
+		s.countPolicies(d)
 	}
 	if err := idemRefusal(d); err != nil {
 		return err
@@ -124,6 +144,14 @@ func (s *Server) check(c *fiber.Ctx) error {
 	setRateLimitHeaders(c, d)
 	resp := CheckResponse{Allowed: d.Allowed, Limits: usage.Limits(d), ViolatedPolicies: d.Violated,
 		Upgrade: p.Upgrade, Degraded: d.Degraded, Replayed: d.Replayed()}
+	if d.Fallback != nil {
+		resp.DegradedBy = d.Fallback.Policy.Name
+	}
+	for _, st := range d.Policies {
+		if st.Outcome == quota.PolicyShadowRefused {
+			resp.ShadowRefused = append(resp.ShadowRefused, st.Policy.Name)
+		}
+	}
 	if resp.ViolatedPolicies == nil {
 		resp.ViolatedPolicies = []quota.LimitName{}
 	}
