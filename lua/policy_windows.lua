@@ -55,7 +55,8 @@ do
   remaining = L - count, less w when admitted (0 when L shrank below count).
   Bound: at most L units per aligned window, so at most 2L in any interval
   of length W (L at the end of one window, L at the start of the next: 2L
-  is reached). Memory: one short string (about 60 bytes with the key).
+  is reached). Memory: one short string (MEMORY USAGE 80 bytes with a
+  short key name).
   Commands: check GET; commit SET ... PXAT (the window's end).
   undo: subtracts w when the key still holds the window of now (the
   admission's time); at 0 the key goes. ]]
@@ -109,13 +110,15 @@ do
   oldest (score, then member: Redis's order) adding up weights until
   sum + w - L is freed; at t + W of the entry that frees it, the request
   fits, and not a us sooner (entries leave in that order). The walk reads
-  at most sum + w - L <= w entries, in doubling batches. -1 when w > L.
+  about sum + w - L entries at most (<= w under an unchanged limit; each
+  weighs >= 1), in doubling batches from 16. -1 when w > L.
   reset = the newest entry's t + W (the log is empty again), now when empty.
   remaining = L - sum, less w when admitted.
   Bound: at most L units in ANY interval of length W (the last admission in
   it saw all the others). Memory O(L): at most L entries (each weighs >= 1);
-  a listpack of ~25 bytes per entry up to 128 entries, then a skiplist of
-  ~100 bytes per entry (with 16-byte ids).
+  with 20-byte members ~35 bytes an entry while a listpack (up to 128,
+  zset-max-listpack-entries), ~120 to 150 in a skiplist beyond (118 KB for
+  1000 entries).
   Commands: check ZRANGEBYSCORE, ZRANGE -1 -1 (the newest), and when entries
   left ZREMRANGEBYSCORE + ZADD '#'; a refusal ZRANGE batches; commit ZADD,
   ZADD '#', PEXPIREAT (the newest + W).
@@ -218,8 +221,9 @@ do
   bucket in it and the last admission of the last bucket at offset
   off <= bw-2, the total is <= L + A off / bw <= L + L (bw-2)/bw; L units at
   the end of bucket j and L - ceil(2L/bw) at offset bw-2 of bucket j+N
-  reach it. Memory: at most N+1 fields (a listpack up to 128 fields, about
-  20 bytes each with 16-digit bucket indices; a hash table beyond).
+  reach it. Memory: at most N+1 fields, ~9 bytes a bucket in a listpack (up
+  to 512 fields, hash-max-listpack-entries; ~1 KB for 100 buckets), a hash
+  table beyond.
   Commands: check HGETALL (+ HDEL of dropped buckets); commit HINCRBY,
   PEXPIREAT when a newer bucket opens (the newest bucket + N + 1, when E is
   0 again). (Hash-field expiry, HPEXPIRE, needs Redis 7.4; the HDEL in check
@@ -318,7 +322,8 @@ do
   (after this admission when admitted; the retry's time when refused; now
   when L = 0).
   Bound: at most L leases held at any time. Memory O(L): one entry per
-  holder (~20 bytes in a listpack up to 128 holders, ~100 in a skiplist).
+  holder, ~30 bytes with 20-byte ids in a listpack (up to 128 holders),
+  ~120 to 150 in a skiplist beyond.
   Commands: check ZREMRANGEBYSCORE, ZCARD, ZRANGE (one entry); commit ZADD, ZRANGE
   -1 -1, PEXPIREAT (the latest lease's end, when the set is empty again).
   An id admitted twice holds one slot (ZADD moves its lease). ]]

@@ -143,8 +143,9 @@ func (m *FixedWindow) KeyExpiry() (int64, bool) { return m.expiry, m.exists }
 // there is no key.
 type SlidingLog struct {
 	limit, window int64
-	entries       []logEntry // by t, then member
-	sum           int64      // units of entries ('#' is -sum)
+	entries       []logEntry       // by t, then member
+	at            map[string]int64 // member -> t, to find an entry
+	sum           int64            // units of entries ('#' is -sum)
 	exists        bool
 	expiry        int64
 }
@@ -156,16 +157,21 @@ type logEntry struct {
 }
 
 // NewSlidingLog returns an empty log of p = {limit, window us}.
-func NewSlidingLog(p Params) *SlidingLog { return &SlidingLog{limit: p[0], window: p[1]} }
+func NewSlidingLog(p Params) *SlidingLog {
+	return &SlidingLog{limit: p[0], window: p[1], at: map[string]int64{}}
+}
 
 // drop removes the entries that have left the window at now.
 func (m *SlidingLog) drop(now int64) {
 	n := 0
 	for n < len(m.entries) && m.entries[n].t <= now-m.window {
 		m.sum -= m.entries[n].w
+		delete(m.at, m.entries[n].member)
 		n++
 	}
-	m.entries = m.entries[n:]
+	if n > 0 {
+		m.entries = slices.Delete(m.entries, 0, n)
+	}
 }
 
 // Check decides whether w units fit at now.
@@ -200,14 +206,13 @@ func (m *SlidingLog) Commit(now, w int64, id string) {
 		last = max(last, m.entries[n-1].t)
 	}
 	member := strconv.FormatInt(w, 10) + "|" + id
-	if i := m.find(member); i >= 0 {
-		m.entries = slices.Delete(m.entries, i, i+1)
-	} else {
+	if !m.remove(member) {
 		m.sum += w
 	}
 	e := logEntry{t: now, member: member, w: w}
 	i, _ := slices.BinarySearchFunc(m.entries, e, cmpEntry)
 	m.entries = slices.Insert(m.entries, i, e)
+	m.at[member] = now
 	m.exists, m.expiry = true, last+m.window
 }
 
@@ -228,20 +233,26 @@ func compareInt(a, b int64) int {
 	return 0
 }
 
-func (m *SlidingLog) find(member string) int {
-	for i, e := range m.entries {
-		if e.member == member {
-			return i
-		}
+// remove takes member out of the entries (not out of sum) and reports
+// whether it was there.
+func (m *SlidingLog) remove(member string) bool {
+	t, ok := m.at[member]
+	if !ok {
+		return false
 	}
-	return -1
+	i, found := slices.BinarySearchFunc(m.entries, logEntry{t: t, member: member}, cmpEntry)
+	if !found {
+		panic("policyalg: sliding log: an entry is missing from its index")
+	}
+	m.entries = slices.Delete(m.entries, i, i+1)
+	delete(m.at, member)
+	return true
 }
 
 // Undo removes id's entry of w units, if it is still logged.
 func (m *SlidingLog) Undo(_, w int64, id string) {
-	if i := m.find(strconv.FormatInt(w, 10) + "|" + id); i >= 0 {
+	if m.remove(strconv.FormatInt(w, 10) + "|" + id) {
 		m.sum -= w
-		m.entries = slices.Delete(m.entries, i, i+1)
 	}
 }
 
@@ -271,8 +282,8 @@ func (m *SlidingLog) KeyExpiry() (int64, bool) { return m.expiry, m.exists }
 // i-N) + count(i-N) * (bw - off) is bw times the estimate; admit iff E <=
 // (L - w) * bw. remaining = L - ceil(E/bw) (less w when admitted); reset =
 // (newest bucket + N + 1) * bw, when E is 0 (now when no bucket is kept);
-// retry = the earliest us at which E <= (L-w)*bw (-1 when w > L), found
-// here bucket by bucket (the script walks only the kept buckets).
+// retry = the earliest us at which E <= (L-w)*bw (-1 when w > L), found by
+// a walk over the kept buckets (fitsAt).
 //
 // Guarantee (time not going back): any N consecutive buckets hold at most L
 // units, so any interval spanning at most (N-1)*bw us holds at most L, and
@@ -335,41 +346,39 @@ func (m *SlidingWindow) Check(now, w int64) Result {
 		}
 		return Result{OK: true, Limit: m.limit, Remaining: room - w, Reset: (last + m.n + 1) * bw}
 	}
-	return Result{Retry: m.fitsAt(now, i, off, newest, r) - now, Limit: m.limit, Remaining: room, Reset: reset}
+	return Result{Retry: m.fitsAt(i, off, newest, r) - now, Limit: m.limit, Remaining: room, Reset: reset}
 }
 
-// fitsAt walks bucket by bucket from i to the newest kept bucket + N: in
-// bucket b, E = bw*S + c*(bw - off) with S the units of the buckets after
-// b-N and c = count(b-N), linear in off. It returns the first us at which
-// E <= r; after the last bucket, E is 0.
-func (m *SlidingWindow) fitsAt(now, i, off0, newest, r int64) int64 {
+// fitsAt returns the first us at which E <= r, as the script finds it: E
+// only falls as time passes, staying constant in a bucket b whose b-N is
+// empty and falling linearly in one whose b-N holds c units. So the kept
+// buckets j, in order, are the only events: in bucket j+N, E(off) = bw*S +
+// c*(bw - off), S the units of the buckets after j, is <= r from
+// off = bw - floor((r - bw*S)/c) when bw*S <= r (off = bw: the next
+// bucket's start, where E = bw*S). The last bucket leaves S = 0 <= r.
+// (TestWindowRetryIsExact checks, by Check, that the answer passes and a
+// us sooner does not.)
+func (m *SlidingWindow) fitsAt(i, off, newest, r int64) int64 {
 	bw := m.bw
-	for b := i; b <= newest+m.n; b++ {
-		var s int64
-		for j, c := range m.buckets {
-			if j > b-m.n {
-				s += c
+	js := make([]int64, 0, len(m.buckets))
+	var after int64
+	for j, c := range m.buckets {
+		js = append(js, j)
+		after += c
+	}
+	slices.Sort(js)
+	for _, j := range js {
+		c := m.buckets[j]
+		after -= c
+		if d := r - bw*after; d >= 0 {
+			b, o := j+m.n, bw-windowFloor(d, c)
+			if b == i {
+				o = max(o, off)
 			}
-		}
-		c := m.buckets[b-m.n]
-		from := int64(0)
-		if b == i {
-			from = off0
-		}
-		for _, off := range []int64{from, bw - 1} {
-			// the least off in [from, bw) with bw*s + c*(bw-off) <= r,
-			// if the end of the bucket (off = bw-1) gets there
-			if bw*s+c*(bw-off) > r {
-				continue
-			}
-			if off == from || c == 0 {
-				return b*bw + from
-			}
-			// c*(bw-o) <= r - bw*s  <=>  o >= bw - floor((r - bw*s)/c)
-			return b*bw + max(from, bw-windowFloor(r-bw*s, c))
+			return b*bw + max(o, 0)
 		}
 	}
-	return (newest + m.n + 1) * bw
+	return (newest + m.n + 1) * bw // (not reached: the last j leaves after = 0)
 }
 
 // Commit adds w to the bucket of now; the key's expiry moves to when E is
@@ -431,83 +440,96 @@ func (m *SlidingWindow) KeyExpiry() (int64, bool) { return m.expiry, len(m.bucke
 // (Redis deletes an empty set).
 type Concurrency struct {
 	limit, lease int64
-	leases       map[string]int64 // id -> lease end
+	ends         map[string]int64 // id -> lease end
+	order        []leaseRef       // by end, then id (Redis's order)
 	expiry       int64
+}
+
+type leaseRef struct {
+	end int64
+	id  string
+}
+
+func cmpLease(a, b leaseRef) int {
+	if c := compareInt(a.end, b.end); c != 0 {
+		return c
+	}
+	return strings.Compare(a.id, b.id)
 }
 
 // NewConcurrency returns an empty semaphore of p = {limit, lease us}.
 func NewConcurrency(p Params) *Concurrency {
-	return &Concurrency{limit: p[0], lease: p[1], leases: map[string]int64{}}
+	return &Concurrency{limit: p[0], lease: p[1], ends: map[string]int64{}}
 }
 
-// held drops the leases that ended by now and returns the others' ends,
-// earliest first.
-func (m *Concurrency) held(now int64) []int64 {
-	ends := make([]int64, 0, len(m.leases))
-	for id, end := range m.leases {
-		if end <= now {
-			delete(m.leases, id)
-			continue
-		}
-		ends = append(ends, end)
+// drop ends the leases that ended by now.
+func (m *Concurrency) drop(now int64) {
+	n := 0
+	for n < len(m.order) && m.order[n].end <= now {
+		delete(m.ends, m.order[n].id)
+		n++
 	}
-	slices.Sort(ends)
-	return ends
+	if n > 0 {
+		m.order = slices.Delete(m.order, 0, n)
+	}
 }
 
 // Check decides whether one more request fits at now.
 func (m *Concurrency) Check(now, _ int64) Result {
-	ends := m.held(now)
-	n := int64(len(ends))
+	m.drop(now)
+	n := int64(len(m.order))
 	switch {
 	case n < m.limit:
 		reset := now + m.lease
 		if n > 0 {
-			reset = min(reset, ends[0])
+			reset = min(reset, m.order[0].end)
 		}
 		return Result{OK: true, Limit: m.limit, Remaining: m.limit - n - 1, Reset: reset}
 	case m.limit <= 0:
 		return Result{Retry: -1, Limit: m.limit, Reset: now}
 	}
-	at := ends[n-m.limit]
+	at := m.order[n-m.limit].end
 	return Result{Retry: at - now, Limit: m.limit, Reset: at}
 }
 
 // Commit gives id a lease until now + B; the key expires when the latest
 // lease ends.
 func (m *Concurrency) Commit(now, _ int64, id string) {
-	m.held(now)
-	m.leases[id] = now + m.lease
-	m.expiry = 0
-	for _, end := range m.leases {
-		m.expiry = max(m.expiry, end)
-	}
+	m.drop(now)
+	m.Release(now, id)
+	l := leaseRef{end: now + m.lease, id: id}
+	i, _ := slices.BinarySearchFunc(m.order, l, cmpLease)
+	m.order = slices.Insert(m.order, i, l)
+	m.ends[id] = l.end
+	m.expiry = m.order[len(m.order)-1].end
 }
 
 // Undo ends id's lease, as Release does.
 func (m *Concurrency) Undo(now, _ int64, id string) { m.Release(now, id) }
 
 // Release ends id's lease.
-func (m *Concurrency) Release(_ int64, id string) { delete(m.leases, id) }
+func (m *Concurrency) Release(_ int64, id string) {
+	end, ok := m.ends[id]
+	if !ok {
+		return
+	}
+	i, found := slices.BinarySearchFunc(m.order, leaseRef{end: end, id: id}, cmpLease)
+	if !found {
+		panic("policyalg: concurrency: a lease is missing from its index")
+	}
+	m.order = slices.Delete(m.order, i, i+1)
+	delete(m.ends, id)
+}
 
 // KeyState is the sorted set, by lease end then id.
 func (m *Concurrency) KeyState() string {
-	ids := make([]string, 0, len(m.leases))
-	for id := range m.leases {
-		ids = append(ids, id)
+	parts := make([]string, len(m.order))
+	for x, l := range m.order {
+		parts[x] = fmt.Sprintf("%s=%d", l.id, l.end)
 	}
-	slices.SortFunc(ids, func(a, b string) int {
-		if c := compareInt(m.leases[a], m.leases[b]); c != 0 {
-			return c
-		}
-		return strings.Compare(a, b)
-	})
-	for x, id := range ids {
-		ids[x] = fmt.Sprintf("%s=%d", id, m.leases[id])
-	}
-	return strings.Join(ids, " ")
+	return strings.Join(parts, " ")
 }
 
 // KeyExpiry is the latest lease's end as of the last commit; the key exists
 // while a lease is held.
-func (m *Concurrency) KeyExpiry() (int64, bool) { return m.expiry, len(m.leases) > 0 }
+func (m *Concurrency) KeyExpiry() (int64, bool) { return m.expiry, len(m.order) > 0 }

@@ -129,6 +129,13 @@ func TestSlidingLogScenario(t *testing.T) {
 	if at, ok := m.KeyExpiry(); !ok || at != winBase+2*w {
 		t.Errorf("expiry %d %t, want %d", at, ok, winBase+2*w)
 	}
+	// a's entry left (and was dropped): its undo finds nothing; an id logged
+	// again with the same weight moves, counted once
+	m.Undo(winBase, 2, "a")
+	m.Commit(winBase+w+5, 3, "c")
+	if got, want := m.KeyState(), fmt.Sprintf("#=-3 3|c=%d", winBase+w+5); got != want {
+		t.Errorf("key %q, want %q", got, want)
+	}
 }
 
 func TestSlidingWindowScenario(t *testing.T) {
@@ -220,6 +227,8 @@ func TestConcurrencyScenario(t *testing.T) {
 	}
 	m.Commit(winBase+8e6, 1, "e")
 	m.Commit(winBase+8e6, 1, "f") // over the limit (as after a limit change)
+	m.Commit(winBase+7e6, 1, "f") // an id admitted again holds one slot, its lease moved
+	m.Commit(winBase+8e6, 1, "f")
 	m.limit = 1
 	// 3 held, 1 allowed: the 3rd earliest (of d, e, f) must end
 	if got, want := m.Check(winBase+8e6, 1), winNo(5e6, 1, 0, winBase+13e6); got != want {
@@ -400,7 +409,7 @@ func winClone(m Model) Model {
 		return &c
 	case *SlidingLog:
 		c := *m
-		c.entries = slices.Clone(m.entries)
+		c.entries, c.at = slices.Clone(m.entries), maps.Clone(m.at)
 		return &c
 	case *SlidingWindow:
 		c := *m
@@ -408,7 +417,7 @@ func winClone(m Model) Model {
 		return &c
 	case *Concurrency:
 		c := *m
-		c.leases = maps.Clone(m.leases)
+		c.ends, c.order = maps.Clone(m.ends), slices.Clone(m.order)
 		return &c
 	}
 	panic(fmt.Sprintf("no clone of %T", m))

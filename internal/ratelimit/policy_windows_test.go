@@ -178,6 +178,12 @@ func runPolicyWindows(t *testing.T, c redis.UniversalClient, schedules, steps in
 				seen["release"]++
 				history = append(history, fmt.Sprintf("%d %d release %s", i, now, a.id))
 			default:
+				if len(admitted) > 0 && rng.IntN(30) == 0 {
+					// an id again (a client's retry): the log's entry and
+					// the lease move, counted once
+					id = admitted[rng.IntN(len(admitted))].id
+					seen["id again"]++
+				}
 				mode := PolicyAdmit
 				if rng.IntN(10) == 0 {
 					mode = PolicyDry
@@ -248,7 +254,7 @@ func runPolicyWindows(t *testing.T, c redis.UniversalClient, schedules, steps in
 				}
 			}
 		}
-		for _, o := range []string{"refused with some admitting", "dry", "undo", "release"} {
+		for _, o := range []string{"refused with some admitting", "dry", "undo", "release", "id again"} {
 			if seen[o] == 0 {
 				missing = append(missing, o)
 			}
@@ -576,35 +582,54 @@ func TestPolicyWindowsKeysExpire(t *testing.T) {
 	}
 }
 
-// pwBench runs RunPolicies with Redis time, serially, on one key of alg:
-// limit 1000 per second-long window (lease), each request an id of its
-// own, so that after the first second the key is at its steady state (a
-// full window, admissions as entries leave, refusals between). It reports
-// us per decision, the share admitted and the key's MEMORY USAGE.
+// pwBench runs RunPolicies with Redis time, serially, on one key of alg,
+// each request an id of its own, in two settings of a second-long window
+// (lease) and 10 buckets:
+//
+//	full       limit 1000: after the first second the key is at its steady
+//	           state, a full window (the most such a key holds), admissions
+//	           as entries leave and refusals between (the share admitted is
+//	           reported)
+//	admitting  limit 100000 (sliding_log's and concurrency's maximum): every
+//	           request is admitted (the write path); the log and the leases
+//	           hold a second's admissions
+//
+// It reports µs per decision and the key's MEMORY USAGE (SAMPLES 0: every
+// entry counted) at the end.
 func pwBench(b *testing.B, alg quota.Algorithm) {
-	c := testenv.Redis(b)
-	r, _ := mustRunner(b, c)
-	ctx := context.Background()
-	spec := PolicySpec{Key: r.PolicyKey("t:"+newTenant(), "bench", "v"), Alg: alg, How: HowReject, Weight: 1,
-		Params: [4]int64{1000, 1e6, 10}}
-	var n, ok int64
-	b.ReportAllocs()
-	start := time.Now()
-	for b.Loop() {
-		n++
-		res, err := r.RunPolicies(ctx, PolicyAdmit, 0, "req-"+strconv.FormatInt(n, 10)+"-bench", []PolicySpec{spec})
-		if err != nil {
-			b.Fatal(err)
-		}
-		if res.Allowed {
-			ok++
-		}
-	}
-	elapsed := time.Since(start)
-	b.ReportMetric(float64(elapsed.Microseconds())/float64(n), "us/decision")
-	b.ReportMetric(float64(ok)/float64(n), "admitted/op")
-	if mem, err := c.MemoryUsage(ctx, spec.Key, 0).Result(); err == nil {
-		b.ReportMetric(float64(mem), "bytes/key")
+	for _, bc := range []struct {
+		name  string
+		limit int64
+	}{{"full", 1000}, {"admitting", 100_000}} {
+		b.Run(bc.name, func(b *testing.B) {
+			c := testenv.Redis(b)
+			r, _ := mustRunner(b, c)
+			ctx := context.Background()
+			spec := PolicySpec{Key: r.PolicyKey("t:"+newTenant(), "bench", "v"), Alg: alg, How: HowReject, Weight: 1,
+				Params: [4]int64{bc.limit, 1e6, 10}}
+			var n, ok int64
+			b.ReportAllocs()
+			for b.Loop() {
+				n++
+				res, err := r.RunPolicies(ctx, PolicyAdmit, 0, "req-"+strconv.FormatInt(n, 10)+"-bench", []PolicySpec{spec})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if res.Allowed {
+					ok++
+				}
+			}
+			if bc.name == "admitting" && ok != n {
+				b.Fatalf("%d of %d refused: not the write path", n-ok, n)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(n)/1e3, "µs/decision")
+			b.ReportMetric(float64(ok)/float64(n), "admitted/op")
+			mem, err := c.MemoryUsage(ctx, spec.Key, 0).Result()
+			if err != nil {
+				b.Fatalf("MEMORY USAGE: %v", err)
+			}
+			b.ReportMetric(float64(mem), "bytes/key")
+		})
 	}
 }
 
