@@ -331,3 +331,54 @@ func TestCheckAppliesThePoliciesOfItsMeter(t *testing.T) {
 		}
 	}
 }
+
+// TestQueuedRequestLeavesWhenItsClientHangsUp: a request waiting in a
+// policy queue leaves it when its client closes the connection, long
+// before its max wait.
+func TestQueuedRequestLeavesWhenItsClientHangsUp(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tier := s.tier(38, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	_, key := s.tenant(tier.Slug)
+	// one request per 20 s: the second waits (max 60 s) for its turn
+	mustPolicy(t, base, `{"name": "slow-q", "algorithm": "gcra", "rate": 0.05, "burst": 1, "on_refuse": "queue", "max_wait_ms": 60000}`)
+	waitPolicy(t, base, key, "slow-q")
+	waiters := func() string {
+		for _, l := range strings.Split(string(do(t, "GET", base+"/metrics", "", "").body), "\n") {
+			if strings.HasPrefix(l, "tollgate_policy_queue_waiters ") {
+				return strings.TrimPrefix(l, "tollgate_policy_queue_waiters ")
+			}
+		}
+		return "absent"
+	}
+	client := &http.Client{Timeout: 1500 * time.Millisecond}
+	req, err := http.NewRequest("GET", base+"/api/demo/echo", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+key)
+	done := make(chan error, 1)
+	go func() {
+		resp, err := client.Do(req)
+		if err == nil {
+			resp.Body.Close()
+			err = fmt.Errorf("answered %d while it should still wait", resp.StatusCode)
+		}
+		done <- err
+	}()
+	deadline := time.Now().Add(5 * time.Second)
+	for waiters() != "1" {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second request never waited in the queue: waiters %s", waiters())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	<-done // the client gave up and closed its connection
+	for waiters() != "0" {
+		if time.Now().After(deadline.Add(5 * time.Second)) {
+			t.Fatalf("the request still waits after its client hung up: waiters %s", waiters())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

@@ -171,6 +171,9 @@ func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, er
 	return d, nil
 }
 
+// Waiters is the number of requests of this node waiting in policy queues.
+func (g *Gate) Waiters() int64 { return g.waiters.Load() }
+
 // queueBudget reports whether refusal d may wait in a queue (only policies
 // with on_refuse "queue" refused it) and how long at most.
 func queueBudget(d quota.Decision) (time.Duration, bool) {

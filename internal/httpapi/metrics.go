@@ -98,3 +98,11 @@ func (m *Metrics) request(route, outcome, tier string) prometheus.Counter {
 	m.requests.Store(&next)
 	return c
 }
+
+// watchWaiters adds the gauge of the requests waiting in policy queues
+// (on_refuse "queue") on this node, read from waiters when scraped.
+func (m *Metrics) watchWaiters(waiters func() int64) {
+	_ = m.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_policy_queue_waiters", Help: "Requests of this node waiting in policy queues.",
+	}, func() float64 { return float64(waiters()) }))
+}
