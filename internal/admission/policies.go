@@ -31,10 +31,11 @@ type adaptiveEntry struct {
 
 // localPolicies are a request's policies decided on this node.
 type localPolicies struct {
-	specs    []locallimit.NodeSpec
-	calls    []int // index in req.Policies of each spec
-	adaptive *locallimit.Adaptive
-	adaptAt  int // index in req.Policies of the adaptive policy
+	specs     []locallimit.NodeSpec
+	calls     []int // index in req.Policies of each spec
+	adaptive  *locallimit.Adaptive
+	adaptAt   int                   // index in req.Policies of the adaptive policy
+	committed []locallimit.NodeSpec // the specs a commit wrote: what an undo gives back
 }
 
 func (g *Gate) localOf(req quota.Request) (*localPolicies, error) {
@@ -158,6 +159,11 @@ func (g *Gate) admitWithLocal(ctx context.Context, req quota.Request) (quota.Dec
 			states = append(states, st)
 		}
 		commit = commit && ok
+		for j, r := range results {
+			if r.OK {
+				lp.committed = append(lp.committed, lp.specs[j])
+			}
+		}
 	}
 	if blocked {
 		// refused here: nothing was committed on this node, and Redis
@@ -183,7 +189,8 @@ func (g *Gate) admitWithLocal(ctx context.Context, req quota.Request) (quota.Dec
 	d, err := g.admitShared(ctx, req)
 	if err != nil || !d.Allowed {
 		if commit {
-			_ = g.node.Undo(now, req.RequestID, lp.specs)
+			// (a shadow refusal committed nothing: only the admitted go back)
+			_ = g.node.Undo(now, req.RequestID, lp.committed)
 		}
 		g.cancelAdaptive(lp, acquired)
 		if err != nil {

@@ -148,6 +148,7 @@ type inSlot struct {
 type crossGroup struct {
 	specs []PolicySpec
 	calls []int
+	at    int64 // a reservation's time (us): what its undo is given
 }
 
 // Key scopes (API.md "Policies"): where a policy instance's key lives.
@@ -249,7 +250,7 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		uctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
 		for _, g := range reserved {
-			_, _ = r.RunPolicies(uctx, PolicyUndo, now, req.RequestID, g.specs)
+			_, _ = r.RunPolicies(uctx, PolicyUndo, g.at, req.RequestID, g.specs)
 		}
 		reserved = nil
 	}
@@ -279,7 +280,20 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 			break
 		}
 		if pmode == PolicyAdmit {
-			reserved = append(reserved, g)
+			// undo what was committed, at the reservation's own time (the
+			// windowed algorithms find the window or bucket from it); a
+			// shadow refusal committed nothing
+			var done crossGroup
+			for j, it := range res.Items {
+				if it.Outcome == int64(quota.PolicyAdmitted) {
+					done.specs = append(done.specs, g.specs[j])
+					done.calls = append(done.calls, g.calls[j])
+				}
+			}
+			done.at = res.Now
+			if len(done.specs) > 0 {
+				reserved = append(reserved, done)
+			}
 		}
 	}
 	tenantMode := mode

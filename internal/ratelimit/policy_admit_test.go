@@ -173,3 +173,29 @@ func TestPolicyOutcomes(t *testing.T) {
 		t.Fatalf("pending %+v, want 1 unit and 2 degraded", rows)
 	}
 }
+
+// TestReservationUndoesOnlyWhatItCommitted: when the tenant's call refuses,
+// the rollback of a reservation gives back the policies that admitted, not
+// a shadow one that refused (it committed nothing).
+func TestReservationUndoesOnlyWhatItCommitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	now := at(t, "2026-05-04T10:00:00Z")
+	tenant := newTenant()
+	shadow := fixedWindow("g-shadow-"+testenv.RandomHex(3), 1, quota.ScopeGlobal, quota.RefuseShadow)
+	enforced := fixedWindow("g-enforced-"+testenv.RandomHex(3), 10, quota.ScopeGlobal, quota.RefuseReject)
+	if d := mustAdmit(t, r, policyReq(tenant, now, 0, 1, shadow, enforced)); !d.Allowed {
+		t.Fatalf("first request refused: %s", fmtDecision(d))
+	}
+	if d := mustAdmit(t, r, policyReq(tenant, now.Add(time.Second), 1, 1, shadow, enforced)); d.Allowed {
+		t.Fatalf("second request admitted past the daily quota: %s", fmtDecision(d))
+	}
+	got, err := r.PeekPolicies(ctx, policyReq(tenant, now.Add(2*time.Second), 2, 1, shadow, enforced))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || got[0].Remaining != 0 || got[1].Remaining != 9 {
+		t.Fatalf("after the rollback: %+v, want the shadow policy still full (0 left) and the enforced one at 9", got)
+	}
+}
