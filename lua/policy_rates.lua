@@ -137,29 +137,6 @@ do
     return fmt(ms + SLACK_MS)
   end
 
-  local function get_time(k)
-    local v = redis.call('GET', k)
-    if v then return v + 0 end
-    return 0
-  end
-
-  local function set_time(k, now, t)
-    redis.call('SET', k, fmt(t), 'PX', px(t, now))
-  end
-
-  -- undo_time moves the time of k back by d; a time that passed is the
-  -- empty state: the key goes.
-  local function undo_time(k, now, d)
-    local v = redis.call('GET', k)
-    if not v then return end
-    v = v - d
-    if v <= now then
-      redis.call('DEL', k)
-    else
-      set_time(k, now, v)
-    end
-  end
-
   -- vs_read returns the time of k (FULL, TAT) and when it was written: 0,
   -- 0 when k does not exist.
   local function vs_read(k)
@@ -182,9 +159,11 @@ do
     return r
   end
 
-  -- vsched is the token bucket and GCRA: c units of capacity (burst), u us
-  -- each (see the header).
-  local function vsched_check(k, now, w, c, u)
+  -- vsched is the token bucket and GCRA (one implementation: each script
+  -- call makes every closure of this file anew, so fewer is faster): p[1]
+  -- units of capacity (burst), p[2] us each (see the header).
+  local function vsched_check(k, now, w, p)
+    local c, u = p[1], p[2]
     local cu = c * u
     local f, wr = vs_read(k)
     if f > wr + cu then f = wr + cu end
@@ -207,11 +186,13 @@ do
     vs_write(k, now, st, now)
   end
 
-  -- vsched_undo moves the time back by d, keeping when it was written.
-  local function vsched_undo(k, now, d)
+  -- vsched_undo moves the time back by w*u, keeping when it was written (a
+  -- weight over the capacity was never admitted).
+  local function vsched_undo(k, now, w, p)
+    if w > p[1] then return end
     local t, wr = vs_read(k)
     if t == 0 then return end
-    t = t - d
+    t = t - w * p[2]
     if t <= now then
       redis.call('DEL', k)
     else
@@ -219,25 +200,8 @@ do
     end
   end
 
-  POL.token_bucket = {
-    check = function(k, now, w, p)
-      return vsched_check(k, now, w, p[1], p[2])
-    end,
-    commit = vsched_commit,
-    undo = function(k, now, w, p)
-      if w <= p[1] then vsched_undo(k, now, w * p[2]) end
-    end,
-  }
-
-  POL.gcra = {
-    check = function(k, now, w, p)
-      return vsched_check(k, now, w, p[1], p[2])
-    end,
-    commit = vsched_commit,
-    undo = function(k, now, w, p)
-      if w <= p[1] then vsched_undo(k, now, w * p[2]) end
-    end,
-  }
+  POL.token_bucket = {check = vsched_check, commit = vsched_commit, undo = vsched_undo}
+  POL.gcra = POL.token_bucket
 
   -- slots is the requests of weight 1 admitted at now behind a queue of q
   -- us, with m the longest queue admitted and T us a slot.
@@ -247,10 +211,16 @@ do
     return r
   end
 
+  -- lb_commit writes the queue's end t (st) of k.
+  local function lb_commit(k, now, w, p, t)
+    redis.call('SET', k, fmt(t), 'PX', px(t, now))
+  end
+
   POL.leaky_bucket = {
     check = function(k, now, w, p)
       local burst, T, c = p[1], p[2], p[3]
-      local t0 = get_time(k)
+      local t0 = redis.call('GET', k)
+      if t0 then t0 = t0 + 0 else t0 = 0 end
       if t0 < now then t0 = now end
       local q = t0 - now
       local m = burst * T
@@ -266,11 +236,19 @@ do
       if c > 0 then delay = q end
       return true, 0, burst + 1, slots(m, new - now, T), new, delay, new
     end,
-    commit = function(k, now, w, p, st)
-      set_time(k, now, st)
-    end,
+    commit = lb_commit,
+    -- undo moves the queue's end back by w*T; a queue that has drained is
+    -- the empty state: the key goes.
     undo = function(k, now, w, p)
-      if w <= idiv(MAXW, p[2]) then undo_time(k, now, w * p[2]) end
+      if w > idiv(MAXW, p[2]) then return end
+      local t = redis.call('GET', k)
+      if not t then return end
+      t = t - w * p[2]
+      if t <= now then
+        redis.call('DEL', k)
+      else
+        lb_commit(k, now, w, p, t)
+      end
     end,
   }
 

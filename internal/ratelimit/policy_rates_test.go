@@ -66,6 +66,9 @@ func rateSpan(alg quota.Algorithm, p policyalg.Params) int64 {
 
 func newRatePolicy(rng *rand.Rand, key string, alg quota.Algorithm) *ratePolicy {
 	how := []int64{HowReject, HowReject, HowQueue, HowShadow, HowDegrade}[rng.IntN(5)]
+	if alg == quota.AlgLeakyBucket && rng.IntN(3) == 0 {
+		how = HowQueue // shaping: delays
+	}
 	p := rateParams(rng, alg, how)
 	m, err := policyalg.New(alg, p)
 	if err != nil {
@@ -336,7 +339,13 @@ func runRateProperty(t *testing.T, c redis.UniversalClient, schedules, steps int
 		span, fine := int64(10_000), int64(math.MaxInt64)
 		for i := range 1 + rng.IntN(4) {
 			alg := rateAlgs[rng.IntN(len(rateAlgs))]
+			if i == 0 {
+				alg = rateAlgs[sch%len(rateAlgs)] // every algorithm in every run
+			}
 			p := newRatePolicy(rng, r.PolicyKey("t:"+tenant, fmt.Sprintf("p%d", i), "v"), alg)
+			if i == 0 {
+				p.units = sch/len(rateAlgs)%2 == 0 // and with weights
+			}
 			pols = append(pols, p)
 			span = max(span, rateSpan(alg, p.spec.Params)/4)
 			if alg == quota.AlgWarmUp {
@@ -402,10 +411,12 @@ func runRateProperty(t *testing.T, c redis.UniversalClient, schedules, steps int
 					mode = PolicyDry
 				}
 				cost := 1 + rng.Int64N(4)
-				switch rng.IntN(40) {
+				switch rng.IntN(15) {
 				case 0:
-					cost = 1 << 40 // never, wherever it counts
+					cost = 1 << 40 // the most a route costs: never but in a fast leaky bucket
 				case 1:
+					cost = 1<<50 + 1 // never, wherever it counts (a debt over 2^50 us)
+				case 2:
 					cost = 7
 				}
 				for k, p := range pols {
