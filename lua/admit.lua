@@ -64,7 +64,13 @@ ARGV
                    none; only admit.lua's policy variant, which has
                    policy.lua and the algorithms before it, takes more)
   [16] id          the request's id (concurrency leases, log entries)
-  [17..]           np groups of policy.lua's POLICY_ARGS; their keys are
+  [17] outside     what the policies of other slots (reserved before this
+                   call: ratelimit/policy.go) made of the request: '' none
+                   refused, or letters: 'x' an enforced one refused (the
+                   request is refused: mask 16), 'd' a degrade one refused
+                   (degraded, when nothing else refuses), 's' a shadow one
+                   refused; counted here, in the same pending fields
+  [18..]           np groups of policy.lua's POLICY_ARGS; their keys are
                    the last np KEYS (after the idempotency key, if any),
                    all under the tenant's hash tag
 
@@ -342,9 +348,13 @@ if mq >= 0 and not replay then
 end
 -- policies (see "Policies"): precs holds what commit and report need
 local precs, degraded, shadowed = nil, false, false
-if np > 0 then
+if ARGV[15] then
   local pass, degr, pretry
-  pass, degr, pretry, precs = policies_check(#KEYS - np + 1, 17, np, now, ARGV[16])
+  pass, degr, pretry, precs = policies_check(#KEYS - np + 1, 18, np, now, ARGV[16])
+  local outside = ARGV[17]
+  if string.find(outside, 'x', 1, true) then pass = false end
+  if string.find(outside, 'd', 1, true) then degr = true end
+  if string.find(outside, 's', 1, true) then shadowed = true end
   if not pass then
     ok, mask = false, mask + 16
     if retry ~= -1 and (pretry < 0 or pretry > retry) then retry = pretry end

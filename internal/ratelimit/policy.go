@@ -142,6 +142,9 @@ type inSlot struct {
 	id    string
 	specs []PolicySpec
 	calls []int // index in the request's Policies of each spec
+	// outside is what the reservations made of the request (admit.lua's
+	// ARGV[17]): 'x' refused, 'd' degraded, 's' refused in shadow
+	outside string
 }
 
 // crossGroup are policies of one other hash slot, decided by a reservation.
@@ -218,7 +221,7 @@ func (r *Runner) splitPolicies(req quota.Request) (*inSlot, []crossGroup, error)
 		cross[g].specs = append(cross[g].specs, spec)
 		cross[g].calls = append(cross[g].calls, i)
 	}
-	if len(in.specs) == 0 {
+	if len(in.specs) == 0 && len(cross) == 0 {
 		in = nil
 	}
 	return in, cross, nil
@@ -233,9 +236,9 @@ func (r *Runner) splitPolicies(req quota.Request) (*inSlot, []crossGroup, error)
 // so that a refused request consumes none of them in the end. Between the
 // reservation and its rollback another request may see the reserved room
 // as taken: a refusal that, at worst, a retry after Retry-After corrects.
-// When a reservation refuses, the tenant's call runs as a peek (the tier's
-// items as they are, and whether it refuses too) and the refusal is counted
-// with CountRefused.
+// The tenant's call is told what the reservations made of the request
+// (admit.lua's ARGV[17]): it refuses or degrades the request accordingly,
+// consuming nothing, and counts it with the rest of its usage.
 func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p params, mode, idem string) (quota.Decision, error) {
 	in, cross, err := r.splitPolicies(req)
 	if err != nil {
@@ -254,7 +257,7 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		}
 		reserved = nil
 	}
-	crossOK, crossDegraded, crossRetry := true, false, int64(0)
+	crossOK, crossDegraded, crossShadow, crossRetry := true, false, false, int64(0)
 	pmode := PolicyAdmit
 	if mode != "admit" {
 		pmode = PolicyDry
@@ -267,6 +270,9 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		}
 		for j, it := range res.Items {
 			states[g.calls[j]] = policyState(req.Policies[g.calls[j]].Policy, it)
+			if it.Outcome == int64(quota.PolicyShadowRefused) {
+				crossShadow = true
+			}
 		}
 		if !res.Allowed {
 			if enforcedRefusal(res.Items) {
@@ -296,12 +302,19 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 			}
 		}
 	}
-	tenantMode := mode
-	if (!crossOK || crossDegraded) && mode == "admit" {
-		// the tier's items as they are, and whether it would refuse too
-		tenantMode, idem = "peek", ""
+	if in != nil {
+		// the tenant's call decides with what the reservations found, and
+		// counts it (a refusal, a degraded request, a shadow refusal)
+		if !crossOK {
+			in.outside += "x"
+		} else if crossDegraded {
+			in.outside += "d"
+		}
+		if crossShadow {
+			in.outside += "s"
+		}
 	}
-	res, err := r.run(ctx, req.TenantID, idem, now, tenantMode, req.Cost, req.Meter, overageMode(req.Overage), p,
+	res, err := r.run(ctx, req.TenantID, idem, now, mode, req.Cost, req.Meter, overageMode(req.Overage), p,
 		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), in)
 	if err != nil {
 		undo()
@@ -320,19 +333,14 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		undo()
 		return d, nil
 	}
-	if !crossOK || crossDegraded {
-		if mode == "admit" {
-			d.Allowed = false
-			_ = r.CountRefused(ctx, []quota.RefusalCount{{TenantID: req.TenantID, Meter: req.Meter,
-				Hour: d.Now.Truncate(time.Hour), Requests: 1}})
-		}
-		if !crossOK {
-			d.Allowed = false
-			if d.RetryAfter >= 0 {
-				cr := time.Duration(crossRetry) * time.Microsecond
-				if crossRetry < 0 || cr > d.RetryAfter {
-					d.RetryAfter = cr
-				}
+	if !crossOK {
+		// (a dry run is not told: it decides with what it finds, and the
+		// reservation's refusal decides it here)
+		d.Allowed = false
+		if d.RetryAfter >= 0 {
+			cr := time.Duration(crossRetry) * time.Microsecond
+			if crossRetry < 0 || cr > d.RetryAfter {
+				d.RetryAfter = cr
 			}
 		}
 	}
@@ -347,7 +355,7 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		}
 		undo()
 	}
-	finishPolicies(&d, states, crossDegraded && crossOK && res[1] == 0)
+	finishPolicies(&d, states, crossDegraded && crossOK && (res[1] == 0 || res[1] == 32))
 	return d, nil
 }
 

@@ -199,3 +199,37 @@ func TestReservationUndoesOnlyWhatItCommitted(t *testing.T) {
 		t.Fatalf("after the rollback: %+v, want the shadow policy still full (0 left) and the enforced one at 9", got)
 	}
 }
+
+// TestReservedPolicyOutcomesAreCounted: the shadow refusals and degraded
+// requests of policies in other slots (global) are counted in the
+// tenant's pending usage like those of its own slot.
+func TestReservedPolicyOutcomesAreCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	now := at(t, "2026-05-04T10:00:00Z")
+	for _, how := range []quota.OnRefuse{quota.RefuseShadow, quota.RefuseDegrade} {
+		tenant := newTenant()
+		pol := fixedWindow("g-"+string(how)+"-"+testenv.RandomHex(3), 1, quota.ScopeGlobal, how)
+		for i := range 3 {
+			d := mustAdmit(t, r, policyReq(tenant, now, i, 10, pol))
+			if want := i == 0 || how == quota.RefuseShadow; d.Allowed != want {
+				t.Fatalf("%s request %d: allowed %t, want %t", how, i, d.Allowed, want)
+			}
+			if how == quota.RefuseDegrade && i > 0 && (d.Fallback == nil || len(d.Violated) != 0) {
+				t.Fatalf("degrade request %d: fallback %v violated %v", i, d.Fallback, d.Violated)
+			}
+		}
+		rows, err := r.Pending(ctx, tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := quota.PendingRow{Hour: now.Truncate(time.Hour), Meter: "m", Units: 3, Requests: 3, ShadowRefused: 2}
+		if how == quota.RefuseDegrade {
+			want = quota.PendingRow{Hour: now.Truncate(time.Hour), Meter: "m", Units: 1, Requests: 1, Degraded: 2}
+		}
+		if len(rows) != 1 || rows[0] != want {
+			t.Fatalf("%s: pending %+v, want %+v", how, rows, want)
+		}
+	}
+}

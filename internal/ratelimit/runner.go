@@ -194,7 +194,7 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
 	n := 14
 	if pol != nil {
-		n += 2 + 7*len(pol.specs)
+		n += 3 + 7*len(pol.specs)
 	}
 	args := make([]any, 14, n)
 	args[0], args[1], args[2], args[3], args[4], args[5] = boxed(r.layout), now, boxed(mode), cost, meter, boxed(overage)
@@ -205,7 +205,7 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	want := resultLen
 	if pol != nil {
 		s, want = admitPolicyScript, resultLen+7*len(pol.specs)
-		args = append(args, len(pol.specs), pol.id)
+		args = append(args, len(pol.specs), pol.id, pol.outside)
 		args = appendPolicyArgs(args, pol.specs)
 		for _, sp := range pol.specs {
 			keys = append(keys, sp.Key)
