@@ -21,7 +21,18 @@ may be an explicit test time) and rounded up to the ms, + SLACK_MS; an undo
 that leaves the state empty deletes the key.
 
 Commands per policy and decision: GET (check), SET .. PX (commit, only when
-the request is admitted). undo: GET, then SET .. PX or DEL.
+the request is admitted). undo: GET, then SET .. PX or DEL. undo needs no
+particular now (it moves the state back by the request's share). Memory per
+key (MEMORY USAGE, with a key name of about 50 bytes): about 104 bytes for
+leaky_bucket (an integer-encoded string), 136 for the others (a short
+embedded string).
+
+Remaining when a policy admits but the call is not consumed (a dry run, a
+refusal elsewhere): policy.lua adds w back to the remaining of the
+admission, at most the limit. That is the remaining as it is for
+token_bucket and gcra (an admission takes exactly w from it); for
+leaky_bucket (whose admission does not depend on w, and whose remaining is
+at least 0) and warm_up (0 or 1) it is an approximation.
 
 Bounds: every quantity is an integer in a double, exact below 2^53, as in
 admit.lua: quota.Policy bounds C*U and (burst+1)*T by 2^50 us and warm_up's
@@ -35,16 +46,16 @@ token_bucket (a = capacity C units, b = U us per unit of refill)
   admit.lua's bucket in virtual-scheduling form: tokens(now) = C -
   max(0, FULL - now)/U. f = max(min(FULL, W + C*U), now) (the clamp, see
   below); new = f + w*U; admitted iff new - now <= C*U (w tokens are
-  there). limit C; remaining =
-  floor((C*U - (new - now))/U), of f when refused; reset = new (f when
-  refused): full again; retry = new - C*U - now, -1 when w > C. undo: FULL
-  -= w*U. Guarantee: in any window of t us at most C + t/U units pass.
+  there). limit C; remaining = floor((C*U - (new - now))/U), of f when
+  refused; reset = new (f when refused): full again; retry = new - C*U -
+  now, -1 when w > C. undo: FULL -= w*U. Guarantee: in any window of t us
+  at most C + t/U units pass.
 gcra (a = burst B >= 1, b = T us per request)
   admit.lua's tier GCRA with a weight: tat = max(min(TAT, W + B*T), now)
   (the clamp, see below); new = tat + w*T; admitted iff new - now <= B*T;
-  limit B; remaining =
-  floor((B*T - (new - now))/T) (of tat when refused); reset = new (tat
-  when refused); retry = new - B*T - now, -1 when w > B. undo: TAT -= w*T.
+  limit B; remaining = floor((B*T - (new - now))/T) (of tat when
+  refused); reset = new (tat when refused); retry = new - B*T - now, -1
+  when w > B. undo: TAT -= w*T.
   The arithmetic is the token bucket's (B for C, T for U): the two differ
   in how they are configured (rate and burst, capacity and refill) and in
   what the API reports. Guarantee: in any window of t us at most B + t/T
@@ -113,8 +124,8 @@ warm_up (a = S us per permit at the stable rate, b = W warm-up us, c = cold
   stays cold (as Guava's setRate, which rescales storedPermits, keeps a
   full one full); otherwise storedPermits is read as at most the new
   maxPermits (the key does not keep the old one to rescale it), and nf
-  stands (as in Guava's setRate). limit = the stable
-  rate per second, floor(1e6/S), at least 1; remaining = 1 when a request
+  stands (as in Guava's setRate). limit = the stable rate per second,
+  floor(1e6/S), at least 1; remaining = 1 when a request
   would be admitted now after this one (nf <= now), else 0: it is 0 after
   every admission (a permit costs at least a us), so it says whether the
   limiter is free now; reset = nf (resynced: at least now); retry = nf -

@@ -73,12 +73,15 @@ func (v *vsched) check(now, w int64) (r Result, next int64) {
 	return r, next
 }
 
+// commit writes the admission of w at now (when check admits it).
 func (v *vsched) commit(now, w int64) {
 	if r, next := v.check(now, w); r.OK {
 		v.at, v.wr = next, now
 	}
 }
 
+// undo moves the time back by w units (none when there is no state, or w
+// exceeds the capacity: such a request was never admitted).
 func (v *vsched) undo(w int64) {
 	if w <= v.c && v.at != 0 {
 		v.at -= w * v.u
@@ -128,10 +131,10 @@ type GCRA struct{ v vsched }
 func NewGCRA(p Params) *GCRA { return &GCRA{vsched{c: p[0], u: p[1]}} }
 
 // Check decides w at now: tat = max(min(TAT, W + B*T), now) (W the time
-// TAT was written), admitted
-// iff tat + w*T - now <= B*T. Limit is the burst, Remaining the requests
-// that would still pass at once, Reset the new TAT (the old one when
-// refused), Retry the wait (-1 when w exceeds the burst).
+// TAT was written: the clamp after a change of limits), admitted iff tat +
+// w*T - now <= B*T. Limit is the burst, Remaining the requests that would
+// still pass at once, Reset the new TAT (the old one when refused), Retry
+// the wait (-1 when w exceeds the burst).
 func (m *GCRA) Check(now, w int64) Result { r, _ := m.v.check(now, w); return r }
 
 // Commit moves TAT by w*T, when Check admits w.
@@ -212,7 +215,7 @@ func (m *LeakyBucket) Commit(now, w int64, _ string) {
 
 // Undo gives w slots back: TAT -= w*T.
 func (m *LeakyBucket) Undo(_, w int64, _ string) {
-	if w <= rateMaxDebt/m.T {
+	if w <= rateMaxDebt/m.T && m.TAT != 0 {
 		m.TAT -= w * m.T
 	}
 }

@@ -88,11 +88,9 @@ func rateExpect(mode string, now int64, id string, specs []PolicySpec, models []
 		return PolicyResult{Allowed: true}
 	}
 	pass, degraded, retry := true, false, int64(0)
-	res := make([]policyalg.Result, len(specs))
 	items := make([]PolicyItem, len(specs))
 	for i, s := range specs {
 		r := models[i].Check(now, s.Weight)
-		res[i] = r
 		it := PolicyItem{Outcome: 1, Limit: r.Limit, Remaining: r.Remaining, Reset: r.Reset, Delay: r.Delay, How: s.How}
 		if !r.OK {
 			it.Retry = r.Retry
@@ -129,7 +127,9 @@ func rateExpect(mode string, now int64, id string, specs []PolicySpec, models []
 	return out
 }
 
-func fmtPolicyResult(r PolicyResult) string {
+// rateFmt prints every field of r on one line, so that two results compare
+// as strings and a mismatch shows both in full.
+func rateFmt(r PolicyResult) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "allowed=%t now=%d retry=%d degraded=%t", r.Allowed, r.Now, r.Retry, r.Degraded)
 	for _, it := range r.Items {
@@ -369,9 +369,9 @@ func runRateProperty(t *testing.T, c redis.UniversalClient, schedules, steps int
 
 		for i := range steps {
 			// A gap: none (a burst), within the finest interval, or on the
-			// scale of the states' spans (explicit time runs faster than
-			// real time, so no key expires in real time before its state
-			// is empty in script time).
+			// scale of the states' spans. (Script time may run slower than
+			// real time: rateKeepAlive keeps the keys from expiring in real
+			// time before their state is empty in script time.)
 			switch x := rng.IntN(10); {
 			case x < 3:
 			case x < 6:
@@ -453,8 +453,8 @@ func runRateProperty(t *testing.T, c redis.UniversalClient, schedules, steps int
 			for _, s := range specs {
 				ws = append(ws, fmt.Sprintf("%s w=%d", s.Alg, s.Weight))
 			}
-			history = append(history, fmt.Sprintf("%d %s now=%d %s -> %s", i, mode, now, strings.Join(ws, ", "), fmtPolicyResult(want)))
-			if g, w := fmtPolicyResult(got), fmtPolicyResult(want); g != w {
+			history = append(history, fmt.Sprintf("%d %s now=%d %s -> %s", i, mode, now, strings.Join(ws, ", "), rateFmt(want)))
+			if g, w := rateFmt(got), rateFmt(want); g != w {
 				fail("step %d %s:\n  got  %s\n  want %s", i, mode, g, w)
 			}
 			after := rateKeyState(t, c, keys)
@@ -590,7 +590,7 @@ func TestPolicyRatesLimitChanges(t *testing.T) {
 				t.Fatal(err)
 			}
 			want := rateExpect(PolicyAdmit, now, fmt.Sprint(i), []PolicySpec{spec}, []policyalg.Model{pol.model})
-			if g, w := fmtPolicyResult(got), fmtPolicyResult(want); g != w {
+			if g, w := rateFmt(got), rateFmt(want); g != w {
 				t.Fatalf("%s step %d %v:\n  got  %s\n  want %s", tc.alg, i, st.p, g, w)
 			}
 			if msg := rateCompareKey(t, c, pol, now); msg != "" {
@@ -799,7 +799,7 @@ func TestPolicyRatesWarmUpGuavaTrace(t *testing.T) {
 			wait = res.Retry
 			now += wait
 			if res, err = r.RunPolicies(ctx, PolicyAdmit, now, "x", []PolicySpec{spec}); err != nil || !res.Allowed {
-				t.Fatalf("refused after its retry: %v %s", err, fmtPolicyResult(res))
+				t.Fatalf("refused after its retry: %v %s", err, rateFmt(res))
 			}
 		}
 		waits = append(waits, wait)
