@@ -416,6 +416,9 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			INSERT INTO usage_batches (batch_id, tenant_id, units, requests, flushed_at)
 			SELECT b.id, b.tenant, b.units, b.requests, $13
 			FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
+			-- (one order of row locks for every worker: two recording the
+			-- same batches at once wait for each other, never deadlock)
+			ORDER BY b.id
 			ON CONFLICT (batch_id) DO NOTHING
 			RETURNING batch_id
 		), ins AS (
@@ -428,6 +431,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			JOIN new ON new.batch_id = r.batch
 			JOIN tenants t ON t.id = r.tenant
 			GROUP BY t.id, r.hour, r.meter
+			ORDER BY t.id, r.hour, r.meter
 			ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET
 				units = u.units + EXCLUDED.units, requests = u.requests + EXCLUDED.requests,
 				rejected = u.rejected + EXCLUDED.rejected, overage_units = u.overage_units + EXCLUDED.overage_units,
