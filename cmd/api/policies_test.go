@@ -382,3 +382,29 @@ func TestQueuedRequestLeavesWhenItsClientHangsUp(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestUsageAndSummaryShowThePolicies: /v1/usage and the admin summary list
+// the tier's policies with the same state.
+func TestUsageAndSummaryShowThePolicies(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tier := s.tier(39, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	tenant, key := s.tenant(tier.Slug)
+	mustPolicy(t, base, `{"name": "five-a-day", "algorithm": "fixed_window", "limit": 5, "window_seconds": 86400}`)
+	waitPolicy(t, base, key, "five-a-day")
+	do(t, "GET", base+"/api/demo/echo", key, "")
+	own := do(t, "GET", base+"/v1/usage", key, "").json(t)["policies"]
+	summary := admin(t, "GET", base+"/admin/v1/tenants/"+tenant.ID+"/summary", "").json(t)["policies"]
+	items, _ := own.([]any)
+	if len(items) != 1 {
+		t.Fatalf("/v1/usage policies %v, want one", own)
+	}
+	got := items[0].(map[string]any)
+	if got["name"] != "five-a-day" || got["limit"] != 5.0 || got["remaining"] != 3.0 || got["algorithm"] != "fixed_window" {
+		t.Fatalf("/v1/usage policy %v, want five-a-day with 3 of 5 left", got)
+	}
+	if fmt.Sprint(summary) != fmt.Sprint(own) {
+		t.Fatalf("summary policies %v, /v1/usage %v: want the same", summary, own)
+	}
+}

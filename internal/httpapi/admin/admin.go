@@ -619,7 +619,8 @@ func (s *API) TenantUsage(c *fiber.Ctx) error {
 }
 
 // TenantSummary answers a tenant's usage exactly as the tenant's own
-// GET /v1/usage would: limits, this month's days and meters, upgrade hint.
+// GET /v1/usage would: limits, this month's days and meters, its tier's
+// policies with their state, upgrade hint.
 func (s *API) TenantSummary(c *fiber.Ctx) error {
 	p, err := s.catalog.Principal(c.UserContext(), c.Params("id"))
 	if err != nil {
@@ -627,6 +628,13 @@ func (s *API) TenantSummary(c *fiber.Ctx) error {
 	}
 	u, err := s.reports.For(c.UserContext(), p)
 	if err != nil {
+		return err
+	}
+	list, err := s.catalog.Policies(c.UserContext())
+	if err != nil {
+		return err
+	}
+	if u.Policies, err = s.reports.Policies(c.UserContext(), p, usage.TierPolicies(list, p.Tier.Slug)); err != nil {
 		return err
 	}
 	return c.JSON(u)
