@@ -324,3 +324,24 @@ func TestKeysMemoryOfAPolicy(t *testing.T) {
 		t.Errorf("got %d bytes in %d keys, want > 0 bytes in 2 keys (policy p-1 of tenant a)", bytes, keys)
 	}
 }
+
+func TestParseCPU(t *testing.T) {
+	got, err := parseRedisCPU("# CPU\r\nused_cpu_sys:1.500000\r\nused_cpu_user:2.250000\r\nused_cpu_sys_children:9\r\n")
+	if err != nil || got != 3.75 {
+		t.Fatalf("parseRedisCPU = %v, %v; want 3.75", got, err)
+	}
+	if _, err := parseRedisCPU("used_cpu_sys:1\n"); err == nil {
+		t.Fatal("parseRedisCPU took INFO without used_cpu_user")
+	}
+	v, err := parseProcessCPU(strings.NewReader("# HELP x\nprocess_cpu_seconds_total_other 9\nprocess_cpu_seconds_total 12.5\n"))
+	if err != nil || v != 12.5 {
+		t.Fatalf("parseProcessCPU = %v, %v; want 12.5", v, err)
+	}
+	if _, err := parseProcessCPU(strings.NewReader("go_goroutines 3\n")); err == nil {
+		t.Fatal("parseProcessCPU found a value in metrics without it")
+	}
+	c := cpuPerRequest("r", Result{Requests: 1000, RPS: 500}, cpuSample{loadgen: 1, api: 2, redis: 3}, cpuSample{loadgen: 1.01, api: 2.02, redis: 3.005})
+	if c.loadgen < 9.99 || c.loadgen > 10.01 || c.api < 19.99 || c.api > 20.01 || c.redis < 4.99 || c.redis > 5.01 || c.wall != 2 {
+		t.Fatalf("cpuPerRequest = %+v, want loadgen 10, api 20, Redis 5 µs per request over 2 s", c)
+	}
+}

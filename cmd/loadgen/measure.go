@@ -89,6 +89,7 @@ func measure(ctx context.Context, o options, cfg config.Config, out io.Writer) e
 	fmt.Fprintf(out, "%-17s %10s %7s %10s %10s %10s %8s\n", "row", "req/s", "×bare", "p50", "p99", "requests", "errors")
 	res := map[string]Result{}
 	redisCost := map[string]cmdStats{} // of the phases that call Redis on every request
+	var cpu []cpuRow                   // where the rows' CPU went
 	failed := false
 	for _, t := range []*target{bare, redisRate, healthz, admitted, refused, check} {
 		if err := ctx.Err(); err != nil {
@@ -102,7 +103,18 @@ func measure(ctx context.Context, o options, cfg config.Config, out io.Writer) e
 				return err
 			}
 		}
+		cpuBefore, err := sampleCPU(ctx, t, rdb, t.base == o.api)
+		if err != nil {
+			return err
+		}
 		r := closedLoop(t, o.duration, o.max, o.conns)
+		cpuAfter, err := sampleCPU(ctx, t, rdb, t.base == o.api)
+		if err != nil {
+			return err
+		}
+		if t == bare || t == redisRate || t == admitted || t == refused {
+			cpu = append(cpu, cpuPerRequest(t.row, r, cpuBefore, cpuAfter))
+		}
 		if counted {
 			after, err := commandStats(ctx, rdb)
 			if err != nil {
@@ -143,6 +155,7 @@ func measure(ctx context.Context, o options, cfg config.Config, out io.Writer) e
 		return err
 	}
 	fmt.Fprintf(out, "bytes per tenant: %d (MEMORY USAGE of %d keys %s:*{t:%s}*)\n", memBytes, memKeys, o.rdbPrefix, ten.admittedID)
+	printCPU(out, cpu, goalAdmittedVsRedisRate*res["redis_rate"].RPS)
 
 	ratio := func(a, b string) float64 {
 		if res[b].RPS == 0 {
