@@ -164,7 +164,7 @@ func TestPagePostsRefuseForgedRequests(t *testing.T) {
 	tenantTok := tenantC.csrf("/dashboard")
 
 	// A valid body for each route, so that only the forgery is wrong.
-	ids := strings.NewReplacer("{id}", tenant.ID, "{slug}", tier.Slug)
+	ids := strings.NewReplacer("{id}", tenant.ID, "{slug}", tier.Slug, "{name}", "forged-policy")
 	bodies := map[string]url.Values{
 		"/console/tiers":               {"slug": {"forged"}, "name": {"F"}, "rank": {"999"}, "price_cents": {"0"}, "overage": {"block"}},
 		"/console/tiers/{slug}":        {"name": {"Forged"}, "rank": {"100"}, "price_cents": {"1"}, "overage": {"block"}},
@@ -179,6 +179,10 @@ func TestPagePostsRefuseForgedRequests(t *testing.T) {
 		"/console/login":               {"token": {adminToken}},
 		"/dashboard/login":             {"api_key": {key}},
 	}
+	// The policies' forms; console_policies_test.go tries them on a policy that exists.
+	bodies["/console/policies"] = url.Values{"name": {"forged"}, "algorithm": {"gcra"}, "rate": {"1"}, "burst": {"1"}}
+	bodies["/console/policies/{name}"] = url.Values{"algorithm": {"gcra"}, "rate": {"1"}, "burst": {"1"}}
+	bodies["/console/policies/{name}/delete"] = url.Values{}
 	before := auditCount(t, s)
 	for _, route := range pagePosts(t, base) {
 		form, ok := bodies[route]

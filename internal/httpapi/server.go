@@ -219,6 +219,12 @@ func (s *Server) routesSetup() {
 	con.Get("/new-tier", s.pages.AdminSession, s.pages.ConsoleNewTier) // not under /tiers/: any name there may be a slug
 	con.Get("/tiers/:slug", s.pages.AdminSession, s.pages.ConsoleTierForm)
 	con.Post("/tiers/:slug", s.pages.AdminSession, s.pages.ConsoleSaveTier)
+	con.Get("/policies", s.pages.AdminSession, s.pages.ConsolePolicies)
+	con.Post("/policies", s.pages.AdminSession, s.pages.ConsoleCreatePolicy)
+	con.Get("/new-policy", s.pages.AdminSession, s.pages.ConsoleNewPolicy) // not under /policies/: any name there may be a policy's
+	con.Get("/policies/:name", s.pages.AdminSession, s.pages.ConsolePolicyForm)
+	con.Post("/policies/:name", s.pages.AdminSession, s.pages.ConsoleSavePolicy)
+	con.Post("/policies/:name/delete", s.pages.AdminSession, s.pages.ConsoleDeletePolicy)
 	con.Get("/tenants", s.pages.AdminSession, s.pages.ConsoleTenants)
 	con.Post("/tenants", s.pages.AdminSession, s.pages.ConsoleCreateTenant)
 	con.Get("/tenants/:id", s.pages.AdminSession, s.pages.ConsoleTenant)

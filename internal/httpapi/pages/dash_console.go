@@ -25,6 +25,10 @@ var consoleFlash = map[string]string{
 	"tier":      "Tier changed.",
 	"suspended": "Tenant suspended: its keys are refused until it is resumed.",
 	"resumed":   "Tenant resumed.",
+
+	"policy-created": "Policy created: every node applies it within a second.",
+	"policy-saved":   "Policy saved: every node applies it within a second.",
+	"policy-deleted": "Policy deleted: every node drops it within a second.",
 }
 
 func (s *Pages) consoleView(c *fiber.Ctx, title, nav string, data any) view {

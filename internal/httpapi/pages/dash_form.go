@@ -22,8 +22,17 @@ const maxFormValue = quota.MaxURLLength
 // characters and at most maxFormValue bytes. Absent fields are absent from
 // the map. Every failure is a CodeInvalid error naming the field.
 func readForm(c *fiber.Ctx, fields ...string) (map[string]string, error) {
-	allowed := make(map[string]bool, len(fields))
+	return readFormText(c, nil, fields...)
+}
+
+// readFormText is readForm where the fields of text (textareas) may also
+// hold line breaks and tabs, each up to its own length in bytes.
+func readFormText(c *fiber.Ctx, text map[string]int, fields ...string) (map[string]string, error) {
+	allowed := make(map[string]bool, len(fields)+len(text))
 	for _, f := range fields {
+		allowed[f] = true
+	}
+	for f := range text {
 		allowed[f] = true
 	}
 	out := map[string]string{}
@@ -33,16 +42,20 @@ func readForm(c *fiber.Ctx, fields ...string) (map[string]string, error) {
 			return
 		}
 		name := string(k)
+		limit, check, what := maxFormValue, httpx.Printable, "must be valid UTF-8 without control characters"
+		if n := text[name]; n > 0 {
+			limit, check, what = n, printableText, "must be valid UTF-8 without control characters other than line breaks and tabs"
+		}
 		switch {
 		case !allowed[name]:
 			if !utf8.ValidString(name) || !httpx.Printable(k) {
 				name = "form"
 			}
 			bad = quota.FieldError(name, "unknown field")
-		case len(v) > maxFormValue:
-			bad = quota.FieldError(name, "must be at most %d characters", maxFormValue)
-		case !httpx.Printable(v):
-			bad = quota.FieldError(name, "must be valid UTF-8 without control characters")
+		case len(v) > limit:
+			bad = quota.FieldError(name, "must be at most %d characters", limit)
+		case !check(v):
+			bad = quota.FieldError(name, "%s", what)
 		default:
 			if _, dup := out[name]; dup {
 				bad = quota.FieldError(name, "given more than once")
@@ -52,6 +65,20 @@ func readForm(c *fiber.Ctx, fields ...string) (map[string]string, error) {
 		}
 	})
 	return out, bad
+}
+
+// printableText reports whether b is UTF-8 whose only control characters
+// are line breaks and tabs: the text of a textarea.
+func printableText(b []byte) bool {
+	if !utf8.Valid(b) {
+		return false
+	}
+	for _, r := range string(b) {
+		if (r < 0x20 && r != '\n' && r != '\r' && r != '\t') || r == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // formErrors collects the field errors of one form submission, to show each

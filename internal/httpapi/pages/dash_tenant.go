@@ -29,6 +29,9 @@ type tenantView struct {
 	Days      usageTable // this month's days
 	Meters    usageTable // this month's meters
 	Invoices  []billing.Invoice
+	// Policies are the policies of the tenant's tier with their state
+	// (the dashboard's; the console's tenant page leaves them out).
+	Policies policyStates
 }
 
 // usageTable is one table of usage rows (days or meters) for the "usage"
@@ -74,11 +77,15 @@ func (s *Pages) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantVi
 }
 
 // DashHome is the tenant's dashboard: tier, quotas, burst limits, the
-// month's chart, usage by meter, invoices and the upgrade hint.
+// policies of its tier, the month's chart, usage by meter, invoices and the
+// upgrade hint.
 func (s *Pages) DashHome(c *fiber.Ctx) error {
 	p := httpx.PrincipalOf(c)
 	v, err := s.tenantViewOf(c.UserContext(), p)
 	if err != nil {
+		return err
+	}
+	if v.Policies, err = s.tenantPolicies(c, p); err != nil {
 		return err
 	}
 	return s.render(c, fiber.StatusOK, "dashboard", view{Title: "Usage", Area: tenantArea.name, Nav: "usage",

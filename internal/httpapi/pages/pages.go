@@ -16,9 +16,9 @@ import (
 	"github.com/tollgate/tollgate/internal/usage"
 )
 
-// Records is what the console reads of the store of tiers, tenants, keys
-// and grants (*postgres.Store), read through to Postgres, never cached.
-// Writes go through the catalog.
+// Records is what the console reads of the store of tiers, tenants, keys,
+// grants and policies (*postgres.Store), read through to Postgres, never
+// cached. Writes go through the catalog.
 type Records interface {
 	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
 	Tier(ctx context.Context, slug string) (quota.Tier, error)
@@ -27,6 +27,8 @@ type Records interface {
 	TenantsByID(ctx context.Context, ids []string) ([]quota.Tenant, error)
 	ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error)
 	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
+	ListPolicies(ctx context.Context, p quota.Page) ([]quota.Policy, *string, error)
+	Policy(ctx context.Context, name string) (quota.Policy, error)
 }
 
 // SessionStore keeps sign-in sessions by key until their TTL
