@@ -20,7 +20,7 @@
 //   - No package holds more than a quarter of the module's non-test Go lines,
 //     counted over the packages under cmd/ and internal/.
 //   - The services (internal/admission, internal/billing, internal/catalog,
-//     internal/usage, internal/worker, internal/locallimit) do not import
+//     internal/usage, internal/worker, internal/locallimit, internal/policyalg) do not import
 //     internal/ratelimit, internal/postgres or the HTTP layer; they declare
 //     the small interfaces they consume and cmd/* wires the adapters in.
 //     Their tests may import adapters: only non-test imports are checked.
