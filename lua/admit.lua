@@ -242,9 +242,10 @@ local ds, dgs, ms, qtail, mns, pend -- raw fields of the v2 hash
 if v2 then
   local gs, bs, dus, mus, xs
   gs, bs = string.match(h[1], '^(%-?%d*),(%-?%d*)$')
-  ds, dus, dgs, ms, mus, qtail = string.match(h[2],
-    '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+,%-?%d+,%-?%d+)$')
-  local mgs, mos, gns = string.match(qtail, '^(%-?%d+),(%-?%d+),(%-?%d+)$')
+  -- (one match: the tail is a capture holding the last three's captures)
+  local mgs, mos, gns
+  ds, dus, dgs, ms, mus, qtail, mgs, mos, gns = string.match(h[2],
+    '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),((%-?%d+),(%-?%d+),(%-?%d+))$')
   xs, mns = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
   -- (decimal integers: arithmetic converts each once; tonumber, a function
   -- call, twice)
