@@ -43,6 +43,10 @@ import (
 //     at month end, after the tenant's overrides (overrides have no history
 //     either: the current ones are used).
 //   - Grants are listed at amount 0: shown, not charged.
+//   - Credits: prepaid credit valid at the month's end is drawn, oldest
+//     expiring first, as negative "Credit: <reason>" lines after the others,
+//     never below a total of zero; drafts show the draws they would make,
+//     finalization records them, exactly once (see CreditEntry).
 //
 // Run is one idempotent step of the worker; Generate recomputes one invoice.
 type Invoicer struct {
@@ -296,6 +300,7 @@ type ratedTenant struct {
 	in            RatingInput
 	oldLines      []InvoiceLine
 	oldTotal      int64
+	credits       []availableCredit // in the order they are drawn
 }
 
 // generateTx regenerates the month's invoices of the tenants ids (sorted
@@ -304,7 +309,8 @@ type ratedTenant struct {
 // ones in tenant order, so that two workers regenerating the same invoices
 // take turns (and each reads the data committed before it) instead of
 // deadlocking. Final invoices are left alone; drafts whose lines did not
-// change are not rewritten.
+// change are not rewritten. Finalizing draws the tenants' credits (see
+// CreditEntry), in the same transaction.
 func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Time, ids []string) error {
 	end := month.AddDate(0, 1, 0)
 	final := i.closable(now, end)
@@ -347,6 +353,9 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 	if err := loadRatingInputs(ctx, tx, month, end, ts, byID); err != nil {
 		return err
 	}
+	if err := loadCredits(ctx, tx, end, ts, byID, final); err != nil {
+		return err
+	}
 
 	// Rate, and keep only the invoices that change.
 	var (
@@ -358,6 +367,8 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 			kind, descr []string
 			qty, amount []int64
 		}
+		drawInvoices []string // the invoice of each of draws
+		draws        []creditDraw
 	)
 	for _, t := range ts {
 		t.in.Segments = clipToLifetime(t.in.Segments, t.created, month, end)
@@ -371,9 +382,19 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 			s.MonthlyQuota = t.overrides.Apply(quota.Limits{MonthlyQuota: s.MonthlyQuota}).MonthlyQuota
 		}
 		got := Rate(t.in)
+		drawn := drawCredits(TotalCents(got), t.credits)
+		for _, d := range drawn {
+			got = append(got, creditLine(d))
+		}
 		total := TotalCents(got)
 		if !final && total == t.oldTotal && slices.Equal(got, t.oldLines) {
 			continue
+		}
+		if final {
+			for _, d := range drawn {
+				drawInvoices = append(drawInvoices, t.invoiceID)
+				draws = append(draws, d)
+			}
 		}
 		invIDs = append(invIDs, t.invoiceID)
 		totals = append(totals, total)
@@ -410,7 +431,7 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 		lines.invoiceID, lines.no, lines.kind, lines.descr, lines.qty, lines.amount); err != nil {
 		return fmt.Errorf("billing: insert invoice lines: %w", err)
 	}
-	return nil
+	return recordDraws(ctx, tx, now, drawInvoices, draws)
 }
 
 // loadRatingInputs fills the rating inputs of the tenants ts (also indexed by id)

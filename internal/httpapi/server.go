@@ -191,6 +191,8 @@ func (s *Server) routesSetup() {
 	admin.Post("/keys/:id/rotate", s.admin.RotateKey)
 	admin.Get("/tenants/:id/grants", s.admin.ListGrants)
 	admin.Post("/tenants/:id/grants", s.admin.CreateGrant)
+	admin.Get("/tenants/:id/credits", s.admin.ListCredits)
+	admin.Post("/tenants/:id/credits", s.admin.CreateCredit)
 	admin.Get("/tenants/:id/usage", s.admin.TenantUsage)
 	admin.Get("/tenants/:id/summary", s.admin.TenantSummary)
 	admin.Get("/invoices", s.admin.ListInvoices)
