@@ -67,7 +67,7 @@ type Invoice struct {
 
 // InvoiceLine is one line of an invoice.
 type InvoiceLine struct {
-	Kind        string `json:"kind"` // subscription, included, overage, grant
+	Kind        string `json:"kind"` // subscription, included, overage, grant, credit (negative)
 	Description string `json:"description"`
 	Quantity    int64  `json:"quantity"`
 	AmountCents int64  `json:"amount_cents"`
