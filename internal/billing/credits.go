@@ -91,9 +91,9 @@ type NewCredit struct {
 // MaxCreditReason bounds a credit's reason, in characters.
 const MaxCreditReason = 200
 
-// check returns a field error naming what is wrong with c, save its expiry,
+// Check returns a field error naming what is wrong with c, save its expiry,
 // or nil.
-func (c NewCredit) check() error {
+func (c NewCredit) Check() error {
 	if c.AmountCents < 1 || c.AmountCents > quota.MaxPrice {
 		return quota.FieldError("amount_cents", "must be an integer between 1 and %d", quota.MaxPrice)
 	}
@@ -135,7 +135,7 @@ func creditDest(e *CreditEntry) []any {
 // expiry has passed). An unknown tenant is CodeNotFound; invalid input a
 // CodeInvalid error naming the field.
 func (l *Ledger) CreateCredit(ctx context.Context, actor, tenantID, key string, c NewCredit, now time.Time) (e CreditEntry, created bool, err error) {
-	if err := c.check(); err != nil {
+	if err := c.Check(); err != nil {
 		return e, false, err
 	}
 	now = now.UTC().Truncate(time.Microsecond) // Postgres' precision: stored as given

@@ -110,6 +110,17 @@ var decoders = []func(c *fiber.Ctx) error{
 		p.Defaults()
 		return p.Validate()
 	},
+	func(c *fiber.Ctx) error {
+		var body creditCreate
+		if err := httpx.DecodeJSON(c, &body); err != nil {
+			return err
+		}
+		in, err := body.credit()
+		if err != nil {
+			return err
+		}
+		return in.Check()
+	},
 }
 
 func decoderApp() *fiber.App {
@@ -145,6 +156,8 @@ func FuzzAdminDecoders(f *testing.F) {
 	f.Add(uint8(3), []byte(`{"webhook_url": "https://0x7f.1./hook"}`))
 	f.Add(uint8(7), []byte(`{"name": "reports-concurrency", "algorithm": "concurrency", "limit": 2, "match": {"meters": ["report"], "tiers": ["free", "pro"]}, "scope": "tenant", "cost": "requests", "on_refuse": "queue", "max_wait_ms": 2000, "lease_seconds": 30}`))
 	f.Add(uint8(8), []byte(`{"rate": null, "algorithm": "gcra", "match": {"methods": ["get"]}, "exceptions": {"a\u0000": 1}}`))
+	f.Add(uint8(9), []byte(`{"amount_cents": 5000, "reason": "welcome credit", "expires_at": "2027-01-01T00:00:00Z"}`))
+	f.Add(uint8(9), []byte(`{"amount_cents": 1e400, "reason": "\u0000", "expires_at": "tomorrow"}`))
 	app := decoderApp()
 	f.Fuzz(func(t *testing.T, kind uint8, body []byte) {
 		k := int(kind) % len(decoders)
