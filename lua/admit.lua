@@ -60,17 +60,19 @@ ARGV
   [13] fp          request fingerprint (with KEYS[7]): method, path, body
   [14] lease_us    how long a first request may stay in flight, us; 0 =
                    the record is 'done' at once (no answer to store)
-  [15] np          policies decided with the tenant's limits (absent or 0:
+  [15] ocap        the spend cap: overage units the month may hold at most
+                   (-1 = no cap; quota.SpendCapUnits; only with 'bill')
+  [16] np          policies decided with the tenant's limits (absent or 0:
                    none; only admit.lua's policy variant, which has
                    policy.lua and the algorithms before it, takes more)
-  [16] id          the request's id (concurrency leases, log entries)
-  [17] outside     what the policies of other slots (reserved before this
+  [17] id          the request's id (concurrency leases, log entries)
+  [18] outside     what the policies of other slots (reserved before this
                    call: ratelimit/policy.go) made of the request: '' none
                    refused, or letters: 'x' an enforced one refused (the
                    request is refused: mask 16), 'd' a degrade one refused
                    (degraded, when nothing else refuses), 's' a shadow one
                    refused; counted here, in the same pending fields
-  [18..]           np groups of policy.lua's POLICY_ARGS; their keys are
+  [19..]           np groups of policy.lua's POLICY_ARGS; their keys are
                    the last np KEYS (after the idempotency key, if any),
                    all under the tenant's hash tag
 
@@ -79,7 +81,7 @@ integers per policy (none when np is 0, and none for idempotency codes 2, 3)
   [1] allowed (1/0)
   [2] violated bitmask: 1 burst, 2 bucket, 4 daily, 8 monthly, 16 a policy
       (its item says which), 32 degraded: only a degrade policy refused (the
-      request gets its fallback answer; nothing is consumed)
+      request gets its fallback answer; nothing is consumed), 64 spend cap
   [3] retry after, us (0 when allowed; -1 = never: the cost exceeds a limit's
       whole size)
   [4] overage units admitted past the monthly quota (bill)
@@ -132,6 +134,10 @@ Quotas (count cost units per UTC calendar day / month)
   overage (added to the month hash and to pending usage). The daily quota is
   always a hard cap, and GCRA and the bucket always refuse: overage billing
   is a promise about the month's volume, not a licence to burst.
+  Spend cap ('bill' with ocap >= 0): a request whose overage would bring
+  the month's overage units past ocap is refused (mask 64), consuming
+  nothing; retry = next month start - now, or -1 when cost > quota + ocap
+  (it would pass the cap even in a fresh month, which has no grant).
 
 Policies (np > 0)
   Decided with the tier's limits, all or nothing: policies_check (policy.lua)
@@ -189,10 +195,11 @@ local gT, gB = ARGV[7] + 0, ARGV[8] + 0
 local bU, bC = ARGV[9] + 0, ARGV[10] + 0
 local dq, mq = ARGV[11] + 0, ARGV[12] + 0
 local fp, lease = ARGV[13], ARGV[14] + 0
+local ocap = ARGV[15] + 0
 local KP, idem = KEYS[6], KEYS[7]
 local np = 0
-if ARGV[15] then
-  np = ARGV[15] + 0
+if ARGV[16] then
+  np = ARGV[16] + 0
   -- the idempotency key is KEYS[7] only when the policies' keys leave it
   if #KEYS - np < 7 then idem = nil end
 end
@@ -339,6 +346,12 @@ if mq >= 0 and not replay then
   if mused + cost > limit then
     if bill then
       overage = math.min(cost, mused + cost - limit)
+      if ocap >= 0 and mover + overage > ocap then
+        local wait = mnext - now
+        if cost > mq + ocap then wait = -1 end
+        ok, mask = false, mask + 64
+        if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+      end
     else
       local wait = mnext - now
       if cost > mq then wait = -1 end
@@ -349,10 +362,10 @@ if mq >= 0 and not replay then
 end
 -- policies (see "Policies"): precs holds what commit and report need
 local precs, degraded, shadowed = nil, false, false
-if ARGV[15] then
+if ARGV[16] then
   local pass, degr, pretry
-  pass, degr, pretry, precs = policies_check(#KEYS - np + 1, 18, np, now, ARGV[16])
-  local outside = ARGV[17]
+  pass, degr, pretry, precs = policies_check(#KEYS - np + 1, 19, np, now, ARGV[17])
+  local outside = ARGV[18]
   if string.find(outside, 'x', 1, true) then pass = false end
   if string.find(outside, 'd', 1, true) then degr = true end
   if string.find(outside, 's', 1, true) then shadowed = true end

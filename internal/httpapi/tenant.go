@@ -117,7 +117,8 @@ func (s *Server) check(c *fiber.Ctx) error {
 	// once (no lease), and the fingerprint is what the check asked.
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: body.Meter, Cost: cost, Limits: p.Limits, Overage: p.Tier.Overage,
-		FailOpen: p.Tier.FailOpen, DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
+		OveragePriceCentsPer1K: p.Tier.OveragePriceCentsPer1K, FailOpen: p.Tier.FailOpen,
+		DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
 		IdempotencyFingerprint: "check " + body.Meter + " " + strconv.FormatInt(cost, 10),
 	}
 	// The policies of the meter and tier apply to a check too, except

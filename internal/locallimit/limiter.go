@@ -54,6 +54,7 @@ type tenant struct {
 // year*100+month; a period whose id is not the current one counts as empty.
 type period struct {
 	id, used int64
+	over     int64 // overage units (the month's; the spend cap counts them)
 }
 
 func (p period) at(id int64) period {
@@ -91,6 +92,7 @@ type params struct {
 	gcraT, burst      int64 // us per request, requests
 	bucketU, capacity int64 // us per unit, units
 	daily, monthly    int64 // units; -1 = unlimited
+	ocap              int64 // spend cap, overage units a month; -1 = none
 }
 
 // check validates what Admit reads of req and converts its limits. Every
@@ -115,7 +117,8 @@ func check(req quota.Request, now time.Time) (params, error) {
 		// Past 2^60 us (year 38000) now plus a window could overflow.
 		return params{}, quota.FieldError("now", "must be after 1970-01-01 and before the year 38000")
 	}
-	p := params{daily: -1, monthly: -1}
+	p := params{daily: -1, monthly: -1,
+		ocap: quota.SpendCapUnits(req.Limits.MaxOverageCents, req.Overage, req.OveragePriceCentsPer1K)}
 	lim := req.Limits
 	if lim.BurstRate != nil {
 		p.gcraT, p.burst = quota.IntervalMicros(*lim.BurstRate), *lim.Burst
@@ -217,6 +220,13 @@ func (t *tenant) admit(p params, cost int64, bill, dry bool, now int64) quota.De
 		switch {
 		case bill:
 			overage = min(cost, mo.used+cost-p.monthly)
+			if p.ocap >= 0 && mo.over+overage > p.ocap {
+				if cost > p.monthly+p.ocap {
+					refuse(quota.LimitSpendCap, -1)
+				} else {
+					refuse(quota.LimitSpendCap, monthNext-now)
+				}
+			}
 		case cost > p.monthly:
 			refuse(quota.LimitMonthly, -1)
 		default:
@@ -236,7 +246,7 @@ func (t *tenant) admit(p params, cost int64, bill, dry bool, now int64) quota.De
 			t.day = period{id: dayID, used: d.used + cost}
 		}
 		if p.monthly >= 0 {
-			t.month = period{id: monthID, used: mo.used + cost}
+			t.month = period{id: monthID, used: mo.used + cost, over: mo.over + overage}
 		}
 	case !ok && !dry:
 		// A clamp is kept even on a refusal: it consumes nothing.

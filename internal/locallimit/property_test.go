@@ -27,7 +27,15 @@ func randomLimits(r *rand.Rand) quota.Limits {
 	if r.IntN(3) > 0 {
 		l.MonthlyQuota = quota.Ptr(r.Int64N(300))
 	}
+	if r.IntN(2) == 0 {
+		l.MaxOverageCents = quota.Ptr(r.Int64N(60)) // the spend cap, at randomPrice
+	}
 	return l
+}
+
+// randomPrice is an overage price per 1,000 units (0: no price, no cap).
+func randomPrice(r *rand.Rand) int64 {
+	return []int64{1000, 1000, 333, 0}[r.IntN(4)]
 }
 
 // randomStep returns the time between two requests: often none or a few
@@ -74,7 +82,8 @@ func TestLimiterMatchesModel(t *testing.T) {
 				limits[tn] = randomLimits(r)
 			}
 			req := quota.Request{TenantID: tn, Meter: "m", Cost: 1 + r.Int64N(12), Limits: limits[tn],
-				Overage: []quota.Overage{quota.OverageBlock, quota.OverageBill, ""}[r.IntN(3)], DryRun: r.IntN(5) == 0}
+				Overage: []quota.Overage{quota.OverageBlock, quota.OverageBill, ""}[r.IntN(3)], DryRun: r.IntN(5) == 0,
+				OveragePriceCentsPer1K: randomPrice(r)}
 			now = now.Add(randomStep(r))
 			got, err := lim.Admit(req, now)
 			if err != nil {

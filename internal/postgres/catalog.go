@@ -25,12 +25,12 @@ func collectTenants(rows pgx.Rows) ([]quota.Tenant, error) {
 }
 
 const tierColumns = `slug, name, rank, price_cents, burst_rate, burst, bucket_capacity, bucket_refill_per_sec,
-	daily_quota, monthly_quota, overage, overage_price_cents_per_1k, fail_open, upgrade_url`
+	daily_quota, monthly_quota, overage, overage_price_cents_per_1k, fail_open, upgrade_url, max_overage_cents`
 
 func tierDest(t *quota.Tier) []any {
 	return []any{&t.Slug, &t.Name, &t.Rank, &t.PriceCents, &t.BurstRate, &t.Burst, &t.BucketCapacity,
 		&t.BucketRefillPerSec, &t.DailyQuota, &t.MonthlyQuota, &t.Overage, &t.OveragePriceCentsPer1K,
-		&t.FailOpen, &t.UpgradeURL}
+		&t.FailOpen, &t.UpgradeURL, &t.MaxOverageCents}
 }
 
 const keyColumns = `k.id, k.tenant_id, k.prefix, k.name, k.created_at, k.last_used_at, k.revoked_at, k.expires_at`

@@ -2,11 +2,16 @@ package postgres_test
 
 import (
 	"context"
+	neturl "net/url"
 	"testing"
+
+	"github.com/golang-migrate/migrate/v4"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
 
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/migrations"
 )
 
 func TestMigrateUpDownUp(t *testing.T) {
@@ -85,6 +90,9 @@ func TestConstraints(t *testing.T) {
 		{"final invoice without time", `INSERT INTO invoices (tenant_id, period, status) VALUES ('` + tenant.ID + `', '2026-01-01', 'final')`},
 		{"alert at 50 %", `INSERT INTO alerts (tenant_id, period, threshold, units, quota) VALUES ('` + tenant.ID + `', '2026-01-01', 50, 1, 2)`},
 		{"delete a used tier", `DELETE FROM tiers WHERE slug = 'free'`},
+		{"negative spend cap", `INSERT INTO tiers (slug, name, rank, price_cents, overage, overage_price_cents_per_1k, max_overage_cents) VALUES ('c', 'C', 95, 0, 'bill', 1, -1)`},
+		{"spend cap past 2^40", `INSERT INTO tiers (slug, name, rank, price_cents, overage, overage_price_cents_per_1k, max_overage_cents) VALUES ('c', 'C', 95, 0, 'bill', 1, 1099511627777)`},
+		{"spend cap on a block tier", `INSERT INTO tiers (slug, name, rank, price_cents, max_overage_cents) VALUES ('c', 'C', 95, 0, 5)`},
 	} {
 		if _, err := db.Exec(ctx, tc.sql); err == nil {
 			t.Errorf("%s: accepted, want a constraint violation", tc.name)
@@ -115,5 +123,54 @@ func TestSeededUpgradeHintsLinkToTheirTier(t *testing.T) {
 		case ok && (up == nil || up.URL != w):
 			t.Errorf("%s: upgrade hint %+v, want URL %s", tier.Slug, up, w)
 		}
+	}
+}
+
+// TestSpendCapMigrationDownAndUp: 000008 down drops the tiers' spend caps
+// (tenants' overrides keep theirs as JSON, which older versions ignore),
+// and up again brings the column back, empty.
+func TestSpendCapMigrationDownAndUp(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url := testenv.MigratedDatabase(t)
+	db, err := postgres.Open(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	store := postgres.NewStore(db)
+	cents := int64(500)
+	tier := quota.Tier{Slug: "capped", Name: "Capped", Rank: 50, Overage: quota.OverageBill, OveragePriceCentsPer1K: 10,
+		Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(1000)), MaxOverageCents: &cents}}
+	if _, err := store.CreateTier(ctx, "test", tier); err != nil {
+		t.Fatal(err)
+	}
+	src, err := iofs.New(migrations.FS, ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := neturl.Parse(url)
+	u.Scheme = "pgx5"
+	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.Migrate(7); err != nil {
+		t.Fatalf("down to 7: %v", err)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'tiers' AND column_name = 'max_overage_cents'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("after down: %d max_overage_cents columns (%v), want none", n, err)
+	}
+	if err := m.Up(); err != nil {
+		t.Fatalf("up again: %v", err)
+	}
+	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	got, err := store.Tier(ctx, "capped")
+	if err != nil || got.MaxOverageCents != nil || got.Rank != 50 {
+		t.Fatalf("after up again: %+v, %v; want the tier without a cap", got, err)
 	}
 }

@@ -18,6 +18,12 @@ const (
 	LimitMonthly LimitName = "monthly" // units per UTC month
 )
 
+// LimitSpendCap names the refusal of a request whose overage would make the
+// month's overage cost more than the tenant's max_overage_cents. It is no
+// limit of AllLimits: it has no RateLimit header item, only a name in
+// Violated.
+const LimitSpendCap LimitName = "spend_cap"
+
 // AllLimits lists the limits in their fixed order: the order of the headers
 // and of Decision.Limits.
 var AllLimits = []LimitName{LimitBurst, LimitBucket, LimitDaily, LimitMonthly}
@@ -29,6 +35,9 @@ type Request struct {
 	Cost     int64  // cost units, at least 1
 	Limits   Limits // the tenant's effective limits
 	Overage  Overage
+	// OveragePriceCentsPer1K is the tier's overage price: with
+	// Limits.MaxOverageCents it makes the spend cap (quota.SpendCapUnits).
+	OveragePriceCentsPer1K int64
 	// FailOpen is the tier's policy when Redis is unreachable: admit through
 	// an in-process limiter at the same limits (true) or refuse (false).
 	FailOpen bool

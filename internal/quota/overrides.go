@@ -46,6 +46,7 @@ type Overrides struct {
 	BucketRefillPerSec Optional[float64] `json:"bucket_refill_per_sec,omitzero"`
 	DailyQuota         Optional[int64]   `json:"daily_quota,omitzero"`
 	MonthlyQuota       Optional[int64]   `json:"monthly_quota,omitzero"`
+	MaxOverageCents    Optional[int64]   `json:"max_overage_cents,omitzero"`
 }
 
 func pick[T any](o Optional[T], tier *T) *T {
@@ -64,6 +65,7 @@ func (o Overrides) Apply(l Limits) Limits {
 		BucketRefillPerSec: pick(o.BucketRefillPerSec, l.BucketRefillPerSec),
 		DailyQuota:         pick(o.DailyQuota, l.DailyQuota),
 		MonthlyQuota:       pick(o.MonthlyQuota, l.MonthlyQuota),
+		MaxOverageCents:    pick(o.MaxOverageCents, l.MaxOverageCents),
 	}
 }
 

@@ -25,6 +25,9 @@ const (
 // per second on average, Burst of them at once. BucketCapacity and
 // BucketRefillPerSec configure the token bucket, which counts cost units.
 // DailyQuota and MonthlyQuota count cost units per UTC calendar day and month.
+// MaxOverageCents is the spend cap of a bill tier: the most the month's
+// overage may cost, in cents (nil: no cap; ignored unless the overage is
+// billed). See SpendCapUnits for how it is enforced.
 type Limits struct {
 	BurstRate          *float64 `json:"burst_rate"`
 	Burst              *int64   `json:"burst"`
@@ -32,6 +35,7 @@ type Limits struct {
 	BucketRefillPerSec *float64 `json:"bucket_refill_per_sec"`
 	DailyQuota         *int64   `json:"daily_quota"`
 	MonthlyQuota       *int64   `json:"monthly_quota"`
+	MaxOverageCents    *int64   `json:"max_overage_cents"`
 }
 
 // Tier is a priced plan: its limits, its monthly price in cents and what
@@ -110,7 +114,25 @@ func (l Limits) Validate() error {
 			return err
 		}
 	}
+	if l.MaxOverageCents != nil && (*l.MaxOverageCents < 0 || *l.MaxOverageCents > MaxPrice) {
+		return FieldError("max_overage_cents", "must be an integer between 0 and %d, or null", MaxPrice)
+	}
 	return nil
+}
+
+// SpendCapUnits converts a spend cap to the overage units it allows in a
+// month: floor(max_overage_cents × 1000 / price per 1,000 units), or -1
+// (no cap) when there is no cap, the overage is not billed or costs
+// nothing. Rounding down means a request is refused once its overage would
+// make the month's overage cost more than the cap (the cost of units taken
+// as units × price / 1000, unrounded): with 7 cents per 1,000 units and a
+// cap of 1 cent, 142 units (0.994 cent) pass and the 143rd is refused.
+// The result is at most 2^40 × 1000 (below 2^53, exact in the script).
+func SpendCapUnits(maxOverageCents *int64, overage Overage, pricePer1K int64) int64 {
+	if maxOverageCents == nil || overage != OverageBill || pricePer1K <= 0 {
+		return -1
+	}
+	return *maxOverageCents * 1000 / pricePer1K
 }
 
 // Validate checks t and returns a CodeInvalid *Error naming the first bad field.
@@ -132,6 +154,9 @@ func (t Tier) Validate() error {
 	case OverageBlock:
 		if t.OveragePriceCentsPer1K != 0 {
 			return FieldError("overage_price_cents_per_1k", "must be 0 when overage is block")
+		}
+		if t.MaxOverageCents != nil {
+			return FieldError("max_overage_cents", "must be null when overage is block")
 		}
 	case OverageBill:
 		if t.OveragePriceCentsPer1K <= 0 || t.OveragePriceCentsPer1K > MaxPrice {

@@ -41,6 +41,11 @@ func TestTierValidate(t *testing.T) {
 		{"overage", func(t *Tier) { t.Overage = "maybe" }},
 		{"overage_price_cents_per_1k", func(t *Tier) { t.OveragePriceCentsPer1K = 0 }},
 		{"overage_price_cents_per_1k", func(t *Tier) { t.Overage = OverageBlock }},
+		{"max_overage_cents", func(t *Tier) { t.MaxOverageCents = Ptr(int64(-1)) }},
+		{"max_overage_cents", func(t *Tier) { t.MaxOverageCents = Ptr(MaxPrice + 1) }},
+		{"max_overage_cents", func(t *Tier) {
+			t.Overage, t.OveragePriceCentsPer1K, t.MaxOverageCents = OverageBlock, 0, Ptr(int64(10))
+		}},
 	} {
 		tier := validTier()
 		tc.mut(&tier)
@@ -48,6 +53,35 @@ func TestTierValidate(t *testing.T) {
 		e, ok := err.(*Error)
 		if !ok || e.Code != CodeInvalid || e.Field != tc.field {
 			t.Errorf("want an invalid %s, got %v", tc.field, err)
+		}
+	}
+}
+
+func TestSpendCapValidAndInUnits(t *testing.T) {
+	for _, c := range []int64{0, 1, MaxPrice} {
+		tier := validTier()
+		tier.MaxOverageCents = Ptr(c)
+		if err := tier.Validate(); err != nil {
+			t.Errorf("cap %d: %v", c, err)
+		}
+	}
+	for _, tc := range []struct {
+		cents   *int64
+		overage Overage
+		price   int64
+		want    int64
+	}{
+		{nil, OverageBill, 50, -1},
+		{Ptr(int64(10)), OverageBlock, 50, -1},
+		{Ptr(int64(10)), OverageBill, 0, -1},
+		{Ptr(int64(0)), OverageBill, 50, 0},
+		{Ptr(int64(50)), OverageBill, 1000, 50},
+		{Ptr(int64(1)), OverageBill, 7, 142},  // 142 units cost 0.994 cent, 143 would cost 1.001
+		{Ptr(int64(1)), OverageBill, 3000, 0}, // not one unit fits a cent at 3 cents a unit
+		{Ptr(MaxPrice), OverageBill, 1, MaxPrice * 1000},
+	} {
+		if got := SpendCapUnits(tc.cents, tc.overage, tc.price); got != tc.want {
+			t.Errorf("SpendCapUnits(%v, %s, %d) = %d, want %d", tc.cents, tc.overage, tc.price, got, tc.want)
 		}
 	}
 }

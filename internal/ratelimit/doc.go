@@ -36,6 +36,10 @@
 //     daily quota stays a hard cap, because it exists to spread a month's
 //     volume, and a bill tier that could burn a month in an hour would defeat
 //     it.
+//   - A spend cap (Limits.MaxOverageCents with the request's overage price,
+//     in units by quota.SpendCapUnits) bounds a bill tier's overage units a
+//     month: a request whose overage would pass it is refused (Violated
+//     spend_cap, mask 64), consuming nothing, until the month's end.
 //   - All or nothing: every active limit is checked before any is written, so
 //     a request refused by one limit consumes no room in the others. A
 //     refusal only adds 1 to the pending "x" counter.

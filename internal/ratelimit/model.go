@@ -85,7 +85,7 @@ func floorDiv(a, b int64) int64 {
 // It panics on limits that Runner.Admit would reject: the model is a test
 // oracle and assumes valid input.
 func (m *Model) Admit(req quota.Request, now time.Time) quota.Decision {
-	p, err := paramsOf(req.Limits)
+	p, err := requestParams(req)
 	if err != nil {
 		panic("ratelimit: model: " + err.Error())
 	}
@@ -212,6 +212,14 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 		switch {
 		case bill:
 			overage = min(cost, mo.Used+cost-(p.monthly+mo.Grant))
+			// the spend cap: the month's overage units at most p.ocap
+			if p.ocap >= 0 && mo.Overage+overage > p.ocap {
+				if cost > p.monthly+p.ocap {
+					refuse(bitSpendCap, -1)
+				} else {
+					refuse(bitSpendCap, monthNext-now)
+				}
+			}
 		case cost > p.monthly:
 			refuse(bitMonthly, -1)
 		default:

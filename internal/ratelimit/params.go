@@ -22,6 +22,9 @@ const (
 	bitBucket  = 2
 	bitDaily   = 4
 	bitMonthly = 8
+	// bitSpendCap is the spend cap's refusal (quota.LimitSpendCap); 16 and
+	// 32 are the policies' (lua/admit.lua)
+	bitSpendCap = 64
 )
 
 const (
@@ -36,6 +39,7 @@ type params struct {
 	gcraT, burst      int64 // us per request, requests
 	bucketU, capacity int64 // us per unit, units
 	daily, monthly    int64 // units; -1 = unlimited
+	ocap              int64 // spend cap, overage units a month; -1 = none
 }
 
 // paramsOf validates l and converts it to integers.
@@ -43,7 +47,7 @@ func paramsOf(l quota.Limits) (params, error) {
 	if err := l.Validate(); err != nil {
 		return params{}, err
 	}
-	p := params{daily: -1, monthly: -1}
+	p := params{daily: -1, monthly: -1, ocap: -1}
 	if l.BurstRate != nil {
 		p.gcraT, p.burst = quota.IntervalMicros(*l.BurstRate), *l.Burst
 		if p.burst > quota.MaxWindowMicros/p.gcraT {
@@ -62,6 +66,17 @@ func paramsOf(l quota.Limits) (params, error) {
 	if l.MonthlyQuota != nil {
 		p.monthly = *l.MonthlyQuota
 	}
+	return p, nil
+}
+
+// requestParams are the params of req: its limits and its spend cap
+// (quota.SpendCapUnits of its overage price).
+func requestParams(req quota.Request) (params, error) {
+	p, err := paramsOf(req.Limits)
+	if err != nil {
+		return p, err
+	}
+	p.ocap = quota.SpendCapUnits(req.Limits.MaxOverageCents, req.Overage, req.OveragePriceCentsPer1K)
 	return p, nil
 }
 
@@ -173,6 +188,9 @@ func decode(r []int64, p params) quota.Decision {
 			Reset:     time.UnixMicro(f[3]).UTC(),
 			Window:    windows[i],
 		})
+	}
+	if r[1]&bitSpendCap != 0 {
+		d.Violated = append(d.Violated, quota.LimitSpendCap)
 	}
 	return d
 }

@@ -237,7 +237,7 @@ func (r *Runner) splitPolicies(req quota.Request) (*inSlot, []crossGroup, error)
 // reservation and its rollback another request may see the reserved room
 // as taken: a refusal that, at worst, a retry after Retry-After corrects.
 // The tenant's call is told what the reservations made of the request
-// (admit.lua's ARGV[17]): it refuses or degrades the request accordingly,
+// (admit.lua's ARGV[18]): it refuses or degrades the request accordingly,
 // consuming nothing, and counts it with the rest of its usage.
 func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p params, mode, idem string) (quota.Decision, error) {
 	in, cross, err := r.splitPolicies(req)

@@ -70,6 +70,7 @@ func runProperty(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 		tenant := newTenant()
 		var m Model
 		limits, overage := randomLimits(rng), randomOverage(rng)
+		price := randomPrice(rng)
 		now := at(t, propertyStarts[rng.IntN(len(propertyStarts))]).Add(-time.Duration(rng.Int64N(int64(2 * time.Minute))))
 		if rng.IntN(4) == 0 {
 			now = now.Add(-time.Duration(rng.Int64N(int64(3 * time.Hour))))
@@ -78,8 +79,8 @@ func runProperty(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 		var history []string
 		fail := func(format string, args ...any) {
 			t.Helper()
-			t.Fatalf("seed %d schedule %d tenant %s limits %s overage %s\nlast steps:\n  %s\n%s", seed, s, tenant,
-				fmtLimits(limits), overage, strings.Join(history[max(0, len(history)-8):], "\n  "), fmt.Sprintf(format, args...))
+			t.Fatalf("seed %d schedule %d tenant %s limits %s overage %s price %d\nlast steps:\n  %s\n%s", seed, s, tenant,
+				fmtLimits(limits), overage, price, strings.Join(history[max(0, len(history)-8):], "\n  "), fmt.Sprintf(format, args...))
 		}
 
 		for i := range steps {
@@ -94,8 +95,8 @@ func runProperty(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 				m.Grant(period, units, now)
 				history = append(history, fmt.Sprintf("%d %s grant %s %d", i, now.Format(time.RFC3339Nano), period, units))
 			case x < 5:
-				limits, overage = randomLimits(rng), randomOverage(rng)
-				history = append(history, fmt.Sprintf("%d new limits %s overage %s", i, fmtLimits(limits), overage))
+				limits, overage, price = randomLimits(rng), randomOverage(rng), randomPrice(rng)
+				history = append(history, fmt.Sprintf("%d new limits %s overage %s price %d", i, fmtLimits(limits), overage, price))
 			case x < 10:
 				got, err := r.Peek(ctx, tenant, limits, now)
 				if err != nil {
@@ -115,6 +116,8 @@ func runProperty(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 					Overage:  overage,
 					DryRun:   rng.IntN(10) == 0,
 					Now:      now,
+
+					OveragePriceCentsPer1K: price,
 				}
 				if rng.IntN(7) == 0 {
 					req.IdempotencyKey = fmt.Sprintf("key-%d", rng.IntN(3))
@@ -137,7 +140,7 @@ func runProperty(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 	t.Logf("outcomes: %v", seen)
 	if schedules*steps >= 3000 {
 		for _, o := range []string{"allowed", "refused burst", "refused bucket", "refused daily", "refused monthly",
-			"never", "overage", "replayed", "dry"} {
+			"refused spend_cap", "never", "overage", "replayed", "dry"} {
 			if seen[o] == 0 {
 				t.Errorf("no %q outcome in %d steps: the schedules no longer cover it", o, schedules*steps)
 			}
@@ -207,7 +210,19 @@ func randomLimits(rng *rand.Rand) quota.Limits {
 	if rng.IntN(3) > 0 {
 		l.MonthlyQuota = i64(rng.Int64N(200))
 	}
+	if rng.IntN(4) > 0 {
+		// the spend cap, in cents (units at randomPrice: cents × 1000 / price),
+		// small enough that schedules reach it
+		l.MaxOverageCents = i64(rng.Int64N(12))
+	}
 	return l
+}
+
+// randomPrice is an overage price per 1,000 units: mostly one cent a unit
+// (the cap in cents is the cap in units), or one that rounds the cap down,
+// or 0 (no price: no cap).
+func randomPrice(rng *rand.Rand) int64 {
+	return []int64{1000, 1000, 1000, 1000, 7, 333, 2500, 0}[rng.IntN(8)]
 }
 
 func randomOverage(rng *rand.Rand) quota.Overage {
@@ -258,6 +273,7 @@ func fmtLimits(l quota.Limits) string {
 		}
 		return strconv.FormatInt(*p, 10)
 	}
-	return fmt.Sprintf("{rate=%s burst=%s cap=%s refill=%s daily=%s monthly=%s}",
-		f(l.BurstRate), i(l.Burst), i(l.BucketCapacity), f(l.BucketRefillPerSec), i(l.DailyQuota), i(l.MonthlyQuota))
+	return fmt.Sprintf("{rate=%s burst=%s cap=%s refill=%s daily=%s monthly=%s max_overage_cents=%s}",
+		f(l.BurstRate), i(l.Burst), i(l.BucketCapacity), f(l.BucketRefillPerSec), i(l.DailyQuota), i(l.MonthlyQuota),
+		i(l.MaxOverageCents))
 }

@@ -138,7 +138,7 @@ func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, 
 	if err := checkRequest(req); err != nil {
 		return quota.Decision{}, err
 	}
-	p, err := paramsOf(req.Limits)
+	p, err := requestParams(req)
 	if err != nil {
 		return quota.Decision{}, err
 	}
@@ -192,14 +192,15 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64, pol *inSlot) ([]int64, error) {
 	// The batcher coalesces concurrent calls into pipelines (batch.go);
 	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
-	n := 14
+	n := 15
 	if pol != nil {
 		n += 3 + 7*len(pol.specs)
 	}
-	args := make([]any, 14, n)
+	args := make([]any, 15, n)
 	args[0], args[1], args[2], args[3], args[4], args[5] = boxed(r.layout), now, boxed(mode), cost, meter, boxed(overage)
-	copy(args[6:12], boxedParams(p))
-	args[12], args[13] = fp, leaseUS
+	bp := boxedParams(p)
+	copy(args[6:12], bp[:6])
+	args[12], args[13], args[14] = fp, leaseUS, bp[6]
 	keys := r.keys(tenantID, idem)
 	var s *redis.Script
 	want := resultLen
@@ -233,8 +234,9 @@ func boxed(s string) any {
 	return s
 }
 
-// paramsBoxes holds the six limit arguments of each params seen, boxed
-// once (tiers are few; the cache is dropped whole past maxParamsBoxes).
+// paramsBoxes holds the seven limit arguments of each params seen (ARGV[7..12]
+// and the spend cap, ARGV[15]), boxed once (tiers are few; the cache is
+// dropped whole past maxParamsBoxes).
 var (
 	paramsBoxes    sync.Map // params -> []any
 	paramsBoxesLen atomic.Int64
@@ -246,7 +248,7 @@ func boxedParams(p params) []any {
 	if v, ok := paramsBoxes.Load(p); ok {
 		return v.([]any)
 	}
-	v := []any{p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly}
+	v := []any{p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly, p.ocap}
 	if paramsBoxesLen.Add(1) > maxParamsBoxes {
 		paramsBoxes.Clear()
 		paramsBoxesLen.Store(1)

@@ -145,6 +145,7 @@ type tierCreate struct {
 	OveragePriceCentsPer1K *int64                  `json:"overage_price_cents_per_1k"`
 	FailOpen               *bool                   `json:"fail_open"`
 	UpgradeURL             *string                 `json:"upgrade_url"`
+	MaxOverageCents        quota.Optional[int64]   `json:"max_overage_cents"` // absent: null (no cap)
 }
 
 func required[T any](field string, v *T) (T, error) {
@@ -176,6 +177,7 @@ func (b tierCreate) tier() (quota.Tier, error) {
 	t.BurstRate, t.Burst = b.BurstRate.Value, b.Burst.Value
 	t.BucketCapacity, t.BucketRefillPerSec = b.BucketCapacity.Value, b.BucketRefillPerSec.Value
 	t.DailyQuota, t.MonthlyQuota = b.DailyQuota.Value, b.MonthlyQuota.Value
+	t.MaxOverageCents = b.MaxOverageCents.Value
 	if b.OveragePriceCentsPer1K != nil {
 		t.OveragePriceCentsPer1K = *b.OveragePriceCentsPer1K
 	}
@@ -227,6 +229,7 @@ type tierPatch struct {
 	OveragePriceCentsPer1K quota.Optional[int64]         `json:"overage_price_cents_per_1k"`
 	FailOpen               quota.Optional[bool]          `json:"fail_open"`
 	UpgradeURL             quota.Optional[string]        `json:"upgrade_url"`
+	MaxOverageCents        quota.Optional[int64]         `json:"max_overage_cents"`
 }
 
 // set assigns a present, non-null value of a field that cannot be null.
@@ -264,6 +267,7 @@ func (p tierPatch) apply(t *quota.Tier) error {
 	setNullable(p.BucketRefillPerSec, &t.BucketRefillPerSec)
 	setNullable(p.DailyQuota, &t.DailyQuota)
 	setNullable(p.MonthlyQuota, &t.MonthlyQuota)
+	setNullable(p.MaxOverageCents, &t.MaxOverageCents)
 	return httpx.ValidURL("upgrade_url", t.UpgradeURL)
 }
 

@@ -73,7 +73,7 @@ type tierFormView struct {
 }
 
 var tierFields = []string{"name", "rank", "price_cents", "burst_rate", "burst", "bucket_capacity", "bucket_refill_per_sec",
-	"daily_quota", "monthly_quota", "overage", "overage_price_cents_per_1k", "fail_open", "upgrade_url"}
+	"daily_quota", "monthly_quota", "overage", "overage_price_cents_per_1k", "max_overage_cents", "fail_open", "upgrade_url"}
 
 // tierValues writes a tier as the editor's field values; unlimited is "".
 func tierValues(t quota.Tier) map[string]string {
@@ -94,6 +94,7 @@ func tierValues(t quota.Tier) map[string]string {
 		"burst_rate": f(t.BurstRate), "burst": i(t.Burst), "bucket_capacity": i(t.BucketCapacity),
 		"bucket_refill_per_sec": f(t.BucketRefillPerSec), "daily_quota": i(t.DailyQuota), "monthly_quota": i(t.MonthlyQuota),
 		"overage": string(t.Overage), "overage_price_cents_per_1k": httpx.Itoa(t.OveragePriceCentsPer1K), "upgrade_url": t.UpgradeURL,
+		"max_overage_cents": i(t.MaxOverageCents),
 	}
 	if t.FailOpen {
 		v["fail_open"] = "on"
@@ -128,6 +129,7 @@ func tierFromForm(errs formErrors, f map[string]string) quota.Tier {
 	t.BucketRefillPerSec = rateField(errs, f, "bucket_refill_per_sec")
 	t.DailyQuota = intField(errs, f, "daily_quota", true)
 	t.MonthlyQuota = intField(errs, f, "monthly_quota", true)
+	t.MaxOverageCents = intField(errs, f, "max_overage_cents", true)
 	if err := httpx.ValidURL("upgrade_url", t.UpgradeURL); err != nil {
 		errs.add(err)
 	}
