@@ -263,6 +263,24 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		pmode = PolicyDry
 	}
 	for _, g := range cross {
+		if !crossOK || crossDegraded {
+			// refused already: the later groups are only read (a dry
+			// run), so that the answer carries their items too
+			// (policy_run.lua's dry run reports the room as it is)
+			if res, err := r.RunPolicies(ctx, PolicyDry, now, req.RequestID, g.specs); err == nil {
+				for j, it := range res.Items {
+					states[g.calls[j]] = policyState(req.Policies[g.calls[j]].Policy, it)
+				}
+				if enforcedRefusal(res.Items) {
+					// the wait must suffice for every refusing limit
+					crossOK = false
+					if crossRetry != -1 && (res.Retry < 0 || res.Retry > crossRetry) {
+						crossRetry = res.Retry
+					}
+				}
+			}
+			continue
+		}
 		res, err := r.RunPolicies(ctx, pmode, now, req.RequestID, g.specs)
 		if err != nil {
 			undo()
@@ -283,7 +301,7 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 			} else {
 				crossDegraded = true
 			}
-			break
+			continue
 		}
 		if pmode == PolicyAdmit {
 			// undo what was committed, at the reservation's own time (the

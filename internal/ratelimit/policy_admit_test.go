@@ -233,3 +233,38 @@ func TestReservedPolicyOutcomesAreCounted(t *testing.T) {
 		}
 	}
 }
+
+// TestEveryReservedGroupReports: when one slot's reservation refuses, the
+// policies of the other slots still appear in the answer (read, not
+// reserved), and the wait suffices for each refusing one.
+func TestEveryReservedGroupReports(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	now := at(t, "2026-05-04T10:00:00Z")
+	tenant := newTenant()
+	first := fixedWindow("g-first-"+testenv.RandomHex(3), 1, quota.ScopeGlobal, quota.RefuseReject)
+	second := &quota.Policy{Name: "g-second-" + testenv.RandomHex(3), Algorithm: quota.AlgFixedWindow,
+		Limit: i64(5), WindowSeconds: i64(86400), Scope: quota.ScopeGlobal}
+	second.Defaults()
+	if d := mustAdmit(t, r, policyReq(tenant, now, 0, 10, first, second)); !d.Allowed {
+		t.Fatalf("first request refused: %s", fmtDecision(d))
+	}
+	d := mustAdmit(t, r, policyReq(tenant, now, 1, 10, first, second))
+	if d.Allowed || len(d.Policies) != 2 {
+		t.Fatalf("second request: allowed %t with %d policy items, want refused with both", d.Allowed, len(d.Policies))
+	}
+	if got := policyRemaining(t, d, second.Name); got != 4 {
+		t.Fatalf("the unrefusing policy reports %d left, want 4 (as it is: one admission)", got)
+	}
+	if d.RetryAfter < 50*time.Minute {
+		t.Fatalf("retry %v, want the hour window's end (50 min away)", d.RetryAfter)
+	}
+	got, err := r.PeekPolicies(ctx, policyReq(tenant, now, 2, 10, first, second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got[1].Remaining != 4 {
+		t.Fatalf("after the refusal the second policy has %d left, want 4: nothing reserved", got[1].Remaining)
+	}
+}
