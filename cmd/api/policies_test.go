@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -406,5 +407,27 @@ func TestUsageAndSummaryShowThePolicies(t *testing.T) {
 	}
 	if fmt.Sprint(summary) != fmt.Sprint(own) {
 		t.Fatalf("summary policies %v, /v1/usage %v: want the same", summary, own)
+	}
+}
+
+// TestConsoleTenantPageShowsThePolicies: the console's tenant page lists
+// the policies of the tenant's tier with the state /v1/usage shows.
+func TestConsoleTenantPageShowsThePolicies(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tier := s.tier(43, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	tenant, key := s.tenant(tier.Slug)
+	c := newWebClient(t, base)
+	c.mustSignIn("console", adminToken)
+	if r := c.get("/console/tenants/" + tenant.ID); !strings.Contains(string(r.body), "No policies apply to this tenant's plan") {
+		t.Fatalf("before any policy, the tenant page does not say none applies:\n%s", r.body)
+	}
+	mustPolicy(t, base, `{"name": "seven-a-day", "algorithm": "fixed_window", "limit": 7, "window_seconds": 86400}`)
+	waitPolicy(t, base, key, "seven-a-day") // one request: 6 left
+	body := string(c.get("/console/tenants/" + tenant.ID).body)
+	row := regexp.MustCompile(`(?s)<tr data-policy="seven-a-day">.*?</tr>`).FindString(body)
+	if !strings.Contains(row, `<td class="limit">7</td>`) || !strings.Contains(row, `<td class="remaining">6</td>`) {
+		t.Fatalf("the tenant page's policy row %q, want limit 7 and 6 remaining", row)
 	}
 }

@@ -307,6 +307,10 @@ func (s *Pages) tenantPage(c *fiber.Ctx, id string) (consoleTenantView, error) {
 	if err != nil {
 		return consoleTenantView{}, err
 	}
+	tv.Console = true
+	if tv.Policies, err = s.tenantPolicies(c, p); err != nil {
+		return consoleTenantView{}, err
+	}
 	keys, nextKeys, err := s.store.ListKeys(ctx, id, quota.Page{Limit: 200})
 	if err != nil {
 		return consoleTenantView{}, err

@@ -16,6 +16,9 @@ import (
 // tenantView is one tenant's usage as the dashboard and the console's tenant
 // page show it: the numbers of GET /v1/usage, arranged for a page.
 type tenantView struct {
+	// Console is true on the console's tenant page (the words are the
+	// admin's, not the tenant's)
+	Console   bool
 	Tenant    quota.Tenant
 	Tier      quota.Tier
 	Limits    quota.Limits // after overrides; the rates of the burst limits
