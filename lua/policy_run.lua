@@ -28,7 +28,7 @@ local mode, id, n = ARGV[3], ARGV[4], ARGV[5] + 0
 if mode == 'undo' or mode == 'release' then
   for i = 0, n - 1 do
     local j = 6 + i * POLICY_ARGS
-    local impl = POL[ARGV[j]]
+    local impl = policy_impl(ARGV[j])
     local p = {ARGV[j + 3] + 0, ARGV[j + 4] + 0, ARGV[j + 5] + 0, ARGV[j + 6] + 0, id = id}
     local f = impl and impl[mode]
     if f then f(KEYS[1 + i], now, ARGV[j + 2] + 0, p) end

@@ -25,12 +25,14 @@ undo's now: fixed_window and sliding_window find the window or bucket an
 admission went to from now, so undo must be given the admission's own time
 (PolicyResult.Now); sliding_log and concurrency find it by p.id.
 
-Everything is inside do ... end: the chunk (state.lua, policy.lua, both
-algorithm files, the driver) shares Lua's 200 locals, and only POL's
-entries leave this block.
+Everything is inside load_windows, which policy.lua's policy_impl runs the
+first time a call meets one of these algorithms (so that a call pays for
+the definitions of the algorithms it uses only: closures are made anew on
+every script call); only POL's entries leave it. (It also keeps the
+chunk's 200 locals for state.lua, policy.lua and the driver.)
 ]]
 
-do
+local function load_windows()
   local call = redis.call
   local shift -- (TIME - now) for expiries, read once per script call
 
@@ -357,3 +359,7 @@ do
     release = cc_release,
   }
 end
+POL_LOAD.fixed_window = load_windows
+POL_LOAD.sliding_log = load_windows
+POL_LOAD.sliding_window = load_windows
+POL_LOAD.concurrency = load_windows
