@@ -492,3 +492,50 @@ func (g *Gate) admitLocally(req quota.Request, now time.Time) (quota.Decision, e
 	d.Degraded = true
 	return d, nil
 }
+
+// Settler is what settling needs of the store (routes with settle: true);
+// *ratelimit.Runner provides it.
+type Settler interface {
+	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
+	SettleTenant(ctx context.Context, requestID string) (string, error)
+	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
+}
+
+var errNoSettler = errors.New("admission: the store cannot settle")
+
+// Reserve records an admitted request of a settle route for Settle
+// (ratelimit.Runner.Reserve). Degraded admissions are not billed and are
+// never reserved.
+func (g *Gate) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
+	st, ok := g.store.(Settler)
+	if !ok {
+		return errNoSettler
+	}
+	return st.Reserve(ctx, requestID, req, d)
+}
+
+// SettleTenant names the tenant of the reservation under requestID, "" for
+// none.
+func (g *Gate) SettleTenant(ctx context.Context, requestID string) (string, error) {
+	st, ok := g.store.(Settler)
+	if !ok {
+		return "", errNoSettler
+	}
+	return st.SettleTenant(ctx, requestID)
+}
+
+// Settle settles a reserved request to its actual cost, exactly once
+// (ratelimit.Runner.Settle). A refund clears the tenant's deny entries on
+// every node, as Refund does.
+func (g *Gate) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
+	st, ok := g.store.(Settler)
+	if !ok {
+		return quota.Settlement{}, errNoSettler
+	}
+	s, err := st.Settle(ctx, tenantID, requestID, actual)
+	if err == nil && s.Status == quota.SettleApplied && s.Delta < 0 {
+		g.Forget(tenantID)
+		g.OnRoom(ctx, tenantID)
+	}
+	return s, err
+}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -89,6 +90,25 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		}
 	}
 
+	// A settle route reserves the admission for settling (one more Redis
+	// round trip, for those routes only) under the process-unique id, which
+	// the upstream gets and the client is answered in Tollgate-Request-Id.
+	settleID := ""
+	if route.Settle {
+		c.Request().Header.Del(hdrSettleID) // never a client's
+	}
+	if route.Settle && !d.Degraded {
+		settleID = httpx.UniqueID(c)
+		rctx, cancel := detached(c)
+		if rerr := s.gate.Reserve(rctx, settleID, req, d); rerr != nil {
+			s.log.Error("reserving a settle route's request failed; its route cost is final", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)
+			settleID = ""
+		}
+		cancel()
+		if settleID != "" {
+			c.Request().Header.Set(hdrSettleID, settleID)
+		}
+	}
 	if route.UpstreamURL() != nil {
 		err = s.forward(c, route, p.Tenant.ID)
 	} else {
@@ -96,6 +116,9 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	}
 	// Proxying replaces the response headers, so the quota headers go last.
 	setRateLimitHeaders(c, d)
+	if settleID != "" {
+		s.settleFromHeader(c, p.Tenant.ID, route, settleID, err)
+	}
 	switch {
 	case route.RefundOn5xx && !d.Degraded && (err != nil || c.Response().StatusCode() >= 500):
 		rctx, cancel := detached(c)
@@ -210,4 +233,45 @@ func (s *Server) builtin(c *fiber.Ctx, route *routes.Route, tenantID, tier strin
 	c.Response().Header.SetContentType(fiber.MIMEApplicationJSON)
 	c.Response().SetBody(b)
 	return nil
+}
+
+// hdrSettleID carries the id of a settle route's request: to the upstream,
+// and back to the client (X-Request-ID may be one a client sent).
+const (
+	hdrSettleID   = "Tollgate-Request-Id"
+	hdrActualCost = "Tollgate-Actual-Cost"
+)
+
+// settleFromHeader settles a settle route's request to the cost its
+// upstream reported in Tollgate-Actual-Cost, if it did: a non-negative
+// integer up to quota.MaxQuantity; anything else is logged and ignored (the
+// route cost stands until a POST /v1/settle, or for good). The header is not
+// passed on to the client, which learns the outcome in
+// Tollgate-Settled-Cost.
+func (s *Server) settleFromHeader(c *fiber.Ctx, tenantID string, route *routes.Route, id string, ferr error) {
+	c.Set(hdrSettleID, id)
+	if ferr != nil {
+		return
+	}
+	raw := c.Response().Header.Peek(hdrActualCost)
+	if raw == nil {
+		return
+	}
+	v := string(raw)
+	c.Response().Header.Del(hdrActualCost)
+	actual, perr := strconv.ParseInt(v, 10, 64)
+	if perr != nil || actual < 0 || actual > quota.MaxQuantity || v[0] == '+' {
+		s.log.Warn("ignoring a bad Tollgate-Actual-Cost; the route cost stands", "tenant_id", tenantID, "meter", route.Meter, "value", v)
+		return
+	}
+	rctx, cancel := detached(c)
+	defer cancel()
+	st, serr := s.gate.Settle(rctx, tenantID, id, actual)
+	if serr != nil {
+		s.log.Error("settling from Tollgate-Actual-Cost failed", "tenant_id", tenantID, "meter", route.Meter, "err", serr)
+		return
+	}
+	if st.Status == quota.SettleApplied {
+		c.Set("Tollgate-Settled-Cost", httpx.Itoa(actual))
+	}
 }

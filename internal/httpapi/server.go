@@ -48,6 +48,9 @@ type gate interface {
 	ReleaseKey(ctx context.Context, req quota.Request) error
 	Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error)
 	Release(ctx context.Context, req quota.Request, d quota.Decision) error
+	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
+	SettleTenant(ctx context.Context, requestID string) (string, error)
+	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
 }
 
 // records is the store of tiers, tenants, keys, grants and the audit log
@@ -168,6 +171,7 @@ func (s *Server) routesSetup() {
 	v1.Get("/usage", s.tenantAuth, s.usage)
 	v1.Get("/invoices", s.tenantAuth, s.invoices)
 	v1.Post("/check", s.check)
+	v1.Post("/settle", s.settle)
 
 	admin := s.app.Group("/admin/v1", s.admin.Auth, httpx.CheckQuery)
 	admin.Get("/tiers", s.admin.ListTiers)

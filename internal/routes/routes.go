@@ -60,6 +60,11 @@ type Route struct {
 	Upstream    string `json:"upstream,omitempty"`
 	Timeout     string `json:"timeout,omitempty"`
 	RefundOn5xx bool   `json:"refund_on_5xx,omitempty"`
+	// Settle admits at Cost, then settles to the cost the upstream reports
+	// in its Tollgate-Actual-Cost response header, or that the service
+	// posts to /v1/settle within quota.SettleWindow (upstream routes only;
+	// not with refund_on_5xx: a failed upstream reports an actual cost of 0).
+	Settle bool `json:"settle,omitempty"`
 
 	upstream *url.URL
 	origin   string // scheme://host of the upstream, for Target
@@ -208,10 +213,13 @@ func (r *Route) validate() error {
 		if r.Handler != HandlerEcho && r.Handler != HandlerReport {
 			return fmt.Errorf("handler %q is not %q or %q", r.Handler, HandlerEcho, HandlerReport)
 		}
-		if r.RefundOn5xx || r.Timeout != "" {
-			return fmt.Errorf("refund_on_5xx and timeout apply to upstream routes only")
+		if r.RefundOn5xx || r.Timeout != "" || r.Settle {
+			return fmt.Errorf("refund_on_5xx, settle and timeout apply to upstream routes only")
 		}
 	case r.Upstream != "":
+		if r.Settle && r.RefundOn5xx {
+			return fmt.Errorf("give settle or refund_on_5xx, not both (a settle route's upstream reports Tollgate-Actual-Cost: 0 when it failed)")
+		}
 		u, err := url.Parse(r.Upstream)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.RawQuery != "" {
 			return fmt.Errorf("upstream %q must be an http(s) URL without a query", r.Upstream)

@@ -1,0 +1,130 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// settleScript settles a reservation exactly once: lua/settle.lua.
+var settleScript = stateScript("settle.lua")
+
+// settleKey holds a reservation of a settle route, under the tenant's hash
+// tag (settle.lua reads it atomically with the tenant's state).
+func (r *Runner) settleKey(tenantID, requestID string) string {
+	return r.key(tenantID, "settle:"+requestID)
+}
+
+// settleIndexKey names the tenant of a reservation by request id alone
+// (POST /v1/settle carries no tenant). It lives in the request id's slot,
+// not the tenant's: it is only read to find the entry, never trusted for
+// the exactly-once part, which settle.lua does under the tenant's tag.
+func (r *Runner) settleIndexKey(requestID string) string {
+	return r.prefix + ":v1:settle:{r:" + requestID + "}"
+}
+
+// checkRequestID bounds a request id used in keys.
+func checkRequestID(id string) error {
+	if id == "" || len(id) > 128 {
+		return quota.FieldError("request_id", "must be 1 to 128 characters")
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; c <= ' ' || c >= 0x7f {
+			return quota.FieldError("request_id", "must be printable ASCII without spaces")
+		}
+	}
+	return nil
+}
+
+// Reserve records the reservation of req, admitted by d on a route with
+// settle: true, under requestID (the process-unique id the API answered
+// in X-Request-ID), for quota.SettleWindow: its meter, cost, the
+// admission's hour, day and month and its overage units, which Settle
+// needs to apply a difference. It is one pipelined round trip beside the
+// admission, made only for settle routes.
+func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
+	if err := checkTenant(req.TenantID); err != nil {
+		return err
+	}
+	if err := checkRequestID(requestID); err != nil {
+		return err
+	}
+	at := d.Now.UTC()
+	y, m, _ := at.Date()
+	bill, mq := 0, int64(-1)
+	if req.Overage == quota.OverageBill {
+		bill = 1
+	}
+	if req.Limits.MonthlyQuota != nil {
+		mq = *req.Limits.MonthlyQuota
+	}
+	entry := strconv.FormatInt(req.Cost, 10) + "|" + strconv.FormatInt(at.Truncate(time.Hour).Unix(), 10) + "|" +
+		strconv.FormatInt(at.Unix()/86400, 10) + "|" + strconv.Itoa(y*100+int(m)) + "|" +
+		strconv.FormatInt(d.OverageUnits, 10) + "|" + strconv.Itoa(bill) + "|" + strconv.FormatInt(mq, 10) + "|" + req.Meter
+	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, r.settleKey(req.TenantID, requestID), entry, quota.SettleWindow)
+		p.Set(ctx, r.settleIndexKey(requestID), req.TenantID, quota.SettleWindow)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ratelimit: reserve: %w", err)
+	}
+	return nil
+}
+
+// SettleTenant returns the tenant of the reservation under requestID, or
+// "" when there is none (never made, or expired).
+func (r *Runner) SettleTenant(ctx context.Context, requestID string) (string, error) {
+	if err := checkRequestID(requestID); err != nil {
+		return "", err
+	}
+	t, err := r.c.Get(ctx, r.settleIndexKey(requestID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("ratelimit: settle: %w", err)
+	}
+	return t, nil
+}
+
+// Settle settles the reservation under requestID to actual units
+// (0..quota.MaxQuantity) exactly once, in one atomic script run
+// (lua/settle.lua): the first call applies actual - cost (a refund or a
+// charge that may pass the quota); later calls, from any node, and calls
+// after quota.SettleWindow change nothing and say so.
+func (r *Runner) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
+	if err := checkTenant(tenantID); err != nil {
+		return quota.Settlement{}, err
+	}
+	if err := checkRequestID(requestID); err != nil {
+		return quota.Settlement{}, err
+	}
+	if actual < 0 || actual > quota.MaxQuantity {
+		return quota.Settlement{}, quota.FieldError("actual_cost", "must be an integer between 0 and %d", quota.MaxQuantity)
+	}
+	keys := r.stateKeys(tenantID, "pending", "settle:"+requestID)
+	res, err := settleScript.Run(ctx, r.c, keys, r.layout, actual).Int64Slice()
+	if err != nil {
+		return quota.Settlement{}, fmt.Errorf("ratelimit: settle: %w", err)
+	}
+	if len(res) != 3 {
+		return quota.Settlement{}, fmt.Errorf("ratelimit: settle: script answered %d values, want 3", len(res))
+	}
+	switch res[0] {
+	case 1:
+		if res[1] != 0 {
+			r.active.add(tenantID)
+		}
+		return quota.Settlement{Status: quota.SettleApplied, Delta: res[1], OverageDelta: res[2]}, nil
+	case -1:
+		return quota.Settlement{Status: quota.SettleAlready}, nil
+	}
+	return quota.Settlement{Status: quota.SettleUnknown}, nil
+}

@@ -1,0 +1,105 @@
+--[[ settle.lua: settle a request admitted on a route with settle: true to
+the cost its upstream reported (the Tollgate-Actual-Cost response header or
+POST /v1/settle), exactly once.
+
+The admission wrote a settle entry (internal/ratelimit/settle.go) under the
+tenant's hash tag, living 10 minutes. This script reads it and, in the same
+atomic call, marks it settled (the value "done", keeping its expiry) and
+applies the difference between the actual cost and the admitted cost:
+  actual < cost: the difference is given back exactly as refund.lua gives
+    back a failed request (day and month counters while still in the
+    admission's periods, pending usage of the admission's hour), the
+    overage units among it first (they were the last units admitted);
+  actual > cost: the difference is added to the day and month counters
+    (while still in the admission's periods) and to the pending usage,
+    unconditionally: a charge may pass the quota, and later requests are
+    refused. On a bill tier the units past the month's quota + grants are
+    overage, as admit.lua counts them (month counter and pending "|o").
+A second settle of the entry finds "done" and changes nothing; an entry
+that expired is gone: both change nothing.
+
+KEYS
+  KEYS[1..5] the state (state.lua)
+  KEYS[6] <prefix>:v1:{t:<id>}:pending (v1 layout, as refund.lua)
+  KEYS[7] <prefix>:v1:{t:<id>}:settle:<request id>, the entry:
+          "<cost>|<hour start unix s>|<day id>|<month id>|<overage>|<bill 0/1>|<monthly quota, -1 none>|<meter>"
+
+ARGV
+  [1] layout 'v2' | 'v1' (state.lua)
+  [2] the actual cost, 0..quota.MaxQuantity
+
+Return: {status, delta, overage delta}: status 1 applied, 0 no entry
+(unknown or expired), -1 settled before; delta = actual - cost (negative
+for a refund); overage delta the change of the month's overage units.
+]]
+
+local e = redis.call('GET', KEYS[7])
+if not e then return {0, 0, 0} end
+if e == 'done' then return {-1, 0, 0} end
+redis.call('SET', KEYS[7], 'done', 'KEEPTTL')
+
+local cost, hour, day, month, over, bill, mq, meter = string.match(e,
+  '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([01])|(%-?%d+)|(.+)$')
+if not cost then return redis.error_reply('settle: bad entry') end
+cost, over, mq = tonumber(cost), tonumber(over), tonumber(mq)
+local actual = tonumber(ARGV[2])
+local diff = actual - cost
+if diff == 0 then return {1, 0, 0} end
+
+local now, shift = clock(0)
+local function pxat(us)
+  return fmt(-idiv(-(us + shift), 1000))
+end
+
+local s = load_state()
+local parts = {}
+local units, ovd = diff, 0
+if diff < 0 then
+  local back = -diff
+  ovd = -math.min(over, back)
+  if s.d == tonumber(day) then
+    s.du = math.max(0, s.du - back)
+    parts[#parts + 1] = 'd'
+  end
+  if s.m == tonumber(month) then
+    s.mu = math.max(0, s.mu - back)
+    s.mo = math.max(0, s.mo + ovd)
+    parts[#parts + 1] = 'm'
+  end
+else
+  if s.d == tonumber(day) then
+    s.du = s.du + diff
+    parts[#parts + 1] = 'd'
+  end
+  if s.m == tonumber(month) then
+    if bill == '1' and mq >= 0 then
+      local limit = mq + s.mg
+      if s.mu + diff > limit then
+        ovd = math.min(diff, s.mu + diff - limit)
+      end
+    end
+    s.mu = s.mu + diff
+    s.mo = s.mo + ovd
+    parts[#parts + 1] = 'm'
+  end
+end
+if #parts > 0 then
+  if s.mn == 0 and s.m >= 0 then
+    local id, _, nxt = month_at(now)
+    if id == s.m then s.mn = nxt end
+  end
+  save_state(s, 0, nil, parts, pxat, now)
+end
+
+local f = hour .. '|' .. meter .. '|'
+if s.v2 then
+  redis.call('HINCRBY', KS, 'p' .. f .. 'u', units)
+  if ovd ~= 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'o', ovd) end
+  return {1, diff, ovd}
+end
+redis.call('HINCRBY', KEYS[6], f .. 'u', units)
+if ovd ~= 0 then redis.call('HINCRBY', KEYS[6], f .. 'o', ovd) end
+if redis.call('PTTL', KEYS[6]) < 0 then
+  redis.call('PEXPIRE', KEYS[6], 14 * 86400 * 1000)
+end
+return {1, diff, ovd}
