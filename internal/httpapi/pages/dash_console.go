@@ -186,23 +186,40 @@ func (s *Pages) ConsoleCreateTier(c *fiber.Ctx) error {
 	}
 	errs := formErrors{}
 	t := tierFromForm(errs, f)
-	status := fiber.StatusBadRequest
-	if len(errs) == 0 {
+	status, done, err := createFromForm(c, errs, errs.add, func() (string, error) {
 		created, err := s.catalog.CreateTier(c.UserContext(), consoleActor, t)
-		if err == nil {
-			return c.Redirect("/console/tiers?ok=created#tier-"+url.PathEscape(created.Slug), fiber.StatusSeeOther)
-		}
-		switch quota.ErrorCode(err) {
-		case quota.CodeInvalid:
-		case quota.CodeConflict:
-			status = fiber.StatusConflict
-		default:
-			return err
-		}
-		errs.add(err)
+		return "/console/tiers?ok=created#tier-" + url.PathEscape(created.Slug), err
+	})
+	if done {
+		return err
 	}
 	return s.render(c, status, "tier", s.consoleView(c, "New tier", "tiers",
 		tierFormView{Create: true, Values: f, Errors: errs}))
+}
+
+// createFromForm runs create for a form read without errors: on success it
+// redirects to the page create names (done); a validation error (400) or
+// a conflict (409, a name taken) goes beside its field through addErr and
+// the form is to be shown again with the status returned; any other error
+// is returned (done). A form with errors already creates nothing (400).
+func createFromForm(c *fiber.Ctx, errs formErrors, addErr func(error), create func() (string, error)) (status int, done bool, err error) {
+	if len(errs) > 0 {
+		return fiber.StatusBadRequest, false, nil
+	}
+	to, err := create()
+	if err == nil {
+		return 0, true, c.Redirect(to, fiber.StatusSeeOther)
+	}
+	status = fiber.StatusBadRequest
+	switch quota.ErrorCode(err) {
+	case quota.CodeInvalid:
+	case quota.CodeConflict:
+		status = fiber.StatusConflict
+	default:
+		return 0, true, err
+	}
+	addErr(err)
+	return status, false, nil
 }
 
 // ---- tenants

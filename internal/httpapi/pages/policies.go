@@ -482,20 +482,12 @@ func (s *Pages) ConsoleCreatePolicy(c *fiber.Ctx) error {
 	}
 	errs := formErrors{}
 	p := policyFromForm(errs, f)
-	status := fiber.StatusBadRequest
-	if len(errs) == 0 {
+	status, done, err := createFromForm(c, errs, func(err error) { addPolicyError(errs, err) }, func() (string, error) {
 		created, err := s.catalog.CreatePolicy(c.UserContext(), consoleActor, p)
-		if err == nil {
-			return c.Redirect("/console/policies?ok=policy-created#policy-"+url.PathEscape(created.Name), fiber.StatusSeeOther)
-		}
-		switch quota.ErrorCode(err) {
-		case quota.CodeInvalid:
-		case quota.CodeConflict:
-			status = fiber.StatusConflict
-		default:
-			return err
-		}
-		addPolicyError(errs, err)
+		return "/console/policies?ok=policy-created#policy-" + url.PathEscape(created.Name), err
+	})
+	if done {
+		return err
 	}
 	return s.render(c, status, "policy", s.consoleView(c, "New policy", "policies", newPolicyForm(true, "", f, errs)))
 }
