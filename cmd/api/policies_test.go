@@ -431,3 +431,29 @@ func TestConsoleTenantPageShowsThePolicies(t *testing.T) {
 		t.Fatalf("the tenant page's policy row %q, want limit 7 and 6 remaining", row)
 	}
 }
+
+// TestIPPolicyLimitsEachClientAddress: an ip policy counts a client
+// address's requests across tenants (its state in a slot of its own,
+// reserved before the tenant's decision).
+func TestIPPolicyLimitsEachClientAddress(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tier := s.tier(44, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	_, key1 := s.tenant(tier.Slug)
+	_, key2 := s.tenant(tier.Slug)
+	mustPolicy(t, base, `{"name": "per-address", "algorithm": "fixed_window", "limit": 3, "window_seconds": 86400, "scope": "ip"}`)
+	waitPolicy(t, base, key1, "per-address") // one request from 127.0.0.1
+	statuses := []int{}
+	for _, key := range []string{key2, key1, key2} {
+		statuses = append(statuses, do(t, "GET", base+"/api/demo/echo", key, "").status)
+	}
+	if fmt.Sprint(statuses) != "[200 200 429]" {
+		t.Fatalf("statuses %v, want [200 200 429]: the address's 4th request is refused whichever tenant sends it", statuses)
+	}
+	// the refused request consumed no quota of its tenant: one of two
+	// requests counted
+	if r := do(t, "GET", base+"/api/demo/echo", key2, ""); !strings.Contains(r.header.Get("RateLimit"), `"daily";r=99;`) {
+		t.Fatalf("the second tenant's daily quota after a refusal: RateLimit %q, want 99 left", r.header.Get("RateLimit"))
+	}
+}

@@ -21,17 +21,17 @@ type policyList interface {
 	Policies(ctx context.Context) ([]quota.Policy, error)
 }
 
-// scopeValues are the values a request gives the policies' scopes; an
-// empty one means the request has none (a policy of that scope does not
-// apply to it).
+// scopeValues are what a request gives the policies' scopes. The client
+// address and the param values are read from req only when a policy of
+// that scope matches, so that a request matching none pays nothing for
+// them; req is nil for /v1/check, which has no client of its own, no
+// request to read and no end to release a concurrency slot at (a policy of
+// scope ip or param, or a concurrency one, does not apply to it). An empty
+// key means the request has none.
 type scopeValues struct {
-	tenant, key, ip string
-	// param reads a param scope's value; nil when there is no HTTP
-	// request to read (/v1/check)
-	param func(param string) (string, bool)
-	// leases says whether the request's end is known, so that a
-	// concurrency policy's slot can be released (not for /v1/check)
-	leases bool
+	tenant, key string
+	req         *fiber.Ctx
+	path        string // req's path, as the route table saw it
 }
 
 // policyCalls returns the policies that apply to a metered request, with
@@ -41,10 +41,8 @@ type scopeValues struct {
 // without policies allocate nothing here.
 func (s *Server) policyCalls(c *fiber.Ctx, p catalog.Principal, route *routes.Route) ([]quota.PolicyCall, error) {
 	path := proxyPath(c)
-	return s.matchPolicies(c.UserContext(), route.Meter, path, c.Method(), p.Tier.Slug, scopeValues{
-		tenant: p.Tenant.ID, key: p.KeyID, ip: s.guard.ClientIP(c).String(), leases: true,
-		param: func(param string) (string, bool) { return paramValue(c, param, path) },
-	})
+	return s.matchPolicies(c.UserContext(), route.Meter, path, c.Method(), p.Tier.Slug,
+		scopeValues{tenant: p.Tenant.ID, key: p.KeyID, req: c, path: path})
 }
 
 // matchPolicies returns the policies matching a request of meter, path,
@@ -64,7 +62,7 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 		if !pol.Match.Matches(meter, path, method, tier) {
 			continue
 		}
-		if pol.Algorithm == quota.AlgConcurrency && !v.leases {
+		if pol.Algorithm == quota.AlgConcurrency && v.req == nil {
 			continue
 		}
 		value, ok := "", true
@@ -74,11 +72,12 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 		case quota.ScopeKey:
 			value, ok = v.key, v.key != ""
 		case quota.ScopeIP:
-			value, ok = v.ip, v.ip != ""
+			if ok = v.req != nil; ok {
+				value = s.guard.ClientIP(v.req).String()
+			}
 		case quota.ScopeParam:
-			ok = v.param != nil
-			if ok {
-				value, ok = v.param(pol.Param)
+			if ok = v.req != nil; ok {
+				value, ok = paramValue(v.req, pol.Param, v.path)
 			}
 		}
 		if !ok {
