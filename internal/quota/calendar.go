@@ -27,8 +27,9 @@ import (
 // (Asia/Beirut), and Apia's 2011-12-30 00:00 comes out as 2011-12-29 00:00.
 //
 // "Or later" matters only where a zone's clock went back across midnight
-// (Antarctica/Casey on 2010-03-05 went from 02:00 back to 23:00 of the 4th):
-// the local date then reads the day before again for a while, but a day once
+// (America/St_Johns every autumn until 2011, from 00:01 back to 23:01;
+// Antarctica/Casey on 2010-03-05, from 02:00 back to 23:00 of the 4th): the
+// local date then reads the day before again for a while, but a day once
 // over does not come back (its counters have been reset): those instants
 // belong to the later day. So days, and periods, tile time without gaps or
 // overlaps, and DayID never decreases.
@@ -142,7 +143,8 @@ func (c Calendar) DayID(t time.Time) int64 {
 // start of the last anchor day at or before t's local date to the start of
 // the anchor day of the month after.
 func (c Calendar) Period(t time.Time) (start, end time.Time) {
-	y, m := c.periodAt(t)
+	id, _, _ := c.dayAt(t)
+	y, m := c.periodOf(id)
 	a := c.anchor()
 	return time.Unix(c.firstAt(y, m, a), 0).UTC(), time.Unix(c.firstAt(y, m+1, a), 0).UTC()
 }
@@ -151,14 +153,14 @@ func (c Calendar) Period(t time.Time) (start, end time.Time) {
 // the month its anchor day is in (e.g. 202611 for the period from
 // 2026-11-15). For the default calendar, lua/state.lua's month id.
 func (c Calendar) PeriodID(t time.Time) int {
-	y, m := c.periodAt(t)
+	id, _, _ := c.dayAt(t)
+	y, m := c.periodOf(id)
 	return y*100 + int(m)
 }
 
-// periodAt returns the year and month of the anchor day that starts the
-// period containing t.
-func (c Calendar) periodAt(t time.Time) (int, time.Month) {
-	id, _, _ := c.dayAt(t)
+// periodOf returns the year and month of the anchor day that starts the
+// period containing day id.
+func (c Calendar) periodOf(id int64) (int, time.Month) {
 	y, m, d := time.Unix(id*daySeconds, 0).UTC().Date()
 	if d < c.anchor() {
 		m--
@@ -280,16 +282,25 @@ func floorMod(a, b int64) int64 {
 // transition in the tz database is a whole number of seconds, if not
 // always of minutes (Africa/Monrovia kept -0:44:30 until 1972-01-07).
 // About 120 bytes for dates of this century; an argument, never stored.
+// It costs about a microsecond (nine day starts) and depends only on t's
+// day: a caller may keep it until Day(t)'s end.
 func (c Calendar) Boundaries(t time.Time) string {
-	id, _, _ := c.dayAt(t)
-	y, m := c.periodAt(t)
+	id, start, next := c.dayAt(t)
+	y, m := c.periodOf(id)
 	a := c.anchor()
 	b := make([]byte, 0, 160)
 	d0 := id - 1
 	b = strconv.AppendInt(b, d0, 10)
 	for i := int64(0); i <= 4; i++ {
+		s := start // i == 1
+		switch i {
+		case 0, 3, 4:
+			s = c.firstAtWall((d0 + i) * daySeconds)
+		case 2:
+			s = next
+		}
 		b = append(b, ',')
-		b = strconv.AppendInt(b, c.firstAtWall((d0+i)*daySeconds), 10)
+		b = strconv.AppendInt(b, s, 10)
 	}
 	b = append(b, '|')
 	for i := -1; i <= 2; i++ {
