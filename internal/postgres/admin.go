@@ -133,6 +133,9 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 		if err != nil {
 			return fmt.Errorf("postgres: update tier: %w", err)
 		}
+		if err := recordPriceTx(ctx, tx, out); err != nil {
+			return err
+		}
 		return audit(ctx, tx, actor, "update", "tier", slug, before, out)
 	})
 	return out, err
@@ -202,6 +205,15 @@ func (s *Store) CreateTenantWith(ctx context.Context, actor string, in quota.Ten
 	if in.Name == "" || len(in.Name) > quota.MaxNameLen {
 		return quota.Tenant{}, quota.FieldError("name", "must be 1 to %d characters", quota.MaxNameLen)
 	}
+	if in.BillingAnchorDay == 0 {
+		in.BillingAnchorDay = quota.DefaultAnchorDay
+	}
+	if in.TimeZone == "" {
+		in.TimeZone = quota.DefaultTimeZone
+	}
+	if err := quota.CheckCalendar(in.BillingAnchorDay, in.TimeZone); err != nil {
+		return quota.Tenant{}, err
+	}
 	secret, err := newWebhookSecret()
 	if err != nil {
 		return quota.Tenant{}, err
@@ -219,8 +231,10 @@ func (s *Store) CreateTenantWith(ctx context.Context, actor string, in quota.Ten
 			return quota.OverridesError(err)
 		}
 		err = tx.QueryRow(ctx, `
-			INSERT INTO tenants (name, tier, overrides, webhook_url, webhook_secret) VALUES ($1, $2, $3, $4, $5)
-			RETURNING `+tenantColumns, in.Name, in.Tier, in.Overrides, in.WebhookURL, secret).Scan(tenantDest(&t)...)
+			INSERT INTO tenants (name, tier, overrides, webhook_url, webhook_secret, billing_anchor_day, time_zone)
+			VALUES ($1, $2, $3, $4, $5, $6, $7)
+			RETURNING `+tenantColumns, in.Name, in.Tier, in.Overrides, in.WebhookURL, secret, in.BillingAnchorDay, in.TimeZone).
+			Scan(tenantDest(&t)...)
 		if err != nil {
 			return fmt.Errorf("postgres: insert tenant: %w", err)
 		}
@@ -245,11 +259,34 @@ func tenantTx(ctx context.Context, q querier, id, lock string) (quota.Tenant, er
 	return t, nil
 }
 
-// UpdateTenant applies change under a row lock. A tier change closes the
-// tenant's tier history at the change and opens the new tier's.
+// UpdateTenant applies change under a row lock. A tier change (change
+// setting Tier) applies at once: it closes the tenant's tier history at the
+// change, opens the new tier's and drops any pending change. For tier
+// changes as the admin API asks them (effective, quota), see ChangeTenant.
 func (s *Store) UpdateTenant(ctx context.Context, actor, id string, change func(*quota.Tenant) error) (quota.Tenant, error) {
+	out, _, err := s.ChangeTenant(ctx, actor, id, nil, time.Time{}, change)
+	return out, err
+}
+
+// ChangeTenant applies change under a row lock, then, when plan is not
+// nil, the tier change it asks for, at now: at once (as UpdateTenant), or
+// recorded as the tenant's pending change, effective at the start of its
+// next billing period, when plan says next_period or, saying nothing,
+// moves to a lower rank (see quota.PlanRequest.EffectiveFor). A plan to
+// the tier the tenant is on drops its pending change. An immediate change
+// with quota reset records a quota reset at the change's time, returned
+// for the caller to apply to the live counters after the commit.
+func (s *Store) ChangeTenant(ctx context.Context, actor, id string, plan *quota.PlanRequest, now time.Time,
+	change func(*quota.Tenant) error) (quota.Tenant, *quota.CounterReset, error) {
+	if plan != nil {
+		if err := plan.Validate(); err != nil {
+			return quota.Tenant{}, nil, err
+		}
+	}
 	var out quota.Tenant
+	var reset *quota.CounterReset
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		reset = nil
 		before, err := tenantTx(ctx, tx, id, "FOR UPDATE")
 		if err != nil {
 			return err
@@ -264,6 +301,15 @@ func (s *Store) UpdateTenant(ctx context.Context, actor, id string, change func(
 		if after.Status != quota.StatusActive && after.Status != quota.StatusSuspended {
 			return quota.FieldError("status", `must be "active" or "suspended"`)
 		}
+		if err := quota.CheckCalendar(after.BillingAnchorDay, after.TimeZone); err != nil {
+			return err
+		}
+		wantReset := false
+		if plan != nil {
+			if wantReset, err = planTx(ctx, tx, before, &after, *plan, now); err != nil {
+				return err
+			}
+		}
 		tier, err := tierTx(ctx, tx, after.Tier, "FOR SHARE")
 		if quota.ErrorCode(err) == quota.CodeNotFound {
 			return quota.FieldError("tier", "no tier %q", after.Tier)
@@ -274,25 +320,28 @@ func (s *Store) UpdateTenant(ctx context.Context, actor, id string, change func(
 		if err := after.Overrides.Apply(tier.Limits).Validate(); err != nil {
 			return quota.OverridesError(err)
 		}
-		err = tx.QueryRow(ctx, `UPDATE tenants SET name = $2, tier = $3, status = $4, overrides = $5, webhook_url = $6,
-			updated_at = clock_timestamp() WHERE id = $1 RETURNING `+tenantColumns,
-			before.ID, after.Name, after.Tier, after.Status, after.Overrides, after.WebhookURL).Scan(tenantDest(&out)...)
-		if err != nil {
-			return fmt.Errorf("postgres: update tenant: %w", err)
+		if after.Tier != before.Tier {
+			after.PendingChange = nil // a change made now supersedes the one planned
+		}
+		if out, err = writeTenantTx(ctx, tx, before.ID, after); err != nil {
+			return err
 		}
 		if out.Tier != before.Tier {
-			if _, err := tx.Exec(ctx, `UPDATE tenant_tier_history SET valid_to = $2 WHERE tenant_id = $1 AND valid_to IS NULL`,
-				out.ID, out.UpdatedAt); err != nil {
-				return fmt.Errorf("postgres: close tier history: %w", err)
+			if err := moveTierTx(ctx, tx, out.ID, out.Tier, out.UpdatedAt); err != nil {
+				return err
 			}
-			if _, err := tx.Exec(ctx, `INSERT INTO tenant_tier_history (tenant_id, tier, valid_from) VALUES ($1, $2, $3)`,
-				out.ID, out.Tier, out.UpdatedAt); err != nil {
-				return fmt.Errorf("postgres: open tier history: %w", err)
+			if wantReset {
+				if reset, err = recordResetTx(ctx, tx, out.ID, out.UpdatedAt); err != nil {
+					return err
+				}
 			}
 		}
 		return audit(ctx, tx, actor, "update", "tenant", out.ID, before, out)
 	})
-	return out, err
+	if err != nil {
+		return quota.Tenant{}, nil, err
+	}
+	return out, reset, nil
 }
 
 // DeleteTenant deletes a tenant with its keys, grants, usage and draft

@@ -10,10 +10,18 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-const tenantColumns = `id, name, tier, status, overrides, webhook_url, created_at, updated_at`
+// tenantColumns reads a tenant; its pending change, four nullable columns,
+// comes as one JSON object (null when there is none), with UTC times.
+const tenantColumns = `id, name, tier, status, overrides, webhook_url, billing_anchor_day, time_zone,
+	CASE WHEN pending_tier IS NULL THEN NULL ELSE jsonb_build_object('tier', pending_tier,
+		'effective_at', to_char(pending_effective_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"'),
+		'quota', pending_quota,
+		'requested_at', to_char(pending_requested_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')) END,
+	created_at, updated_at`
 
 func tenantDest(t *quota.Tenant) []any {
-	return []any{&t.ID, &t.Name, &t.Tier, &t.Status, &t.Overrides, &t.WebhookURL, &t.CreatedAt, &t.UpdatedAt}
+	return []any{&t.ID, &t.Name, &t.Tier, &t.Status, &t.Overrides, &t.WebhookURL, &t.BillingAnchorDay, &t.TimeZone,
+		&t.PendingChange, &t.CreatedAt, &t.UpdatedAt}
 }
 
 // collectTenants reads rows of tenantColumns.

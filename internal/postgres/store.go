@@ -116,6 +116,9 @@ func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quo
 		if err != nil {
 			return fmt.Errorf("postgres: insert tier: %w", err)
 		}
+		if err := recordPriceTx(ctx, tx, out); err != nil {
+			return err
+		}
 		return audit(ctx, tx, actor, "create", "tier", out.Slug, nil, out)
 	})
 	return out, err

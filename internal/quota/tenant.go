@@ -18,8 +18,15 @@ type Tenant struct {
 	Status     TenantStatus `json:"status"`
 	Overrides  Overrides    `json:"overrides"`
 	WebhookURL string       `json:"webhook_url"`
-	CreatedAt  time.Time    `json:"created_at"`
-	UpdatedAt  time.Time    `json:"updated_at"`
+	// BillingAnchorDay (1..28) and TimeZone (an IANA name) are the
+	// tenant's billing calendar: stored and shown; see plan.go.
+	BillingAnchorDay int    `json:"billing_anchor_day"`
+	TimeZone         string `json:"time_zone"`
+	// PendingChange is a tier change asked for the next billing period,
+	// nil when there is none.
+	PendingChange *PendingChange `json:"pending_change"`
+	CreatedAt     time.Time      `json:"created_at"`
+	UpdatedAt     time.Time      `json:"updated_at"`
 }
 
 // APIKey is an issued key as listed: never its secret.

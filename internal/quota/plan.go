@@ -1,0 +1,133 @@
+package quota
+
+import (
+	"time"
+)
+
+// DefaultTimeZone and DefaultAnchorDay are a tenant's billing calendar
+// unless it says otherwise.
+const (
+	DefaultTimeZone  = "UTC"
+	DefaultAnchorDay = 1
+	// MaxTimeZoneLen bounds an IANA zone name (the longest is 32 bytes).
+	MaxTimeZoneLen = 64
+)
+
+// CheckCalendar validates a tenant's billing anchor day (1..28, so that
+// every month has it) and time zone (an IANA name that time.LoadLocation
+// knows, at most MaxTimeZoneLen bytes; never "" or "Local", which name no
+// place but the server's setting). It returns a CodeInvalid *Error naming
+// billing_anchor_day or time_zone.
+func CheckCalendar(anchorDay int, zone string) error {
+	if anchorDay < 1 || anchorDay > 28 {
+		return FieldError("billing_anchor_day", "must be an integer between 1 and 28")
+	}
+	if zone == "" || zone == "Local" || len(zone) > MaxTimeZoneLen {
+		return FieldError("time_zone", `must be an IANA time zone name such as "UTC" or "Europe/Paris", at most %d bytes`, MaxTimeZoneLen)
+	}
+	if _, err := time.LoadLocation(zone); err != nil {
+		return FieldError("time_zone", "unknown time zone %q: must be an IANA time zone name such as \"UTC\" or \"Europe/Paris\"", zone)
+	}
+	return nil
+}
+
+// Effective says when a tier change applies.
+type Effective string
+
+const (
+	// EffectiveNow changes the tier at once.
+	EffectiveNow Effective = "now"
+	// EffectiveNextPeriod records the change as pending; the worker applies
+	// it at the start of the tenant's next billing period.
+	EffectiveNextPeriod Effective = "next_period"
+)
+
+// QuotaMode says what a tier change does with the usage already counted in
+// the current day and month.
+type QuotaMode string
+
+const (
+	// QuotaCarry keeps it: the new tier's quotas count it.
+	QuotaCarry QuotaMode = "carry"
+	// QuotaReset empties the day's and the month's used units and overage
+	// (grants stay) when the tier changes.
+	QuotaReset QuotaMode = "reset"
+)
+
+// PlanRequest is a tier change as asked (PATCH /admin/v1/tenants/{id} with
+// tier): Effective "" means by rank (see EffectiveFor), Quota "" carry.
+type PlanRequest struct {
+	Tier      string
+	Effective Effective
+	Quota     QuotaMode
+}
+
+// Validate checks the request's effective and quota values, returning a
+// CodeInvalid *Error naming the field.
+func (r PlanRequest) Validate() error {
+	switch r.Effective {
+	case "", EffectiveNow, EffectiveNextPeriod:
+	default:
+		return FieldError("effective", `must be "now" or "next_period"`)
+	}
+	switch r.Quota {
+	case "", QuotaCarry, QuotaReset:
+	default:
+		return FieldError("quota", `must be "carry" or "reset"`)
+	}
+	return nil
+}
+
+// EffectiveFor returns when the change from a tier of rank from to one of
+// rank to applies: as asked, else now for an upgrade or an equal rank and
+// at the next period for a downgrade (the tenant keeps what it paid for
+// until then).
+func (r PlanRequest) EffectiveFor(from, to int) Effective {
+	if r.Effective != "" {
+		return r.Effective
+	}
+	if to < from {
+		return EffectiveNextPeriod
+	}
+	return EffectiveNow
+}
+
+// QuotaMode returns the request's quota mode, carry unless it says reset.
+func (r PlanRequest) QuotaMode() QuotaMode {
+	if r.Quota == "" {
+		return QuotaCarry
+	}
+	return r.Quota
+}
+
+// PendingChange is a tier change waiting for the tenant's next billing
+// period: the worker applies it at EffectiveAt exactly (the tier history
+// changes at that instant, however late the worker runs).
+type PendingChange struct {
+	Tier        string    `json:"tier"`
+	EffectiveAt time.Time `json:"effective_at"`
+	Quota       QuotaMode `json:"quota"`
+	RequestedAt time.Time `json:"requested_at"`
+}
+
+// NextPeriodStart returns the start of the tenant's billing period after
+// the one containing now: when a pending change takes effect.
+func (t Tenant) NextPeriodStart(now time.Time) time.Time { return nextPeriodStart(t, now) }
+
+// nextPeriodStart is the start of the next UTC calendar month, the billing
+// period every part of Tollgate uses today.
+// TODO(calendar): once internal/quota/calendar.go exists, use
+// t.Calendar().Period(now) (its end), so that the anchor day and time zone
+// set the boundary.
+func nextPeriodStart(_ Tenant, now time.Time) time.Time {
+	return MonthStart(now).AddDate(0, 1, 0)
+}
+
+// CounterReset is a recorded reset of a tenant's day and month counters, made
+// by a tier change with quota reset at At (the change's time: the day and
+// month it empties, and its id in the live counters, where it applies once).
+type CounterReset struct {
+	ID       string
+	TenantID string
+	At       time.Time
+}
