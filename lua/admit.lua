@@ -72,16 +72,30 @@ ARGV
                    request is refused: mask 16), 'd' a degrade one refused
                    (degraded, when nothing else refuses), 's' a shadow one
                    refused; counted here, in the same pending fields
-  [19..]           np groups of policy.lua's POLICY_ARGS; their keys are
-                   the last np KEYS (after the idempotency key, if any),
-                   all under the tenant's hash tag
+  [19] mq          the meter quota of the request's meter (see "Meter
+                   quotas"): '' none, or "dq,mq,bill,price,tprice,capm":
+                   the meter's daily and monthly quotas (-1 = unlimited),
+                   1 when its overage is billed, its price per 1,000
+                   units, the tier's (0 unless the tier bills), and the
+                   spend cap in millicents (-1 = none); its key is the
+                   LAST of KEYS. A tier with a billed meter quota and a
+                   spend cap passes it on every request, "-1,-1,0,0,..."
+                   for a meter without a quota, so that the cap sees the
+                   meters' overage
+  [20..]           np groups of policy.lua's POLICY_ARGS; their keys are
+                   the last np KEYS before the meter quota's (after the
+                   idempotency key, if any), all under the tenant's hash tag
+  ([16..19] are all absent, or all present: the plain variant takes them
+  when np is 0 and the meter has a quota)
 
-Return: a flat array of 22 integers, then policy.lua's POLICY_ITEM
-integers per policy (none when np is 0, and none for idempotency codes 2, 3)
+Return: a flat array of 22 integers, then 8 of the meter quota (when
+ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
+(none when np is 0; idempotency codes 2, 3 return the 22 alone)
   [1] allowed (1/0)
   [2] violated bitmask: 1 burst, 2 bucket, 4 daily, 8 monthly, 16 a policy
       (its item says which), 32 degraded: only a degrade policy refused (the
-      request gets its fallback answer; nothing is consumed), 64 spend cap
+      request gets its fallback answer; nothing is consumed), 64 spend cap,
+      128 the meter's daily quota, 256 the meter's monthly quota
   [3] retry after, us (0 when allowed; -1 = never: the cost exceeds a limit's
       whole size)
   [4] overage units admitted past the monthly quota (bill)
@@ -93,6 +107,8 @@ integers per policy (none when np is 0, and none for idempotency codes 2, 3)
       report no limits (all zero)
   then for burst, bucket, daily, monthly (in this order) four integers:
       active (1/0), limit, remaining, reset (absolute us)
+  [23..30] with a meter quota, the same four for the meter's daily and
+      monthly quotas
   After an admission, remaining and reset describe the state after it; after
   a refusal, in dry-run refusals and in peek, the state as it is.
 
@@ -149,6 +165,25 @@ Policies (np > 0)
   every policy that admitted it, in the same call. Peek and dry runs check
   and write nothing. Pending fields: "|d" degraded, "|s" shadow refusals.
 
+Meter quotas (ARGV[19] not '')
+  A tier's quota of one meter (quota.MeterQuota), beside the tier-wide
+  ones and decided with them, all or nothing. Its state is one field of
+  the hash <prefix>:v1:{t:<id>}:mq (the last of KEYS), named by the meter:
+  "d,du,m,mu,mo" (day id and units, month id, units and overage units, the
+  ids as q's), and the field '$' = "m,mc": the millicents (1/1000 cent) of
+  all meters' overage of month m, for the spend cap. The periods are the
+  tier-wide quotas' (d, m above). The daily quota is a hard cap (mask 128,
+  retry as the tier's); the monthly one refuses (256) or, billed, admits
+  past it: the units past it are the meter's overage ('|m' pending field),
+  and a unit past the tier-wide monthly quota too is the meter's overage
+  only (taken off the tier's, so no unit is billed twice). With a spend cap
+  and meter overage, the cap is checked in millicents over both: (tier
+  overage units) * tprice + mc + (meter overage) * price <= capm (exact:
+  each term is below 2^53 until the sum is past capm <= 2^50, and a double
+  past 2^53 still compares greater). The hash lives to the end of the
+  month of its last write + 1 h (PEXPIREAT when a field's month changes).
+  Replays answer the meter items as they are now.
+
 Idempotency (KEYS[6] present, mode 'admit')
   A record younger than 24 h (by its own 'at', so that explicit test times
   see the same window) decides first: another fingerprint is a mismatch (3);
@@ -198,10 +233,14 @@ local fp, lease = ARGV[13], ARGV[14] + 0
 local ocap = ARGV[15] + 0
 local KP, idem = KEYS[6], KEYS[7]
 local np = 0
+-- mqs: the meter quota's ARGV[19] (nil or ''); its key is the last of KEYS
+local mqs, nq = ARGV[19], 0
+if mqs == '' then mqs = nil end
+if mqs then nq = 1 end
 if ARGV[16] then
   np = ARGV[16] + 0
   -- the idempotency key is KEYS[7] only when the policies' keys leave it
-  if #KEYS - np < 7 then idem = nil end
+  if #KEYS - np - nq < 7 then idem = nil end
 end
 
 -- replay holds the stored decision of a finished first request.
@@ -346,7 +385,7 @@ if mq >= 0 and not replay then
   if mused + cost > limit then
     if bill then
       overage = math.min(cost, mused + cost - limit)
-      if ocap >= 0 and mover + overage > ocap then
+      if ocap >= 0 and not mqs and mover + overage > ocap then
         local wait = mnext - now
         if cost > mq + ocap then wait = -1 end
         ok, mask = false, mask + 64
@@ -360,11 +399,65 @@ if mq >= 0 and not replay then
     end
   end
 end
+-- the meter quota (see "Meter quotas")
+local KQ, qrow, qdq, qmq, qprice, qP, qcap
+local qd, qdu, qm, qmu, qmo, qmc, qfresh
+local qover = 0
+if mqs then
+  KQ = KEYS[#KEYS]
+  local a1, a2, a3, a4, a5, a6 = string.match(mqs, '^(%-?%d+),(%-?%d+),([01]),(%d+),(%d+),(%-?%d+)$')
+  qdq, qmq, qprice, qP, qcap = a1 + 0, a2 + 0, a4 + 0, a5 + 0, a6 + 0
+  if a3 == '0' then qprice = -1 end -- not billed
+  qrow = call('HMGET', KQ, meter, '$')
+  qd, qdu, qm, qmu, qmo, qmc = -1, 0, -1, 0, 0, 0
+  if qrow[1] then
+    local s1, s2, s3, s4, s5 = string.match(qrow[1], '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    qd, qdu, qm, qmu, qmo = s1 + 0, s2 + 0, s3 + 0, s4 + 0, s5 + 0
+  end
+  if qrow[2] then
+    local s1, s2 = string.match(qrow[2], '^(%-?%d+),(%-?%d+)$')
+    if s1 + 0 == month then qmc = s2 + 0 end
+  end
+  if qd ~= day then qd, qdu = day, 0 end
+  qfresh = qm ~= month -- the field's month changes: its expiry too
+  if qfresh then qm, qmu, qmo = month, 0, 0 end
+  if qdq >= 0 and not replay and qdu + cost > qdq then
+    local wait = dnext - now
+    if cost > qdq then wait = -1 end
+    ok, mask = false, mask + 128
+    if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+  end
+  if qmq >= 0 and not replay and qmu + cost > qmq then
+    if qprice >= 0 then
+      qover = math.min(cost, qmu + cost - qmq)
+    else
+      local wait = mnext - now
+      if cost > qmq then wait = -1 end
+      ok, mask = false, mask + 256
+      if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+    end
+  end
+  -- a unit past both monthly quotas is the meter's overage only
+  if qover > 0 then overage = overage - math.min(overage, qover) end
+  if qcap >= 0 and (overage > 0 or qover > 0)
+      and (mover + overage) * qP + qmc + qover * qprice > qcap then
+    -- never: the cost alone passes the cap in a fresh month (no grant)
+    local wait = mnext - now
+    local ft, fq = 0, 0
+    if qprice >= 0 and qmq >= 0 then fq = math.max(0, cost - qmq) end
+    if bill and mq >= 0 then ft = math.max(0, cost - mq) end
+    ft = ft - math.min(ft, fq)
+    if ft * qP + fq * qprice > qcap then wait = -1 end
+    ok, mask = false, mask + 64
+    if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+  end
+end
+
 -- policies (see "Policies"): precs holds what commit and report need
 local precs, degraded, shadowed = nil, false, false
-if ARGV[16] then
+if np > 0 or (ARGV[18] and ARGV[18] ~= '') then
   local pass, degr, pretry
-  pass, degr, pretry, precs = policies_check(#KEYS - np + 1, 19, np, now, ARGV[17])
+  pass, degr, pretry, precs = policies_check(#KEYS - np - nq + 1, 20, np, now, ARGV[17])
   local outside = ARGV[18]
   if string.find(outside, 'x', 1, true) then pass = false end
   if string.find(outside, 'd', 1, true) then degr = true end
@@ -380,7 +473,7 @@ if ARGV[16] then
   end
 end
 
-if not ok or mode == 'peek' then overage = 0 end
+if not ok or mode == 'peek' then overage, qover = 0, 0 end
 
 -- commit: only when every limit passed, only in admit mode
 if mode == 'admit' then
@@ -410,6 +503,15 @@ if mode == 'admit' then
     end
   end
   if ok and precs then policies_commit(precs, now) end
+  if ok and mqs and not replay and (qdq >= 0 or qmq >= 0) then
+    local f = string.format('%d,%d,%d,%d,%d', qd, qdu + cost, qm, qmu + cost, qmo + qover)
+    if qover > 0 and qcap >= 0 then
+      call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice))
+    else
+      call('HSET', KQ, meter, f)
+    end
+    if qfresh then call('PEXPIREAT', KQ, pxat(mnext + HOUR_US)) end
+  end
   local dirty = wg or wb or wd or wm
   -- Pending usage: in the v2 hash, written by the same HSET, when the
   -- state lives there (or moves there now); else in the v1 pending hash.
@@ -485,6 +587,9 @@ if mode == 'admit' then
     if ok and overage > 0 and not replay then
       call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|o', overage)
     end
+    if qover > 0 and not replay then
+      call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|m', qover)
+    end
     if not ok then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. (degraded and '|d' or '|x'), 1) end
     if shadowed then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|s', 1) end
   elseif not (ok and replay) then
@@ -494,6 +599,7 @@ if mode == 'admit' then
       fresh = call('HINCRBY', KP, pf .. 'u', costs) == cost
       call('HINCRBY', KP, pf .. 'r', 1)
       if overage > 0 then call('HINCRBY', KP, pf .. 'o', fmt(overage)) end
+      if qover > 0 then call('HINCRBY', KP, pf .. 'm', fmt(qover)) end
     else
       fresh = call('HINCRBY', KP, pf .. (degraded and 'd' or 'x'), 1) == 1
     end
@@ -535,12 +641,28 @@ if mq >= 0 then
 end
 local res = {ok and 1 or 0, mask, ok and 0 or retry, overage, now, 0,
   ga, gl, gr, gz, ba, bl, br, bz, da, dl, dr, dz, ma, ml, mr, mz}
+if mqs then
+  local a, l, r, z = 0, 0, 0, 0
+  if qdq >= 0 then
+    a, l, r, z = 1, qdq, qdq - qdu - spent, dnext
+    if r < 0 then r = 0 end
+  end
+  res[23], res[24], res[25], res[26] = a, l, r, z
+  a, l, r, z = 0, 0, 0, 0
+  if qmq >= 0 then
+    a, l, r, z = 1, qmq, qmq - qmu - spent, mnext
+    if r < 0 then r = 0 end
+  end
+  res[27], res[28], res[29], res[30] = a, l, r, z
+end
 
 if ok and replay then
   -- the stored decision, with the burst and bucket items and the policies
   -- of now
   for i = 1, 8 do replay[6 + i] = res[6 + i] end
   replay[5], replay[6] = now, 1
+  -- (the meter items as they are now; stored answers hold 22 values)
+  for i = 23, 30 do replay[i] = res[i] end
   if precs then policies_report(replay, precs, true) end
   return replay
 end

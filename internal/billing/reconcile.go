@@ -380,6 +380,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		rHour                     []time.Time
 		rUnits, rReq, rRej, rOver []int64
 		rShadow, rDegraded        []int64
+		rMeterOver                []int64
 		corrections               bool
 	)
 	for _, b := range batches {
@@ -405,6 +406,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			rUnits, rReq = append(rUnits, row.Units), append(rReq, row.Requests)
 			rRej, rOver = append(rRej, row.Rejected), append(rOver, row.Overage)
 			rShadow, rDegraded = append(rShadow, row.ShadowRefused), append(rDegraded, row.Degraded)
+			rMeterOver = append(rMeterOver, row.MeterOverage)
 		}
 		bIDs, bTenants = append(bIDs, b.ID), append(bTenants, tenant)
 		bUnits, bRequests = append(bUnits, max(u, 0)), append(bRequests, max(q, 0))
@@ -422,12 +424,13 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			ON CONFLICT (batch_id) DO NOTHING
 			RETURNING batch_id
 		), ins AS (
-			INSERT INTO usage AS u (tenant_id, hour, meter, units, requests, rejected, overage_units, shadow_refused, degraded)
+			INSERT INTO usage AS u (tenant_id, hour, meter, units, requests, rejected, overage_units, shadow_refused, degraded,
+			                        meter_overage_units)
 			SELECT t.id, r.hour, r.meter, sum(r.units), sum(r.requests), sum(r.rejected), sum(r.overage),
-			       sum(r.shadow_refused), sum(r.degraded)
+			       sum(r.shadow_refused), sum(r.degraded), sum(r.meter_overage)
 			FROM unnest($5::text[], $6::uuid[], $7::timestamptz[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[],
-			            $14::bigint[], $15::bigint[])
-			     AS r(batch, tenant, hour, meter, units, requests, rejected, overage, shadow_refused, degraded)
+			            $14::bigint[], $15::bigint[], $16::bigint[])
+			     AS r(batch, tenant, hour, meter, units, requests, rejected, overage, shadow_refused, degraded, meter_overage)
 			JOIN new ON new.batch_id = r.batch
 			JOIN tenants t ON t.id = r.tenant
 			GROUP BY t.id, r.hour, r.meter
@@ -435,11 +438,12 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET
 				units = u.units + EXCLUDED.units, requests = u.requests + EXCLUDED.requests,
 				rejected = u.rejected + EXCLUDED.rejected, overage_units = u.overage_units + EXCLUDED.overage_units,
-				shadow_refused = u.shadow_refused + EXCLUDED.shadow_refused, degraded = u.degraded + EXCLUDED.degraded
+				shadow_refused = u.shadow_refused + EXCLUDED.shadow_refused, degraded = u.degraded + EXCLUDED.degraded,
+				meter_overage_units = u.meter_overage_units + EXCLUDED.meter_overage_units
 		)
 		SELECT batch_id FROM new`,
 		bIDs, bTenants, bUnits, bRequests, rBatch, rTenant, rHour, rMeter, rUnits, rReq, rRej, rOver, r.now(),
-		rShadow, rDegraded)
+		rShadow, rDegraded, rMeterOver)
 	if err != nil {
 		return 0, fmt.Errorf("billing: record usage: %w", err)
 	}
@@ -480,7 +484,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 // overage), or more overage than its own units. Such rows are rare.
 func isCorrection(row quota.PendingRow) bool {
 	return row.Units < 0 || row.Overage < 0 || row.Requests < 0 || row.Rejected < 0 ||
-		row.ShadowRefused < 0 || row.Degraded < 0 || row.Overage > row.Units
+		row.ShadowRefused < 0 || row.Degraded < 0 || row.Overage > row.Units || row.MeterOverage < 0
 }
 
 // correct applies the correction rows of the batches (newly recorded) to the
@@ -496,7 +500,7 @@ func correct(ctx context.Context, tx pgx.Tx, batches []quota.Batch) error {
 		tenant, meter []string
 		hour          []time.Time
 		u, q, x, o    []int64
-		s, dg         []int64
+		s, dg, mo     []int64
 	)
 	for _, b := range batches {
 		for _, row := range b.Rows {
@@ -504,6 +508,7 @@ func correct(ctx context.Context, tx pgx.Tx, batches []quota.Batch) error {
 				tenant, hour, meter = append(tenant, b.TenantID), append(hour, row.Hour), append(meter, row.Meter)
 				u, q, x, o = append(u, row.Units), append(q, row.Requests), append(x, row.Rejected), append(o, row.Overage)
 				s, dg = append(s, row.ShadowRefused), append(dg, row.Degraded)
+				mo = append(mo, row.MeterOverage)
 			}
 		}
 	}
@@ -511,10 +516,11 @@ func correct(ctx context.Context, tx pgx.Tx, batches []quota.Batch) error {
 		WITH d AS (
 			SELECT t.id AS tenant_id, r.hour, r.meter, sum(r.units) AS units, sum(r.requests) AS requests,
 			       sum(r.rejected) AS rejected, sum(r.overage) AS overage,
-			       sum(r.shadow_refused) AS shadow_refused, sum(r.degraded) AS degraded
+			       sum(r.shadow_refused) AS shadow_refused, sum(r.degraded) AS degraded,
+			       sum(r.meter_overage) AS meter_overage
 			FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
-			            $8::bigint[], $9::bigint[])
-			     AS r(tenant, hour, meter, units, requests, rejected, overage, shadow_refused, degraded)
+			            $8::bigint[], $9::bigint[], $10::bigint[])
+			     AS r(tenant, hour, meter, units, requests, rejected, overage, shadow_refused, degraded, meter_overage)
 			JOIN tenants t ON t.id = r.tenant
 			GROUP BY t.id, r.hour, r.meter
 		), upd AS (
@@ -523,17 +529,20 @@ func correct(ctx context.Context, tx pgx.Tx, batches []quota.Batch) error {
 				rejected = greatest(u.rejected + d.rejected, 0),
 				overage_units = least(greatest(u.overage_units + d.overage, 0), greatest(u.units + d.units, 0)),
 				shadow_refused = greatest(u.shadow_refused + d.shadow_refused, 0),
-				degraded = greatest(u.degraded + d.degraded, 0)
+				degraded = greatest(u.degraded + d.degraded, 0),
+				meter_overage_units = greatest(u.meter_overage_units + d.meter_overage, 0)
 			FROM d WHERE u.tenant_id = d.tenant_id AND u.hour = d.hour AND u.meter = d.meter
 			RETURNING u.tenant_id, u.hour, u.meter
 		)
-		INSERT INTO usage (tenant_id, hour, meter, units, requests, rejected, overage_units, shadow_refused, degraded)
+		INSERT INTO usage (tenant_id, hour, meter, units, requests, rejected, overage_units, shadow_refused, degraded,
+		                   meter_overage_units)
 		SELECT d.tenant_id, d.hour, d.meter, greatest(d.units, 0), greatest(d.requests, 0), greatest(d.rejected, 0),
-		       least(greatest(d.overage, 0), greatest(d.units, 0)), greatest(d.shadow_refused, 0), greatest(d.degraded, 0)
+		       least(greatest(d.overage, 0), greatest(d.units, 0)), greatest(d.shadow_refused, 0), greatest(d.degraded, 0),
+		       greatest(d.meter_overage, 0)
 		FROM d
 		WHERE NOT EXISTS (SELECT 1 FROM upd WHERE upd.tenant_id = d.tenant_id AND upd.hour = d.hour AND upd.meter = d.meter)
 		ON CONFLICT (tenant_id, hour, meter) DO NOTHING`,
-		tenant, hour, meter, u, q, x, o, s, dg)
+		tenant, hour, meter, u, q, x, o, s, dg, mo)
 	if err != nil {
 		return fmt.Errorf("billing: record refunds: %w", err)
 	}

@@ -118,7 +118,7 @@ func (s *Server) check(c *fiber.Ctx) error {
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: body.Meter, Cost: cost, Limits: p.Limits, Overage: p.Tier.Overage,
 		OveragePriceCentsPer1K: p.Tier.OveragePriceCentsPer1K, FailOpen: p.Tier.FailOpen,
-		DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
+		MeterQuotas: p.Tier.MeterQuotas, DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
 		IdempotencyFingerprint: "check " + body.Meter + " " + strconv.FormatInt(cost, 10),
 	}
 	// The policies of the meter and tier apply to a check too, except

@@ -33,12 +33,21 @@ func collectTenants(rows pgx.Rows) ([]quota.Tenant, error) {
 }
 
 const tierColumns = `slug, name, rank, price_cents, burst_rate, burst, bucket_capacity, bucket_refill_per_sec,
-	daily_quota, monthly_quota, overage, overage_price_cents_per_1k, fail_open, upgrade_url, max_overage_cents`
+	daily_quota, monthly_quota, overage, overage_price_cents_per_1k, fail_open, upgrade_url, max_overage_cents, meter_quotas`
 
 func tierDest(t *quota.Tier) []any {
 	return []any{&t.Slug, &t.Name, &t.Rank, &t.PriceCents, &t.BurstRate, &t.Burst, &t.BucketCapacity,
 		&t.BucketRefillPerSec, &t.DailyQuota, &t.MonthlyQuota, &t.Overage, &t.OveragePriceCentsPer1K,
-		&t.FailOpen, &t.UpgradeURL, &t.MaxOverageCents}
+		&t.FailOpen, &t.UpgradeURL, &t.MaxOverageCents, &t.MeterQuotas}
+}
+
+// meterQuotas is t's meter quotas as the column takes them: a JSON array,
+// never null.
+func meterQuotas(t quota.Tier) []quota.MeterQuota {
+	if t.MeterQuotas == nil {
+		return []quota.MeterQuota{}
+	}
+	return t.MeterQuotas
 }
 
 const keyColumns = `k.id, k.tenant_id, k.prefix, k.name, k.created_at, k.last_used_at, k.revoked_at, k.expires_at`

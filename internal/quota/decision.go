@@ -56,6 +56,10 @@ type Request struct {
 	IdempotencyLease time.Duration
 	// Now, when non-zero, replaces Redis server time. Tests only.
 	Now time.Time
+	// MeterQuotas are the tier's quotas per meter: the one of Meter, if
+	// any, is decided with the limits; with a spend cap, the others' overage
+	// counts toward it (see MeterQuota).
+	MeterQuotas []MeterQuota
 	// Policies are the policies that match the request, decided with its
 	// limits, all or nothing (API.md "Policies").
 	Policies []PolicyCall
@@ -77,7 +81,9 @@ type LimitState struct {
 // Allowed false, not an error.
 type Decision struct {
 	Allowed bool
-	// Limits holds one entry per active (non-unlimited) limit, in AllLimits order.
+	// Limits holds one entry per active (non-unlimited) limit, in AllLimits
+	// order, then the meter quota's daily and monthly limits
+	// ("<meter>.daily", "<meter>.monthly"), when the meter has them.
 	Limits []LimitState
 	// Violated names the limits that refused, when !Allowed.
 	Violated []LimitName

@@ -51,6 +51,9 @@ type Tier struct {
 	OveragePriceCentsPer1K int64   `json:"overage_price_cents_per_1k"`
 	FailOpen               bool    `json:"fail_open"`
 	UpgradeURL             string  `json:"upgrade_url"`
+	// MeterQuotas are the tier's quotas of single meters (never nil once
+	// read from the store: [] in JSON).
+	MeterQuotas []MeterQuota `json:"meter_quotas"`
 }
 
 // Bounds on configuration values, chosen so that every quantity the admission
@@ -168,7 +171,7 @@ func (t Tier) Validate() error {
 	if len(t.UpgradeURL) > MaxURLLength {
 		return FieldError("upgrade_url", "must be at most %d characters", MaxURLLength)
 	}
-	return nil
+	return ValidateMeterQuotas(t.MeterQuotas)
 }
 
 func checkRate(field string, v float64) error {

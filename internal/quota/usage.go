@@ -20,6 +20,9 @@ type PendingRow struct {
 	// policy's fallback (not admitted, not charged, not in Rejected).
 	ShadowRefused int64
 	Degraded      int64
+	// MeterOverage are the units past the meter's own monthly quota
+	// (MeterQuota), billed at its price; they are not in Overage.
+	MeterOverage int64
 }
 
 // Batch is one tenant's pending usage taken for one flush.

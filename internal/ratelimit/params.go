@@ -3,6 +3,8 @@ package ratelimit
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -25,6 +27,11 @@ const (
 	// bitSpendCap is the spend cap's refusal (quota.LimitSpendCap); 16 and
 	// 32 are the policies' (lua/admit.lua)
 	bitSpendCap = 64
+	// the meter quota's daily and monthly quotas
+	bitMeterDaily   = 128
+	bitMeterMonthly = 256
+	// meterLen is the length of the meter quota's items (after resultLen)
+	meterLen = 2 * perLimit
 )
 
 const (
@@ -40,6 +47,8 @@ type params struct {
 	bucketU, capacity int64 // us per unit, units
 	daily, monthly    int64 // units; -1 = unlimited
 	ocap              int64 // spend cap, overage units a month; -1 = none
+	// mq is admit.lua's ARGV[19] ("" none) and mqMeter the meter it is of
+	mq, mqMeter string
 }
 
 // paramsOf validates l and converts it to integers.
@@ -77,7 +86,48 @@ func requestParams(req quota.Request) (params, error) {
 		return p, err
 	}
 	p.ocap = quota.SpendCapUnits(req.Limits.MaxOverageCents, req.Overage, req.OveragePriceCentsPer1K)
+	p.mq, p.mqMeter = meterArg(req), req.Meter
 	return p, nil
+}
+
+// meterArg is admit.lua's ARGV[19] for req: the quota of its meter, and
+// the spend cap in millicents when some meter quota of the tier bills its
+// overage (which the cap then bounds with the tier's); "" when neither.
+func meterArg(req quota.Request) string {
+	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
+	capm, tprice := int64(-1), int64(0)
+	if c := req.Limits.MaxOverageCents; c != nil && slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills) {
+		capm = *c * 1000
+	}
+	if req.Overage == quota.OverageBill {
+		tprice = req.OveragePriceCentsPer1K
+	}
+	if q == nil {
+		if capm < 0 {
+			return ""
+		}
+		return "-1,-1,0,0," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10)
+	}
+	dq, mq, bill := int64(-1), int64(-1), "0"
+	if q.DailyQuota != nil {
+		dq = *q.DailyQuota
+	}
+	if q.MonthlyQuota != nil {
+		mq = *q.MonthlyQuota
+	}
+	if q.Bills() {
+		bill = "1"
+	}
+	return strconv.FormatInt(dq, 10) + "," + strconv.FormatInt(mq, 10) + "," + bill + "," +
+		strconv.FormatInt(q.OveragePriceCentsPer1K, 10) + "," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10)
+}
+
+// itemsAt is where the policies' items start in the script's answer.
+func itemsAt(p params) int {
+	if p.mq != "" {
+		return resultLen + meterLen
+	}
+	return resultLen
 }
 
 // checkRequest validates everything of req but its limits.
@@ -191,6 +241,22 @@ func decode(r []int64, p params) quota.Decision {
 	}
 	if r[1]&bitSpendCap != 0 {
 		d.Violated = append(d.Violated, quota.LimitSpendCap)
+	}
+	if p.mq != "" && len(r) >= resultLen+meterLen {
+		names := [2]quota.LimitName{quota.LimitName(p.mqMeter + ".daily"), quota.LimitName(p.mqMeter + ".monthly")}
+		bits := [2]int64{bitMeterDaily, bitMeterMonthly}
+		for i := range 2 {
+			f := r[resultLen+perLimit*i:]
+			if r[1]&bits[i] != 0 {
+				d.Violated = append(d.Violated, names[i])
+			}
+			if f[0] == 0 {
+				continue
+			}
+			d.Limits = append(d.Limits, quota.LimitState{
+				Name: names[i], Limit: f[1], Remaining: f[2], Reset: time.UnixMicro(f[3]).UTC(), Window: windows[2+i],
+			})
+		}
 	}
 	return d
 }

@@ -54,6 +54,8 @@ func ParsePending(h map[string]string) ([]quota.PendingRow, error) {
 			r.ShadowRefused += n
 		case "d":
 			r.Degraded += n
+		case "m":
+			r.MeterOverage += n
 		default:
 			return nil, fmt.Errorf("ratelimit: pending field %q", f)
 		}

@@ -341,9 +341,9 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 	if mode == "admit" {
 		r.active.add(req.TenantID)
 	}
-	d := decode(res[:resultLen], p)
-	if len(res) > resultLen && in != nil {
-		for j, it := range decodePolicyItems(res[resultLen:]) {
+	d := decode(res, p)
+	if at := itemsAt(p); len(res) > at && in != nil {
+		for j, it := range decodePolicyItems(res[at:]) {
 			states[in.calls[j]] = policyState(req.Policies[in.calls[j]].Policy, it)
 		}
 	}

@@ -193,8 +193,11 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	// The batcher coalesces concurrent calls into pipelines (batch.go);
 	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
 	n := 15
+	if pol != nil || p.mq != "" {
+		n += 4
+	}
 	if pol != nil {
-		n += 3 + 7*len(pol.specs)
+		n += 7 * len(pol.specs)
 	}
 	args := make([]any, 15, n)
 	args[0], args[1], args[2], args[3], args[4], args[5] = boxed(r.layout), now, boxed(mode), cost, meter, boxed(overage)
@@ -203,14 +206,19 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	args[12], args[13], args[14] = fp, leaseUS, bp[6]
 	keys := r.keys(tenantID, idem)
 	var s *redis.Script
-	want := resultLen
+	want := itemsAt(p)
 	if pol != nil {
-		s, want = admitPolicyScript, resultLen+7*len(pol.specs)
-		args = append(args, len(pol.specs), pol.id, pol.outside)
+		s, want = admitPolicyScript, want+7*len(pol.specs)
+		args = append(args, len(pol.specs), pol.id, pol.outside, p.mq)
 		args = appendPolicyArgs(args, pol.specs)
 		for _, sp := range pol.specs {
 			keys = append(keys, sp.Key)
 		}
+	} else if p.mq != "" {
+		args = append(args, 0, "", "", p.mq)
+	}
+	if p.mq != "" {
+		keys = append(keys, r.key(tenantID, "mq"))
 	}
 	res, err := r.batch.do(ctx, s, keys, args)
 	if err != nil {
@@ -245,6 +253,7 @@ var (
 const maxParamsBoxes = 10_000
 
 func boxedParams(p params) []any {
+	p.mq, p.mqMeter = "", "" // (not among the seven)
 	if v, ok := paramsBoxes.Load(p); ok {
 		return v.([]any)
 	}

@@ -21,6 +21,7 @@ import (
 type counters interface {
 	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
 	PeekPolicies(ctx context.Context, req quota.Request) ([]quota.PolicyState, error)
+	PeekMeterQuotas(ctx context.Context, tenantID string, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error)
 	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
 	PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error)
 }
@@ -158,6 +159,12 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	// the meter quotas' rows after the tier-wide ones, read at the same time
+	mq, err := r.counters.PeekMeterQuotas(ctx, p.Tenant.ID, p.Tier.MeterQuotas, d.Now)
+	if err != nil {
+		return Report{}, err
+	}
+	d.Limits = append(d.Limits, mq...)
 	from := quota.MonthStart(d.Now)
 	to := from.AddDate(0, 1, 0)
 	days := map[string]*Day{}

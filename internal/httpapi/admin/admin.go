@@ -230,6 +230,8 @@ type tierPatch struct {
 	FailOpen               quota.Optional[bool]          `json:"fail_open"`
 	UpgradeURL             quota.Optional[string]        `json:"upgrade_url"`
 	MaxOverageCents        quota.Optional[int64]         `json:"max_overage_cents"`
+	// MeterQuotas replaces the whole list; null or [] removes them all.
+	MeterQuotas quota.Optional[[]quota.MeterQuota] `json:"meter_quotas"`
 }
 
 // set assigns a present, non-null value of a field that cannot be null.
@@ -268,6 +270,12 @@ func (p tierPatch) apply(t *quota.Tier) error {
 	setNullable(p.DailyQuota, &t.DailyQuota)
 	setNullable(p.MonthlyQuota, &t.MonthlyQuota)
 	setNullable(p.MaxOverageCents, &t.MaxOverageCents)
+	if p.MeterQuotas.Set {
+		t.MeterQuotas = []quota.MeterQuota{}
+		if p.MeterQuotas.Value != nil {
+			t.MeterQuotas = *p.MeterQuotas.Value
+		}
+	}
 	return httpx.ValidURL("upgrade_url", t.UpgradeURL)
 }
 

@@ -1,0 +1,104 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// meterPeekScript reads the meter quota hash (lua/admit.lua, "Meter
+// quotas") with the script's clock: Redis TIME, then the fields of
+// ARGV (absent ones as '').
+var meterPeekScript = redis.NewScript(`
+local t = redis.call('TIME')
+local v = redis.call('HMGET', KEYS[1], unpack(ARGV))
+local out = {t[1], t[2]}
+for i = 1, #ARGV do out[#out + 1] = v[i] or '' end
+return out`)
+
+// PeekMeterQuotas reports the tenant's meter quotas qs as they stand, in
+// their order: for each, its "<meter>.daily" and "<meter>.monthly" limits
+// that are set, with the room left in the current day and month (Redis
+// time, or now when it is not zero). It consumes and counts nothing.
+func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error) {
+	if err := checkTenant(tenantID); err != nil {
+		return nil, err
+	}
+	if len(qs) == 0 {
+		return nil, nil
+	}
+	args := make([]any, len(qs))
+	for i, q := range qs {
+		args[i] = q.Meter
+	}
+	res, err := meterPeekScript.Run(ctx, r.c, []string{r.key(tenantID, "mq")}, args...).StringSlice()
+	if err != nil {
+		return nil, fmt.Errorf("ratelimit: peek meter quotas: %w", err)
+	}
+	if len(res) != 2+len(qs) {
+		return nil, fmt.Errorf("ratelimit: peek meter quotas: script answered %d values, want %d", len(res), 2+len(qs))
+	}
+	if now.IsZero() {
+		s, err1 := strconv.ParseInt(res[0], 10, 64)
+		us, err2 := strconv.ParseInt(res[1], 10, 64)
+		if err1 != nil || err2 != nil {
+			return nil, fmt.Errorf("ratelimit: peek meter quotas: TIME %q %q", res[0], res[1])
+		}
+		now = time.Unix(s, us*1000)
+	}
+	now = now.UTC()
+	dayStart, monthStart := quota.DayStart(now), quota.MonthStart(now)
+	dayID := dayStart.Unix() / 86400
+	monthID := int64(now.Year())*100 + int64(now.Month())
+	dayEnd, monthEnd := dayStart.AddDate(0, 0, 1), monthStart.AddDate(0, 1, 0)
+	var out []quota.LimitState
+	for i, q := range qs {
+		var du, mu int64
+		if f := res[2+i]; f != "" {
+			v, err := parseMeterField(f)
+			if err != nil {
+				return nil, fmt.Errorf("ratelimit: peek meter quotas: %s: %w", q.Meter, err)
+			}
+			if v[0] == dayID {
+				du = v[1]
+			}
+			if v[2] == monthID {
+				mu = v[3]
+			}
+		}
+		daily, monthly := q.Names()
+		if q.DailyQuota != nil {
+			out = append(out, quota.LimitState{Name: daily, Limit: *q.DailyQuota, Remaining: max(0, *q.DailyQuota-du),
+				Reset: dayEnd, Window: 24 * time.Hour})
+		}
+		if q.MonthlyQuota != nil {
+			out = append(out, quota.LimitState{Name: monthly, Limit: *q.MonthlyQuota, Remaining: max(0, *q.MonthlyQuota-mu),
+				Reset: monthEnd, Window: monthEnd.Sub(monthStart)})
+		}
+	}
+	return out, nil
+}
+
+// parseMeterField reads a meter's field "d,du,m,mu,mo" of the meter quota
+// hash.
+func parseMeterField(f string) ([5]int64, error) {
+	var v [5]int64
+	parts := strings.Split(f, ",")
+	if len(parts) != 5 {
+		return v, fmt.Errorf("field %q", f)
+	}
+	for i, p := range parts {
+		n, err := strconv.ParseInt(p, 10, 64)
+		if err != nil {
+			return v, fmt.Errorf("field %q", f)
+		}
+		v[i] = n
+	}
+	return v, nil
+}
