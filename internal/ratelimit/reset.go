@@ -1,0 +1,39 @@
+package ratelimit
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+var resetScript = stateScript("reset.lua")
+
+// ResetQuotas empties the tenant's day and month counters (used units and
+// the month's overage; grants stay) for a tier change with quota reset
+// made at at, which names the reset: the day and month of at are emptied
+// if they are still the counters' current ones, and a reset is applied
+// once however often it is sent (lua/reset.lua keeps the latest stamp), so
+// that a retry never empties usage counted since. It reports whether the
+// counters hold the reset (now or before); false means there was nothing
+// to empty (no state, or its periods are later ones).
+func (r *Runner) ResetQuotas(ctx context.Context, tenantID string, at time.Time) (bool, error) {
+	if err := checkTenant(tenantID); err != nil {
+		return false, err
+	}
+	if at.UnixMicro() <= 0 {
+		return false, quota.FieldError("at", "must be after 1970-01-01")
+	}
+	at = at.UTC()
+	day := at.Unix() / 86400
+	month := int64(at.Year())*100 + int64(at.Month())
+	res, err := resetScript.Run(ctx, r.c, r.stateKeys(tenantID), r.layout, 0, at.UnixMicro(), day, month).Int64Slice()
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: reset: %w", err)
+	}
+	if len(res) != 4 {
+		return false, fmt.Errorf("ratelimit: reset: script answered %d values, want 4", len(res))
+	}
+	return res[0] >= 0, nil
+}

@@ -1,0 +1,73 @@
+--[[ reset.lua: empties a tenant's day and month counters, for a tier change
+with quota "reset" (PATCH /admin/v1/tenants/{id}, or the worker applying a
+pending change).
+
+Sets the used units of the day and the used units and overage of the month
+to 0, when the state's day and month are those of the change (ARGV[4],
+ARGV[5]): a state already in a later period started again from 0 by
+itself, and is left alone. Grants (dg, mg) stay: they were given for the
+period, whatever the tier. The GCRA and token bucket are left as they are;
+so is the pending usage, which is real usage to flush and bill.
+
+Applied once per reset: the reset's stamp (ARGV[3], the change's time in us)
+is kept in field rs of the v2 hash (of the v1 month hash in layout v1), and
+a reset whose stamp is not above it writes nothing; so the API and the
+worker may both send it, any number of times, and usage counted after it
+is never emptied by a retry. A tenant with no state has nothing to empty:
+nothing is written.
+
+The state's keys, layouts and shared functions are lua/state.lua's,
+prepended to this script. Units, epoch, precision: as in admit.lua.
+
+KEYS[1..5] the state (state.lua)
+
+ARGV
+  [1] layout  'v2' | 'v1' (state.lua)
+  [2] now_us  explicit time in us; 0 = Redis TIME
+  [3] stamp   the reset's id: the change's time, us since the epoch (> 0)
+  [4] day id of the change (days since the epoch)
+  [5] month id of the change (year*100+month)
+
+Return: a flat array of 4 integers
+  [1] 1 = reset now; 0 = this reset (or a later one) was applied before;
+      -1 = nothing to reset (no state, or it is in later periods)
+  [2] day used  [3] month used  [4] month overage  (after this call)
+]]
+
+local now, shift = clock(tonumber(ARGV[2]))
+local function pxat(us)
+  return fmt(-idiv(-(us + shift), 1000))
+end
+
+local stamp = tonumber(ARGV[3])
+local day, month = tonumber(ARGV[4]), tonumber(ARGV[5])
+local s = load_state()
+local v2 = s.v2 or LAYOUT == 'v2'
+local marks = KS
+if not s.v2 and LAYOUT ~= 'v2' then marks = KM end
+
+local seen = tonumber(redis.call('HGET', marks, 'rs') or '0')
+if seen >= stamp then
+  return {0, s.du, s.mu, s.mo}
+end
+if not s.v2 and s.d < 0 and s.m < 0 then
+  return {-1, 0, 0, 0}
+end
+
+local parts = {}
+if s.d == day then
+  s.du, s.dov = 0, 0
+  parts[#parts + 1] = 'd'
+end
+if s.m == month then
+  s.mu, s.mo = 0, 0
+  parts[#parts + 1] = 'm'
+end
+if #parts == 0 then
+  return {-1, s.du, s.mu, s.mo}
+end
+save_state(s, state_need(s, now), nil, parts, pxat, now)
+if v2 or redis.call('EXISTS', marks) == 1 then
+  redis.call('HSET', marks, 'rs', fmt(stamp))
+end
+return {1, s.du, s.mu, s.mo}
