@@ -313,6 +313,7 @@ type claimedAlert struct {
 	Threshold     int       `db:"threshold"`
 	Units         int64     `db:"units"`
 	Quota         int64     `db:"quota"`
+	Meter         string    `db:"meter"`
 	Attempts      int       `db:"attempts"`
 	CreatedAt     time.Time `db:"created_at"`
 	LeaseUntil    time.Time `db:"lease_until"`
@@ -395,7 +396,7 @@ func claimAlertsTx(ctx context.Context, tx pgx.Tx, now, leaseUntil time.Time, li
 		UPDATE alerts AS a SET next_attempt_at = $2
 		FROM due, tenants AS t
 		WHERE a.id = due.id AND t.id = a.tenant_id
-		RETURNING a.id, a.tenant_id, to_char(a.period, 'YYYY-MM') AS period, a.threshold, a.units, a.quota,
+		RETURNING a.id, a.tenant_id, to_char(a.period, 'YYYY-MM') AS period, a.threshold, a.units, a.quota, a.meter,
 		          a.attempts, a.created_at, a.next_attempt_at AS lease_until, t.webhook_url, t.webhook_secret`,
 		now, leaseUntil, limit)
 	if err != nil {
@@ -510,6 +511,18 @@ type webhookData struct {
 	Threshold int    `json:"threshold"`
 	Units     int64  `json:"units"`
 	Quota     int64  `json:"quota"`
+	// Limit names the quota crossed: "monthly" (the tier-wide monthly
+	// quota) or "<meter>.monthly" (a meter's); Meter is that meter, or "".
+	Limit string `json:"limit"`
+	Meter string `json:"meter"`
+}
+
+// alertLimit is the name of the limit an alert of meter ("" tier-wide) is of.
+func alertLimit(meter string) string {
+	if meter == "" {
+		return string(quota.LimitMonthly)
+	}
+	return meter + "." + string(quota.LimitMonthly)
 }
 
 // post sends one signed webhook; nil means the receiver answered 2xx.
@@ -522,7 +535,7 @@ func (d *Deliverer) post(ctx context.Context, a claimedAlert) error {
 		Type:      AlertEventType,
 		Timestamp: a.CreatedAt.UTC(),
 		Data: webhookData{TenantID: a.TenantID, Period: a.Period, Threshold: a.Threshold,
-			Units: a.Units, Quota: a.Quota},
+			Units: a.Units, Quota: a.Quota, Limit: alertLimit(a.Meter), Meter: a.Meter},
 	})
 	if err != nil {
 		return fmt.Errorf("encode payload: %w", err)
@@ -681,6 +694,7 @@ type Alert struct {
 	Threshold     int        `json:"threshold" db:"threshold"`
 	Units         int64      `json:"units" db:"units"`
 	Quota         int64      `json:"quota" db:"quota"`
+	Meter         string     `json:"meter" db:"meter"` // "" for the tier-wide monthly quota
 	Status        string     `json:"status" db:"status"`
 	Attempts      int        `json:"attempts" db:"attempts"`
 	NextAttemptAt time.Time  `json:"next_attempt_at" db:"next_attempt_at"`
@@ -722,7 +736,7 @@ func (d *Deliverer) List(ctx context.Context, status string, limit int, cursor s
 		afterAt, afterID = &at, &id
 	}
 	rows, err := d.db.Query(ctx, `
-		SELECT id, tenant_id, to_char(period, 'YYYY-MM-DD') AS period, threshold, units, quota, status,
+		SELECT id, tenant_id, to_char(period, 'YYYY-MM-DD') AS period, threshold, units, quota, meter, status,
 		       attempts, next_attempt_at, last_error, created_at, delivered_at
 		FROM alerts
 		WHERE ($1 = '' OR status = $1)

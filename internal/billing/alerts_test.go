@@ -174,6 +174,7 @@ type alertRow struct {
 	Attempts  int
 	CreatedAt time.Time // default t0 - 1h
 	NextAt    time.Time // default t0 - 1m
+	Meter     string    // "" for the tier-wide monthly quota
 }
 
 func mustAlert(tb testing.TB, db *pgxpool.Pool, a alertRow) string {
@@ -199,9 +200,9 @@ func mustAlert(tb testing.TB, db *pgxpool.Pool, a alertRow) string {
 	}
 	var id string
 	err := db.QueryRow(context.Background(), `
-		INSERT INTO alerts (tenant_id, period, threshold, units, quota, status, attempts, next_attempt_at, created_at, delivered_at)
-		VALUES ($1, $2::date, $3, $4, 10000, $5, $6, $7, $8, $9) RETURNING id`,
-		a.TenantID, a.Period, a.Threshold, int64(a.Threshold)*100, a.Status, a.Attempts, a.NextAt, a.CreatedAt, delivered).Scan(&id)
+		INSERT INTO alerts (tenant_id, period, threshold, units, quota, status, attempts, next_attempt_at, created_at, delivered_at, meter)
+		VALUES ($1, $2::date, $3, $4, 10000, $5, $6, $7, $8, $9, $10) RETURNING id`,
+		a.TenantID, a.Period, a.Threshold, int64(a.Threshold)*100, a.Status, a.Attempts, a.NextAt, a.CreatedAt, delivered, a.Meter).Scan(&id)
 	if err != nil {
 		tb.Fatalf("insert alert: %v", err)
 	}
@@ -211,7 +212,7 @@ func mustAlert(tb testing.TB, db *pgxpool.Pool, a alertRow) string {
 func mustReadAlert(tb testing.TB, db *pgxpool.Pool, id string) billing.Alert {
 	tb.Helper()
 	rows, err := db.Query(context.Background(), `
-		SELECT id, tenant_id, to_char(period, 'YYYY-MM-DD') AS period, threshold, units, quota, status,
+		SELECT id, tenant_id, to_char(period, 'YYYY-MM-DD') AS period, threshold, units, quota, meter, status,
 		       attempts, next_attempt_at, last_error, created_at, delivered_at
 		FROM alerts WHERE id = $1`, id)
 	if err != nil {
@@ -336,6 +337,12 @@ func TestDelivererOutcomes(t *testing.T) {
 // checkRequest checks the headers and body of a threshold webhook.
 func checkRequest(tb testing.TB, r received, secret []byte, alertID, tenantID string) {
 	tb.Helper()
+	checkRequestOf(tb, r, secret, alertID, tenantID, "")
+}
+
+// checkRequestOf checks a webhook of an alert of meter ("" tier-wide).
+func checkRequestOf(tb testing.TB, r received, secret []byte, alertID, tenantID, meter string) {
+	tb.Helper()
 	if r.ID != alertID {
 		tb.Errorf("got webhook-id %q, want %q", r.ID, alertID)
 	}
@@ -356,10 +363,34 @@ func checkRequest(tb testing.TB, r received, secret []byte, alertID, tenantID st
 		"type":      "quota.threshold_crossed",
 		"timestamp": "2026-03-15T11:00:00Z",
 		"data": map[string]any{"tenant_id": tenantID, "period": "2026-03", "threshold": 80.0,
-			"units": 8000.0, "quota": 10000.0},
+			"units": 8000.0, "quota": 10000.0, "limit": "monthly", "meter": ""},
+	}
+	if meter != "" {
+		want["data"].(map[string]any)["limit"], want["data"].(map[string]any)["meter"] = meter+".monthly", meter
 	}
 	if g, w := fmt.Sprint(got), fmt.Sprint(want); g != w {
 		tb.Errorf("got body %s, want %s", g, w)
+	}
+}
+
+// TestDelivererSendsMeterAlerts: an alert of a meter quota names the meter
+// and its limit in the signed payload.
+func TestDelivererSendsMeterAlerts(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	clock := newClock(t0)
+	rcv := mustReceiver(t, clock, nil)
+	tenantID, secret := mustTenant(t, db, rcv.URL+"/hook")
+	rcv.setSecret(secret)
+	id := mustAlert(t, db, alertRow{TenantID: tenantID, Meter: "search"})
+	mustRun(t, newTestDeliverer(db, clock))
+	reqs := rcv.requests()
+	if len(reqs) != 1 {
+		t.Fatalf("got %d POSTs, want 1", len(reqs))
+	}
+	checkRequestOf(t, reqs[0], secret, id, tenantID, "search")
+	if got := mustReadAlert(t, db, id); got.Meter != "search" || got.Status != billing.AlertDelivered {
+		t.Fatalf("alert %+v", got)
 	}
 }
 

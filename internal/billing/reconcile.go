@@ -570,7 +570,10 @@ func (r *Reconciler) prune(ctx context.Context) error {
 
 // recordCrossings writes an alert for every tenant among ids whose usage
 // this month reached 80 % or 100 % of its monthly quota (tier or override,
-// plus the month's grants), once per tenant, threshold and month.
+// plus the month's grants), once per tenant, threshold and month; and one
+// for each meter quota of its tier (quota.MeterQuota) whose meter's usage
+// this month reached 80 % or 100 % of the meter's monthly quota, once per
+// tenant, meter, threshold and month.
 func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []string) error {
 	month := quota.MonthStart(r.now())
 	_, err := tx.Exec(ctx, `
@@ -582,17 +585,26 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 			                   AND g.period = 'month' AND g.period_start = $2::date), 0) AS quota
 			FROM tenants t JOIN tiers tr ON tr.slug = t.tier
 			WHERE t.id = ANY($1::uuid[])
+		), mq AS (
+			SELECT t.id, m->>'meter' AS meter, (m->>'monthly_quota')::bigint AS quota
+			FROM tenants t JOIN tiers tr ON tr.slug = t.tier, jsonb_array_elements(tr.meter_quotas) AS m
+			WHERE t.id = ANY($1::uuid[]) AND m->>'monthly_quota' IS NOT NULL
 		), used AS (
-			SELECT q.id, q.quota, coalesce(sum(u.units), 0)::bigint AS units
+			SELECT q.id, ''::text AS meter, q.quota, coalesce(sum(u.units), 0)::bigint AS units
 			FROM q LEFT JOIN usage u ON u.tenant_id = q.id AND u.hour >= $2 AND u.hour < $3
 			WHERE q.quota IS NOT NULL AND q.quota > 0
 			GROUP BY q.id, q.quota
+			UNION ALL
+			SELECT mq.id, mq.meter, mq.quota, coalesce(sum(u.units), 0)::bigint
+			FROM mq LEFT JOIN usage u ON u.tenant_id = mq.id AND u.meter = mq.meter AND u.hour >= $2 AND u.hour < $3
+			WHERE mq.quota > 0
+			GROUP BY mq.id, mq.meter, mq.quota
 		)
-		INSERT INTO alerts (tenant_id, period, threshold, units, quota)
-		SELECT used.id, $2::date, th.pct, used.units, used.quota
+		INSERT INTO alerts (tenant_id, period, threshold, units, quota, meter)
+		SELECT used.id, $2::date, th.pct, used.units, used.quota, used.meter
 		FROM used CROSS JOIN (VALUES (80), (100)) AS th(pct)
 		WHERE used.units * 100 >= used.quota * th.pct
-		ON CONFLICT (tenant_id, period, threshold) DO NOTHING`,
+		ON CONFLICT (tenant_id, period, meter, threshold) DO NOTHING`,
 		ids, month, month.AddDate(0, 1, 0))
 	if err != nil {
 		return fmt.Errorf("billing: record crossings: %w", err)
