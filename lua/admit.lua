@@ -82,13 +82,19 @@ ARGV
                    spend cap passes it on every request, "-1,-1,0,0,..."
                    for a meter without a quota, so that the cap sees the
                    meters' overage
-  [20..]           np groups of policy.lua's POLICY_ARGS; their keys are
+  [20] cal         the tenant's billing calendar (see "Calendars"): '' the
+                   default one (UTC days and calendar months), or
+                   quota.Calendar.Boundaries of Go's now (calendar.lua)
+  [21..]           np groups of policy.lua's POLICY_ARGS; their keys are
                    the last np KEYS before the meter quota's (after the
                    idempotency key, if any), all under the tenant's hash tag
-  ([16..19] are all absent, or all present: the plain variant takes them
-  when np is 0 and the meter has a quota)
+  ([16..20] are all absent, or all present: the plain variant takes them
+  when np is 0 and the meter has a quota or the tenant a calendar; the
+  KEYS do not change with a calendar)
 
-Return: a flat array of 22 integers, then 8 of the meter quota (when
+Return: an error reply "CALENDAR <now us>" when ARGV[20]'s days do not
+reach the script's now (see "Calendars"), written nothing; else a flat
+array of 22 integers, then 8 of the meter quota (when
 ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
 (none when np is 0; idempotency codes 2, 3 return the 22 alone)
   [1] allowed (1/0)
@@ -140,7 +146,8 @@ Token bucket (counts cost units), in virtual-scheduling form
   (i.e. tokens >= cost); remaining = floor((C*U - (new - now)) / U);
   retry = new - C*U - now; cost > C never passes (retry -1).
 
-Quotas (count cost units per UTC calendar day / month)
+Quotas (count cost units per day / billing month of the tenant's calendar:
+UTC days and calendar months by default; see "Calendars")
   A hash whose period is not the current one counts as empty. limit = quota
   + grant of the current period; remaining = max(0, limit - used); reset =
   start of the next period; refusal retry = next period start - now, or -1
@@ -154,6 +161,29 @@ Quotas (count cost units per UTC calendar day / month)
   the month's overage units past ocap is refused (mask 64), consuming
   nothing; retry = next month start - now, or -1 when cost > quota + ocap
   (it would pass the cap even in a fresh month, which has no grant).
+
+Calendars (ARGV[20] not '')
+  A tenant's billing calendar (quota.Calendar: an anchor day 1..28 and an
+  IANA zone) makes its days run from local midnight to local midnight (23
+  or 25 hours across a DST change) and its months from the anchor day's
+  local midnight to the next month's. Lua knows no zones, and now is Redis
+  TIME, not Go's: Go passes the days and periods around its own now
+  (calendar.lua), and cal_at picks those of the script's now: the day id
+  (the local date as days since 1970-01-01), the next day's start, the
+  period id (year*100+month of its anchor day) and the next period's start,
+  which are d, dnext, m and mnext below; the resets follow them, and the
+  meter quotas' periods are the same. The state's layout does not change:
+  t's base d*DAY_US is an offset base only, so a local day id serves as
+  well. The month's cached end (c's mn, the default calendar's fast path)
+  is never used with a calendar and is kept 0, so that a tenant moved back
+  to the default calendar computes its month again. A calendar that changes
+  (another zone or anchor) changes the ids: counters whose id is still the
+  current one carry on, the others start again from 0 (as at any new day
+  or month). When the script's now is outside the days Go sent (the
+  clocks more than about a day apart), the call answers the error
+  "CALENDAR <now us>" and writes nothing; Go computes the boundaries of
+  that now and calls once more. The default calendar ('' or absent) takes
+  the UTC path of before, at no cost but the test of ARGV[20].
 
 Policies (np > 0)
   Decided with the tier's limits, all or nothing: policies_check (policy.lua)
@@ -312,24 +342,48 @@ end
 -- period's counters reset (the reset is written only with an admission);
 -- moved is set when the calendar changed the state's day or month bounds,
 -- which then is written in full by save_state.
-local day = idiv(now, DAY_US)
-local dnext = (day + 1) * DAY_US
+-- cal: the tenant's billing calendar (ARGV[20]; see "Calendars"), nil for
+-- the default one, whose path below is the one of before calendars.
+local cal = ARGV[20]
+if cal == '' then cal = nil end
+local day, dnext, month, mnext
 local moved, rolled = false, false
-if day ~= d then
-  d, du, dg, dov, moved = day, 0, 0, 0, true
-end
-local month, mnext
--- (a month is at most 31 days: a clock set back past the month's start is
--- caught unless it moved less than that)
-if now < mn and now >= mn - 31 * DAY_US and m >= 0 then
-  month, mnext = m, mn
-else
+if cal then
   local _
-  month, _, mnext = month_at(now)
-  if month ~= m then
-    m, mu, mg, mo, rolled = month, 0, 0, 0, true
+  day, _, dnext, month, _, mnext = cal_at(cal, now)
+  if not day then
+    -- Go's clock and Redis's too far apart: Go retries with this now
+    return redis.error_reply('CALENDAR ' .. fmt(now))
   end
-  mn, moved = mnext, true
+  if day ~= d then
+    d, du, dg, dov, moved = day, 0, 0, 0, true
+  end
+  if month ~= m then
+    m, mu, mg, mo, rolled, moved = month, 0, 0, 0, true, true
+  end
+  -- the stored mn is the default calendar's fast path: a calendar's state
+  -- keeps 0 there (state.lua's packed), so that a return to the default
+  -- calendar computes its month again
+  if mn ~= 0 then moved = true end
+  mn = mnext
+else
+  day = idiv(now, DAY_US)
+  dnext = (day + 1) * DAY_US
+  if day ~= d then
+    d, du, dg, dov, moved = day, 0, 0, 0, true
+  end
+  -- (a month is at most 31 days: a clock set back past the month's start
+  -- is caught unless it moved less than that)
+  if now < mn and now >= mn - 31 * DAY_US and m >= 0 then
+    month, mnext = m, mn
+  else
+    local _
+    month, _, mnext = month_at(now)
+    if month ~= m then
+      m, mu, mg, mo, rolled = month, 0, 0, 0, true
+    end
+    mn, moved = mnext, true
+  end
 end
 
 local ok, mask, retry = true, 0, 0
@@ -457,7 +511,7 @@ end
 local precs, degraded, shadowed = nil, false, false
 if np > 0 or (ARGV[18] and ARGV[18] ~= '') then
   local pass, degr, pretry
-  pass, degr, pretry, precs = policies_check(#KEYS - np - nq + 1, 20, np, now, ARGV[17])
+  pass, degr, pretry, precs = policies_check(#KEYS - np - nq + 1, 21, np, now, ARGV[17])
   local outside = ARGV[18]
   if string.find(outside, 'x', 1, true) then pass = false end
   if string.find(outside, 'd', 1, true) then degr = true end
@@ -570,7 +624,7 @@ if mode == 'admit' then
   elseif dirty then
     -- a new day or month, or a state in the v1 keys: state.lua's save_state
     local s = {v2 = v2, rolled = rolled, x = x, g = g, b = b, d = d, du = du, dg = dg,
-      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn}
+      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal}
     local parts, xs = {}, nil
     if wg then parts[#parts + 1] = 'g' end
     if wb then parts[#parts + 1] = 'b' end

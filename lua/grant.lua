@@ -1,4 +1,5 @@
---[[ grant.lua: extra units for a tenant's current UTC day or month.
+--[[ grant.lua: extra units for a tenant's current day or month (UTC, or
+of the tenant's billing calendar: ARGV[7]).
 
 Adds units to the grant of the period that contains now, so that the quota's
 limit for that period becomes quota + grant. A stale period is reset (used,
@@ -28,8 +29,14 @@ ARGV
   [5] grant id, or '' (optional): apply this grant once
   [6] the grant's period id (days since epoch, or year*100+month); 0 or
       absent = the period that contains now
+  [7] the tenant's calendar: '' or absent = the default (UTC days and
+      months); else quota.Calendar.Boundaries (calendar.lua, prepended to
+      this script; see admit.lua, "Calendars"): the period ids are then
+      local dates and the year*100+month of a period's anchor day
 
-Return: a flat array of 7 integers
+Return: an error reply "CALENDAR <now us>" when ARGV[7] does not reach
+now (Go's and Redis's clocks too far apart: nothing was written); else a
+flat array of 7 integers
   [1] period id (days since epoch, or year*100+month)
   [2] used  [3] grant (after this call)  [4] overage
   [5] reset: start of the next period, us  [6] now, us
@@ -45,8 +52,19 @@ end
 local s = load_state()
 local isday = ARGV[3] == 'day'
 local wasday, wasmonth = s.d, s.m
-local day, dnext = day_of(s, now)
-local month, mnext = month_of(s, now)
+local day, dnext, month, mnext
+local cal = ARGV[7]
+if cal and cal ~= '' then
+  local _
+  day, _, dnext, month, _, mnext = cal_at(cal, now)
+  if not day then return redis.error_reply('CALENDAR ' .. fmt(now)) end
+  if day ~= s.d then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
+  if month ~= s.m then s.m, s.mu, s.mg, s.mo, s.rolled = month, 0, 0, 0, true end
+  s.dn, s.mn, s.cal = dnext, mnext, true
+else
+  day, dnext = day_of(s, now)
+  month, mnext = month_of(s, now)
+end
 local id, reset = day, dnext
 local used, grant, over = s.du, s.dg, 0
 if not isday then

@@ -49,11 +49,6 @@ if s.m == tonumber(ARGV[3]) and (cost > 0 or over > 0) then
   parts[#parts + 1] = 'm'
 end
 if #parts > 0 then
-  if s.mn == 0 and s.m >= 0 then
-    -- v1 state: the month's end, for its v1 expiry (state.lua)
-    local id, _, nxt = month_at(now)
-    if id == s.m then s.mn = nxt end
-  end
   save_state(s, 0, nil, parts, pxat, now)
 end
 

@@ -46,6 +46,7 @@ local day, month = tonumber(ARGV[2]), tonumber(ARGV[3])
 local dused = tonumber(ARGV[6]) + pending_since(tonumber(ARGV[4]))
 local mused = tonumber(ARGV[7]) + pending_since(tonumber(ARGV[5]))
 if s.d ~= day then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
+s.dn = (day + 1) * DAY_US
 s.du = math.max(s.du, dused)
 s.dg = math.max(s.dg, tonumber(ARGV[8]))
 local mstart = tonumber(ARGV[5]) * US

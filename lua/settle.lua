@@ -84,10 +84,6 @@ else
   end
 end
 if #parts > 0 then
-  if s.mn == 0 and s.m >= 0 then
-    local id, _, nxt = month_at(now)
-    if id == s.m then s.mn = nxt end
-  end
   save_state(s, 0, nil, parts, pxat, now)
 end
 

@@ -19,7 +19,9 @@ Layouts
                 up): PEXPIREAT is sent only when the state needs to live
                 longer than that; the next month's start (days since the
                 epoch), so that the calendar runs once a month, not on
-                every call
+                every call; 0 for a tenant with a billing calendar (its
+                day and month ids are those of its calendar, from
+                calendar.lua: see admit.lua, "Calendars")
       g:<grant id>  grants already applied (grant.lua)
       p<hours since the epoch>|<meter>|  the pending usage not yet flushed
           of an hour and meter, "units,requests" (one field, written by
@@ -193,8 +195,16 @@ local function day_of(s, now)
   if id ~= s.d then
     s.d, s.du, s.dg, s.dov = id, 0, 0, 0
   end
-  return id, (id + 1) * DAY_US
+  s.dn = (id + 1) * DAY_US
+  return id, s.dn
 end
+
+-- Beside the fields of the layout, a state s may hold: dn, the next day's
+-- start (us) when the script knows it (the day's expiry in layout v1;
+-- scripts that only change a day they did not compute, refund.lua and
+-- settle.lua, leave the keys' expiries as they are), and cal, true for a
+-- tenant with a billing calendar (admit.lua, "Calendars"), whose ids are
+-- local days and anchored months: its mn is written as 0.
 
 -- packed returns the v2 hash's fields t, q and c for the state s (see the
 -- layout above).
@@ -204,7 +214,7 @@ local function packed(s)
   if s.b ~= 0 then b = fmt(s.b - s.d * DAY_US) end
   return g .. ',' .. b,
     string.format('%d,%d,%d,%d,%d,%d,%d,%d', s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.gn),
-    string.format('%d,%d', -idiv(-s.x, HOUR_US), idiv(s.mn, DAY_US))
+    string.format('%d,%d', -idiv(-s.x, HOUR_US), s.cal and 0 or idiv(s.mn, DAY_US))
 end
 
 -- state_need is when the state s is empty again as of now (us): the end of
@@ -214,7 +224,8 @@ local function state_need(s, now)
   local need = now + HOUR_US
   if s.g > need then need = s.g end
   if s.b > need then need = s.b end
-  if s.d >= 0 and (s.d + 1) * DAY_US + HOUR_US > need then need = (s.d + 1) * DAY_US + HOUR_US end
+  local dn = s.dn or (s.d + 1) * DAY_US
+  if s.d >= 0 and dn + HOUR_US > need then need = dn + HOUR_US end
   if s.m >= 0 then
     local mn = s.mn
     if mn == 0 then
@@ -241,10 +252,12 @@ local function save_state(s, need, extra, parts, pxat, now)
         redis.call('SET', KB, fmt(s.b), 'PXAT', pxat(s.b))
       elseif p == 'd' then
         redis.call('HSET', KD, 'period', fmt(s.d), 'used', fmt(s.du), 'grant', fmt(s.dg), 'overage', fmt(s.dov))
-        redis.call('PEXPIREAT', KD, pxat((s.d + 1) * DAY_US + HOUR_US))
+        -- (without dn, the day is one the key holds: its expiry stays)
+        if s.dn then redis.call('PEXPIREAT', KD, pxat(s.dn + HOUR_US)) end
       elseif p == 'm' then
         redis.call('HSET', KM, 'period', fmt(s.m), 'used', fmt(s.mu), 'grant', fmt(s.mg), 'overage', fmt(s.mo))
-        redis.call('PEXPIREAT', KM, pxat(s.mn + HOUR_US))
+        -- (without mn, the month is one the key holds: its expiry stays)
+        if s.mn > 0 then redis.call('PEXPIREAT', KM, pxat(s.mn + HOUR_US)) end
       end
     end
     return

@@ -21,6 +21,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -51,6 +52,9 @@ type Principal struct {
 	Tier      quota.Tier
 	Limits    quota.Limits // the tier's limits with the tenant's overrides
 	Upgrade   *quota.Upgrade
+	// Calendar is the tenant's billing calendar (its anchor day and time
+	// zone), which its quotas follow: quota.Request.Calendar.
+	Calendar quota.Calendar
 }
 
 // maxNegative bounds the cache of unknown key prefixes, so that a flood of
@@ -82,6 +86,8 @@ type Catalog struct {
 	used   map[string]time.Time // key prefix -> last use, not yet written
 
 	loads    sync.Map // prefix or "t:"+id -> *call, for shared misses
+	zones    sync.Map // time zone name -> *time.Location (calendarOf)
+	nZones   atomic.Int64
 	onTenant []func(tenantID string)
 
 	// Versions (under mu): every invalidation bumps gen; while loads are in
@@ -209,7 +215,39 @@ func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, er
 	if !ok {
 		return Principal{}, fmt.Errorf("catalog: tenant %s is on unknown tier %q", t.ID, t.Tier)
 	}
-	return Principal{Tenant: t, Tier: tier, Limits: t.Overrides.Apply(tier.Limits), Upgrade: quota.UpgradeFor(tier, list)}, nil
+	return Principal{Tenant: t, Tier: tier, Limits: t.Overrides.Apply(tier.Limits), Upgrade: quota.UpgradeFor(tier, list),
+		Calendar: c.calendarOf(t)}, nil
+}
+
+// maxZones bounds the cache of time zones (the tz database has about 600
+// names; stored zones were validated when written).
+const maxZones = 10_000
+
+// calendarOf returns t's billing calendar. Each zone is loaded once per
+// process, not per request (time.LoadLocation reads and parses the zone's
+// file). A stored zone this binary does not know (validated by another
+// one's database) counts as UTC, logged once.
+func (c *Catalog) calendarOf(t quota.Tenant) quota.Calendar {
+	cal := quota.Calendar{AnchorDay: t.BillingAnchorDay}
+	if t.TimeZone == "" || t.TimeZone == quota.DefaultTimeZone {
+		return cal
+	}
+	if v, ok := c.zones.Load(t.TimeZone); ok {
+		cal.Zone = v.(*time.Location)
+		return cal
+	}
+	loc, err := quota.LoadZone(t.TimeZone)
+	if err != nil {
+		c.log.Warn("tenant time zone unknown here; its quotas count UTC days", "tenant_id", t.ID, "time_zone", t.TimeZone, "err", err)
+		loc = time.UTC
+	}
+	if c.nZones.Add(1) > maxZones {
+		c.zones.Clear()
+		c.nZones.Store(1)
+	}
+	c.zones.Store(strings.Clone(t.TimeZone), loc)
+	cal.Zone = loc
+	return cal
 }
 
 // Tiers returns the cached tiers by rank.

@@ -21,7 +21,7 @@ type grantStore interface {
 // id (*ratelimit.Runner); false when the grant's period is not the current
 // one there.
 type counters interface {
-	ApplyGrant(ctx context.Context, tenantID, id, period string, start time.Time, units int64) (bool, error)
+	ApplyGrant(ctx context.Context, tenantID string, cal quota.Calendar, id, period string, start time.Time, units int64) (bool, error)
 }
 
 // Grants adds units to tenants' current day or month: recorded in the store
@@ -43,7 +43,9 @@ func NewGrants(store grantStore, counters counters, cat *Catalog, now func() tim
 	return &Grants{store: store, counters: counters, cat: cat, now: now, log: log}
 }
 
-// Create grants units for the tenant's current period ("day" or "month").
+// Create grants units for the tenant's current period ("day" or "month" of
+// its billing calendar: the grant's period start is the period's first
+// local date).
 // Redis failing is no error: the grant is recorded as not applied, and
 // ApplyMissed (the worker's grants step) applies it. Under an idempotency key
 // a repeat returns the grant first recorded (created false), applying it if
@@ -52,10 +54,11 @@ func (g *Grants) Create(ctx context.Context, actor, tenantID, key, period string
 	if err := CheckGrant(period, units); err != nil {
 		return gr, false, err
 	}
-	start := quota.DayStart(g.now())
-	if period == "month" {
-		start = quota.MonthStart(start)
+	p, err := g.cat.Principal(ctx, tenantID)
+	if err != nil && quota.ErrorCode(err) != quota.CodeNotFound {
+		return gr, false, err
 	}
+	start := periodDate(p.Calendar, period, g.now())
 	gr, created, err = g.store.CreateGrantIdempotent(ctx, actor, tenantID, key, period, start, units)
 	if err != nil || gr.Applied {
 		return gr, created, err
@@ -66,6 +69,18 @@ func (g *Grants) Create(ctx context.Context, actor, tenantID, key, period string
 		return gr, created, nil
 	}
 	return gr, created, nil
+}
+
+// periodDate is the first local date of cal's period ("day" or "month")
+// containing now, as midnight UTC of that date (how a grant's period start
+// is recorded): for the default calendar, the UTC day's or month's start.
+func periodDate(cal quota.Calendar, period string, now time.Time) time.Time {
+	id := cal.DayID(now)
+	if period == "month" {
+		pid := cal.PeriodID(now)
+		return time.Date(pid/100, time.Month(pid%100), max(cal.AnchorDay, 1), 0, 0, 0, 0, time.UTC)
+	}
+	return time.Unix(id*86400, 0).UTC()
 }
 
 // CheckGrant returns a field error unless period is "day" or "month" and
@@ -115,7 +130,13 @@ func (g *Grants) apply(ctx context.Context, gr quota.Grant) (quota.Grant, error)
 	if err != nil {
 		return gr, fmt.Errorf("catalog: grant %s: period start: %w", gr.ID, err)
 	}
-	applied, err := g.counters.ApplyGrant(ctx, gr.TenantID, gr.ID, gr.Period, start, gr.Units)
+	var cal quota.Calendar
+	if p, err := g.cat.Principal(ctx, gr.TenantID); err == nil {
+		cal = p.Calendar
+	} else if quota.ErrorCode(err) != quota.CodeNotFound {
+		return gr, err
+	}
+	applied, err := g.counters.ApplyGrant(ctx, gr.TenantID, cal, gr.ID, gr.Period, start, gr.Units)
 	if err != nil || !applied {
 		return gr, err
 	}

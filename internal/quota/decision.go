@@ -66,6 +66,11 @@ type Request struct {
 	// RequestID identifies the request among all of a node's and all
 	// nodes' requests: a concurrency policy's lease, a sliding log's entry.
 	RequestID string
+	// Calendar is the tenant's billing calendar: its days and months are
+	// those of the daily and monthly quotas (and of its meter quotas),
+	// their resets and windows. The zero Calendar is the default, UTC days
+	// and calendar months.
+	Calendar Calendar
 }
 
 // LimitState is one active limit as seen by a decision.

@@ -46,7 +46,7 @@ func TestApplyGrantAddsOnce(t *testing.T) {
 		{"yesterday's grant", "g4", "day", day.AddDate(0, 0, -1), 50, false, 12, 100},
 		{"last month's grant", "g5", "month", month.AddDate(0, -1, 0), 50, false, 12, 100},
 	} {
-		applied, err := r.ApplyGrant(ctx, tenant, tc.id, tc.period, tc.start, tc.units)
+		applied, err := r.ApplyGrant(ctx, tenant, quota.Calendar{}, tc.id, tc.period, tc.start, tc.units)
 		if err != nil {
 			t.Fatalf("%s: %v", tc.name, err)
 		}
@@ -71,7 +71,7 @@ func TestApplyGrantAddsOnce(t *testing.T) {
 	if got := grantOf("day"); got != 14 {
 		t.Errorf("after two grants without an id: got day grant %d, want 14", got)
 	}
-	if _, err := r.ApplyGrant(ctx, tenant, "", "day", day, 1); quota.ErrorCode(err) != quota.CodeInvalid {
+	if _, err := r.ApplyGrant(ctx, tenant, quota.Calendar{}, "", "day", day, 1); quota.ErrorCode(err) != quota.CodeInvalid {
 		t.Errorf("a grant without an id: got %v, want a %s error", err, quota.CodeInvalid)
 	}
 }

@@ -50,7 +50,7 @@ func TestLayoutV2CarriesV1StateOver(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ok, err := v1.ApplyGrant(ctx, tenant, "g-1", "day", quota.DayStart(now), 5); err != nil || !ok {
+	if ok, err := v1.ApplyGrant(ctx, tenant, quota.Calendar{}, "g-1", "day", quota.DayStart(now), 5); err != nil || !ok {
 		t.Fatalf("ApplyGrant on v1: %t, %v", ok, err)
 	}
 	if n := c.Exists(ctx, v1.stateKeys(tenant)[0]).Val(); n != 0 {
@@ -71,7 +71,7 @@ func TestLayoutV2CarriesV1StateOver(t *testing.T) {
 		t.Errorf("v2 hash PTTL %v, want an expiry", ttl)
 	}
 	// The grant mark came along: applying g-1 again adds nothing.
-	if ok, err := v2.ApplyGrant(ctx, tenant, "g-1", "day", quota.DayStart(now), 5); err != nil || !ok {
+	if ok, err := v2.ApplyGrant(ctx, tenant, quota.Calendar{}, "g-1", "day", quota.DayStart(now), 5); err != nil || !ok {
 		t.Fatalf("ApplyGrant again: %t, %v", ok, err)
 	}
 	if st := stateOf(t, c, v2, tenant); st.Day.Grant != 5 || st.Day.Used != 14 {
@@ -179,7 +179,7 @@ func TestStateHashStaysCompact(t *testing.T) {
 	}
 	if now, err := c.Time(ctx).Result(); err != nil {
 		t.Fatal(err)
-	} else if _, err := r.ApplyGrant(ctx, tenant, "0123456789abcdef0123456789abcdef", "month", quota.MonthStart(now), 1<<40); err != nil {
+	} else if _, err := r.ApplyGrant(ctx, tenant, quota.Calendar{}, "0123456789abcdef0123456789abcdef", "month", quota.MonthStart(now), 1<<40); err != nil {
 		t.Fatal(err)
 	}
 	key := r.stateKeys(tenant)[0]

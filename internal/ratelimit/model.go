@@ -92,6 +92,9 @@ func (m *Model) Admit(req quota.Request, now time.Time) quota.Decision {
 	if p.mq != "" {
 		panic("ratelimit: model: meter quotas are not modelled (their tests check exact answers)")
 	}
+	if !req.Calendar.IsDefault() {
+		panic("ratelimit: model: billing calendars are not modelled (the model counts UTC days and months; their tests check the script against quota.Calendar)")
+	}
 	mode, idem := "admit", ""
 	switch {
 	case req.DryRun:
@@ -100,7 +103,7 @@ func (m *Model) Admit(req quota.Request, now time.Time) quota.Decision {
 		idem = idemHash(req.IdempotencyKey)
 	}
 	return decode(m.run(now.UnixMicro(), mode, req.Cost, req.Meter, req.Overage == quota.OverageBill,
-		idemArgs{idem, req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds()}, p), p)
+		idemArgs{idem, req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds()}, p), p, quota.Calendar{}, nil)
 }
 
 // Peek reports the limits as they stand, as Runner.Peek does.
@@ -109,7 +112,7 @@ func (m *Model) Peek(limits quota.Limits, now time.Time) quota.Decision {
 	if err != nil {
 		panic("ratelimit: model: " + err.Error())
 	}
-	return decode(m.run(now.UnixMicro(), "peek", 1, "-", false, idemArgs{}, p), p)
+	return decode(m.run(now.UnixMicro(), "peek", 1, "-", false, idemArgs{}, p), p, quota.Calendar{}, nil)
 }
 
 // Grant adds units to the current "day" or "month", as lua/grant.lua does.

@@ -204,8 +204,10 @@ func idemHash(key string) string {
 
 // decode turns the script's (or the model's) answer into a Decision. Windows
 // come from p: B*T, C*U, one day, and the length of the month of the
-// decision's time.
-func decode(r []int64, p params) quota.Decision {
+// decision's time; in a calendar that is not the default (b, the bounds
+// the script was given, not nil), the length of the decision's local day
+// and of its billing month.
+func decode(r []int64, p params, cal quota.Calendar, b *calBounds) quota.Decision {
 	now := time.UnixMicro(r[4]).UTC()
 	d := quota.Decision{
 		Allowed:      r[0] == 1,
@@ -216,12 +218,15 @@ func decode(r []int64, p params) quota.Decision {
 	if !d.Allowed {
 		d.RetryAfter = time.Duration(r[2]) * time.Microsecond
 	}
-	monthStart := quota.MonthStart(now)
 	windows := [4]time.Duration{
 		time.Duration(p.burst*p.gcraT) * time.Microsecond,
 		time.Duration(p.capacity*p.bucketU) * time.Microsecond,
-		24 * time.Hour,
-		monthStart.AddDate(0, 1, 0).Sub(monthStart),
+	}
+	if b != nil {
+		windows[2], windows[3] = b.windows(cal, r[4])
+	} else {
+		monthStart := quota.MonthStart(now)
+		windows[2], windows[3] = 24*time.Hour, monthStart.AddDate(0, 1, 0).Sub(monthStart)
 	}
 	for i, name := range quota.AllLimits {
 		f := r[headLen+perLimit*i:]

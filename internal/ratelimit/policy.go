@@ -20,7 +20,7 @@ var (
 	policyRunScript = script(append(append([]string{}, policyPreludes...), "policy_run.lua")...)
 	// admitPolicyScript is admit.lua with the policies: the variant a
 	// request runs when Redis policies under the tenant's hash tag match it.
-	admitPolicyScript = script(append(append([]string{}, policyPreludes...), "admit.lua")...)
+	admitPolicyScript = script(append(append([]string{"calendar.lua"}, policyPreludes...), "admit.lua")...)
 )
 
 // Refusal modes as the scripts take them (lua/policy.lua "how").
@@ -332,8 +332,8 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 			in.outside += "s"
 		}
 	}
-	res, err := r.run(ctx, req.TenantID, idem, now, mode, req.Cost, req.Meter, overageMode(req.Overage), p,
-		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), in)
+	res, b, err := r.run(ctx, req.TenantID, idem, now, mode, req.Cost, req.Meter, overageMode(req.Overage), p,
+		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), in, req.Calendar)
 	if err != nil {
 		undo()
 		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
@@ -341,7 +341,7 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 	if mode == "admit" {
 		r.active.add(req.TenantID)
 	}
-	d := decode(res, p)
+	d := decode(res, p, req.Calendar, b)
 	if at := itemsAt(p); len(res) > at && in != nil {
 		for j, it := range decodePolicyItems(res[at:]) {
 			states[in.calls[j]] = policyState(req.Policies[in.calls[j]].Policy, it)

@@ -18,8 +18,8 @@ import (
 var (
 	// admitScript is admit.lua without policies (policy_none.lua stands in
 	// for the policy preludes): what most requests run.
-	admitScript = script("state.lua", "policy_none.lua", "admit.lua")
-	grantScript = stateScript("grant.lua")
+	admitScript = script("calendar.lua", "state.lua", "policy_none.lua", "admit.lua")
+	grantScript = script("calendar.lua", "state.lua", "grant.lua")
 )
 
 // stateScript is a script that reads or writes limit state: lua/state.lua
@@ -152,15 +152,15 @@ func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, 
 	if len(req.Policies) > 0 {
 		return r.admitWithPolicies(ctx, req, p, mode, idem)
 	}
-	res, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p,
-		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), nil)
+	res, b, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p,
+		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), nil, req.Calendar)
 	if err == nil && mode != "dry" {
 		r.active.add(req.TenantID) // admitted or refused, its pending usage changed
 	}
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
 	}
-	return decode(res, p), nil
+	return decode(res, p, req.Calendar, b), nil
 }
 
 // Peek reports the tenant's limits as they stand, consuming and counting
@@ -168,8 +168,15 @@ func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, 
 // Violated and RetryAfter say whether one more unit would fit in every active
 // limit, judging the monthly quota as a hard cap: Peek does not know the
 // overage policy, and a bill tier would still admit past it. A zero now
-// means Redis time.
+// means Redis time. Its quotas are those of the default calendar (UTC days
+// and months): PeekIn takes the tenant's.
 func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error) {
+	return r.PeekIn(ctx, tenantID, quota.Calendar{}, limits, now)
+}
+
+// PeekIn is Peek with the days and months of the tenant's billing
+// calendar cal.
+func (r *Runner) PeekIn(ctx context.Context, tenantID string, cal quota.Calendar, limits quota.Limits, now time.Time) (quota.Decision, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return quota.Decision{}, err
 	}
@@ -180,21 +187,34 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 	if err != nil {
 		return quota.Decision{}, err
 	}
-	res, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p, "", 0, nil)
+	res, b, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p, "", 0, nil, cal)
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: peek: %w", err)
 	}
-	return decode(res, p), nil
+	return decode(res, p, cal, b), nil
 }
 
 // run calls admit.lua; pol, when not nil, are the policies decided in the
-// same call (admit.lua's policy variant), with the request's id.
-func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64, pol *inSlot) ([]int64, error) {
+// same call (admit.lua's policy variant), with the request's id. cal is
+// the tenant's calendar: unless it is the default, the script takes its
+// Boundaries around now (Go's clock when now is 0), which run returns for
+// decode. When Redis's clock is outside them (the script answers
+// "CALENDAR <its now>", having written nothing), run calls once more with
+// the boundaries of the script's now.
+func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64, pol *inSlot, cal quota.Calendar) ([]int64, *calBounds, error) {
 	// The batcher coalesces concurrent calls into pipelines (batch.go);
 	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
+	var b *calBounds
+	if !cal.IsDefault() {
+		t := time.Now()
+		if now > 0 {
+			t = time.UnixMicro(now)
+		}
+		b = boundsOf(cal, t)
+	}
 	n := 15
-	if pol != nil || p.mq != "" {
-		n += 4
+	if pol != nil || p.mq != "" || b != nil {
+		n += 5
 	}
 	if pol != nil {
 		n += 7 * len(pol.specs)
@@ -209,25 +229,41 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	want := itemsAt(p)
 	if pol != nil {
 		s, want = admitPolicyScript, want+7*len(pol.specs)
-		args = append(args, len(pol.specs), pol.id, pol.outside, p.mq)
+		args = append(args, len(pol.specs), pol.id, pol.outside, p.mq, calArg(b))
 		args = appendPolicyArgs(args, pol.specs)
 		for _, sp := range pol.specs {
 			keys = append(keys, sp.Key)
 		}
-	} else if p.mq != "" {
-		args = append(args, 0, "", "", p.mq)
+	} else if p.mq != "" || b != nil {
+		args = append(args, 0, "", "", p.mq, calArg(b))
 	}
 	if p.mq != "" {
 		keys = append(keys, r.key(tenantID, "mq"))
 	}
 	res, err := r.batch.do(ctx, s, keys, args)
+	if err != nil && b != nil {
+		if at := calendarNow(err); at > 0 {
+			b = boundsOf(cal, time.UnixMicro(at))
+			args[19] = b.arg
+			res, err = r.batch.do(ctx, s, keys, args)
+		}
+	}
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if len(res) != want && !(len(res) == resultLen && res[5] >= int64(quota.IdemInFlight)) {
-		return nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
+		return nil, nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
 	}
-	return res, nil
+	return res, b, nil
+}
+
+// calArg is admit.lua's ARGV[20]: b's boundaries, '' for the default
+// calendar.
+func calArg(b *calBounds) any {
+	if b == nil {
+		return ""
+	}
+	return b.arg
 }
 
 // boxedStrings are the script arguments that take a few fixed values,
@@ -267,31 +303,34 @@ func boxedParams(p params) []any {
 }
 
 // Grant adds units to the tenant's quota for the current period ("day" or
-// "month", UTC): until the period ends its limit is quota + grants. The
-// period is taken from Redis time, or from now when it is not zero. Every
-// call adds: for a recorded grant, use ApplyGrant.
+// "month" of the default calendar, UTC): until the period ends its limit is
+// quota + grants. The period is taken from Redis time, or from now when it
+// is not zero. Every call adds: for a recorded grant, use ApplyGrant.
 func (r *Runner) Grant(ctx context.Context, tenantID string, period string, units int64, now time.Time) error {
-	_, err := r.grant(ctx, tenantID, "", period, time.Time{}, units, now)
+	_, err := r.grant(ctx, tenantID, quota.Calendar{}, "", period, time.Time{}, units, now)
 	return err
 }
 
 // ApplyGrant adds a recorded grant, id, of units to the tenant's quota for
-// the period ("day" or "month") that starts at start, once: applying the
-// same id again, from any node or the worker, adds nothing. It reports
+// the period ("day" or "month" of the tenant's billing calendar cal) that
+// starts on the date of start, once: applying the same id again, from any
+// node or the worker, adds nothing. start's date (its UTC fields, as a
+// grant's period_start is recorded) is the period's first local date:
+// for a month, the anchor day of the month it starts in. It reports
 // whether the grant is in the counter, added now or before; false means its
 // period is not the current one in Redis time, and nothing was written.
-func (r *Runner) ApplyGrant(ctx context.Context, tenantID, id, period string, start time.Time, units int64) (bool, error) {
+func (r *Runner) ApplyGrant(ctx context.Context, tenantID string, cal quota.Calendar, id, period string, start time.Time, units int64) (bool, error) {
 	if id == "" {
 		return false, quota.FieldError("id", "is required")
 	}
 	if start.IsZero() {
 		return false, quota.FieldError("period_start", "is required")
 	}
-	return r.grant(ctx, tenantID, id, period, start, units, time.Time{})
+	return r.grant(ctx, tenantID, cal, id, period, start, units, time.Time{})
 }
 
 // grant runs grant.lua: id and start are empty for a grant without an id.
-func (r *Runner) grant(ctx context.Context, tenantID, id, period string, start time.Time, units int64, now time.Time) (bool, error) {
+func (r *Runner) grant(ctx context.Context, tenantID string, cal quota.Calendar, id, period string, start time.Time, units int64, now time.Time) (bool, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return false, err
 	}
@@ -304,16 +343,33 @@ func (r *Runner) grant(ctx context.Context, tenantID, id, period string, start t
 	if err := checkNow(now); err != nil {
 		return false, err
 	}
-	// The script's period ids: days since the epoch, or year*100+month.
+	// The script's period ids: days since the epoch (of the local date, in
+	// a calendar), or year*100+month (of the anchor day starting the
+	// period): the ids of the period's first date in any calendar.
 	var periodID int64
 	if !start.IsZero() {
 		start = start.UTC()
-		periodID = start.Unix() / 86400
+		periodID = floorDiv(start.Unix(), 86400)
 		if period == "month" {
 			periodID = int64(start.Year())*100 + int64(start.Month())
 		}
 	}
-	res, err := grantScript.Run(ctx, r.c, r.stateKeys(tenantID), r.layout, micros(now), period, units, id, periodID).Int64Slice()
+	var b *calBounds
+	if !cal.IsDefault() {
+		t := time.Now()
+		if !now.IsZero() {
+			t = now
+		}
+		b = boundsOf(cal, t)
+	}
+	keys := r.stateKeys(tenantID)
+	res, err := grantScript.Run(ctx, r.c, keys, r.layout, micros(now), period, units, id, periodID, calArg(b)).Int64Slice()
+	if err != nil && b != nil {
+		if at := calendarNow(err); at > 0 {
+			b = boundsOf(cal, time.UnixMicro(at))
+			res, err = grantScript.Run(ctx, r.c, keys, r.layout, micros(now), period, units, id, periodID, b.arg).Int64Slice()
+		}
+	}
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: grant: %w", err)
 	}
