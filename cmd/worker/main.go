@@ -66,7 +66,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 	store := postgres.NewStore(db)
 	// The catalog's cache is never read here: it publishes the room grants make.
-	grants := catalog.NewGrants(store, runner, catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now), time.Now, log)
+	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
+	grants := catalog.NewGrants(store, runner, cat, time.Now, log)
+	plans := catalog.NewPlans(store, runner, cat, time.Now, log)
 	loop := &worker.Loop{
 		Interval: cfg.ReconcileInterval,
 		Log:      log,
@@ -75,6 +77,13 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			// applied once by its id (the repair restores only applied ones).
 			{Name: "grants", Run: func(ctx context.Context) error {
 				_, err := grants.ApplyMissed(ctx)
+				return err
+			}},
+			// Tier changes planned for the next billing period, applied at
+			// their effective time (tier history, audit, invalidation), then
+			// the quota resets Redis missed.
+			{Name: "plans", Run: func(ctx context.Context) error {
+				_, err := plans.ApplyDue(ctx)
 				return err
 			}},
 			// Repair first: counters lost with Redis are restored before the

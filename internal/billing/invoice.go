@@ -29,16 +29,24 @@ import (
 //     amount is the tier's price prorated by seconds, rounded half up to the
 //     cent; the lines of a month with several tiers may therefore add up to a
 //     cent more or less than an exact split.
-//   - Prices: tiers keep no price history, so every line uses the tier's
-//     price as it is when the invoice is (re)generated. A price change during
-//     the month reprices the whole month's draft; a final invoice keeps the
-//     prices it was finalized with.
+//   - Prices: each tier's prices have a history (tier_prices: a tier
+//     create or a price change opens a row at its transaction's time). A
+//     tier's stretch is split where its price changed, and each part is
+//     prorated at the price in force then: a price change mid-month gives
+//     two subscription lines, the old price up to the change and the new
+//     one from it. So a change reprices a draft only from the change on,
+//     and a final invoice, never regenerated, keeps its prices. A stretch
+//     the history does not cover (a tier written around the store) takes
+//     the tier's current price.
 //   - Overage: usage.overage_units (recorded by the admission engine for bill
-//     tiers past quota plus grants) are billed at the overage price of the
-//     tier in force at the end of the month, rounded up to the cent.
+//     tiers past quota plus grants) are billed at the overage price in force
+//     at the end of the month (from the price history) of the tier in force
+//     then, rounded up to the cent.
 //     If that tier does not bill overage (a downgrade to a block tier), the
-//     price of the latest billing tier of the month is used instead, so a
-//     downgrade on the last day cannot wipe out the month's overage charges.
+//     overage price in force at the end of the latest billing tier's stretch
+//     is used instead, so a downgrade on the last day cannot wipe out the
+//     month's overage charges. Whether a tier bills overage has no history:
+//     its current setting is used.
 //   - Included: the month's units with the monthly quota of the tier in force
 //     at month end, after the tenant's overrides (overrides have no history
 //     either: the current ones are used).
@@ -445,27 +453,28 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts [
 		byInvoice[t.invoiceID] = t
 	}
 
+	// One row per stretch of a tier at one price: the tier history split
+	// where the tier's price history changes (a stretch the price history
+	// does not cover at all keeps the tier's current prices).
 	var tenantID string
 	var s TierSegment
-	var validTo *time.Time
 	rows, err := tx.Query(ctx, `
-		SELECT h.tenant_id::text, tr.slug, tr.name, tr.price_cents, tr.monthly_quota, tr.overage,
-		       tr.overage_price_cents_per_1k, h.valid_from, h.valid_to
+		SELECT h.tenant_id::text, tr.slug, tr.name, coalesce(p.price_cents, tr.price_cents), tr.monthly_quota, tr.overage,
+		       coalesce(p.overage_price_cents_per_1k, tr.overage_price_cents_per_1k),
+		       greatest(h.valid_from, coalesce(p.valid_from, h.valid_from)),
+		       least(coalesce(h.valid_to, $3), coalesce(p.valid_to, $3), $3)
 		FROM tenant_tier_history h JOIN tiers tr ON tr.slug = h.tier
+		LEFT JOIN tier_prices p ON p.tier = h.tier
+		  AND p.valid_from < least(coalesce(h.valid_to, $3), $3) AND (p.valid_to IS NULL OR p.valid_to > greatest(h.valid_from, $2))
 		WHERE h.tenant_id = ANY($1::uuid[]) AND h.valid_from < $3 AND (h.valid_to IS NULL OR h.valid_to > $2)
-		ORDER BY h.tenant_id, h.valid_from`, ids, start, end)
+		ORDER BY h.tenant_id, 8`, ids, start, end)
 	if err != nil {
 		return fmt.Errorf("billing: tier history: %w", err)
 	}
 	_, err = pgx.ForEachRow(rows, []any{&tenantID, &s.Tier, &s.Name, &s.PriceCents, &s.MonthlyQuota, &s.Overage,
-		&s.OveragePriceCentsPer1K, &s.From, &validTo}, func() error {
-		seg := s
-		seg.To = end
-		if validTo != nil {
-			seg.To = *validTo
-		}
+		&s.OveragePriceCentsPer1K, &s.From, &s.To}, func() error {
 		t := byID[tenantID]
-		t.in.Segments = append(t.in.Segments, seg)
+		t.in.Segments = append(t.in.Segments, s)
 		return nil
 	})
 	if err != nil {
@@ -587,8 +596,10 @@ type RatingInput struct {
 // and one line per grant. Amounts are whole cents, never negative: the
 // subscription is price × segment seconds / month seconds rounded half up,
 // the overage ceil(overage units × price per 1,000 / 1,000). Contiguous
-// segments of the same tier at the same price count as one. See Invoicer for
-// which tier's prices apply.
+// segments of the same tier at the same price count as one, with the later
+// one's overage price and quota (those in force at its end). See Invoicer
+// for which prices apply: a caller splits a tier's stretch where its price
+// changed, and gives each part the prices in force in it.
 func Rate(in RatingInput) []InvoiceLine {
 	monthSecs := in.End.Unix() - in.Start.Unix()
 	if monthSecs <= 0 {
@@ -608,7 +619,11 @@ func Rate(in RatingInput) []InvoiceLine {
 			continue
 		}
 		if n := len(segs); n > 0 && segs[n-1].To.Equal(s.From) && segs[n-1].Tier == s.Tier && segs[n-1].PriceCents == s.PriceCents {
-			segs[n-1].To = s.To
+			// one line; what is in force at its end (an overage price
+			// changed alone) is the later part's
+			from := segs[n-1].From
+			segs[n-1] = s
+			segs[n-1].From = from
 			continue
 		}
 		segs = append(segs, s)

@@ -208,17 +208,31 @@ func TestGenerate(t *testing.T) {
 			total: 4900,
 		},
 		{
-			name: "tier price changed: the current price applies",
+			name: "tier price changed mid-month: each part at the price in force then",
+			setup: func(tb testing.TB, db *pgxpool.Pool) string {
+				id := invTenant(tb, db, "pro", invNov)
+				invPriceChange(tb, db, "pro", 5900, 50, time.Date(2026, 11, 16, 0, 0, 0, 0, time.UTC))
+				return id
+			},
+			want: []InvoiceLine{
+				sub("Pro plan, 2026-11-01 – 2026-11-16 (15.0 of 30 days)", 15*86400, 2450), // 4900 × 15/30
+				sub("Pro plan, 2026-11-16 – 2026-12-01 (15.0 of 30 days)", 15*86400, 2950), // 5900 × 15/30
+				proIncluded(0),
+			},
+			total: 2450 + 2950,
+		},
+		{
+			name: "tier price changed around the store: the price history applies",
 			setup: func(tb testing.TB, db *pgxpool.Pool) string {
 				id := invTenant(tb, db, "pro", invNov)
 				invExec(tb, db, `UPDATE tiers SET price_cents = 5900 WHERE slug = 'pro'`)
 				return id
 			},
 			want: []InvoiceLine{
-				sub("Pro plan, 2026-11-01 – 2026-12-01 (30.0 of 30 days)", invNovSecs, 5900),
+				sub("Pro plan, 2026-11-01 – 2026-12-01 (30.0 of 30 days)", invNovSecs, 4900),
 				proIncluded(0),
 			},
-			total: 5900,
+			total: 4900,
 		},
 		{
 			name: "monthly quota override named in the included line",

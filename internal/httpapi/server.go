@@ -76,6 +76,7 @@ type Deps struct {
 	Sessions pages.SessionStore
 	Catalog  *catalog.Catalog
 	Grants   *catalog.Grants
+	Plans    *catalog.Plans
 	Gate     gate
 	Ledger   *billing.Ledger
 	Usage    *usage.Reader
@@ -133,7 +134,7 @@ func New(d Deps, opts Options) (*Server, error) {
 	}
 	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, gate: d.Gate, ready: d.Ready,
 		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, policies: d.Policies, opts: opts, guard: guard,
-		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Ledger: d.Ledger,
+		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),
 		pages: pg}

@@ -9,26 +9,32 @@ import (
 const (
 	DefaultTimeZone  = "UTC"
 	DefaultAnchorDay = 1
-	// MaxTimeZoneLen bounds an IANA zone name (the longest is 32 bytes).
-	MaxTimeZoneLen = 64
 )
 
 // CheckCalendar validates a tenant's billing anchor day (1..28, so that
-// every month has it) and time zone (an IANA name that time.LoadLocation
-// knows, at most MaxTimeZoneLen bytes; never "" or "Local", which name no
-// place but the server's setting). It returns a CodeInvalid *Error naming
+// every month has it) and time zone (an IANA name, as LoadZone takes it;
+// never "", which is no name once the default is applied, nor "Local",
+// the server's setting). It returns a CodeInvalid *Error naming
 // billing_anchor_day or time_zone.
 func CheckCalendar(anchorDay int, zone string) error {
-	if anchorDay < 1 || anchorDay > 28 {
-		return FieldError("billing_anchor_day", "must be an integer between 1 and 28")
+	if !ValidAnchorDay(anchorDay) {
+		return FieldError("billing_anchor_day", "must be an integer between 1 and %d", MaxAnchorDay)
 	}
-	if zone == "" || zone == "Local" || len(zone) > MaxTimeZoneLen {
-		return FieldError("time_zone", `must be an IANA time zone name such as "UTC" or "Europe/Paris", at most %d bytes`, MaxTimeZoneLen)
+	if zone == "" {
+		return FieldError("time_zone", `must be an IANA time zone name such as "UTC" or "Europe/Paris"`)
 	}
-	if _, err := time.LoadLocation(zone); err != nil {
-		return FieldError("time_zone", "unknown time zone %q: must be an IANA time zone name such as \"UTC\" or \"Europe/Paris\"", zone)
+	_, err := LoadZone(zone)
+	return err
+}
+
+// Calendar returns the tenant's billing calendar. A zone that no longer
+// loads (the stored name was checked when it was set) counts as UTC.
+func (t Tenant) Calendar() Calendar {
+	zone, err := LoadZone(t.TimeZone)
+	if err != nil {
+		zone = time.UTC
 	}
-	return nil
+	return Calendar{AnchorDay: t.BillingAnchorDay, Zone: zone}
 }
 
 // Effective says when a tier change applies.
@@ -111,16 +117,11 @@ type PendingChange struct {
 }
 
 // NextPeriodStart returns the start of the tenant's billing period after
-// the one containing now: when a pending change takes effect.
-func (t Tenant) NextPeriodStart(now time.Time) time.Time { return nextPeriodStart(t, now) }
-
-// nextPeriodStart is the start of the next UTC calendar month, the billing
-// period every part of Tollgate uses today.
-// TODO(calendar): once internal/quota/calendar.go exists, use
-// t.Calendar().Period(now) (its end), so that the anchor day and time zone
-// set the boundary.
-func nextPeriodStart(_ Tenant, now time.Time) time.Time {
-	return MonthStart(now).AddDate(0, 1, 0)
+// the one containing now, in its calendar: when a pending change takes
+// effect.
+func (t Tenant) NextPeriodStart(now time.Time) time.Time {
+	_, end := t.Calendar().Period(now)
+	return end.UTC()
 }
 
 // CounterReset is a recorded reset of a tenant's day and month counters, made

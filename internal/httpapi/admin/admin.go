@@ -5,6 +5,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/csv"
+	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net/url"
@@ -44,6 +45,7 @@ type Deps struct {
 	Store   Records
 	Catalog *catalog.Catalog // reads and the writes that invalidate it
 	Grants  *catalog.Grants
+	Plans   *catalog.Plans // tenant changes, tier changes with their timing and quota resets
 	Ledger  *billing.Ledger
 	Alerts  *billing.Deliverer
 	Usage   *usage.Reader
@@ -64,6 +66,7 @@ type API struct {
 	store   Records
 	catalog *catalog.Catalog
 	grants  *catalog.Grants
+	plans   *catalog.Plans
 	ledger  *billing.Ledger
 	alerts  *billing.Deliverer
 	reports *usage.Reader
@@ -75,7 +78,7 @@ type API struct {
 
 // New returns the admin API over d.
 func New(d Deps) *API {
-	return &API{store: d.Store, catalog: d.Catalog, grants: d.Grants, ledger: d.Ledger, alerts: d.Alerts,
+	return &API{store: d.Store, catalog: d.Catalog, grants: d.Grants, plans: d.Plans, ledger: d.Ledger, alerts: d.Alerts,
 		reports: d.Usage, guard: d.Guard, log: d.Log, now: d.Now, opts: d}
 }
 
@@ -312,10 +315,24 @@ func (s *API) ListTenants(c *fiber.Ctx) error {
 }
 
 type tenantCreate struct {
-	Name       *string         `json:"name"`
-	Tier       *string         `json:"tier"`
-	Overrides  quota.Overrides `json:"overrides"`
-	WebhookURL string          `json:"webhook_url"`
+	Name             *string         `json:"name"`
+	Tier             *string         `json:"tier"`
+	Overrides        quota.Overrides `json:"overrides"`
+	WebhookURL       string          `json:"webhook_url"`
+	BillingAnchorDay *int            `json:"billing_anchor_day"` // absent: 1
+	TimeZone         *string         `json:"time_zone"`          // absent: UTC
+}
+
+// calendar returns the body's billing calendar with its defaults, checked.
+func (b tenantCreate) calendar() (int, string, error) {
+	day, zone := quota.DefaultAnchorDay, quota.DefaultTimeZone
+	if b.BillingAnchorDay != nil {
+		day = *b.BillingAnchorDay
+	}
+	if b.TimeZone != nil {
+		zone = *b.TimeZone
+	}
+	return day, zone, quota.CheckCalendar(day, zone)
 }
 
 func (s *API) CreateTenant(c *fiber.Ctx) error {
@@ -334,8 +351,12 @@ func (s *API) CreateTenant(c *fiber.Ctx) error {
 	if err := s.validWebhook(body.WebhookURL); err != nil {
 		return err
 	}
-	t, err := s.catalog.CreateTenant(c.UserContext(), adminActor,
-		quota.Tenant{Name: name, Tier: tier, Overrides: body.Overrides, WebhookURL: body.WebhookURL})
+	day, zone, err := body.calendar()
+	if err != nil {
+		return err
+	}
+	t, err := s.catalog.CreateTenant(c.UserContext(), adminActor, quota.Tenant{Name: name, Tier: tier,
+		Overrides: body.Overrides, WebhookURL: body.WebhookURL, BillingAnchorDay: day, TimeZone: zone})
 	if err != nil {
 		return err
 	}
@@ -351,19 +372,63 @@ func (s *API) GetTenant(c *fiber.Ctx) error {
 }
 
 type tenantPatch struct {
-	Name       quota.Optional[string]             `json:"name"`
-	Tier       quota.Optional[string]             `json:"tier"`
-	Status     quota.Optional[quota.TenantStatus] `json:"status"`
-	Overrides  quota.Optional[quota.Overrides]    `json:"overrides"`
-	WebhookURL quota.Optional[string]             `json:"webhook_url"`
+	Name             quota.Optional[string]             `json:"name"`
+	Tier             quota.Optional[string]             `json:"tier"`
+	Status           quota.Optional[quota.TenantStatus] `json:"status"`
+	Overrides        quota.Optional[quota.Overrides]    `json:"overrides"`
+	WebhookURL       quota.Optional[string]             `json:"webhook_url"`
+	BillingAnchorDay quota.Optional[int]                `json:"billing_anchor_day"`
+	TimeZone         quota.Optional[string]             `json:"time_zone"`
+	// Effective and Quota go with Tier: when the change applies and what
+	// it does with the usage already counted (quota.PlanRequest).
+	Effective quota.Optional[quota.Effective] `json:"effective"`
+	Quota     quota.Optional[quota.QuotaMode] `json:"quota"`
+	// PendingChange takes null only: it cancels the pending change.
+	PendingChange quota.Optional[json.RawMessage] `json:"pending_change"`
+}
+
+// plan returns the tier change the body asks for, nil when it names no
+// tier; effective or quota without tier is a CodeInvalid error naming it.
+func (p tenantPatch) plan() (*quota.PlanRequest, error) {
+	if !p.Tier.Set {
+		switch {
+		case p.Effective.Set:
+			return nil, quota.FieldError("effective", "goes with tier: say which tier the change is to")
+		case p.Quota.Set:
+			return nil, quota.FieldError("quota", "goes with tier: say which tier the change is to")
+		}
+		return nil, nil
+	}
+	var r quota.PlanRequest
+	for _, err := range []error{
+		set("tier", p.Tier, &r.Tier), set("effective", p.Effective, &r.Effective), set("quota", p.Quota, &r.Quota),
+	} {
+		if err != nil {
+			return nil, err
+		}
+	}
+	return &r, r.Validate()
 }
 
 func (p tenantPatch) apply(t *quota.Tenant) error {
 	for _, err := range []error{
-		set("name", p.Name, &t.Name), set("tier", p.Tier, &t.Tier), set("status", p.Status, &t.Status),
+		set("name", p.Name, &t.Name), set("status", p.Status, &t.Status),
 		set("webhook_url", p.WebhookURL, &t.WebhookURL),
+		set("billing_anchor_day", p.BillingAnchorDay, &t.BillingAnchorDay), set("time_zone", p.TimeZone, &t.TimeZone),
 	} {
 		if err != nil {
+			return err
+		}
+	}
+	if p.PendingChange.Set {
+		if p.PendingChange.Value != nil {
+			return quota.FieldError("pending_change", "takes only null, which cancels the pending change; "+
+				`to plan a change, send tier with "effective": "next_period"`)
+		}
+		t.PendingChange = nil
+	}
+	if p.BillingAnchorDay.Set || p.TimeZone.Set {
+		if err := quota.CheckCalendar(t.BillingAnchorDay, t.TimeZone); err != nil {
 			return err
 		}
 	}
@@ -376,15 +441,26 @@ func (p tenantPatch) apply(t *quota.Tenant) error {
 	return httpx.ValidURL("webhook_url", t.WebhookURL)
 }
 
-// PatchTenant changes a tenant. A tier change applies from the next request
-// on every node; the usage already counted in the period stays counted,
-// because quota counters belong to the tenant, not to its tier.
+// PatchTenant changes a tenant. A tier change applies at once by default
+// when the new tier's rank is higher or equal, at the start of the
+// tenant's next billing period (a pending change the worker applies) when
+// it is lower; effective says otherwise. Applied now, it counts from the
+// next request on every node; the usage already counted in the day and
+// month stays counted (quota carry: counters belong to the tenant, not to
+// its tier) unless quota is reset. The answer's Tollgate-Quota-Reset
+// header says "applied", or "pending" when Redis did not answer: the
+// change is made and the worker empties the counters within one reconcile
+// interval.
 func (s *API) PatchTenant(c *fiber.Ctx) error {
 	var body tenantPatch
 	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
-	t, err := s.catalog.UpdateTenant(c.UserContext(), adminActor, c.Params("id"), func(t *quota.Tenant) error {
+	plan, err := body.plan()
+	if err != nil {
+		return err
+	}
+	t, reset, err := s.plans.Change(c.UserContext(), adminActor, c.Params("id"), plan, func(t *quota.Tenant) error {
 		if err := body.apply(t); err != nil || !body.WebhookURL.Set {
 			return err // a URL stored before it was checked is left to the worker's check
 		}
@@ -392,6 +468,9 @@ func (s *API) PatchTenant(c *fiber.Ctx) error {
 	})
 	if err != nil {
 		return err
+	}
+	if reset != catalog.ResetNone {
+		c.Set("Tollgate-Quota-Reset", reset)
 	}
 	return c.JSON(t)
 }
