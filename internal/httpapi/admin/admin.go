@@ -149,6 +149,7 @@ type tierCreate struct {
 	FailOpen               *bool                   `json:"fail_open"`
 	UpgradeURL             *string                 `json:"upgrade_url"`
 	MaxOverageCents        quota.Optional[int64]   `json:"max_overage_cents"` // absent: null (no cap)
+	MeterQuotas            []quota.MeterQuota      `json:"meter_quotas"`      // absent or null: none
 }
 
 func required[T any](field string, v *T) (T, error) {
@@ -181,6 +182,7 @@ func (b tierCreate) tier() (quota.Tier, error) {
 	t.BucketCapacity, t.BucketRefillPerSec = b.BucketCapacity.Value, b.BucketRefillPerSec.Value
 	t.DailyQuota, t.MonthlyQuota = b.DailyQuota.Value, b.MonthlyQuota.Value
 	t.MaxOverageCents = b.MaxOverageCents.Value
+	t.MeterQuotas = b.MeterQuotas
 	if b.OveragePriceCentsPer1K != nil {
 		t.OveragePriceCentsPer1K = *b.OveragePriceCentsPer1K
 	}
