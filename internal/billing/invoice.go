@@ -462,7 +462,7 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts [
 		SELECT h.tenant_id::text, tr.slug, tr.name, coalesce(p.price_cents, tr.price_cents), tr.monthly_quota, tr.overage,
 		       coalesce(p.overage_price_cents_per_1k, tr.overage_price_cents_per_1k),
 		       greatest(h.valid_from, coalesce(p.valid_from, h.valid_from)),
-		       least(coalesce(h.valid_to, $3), coalesce(p.valid_to, $3), $3)
+		       least(coalesce(h.valid_to, $3), coalesce(p.valid_to, $3), $3), tr.meter_quotas
 		FROM tenant_tier_history h JOIN tiers tr ON tr.slug = h.tier
 		LEFT JOIN tier_prices p ON p.tier = h.tier
 		  AND p.valid_from < least(coalesce(h.valid_to, $3), $3) AND (p.valid_to IS NULL OR p.valid_to > greatest(h.valid_from, $2))
@@ -472,9 +472,10 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts [
 		return fmt.Errorf("billing: tier history: %w", err)
 	}
 	_, err = pgx.ForEachRow(rows, []any{&tenantID, &s.Tier, &s.Name, &s.PriceCents, &s.MonthlyQuota, &s.Overage,
-		&s.OveragePriceCentsPer1K, &s.From, &s.To}, func() error {
+		&s.OveragePriceCentsPer1K, &s.From, &s.To, &s.MeterQuotas}, func() error {
 		t := byID[tenantID]
 		t.in.Segments = append(t.in.Segments, s)
+		s.MeterQuotas = nil // (a scan into the same slice would overwrite this one's)
 		return nil
 	})
 	if err != nil {
@@ -496,6 +497,10 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts [
 	})
 	if err != nil {
 		return fmt.Errorf("billing: usage: %w", err)
+	}
+
+	if err := loadMeterOverage(ctx, tx, start, end, ids, byID); err != nil {
+		return err
 	}
 
 	var g InvoiceGrant
@@ -569,6 +574,9 @@ type TierSegment struct {
 	Overage                quota.Overage
 	OveragePriceCentsPer1K int64
 	From, To               time.Time
+	// MeterQuotas are the tier's meter quotas (current settings: they have
+	// no history), for rating the meters' overage.
+	MeterQuotas []quota.MeterQuota
 }
 
 // InvoiceGrant is extra units granted for a day or for the month.
@@ -589,6 +597,9 @@ type RatingInput struct {
 	Units, OverageUnits int64
 	// Grants are the month's grant and the grants of its days.
 	Grants []InvoiceGrant
+	// MeterOverage are the month's units past meter quotas, per meter
+	// (usage.meter_overage_units).
+	MeterOverage []MeterOverage
 }
 
 // Rate returns the lines of a month's invoice: one subscription line per tier
@@ -671,6 +682,8 @@ func Rate(in RatingInput) []InvoiceLine {
 			AmountCents: mulDivCents(in.OverageUnits, price, 999, 1000),
 		})
 	}
+
+	lines = append(lines, meterOverageLines(segs, in.MeterOverage)...)
 
 	grants := slices.Clone(in.Grants)
 	slices.SortStableFunc(grants, func(a, b InvoiceGrant) int {

@@ -1,0 +1,93 @@
+package billing
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// MeterOverage is the month's units of one meter admitted past the meter's
+// own monthly quota (usage.meter_overage_units; quota.MeterQuota).
+type MeterOverage struct {
+	Meter string
+	Units int64
+}
+
+// meterOverageLines rates the month's meter overage: one "overage" line per
+// meter, in meter order, at the overage price of the meter's quota in the
+// tier in force at the end of the month, or, when that tier does not bill
+// the meter's overage (its quota was removed or blocks since), in the
+// latest tier of the month that does, as the tier-wide overage is rated.
+// Meter quotas have no price history: a tier's current ones are used. The
+// amount is ceil(units × price per 1,000 / 1,000), as the tier's overage.
+// A meter no tier of the month bills is listed at 0, so that the units
+// show, with the reason.
+func meterOverageLines(segs []TierSegment, over []MeterOverage) []InvoiceLine {
+	over = slices.Clone(over)
+	slices.SortFunc(over, func(a, b MeterOverage) int {
+		switch {
+		case a.Meter < b.Meter:
+			return -1
+		case a.Meter > b.Meter:
+			return 1
+		}
+		return 0
+	})
+	var lines []InvoiceLine
+	for _, o := range over {
+		if o.Units <= 0 {
+			continue
+		}
+		var q *quota.MeterQuota
+		name := ""
+		for k := len(segs) - 1; k >= 0 && q == nil; k-- {
+			if mq := quota.MeterQuotaFor(segs[k].MeterQuotas, o.Meter); mq != nil && mq.Bills() {
+				q, name = mq, segs[k].Name
+			}
+		}
+		if q == nil {
+			lines = append(lines, InvoiceLine{
+				Kind:        "overage",
+				Description: fmt.Sprintf("Overage of %s: %s units past its quota (not charged: no plan of the month bills it)", o.Meter, lineUnits(o.Units)),
+				Quantity:    o.Units,
+			})
+			continue
+		}
+		lines = append(lines, InvoiceLine{
+			Kind: "overage",
+			Description: fmt.Sprintf("Overage of %s: %s units past its quota of %s at %s per 1,000 (%s plan)",
+				o.Meter, lineUnits(o.Units), lineUnits(*q.MonthlyQuota), lineMoney(q.OveragePriceCentsPer1K), name),
+			Quantity:    o.Units,
+			AmountCents: mulDivCents(o.Units, q.OveragePriceCentsPer1K, 999, 1000),
+		})
+	}
+	return lines
+}
+
+// loadMeterOverage reads the month [start, end) of meter overage of the
+// tenants of byID into their rating inputs.
+func loadMeterOverage(ctx context.Context, tx pgx.Tx, start, end time.Time, ids []string, byID map[string]*ratedTenant) error {
+	var tenantID string
+	var o MeterOverage
+	rows, err := tx.Query(ctx, `
+		SELECT tenant_id::text, meter, sum(meter_overage_units)::bigint
+		FROM usage WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3 AND meter_overage_units > 0
+		GROUP BY tenant_id, meter ORDER BY tenant_id, meter`, ids, start, end)
+	if err != nil {
+		return fmt.Errorf("billing: meter overage: %w", err)
+	}
+	_, err = pgx.ForEachRow(rows, []any{&tenantID, &o.Meter, &o.Units}, func() error {
+		t := byID[tenantID]
+		t.in.MeterOverage = append(t.in.MeterOverage, o)
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("billing: meter overage: %w", err)
+	}
+	return nil
+}
