@@ -56,7 +56,9 @@ const (
 // provides it.
 type Store interface {
 	quota.Admitter
-	Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error
+	// RefundIn gives back a request's units while its day and month (of
+	// the tenant's billing calendar cal) are the current ones.
+	RefundIn(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time) error
 	StoreAnswer(ctx context.Context, tenantID, key, fp string, a quota.StoredAnswer) (bool, error)
 	ReleaseKey(ctx context.Context, tenantID, key, fp string) error
 	Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error)
@@ -379,7 +381,7 @@ func (g *Gate) Forget(tenantID string) {
 // retry runs again, and clears the tenant's deny entries on every node: the
 // refund may have made room.
 func (g *Gate) Refund(ctx context.Context, req quota.Request, d quota.Decision) error {
-	if err := g.store.Refund(ctx, req.TenantID, req.Meter, req.Cost, d.OverageUnits, d.Now); err != nil {
+	if err := g.store.RefundIn(ctx, req.TenantID, req.Meter, req.Calendar, req.Cost, d.OverageUnits, d.Now); err != nil {
 		return err
 	}
 	var err error

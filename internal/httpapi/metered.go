@@ -36,7 +36,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: route.Meter, Cost: route.Cost, Limits: p.Limits,
 		Overage: p.Tier.Overage, OveragePriceCentsPer1K: p.Tier.OveragePriceCentsPer1K, FailOpen: p.Tier.FailOpen,
-		MeterQuotas: p.Tier.MeterQuotas,
+		MeterQuotas: p.Tier.MeterQuotas, Calendar: p.Calendar,
 	}
 	if err := idempotent(c, route, &req); err != nil {
 		return err

@@ -120,6 +120,7 @@ func (s *Server) check(c *fiber.Ctx) error {
 		OveragePriceCentsPer1K: p.Tier.OveragePriceCentsPer1K, FailOpen: p.Tier.FailOpen,
 		MeterQuotas: p.Tier.MeterQuotas, DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
 		IdempotencyFingerprint: "check " + body.Meter + " " + strconv.FormatInt(cost, 10),
+		Calendar:               p.Calendar,
 	}
 	// The policies of the meter and tier apply to a check too, except
 	// those that need the metered request itself: a path or method match,

@@ -141,3 +141,13 @@ func calendarNow(err error) int64 {
 	}
 	return n
 }
+
+// periodIDs returns the scripts' day and month ids of t in cal: days since
+// 1970-01-01 and year*100+month, UTC for the default calendar.
+func periodIDs(cal quota.Calendar, t time.Time) (day, month int64) {
+	if cal.IsDefault() {
+		t = t.UTC()
+		return floorDiv(t.Unix(), 86400), int64(t.Year())*100 + int64(t.Month())
+	}
+	return cal.DayID(t), int64(cal.PeriodID(t))
+}

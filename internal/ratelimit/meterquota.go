@@ -24,9 +24,10 @@ return out`)
 
 // PeekMeterQuotas reports the tenant's meter quotas qs as they stand, in
 // their order: for each, its "<meter>.daily" and "<meter>.monthly" limits
-// that are set, with the room left in the current day and month (Redis
-// time, or now when it is not zero). It consumes and counts nothing.
-func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error) {
+// that are set, with the room left in the current day and month of the
+// tenant's billing calendar cal (Redis time, or now when it is not zero).
+// It consumes and counts nothing.
+func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, cal quota.Calendar, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return nil, err
 	}
@@ -53,10 +54,9 @@ func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, qs []quot
 		now = time.Unix(s, us*1000)
 	}
 	now = now.UTC()
-	dayStart, monthStart := quota.DayStart(now), quota.MonthStart(now)
-	dayID := dayStart.Unix() / 86400
-	monthID := int64(now.Year())*100 + int64(now.Month())
-	dayEnd, monthEnd := dayStart.AddDate(0, 0, 1), monthStart.AddDate(0, 1, 0)
+	dayID, monthID := periodIDs(cal, now)
+	dayStart, dayEnd := cal.Day(now)
+	monthStart, monthEnd := cal.Period(now)
 	var out []quota.LimitState
 	for i, q := range qs {
 		var du, mu int64
@@ -75,7 +75,7 @@ func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, qs []quot
 		daily, monthly := q.Names()
 		if q.DailyQuota != nil {
 			out = append(out, quota.LimitState{Name: daily, Limit: *q.DailyQuota, Remaining: max(0, *q.DailyQuota-du),
-				Reset: dayEnd, Window: 24 * time.Hour})
+				Reset: dayEnd, Window: dayEnd.Sub(dayStart)})
 		}
 		if q.MonthlyQuota != nil {
 			out = append(out, quota.LimitState{Name: monthly, Limit: *q.MonthlyQuota, Remaining: max(0, *q.MonthlyQuota-mu),

@@ -93,7 +93,7 @@ func TestMeterQuotaBesideTierQuotas(t *testing.T) {
 		t.Fatalf("dry run: %s", fmtDecision(d))
 	}
 	// the read model sees the same room
-	peek, err := r.PeekMeterQuotas(context.Background(), tenant, qs, day2)
+	peek, err := r.PeekMeterQuotas(context.Background(), tenant, quota.Calendar{}, qs, day2)
 	if err != nil {
 		t.Fatal(err)
 	}

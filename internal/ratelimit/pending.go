@@ -145,14 +145,22 @@ func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]qu
 
 // Refund gives back cost units (and the overage units among them) of a
 // request admitted at time at, whose upstream failed: see lua/refund.lua.
+// The day and month are those of the default calendar: RefundIn takes the
+// tenant's.
 func (r *Runner) Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error {
+	return r.RefundIn(ctx, tenantID, meter, quota.Calendar{}, cost, overage, at)
+}
+
+// RefundIn is Refund for a tenant whose billing calendar is cal: the
+// counters are given back while they are still those of at's local day
+// and billing month.
+func (r *Runner) RefundIn(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time) error {
 	if err := checkTenant(tenantID); err != nil {
 		return err
 	}
-	at = at.UTC()
-	y, m, _ := at.Date()
+	day, month := periodIDs(cal, at)
 	err := refundScript.Run(ctx, r.c, r.stateKeys(tenantID, "pending"), r.layout,
-		at.Unix()/86400, y*100+int(m), at.Truncate(time.Hour).Unix(), meter, cost, overage).Err()
+		day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage).Err()
 	if err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)
 	}

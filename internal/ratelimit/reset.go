@@ -18,16 +18,23 @@ var resetScript = stateScript("reset.lua")
 // that a retry never empties usage counted since. It reports whether the
 // counters hold the reset (now or before); false means there was nothing
 // to empty (no state, or its periods are later ones).
+//
+// The day and month are those of the default calendar: ResetQuotasIn
+// takes the tenant's.
 func (r *Runner) ResetQuotas(ctx context.Context, tenantID string, at time.Time) (bool, error) {
+	return r.ResetQuotasIn(ctx, tenantID, quota.Calendar{}, at)
+}
+
+// ResetQuotasIn is ResetQuotas for a tenant whose billing calendar is cal:
+// the local day and billing month of at are emptied.
+func (r *Runner) ResetQuotasIn(ctx context.Context, tenantID string, cal quota.Calendar, at time.Time) (bool, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return false, err
 	}
 	if at.UnixMicro() <= 0 {
 		return false, quota.FieldError("at", "must be after 1970-01-01")
 	}
-	at = at.UTC()
-	day := at.Unix() / 86400
-	month := int64(at.Year())*100 + int64(at.Month())
+	day, month := periodIDs(cal, at)
 	res, err := resetScript.Run(ctx, r.c, r.stateKeys(tenantID), r.layout, 0, at.UnixMicro(), day, month).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: reset: %w", err)

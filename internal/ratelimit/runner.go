@@ -243,7 +243,7 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	res, err := r.batch.do(ctx, s, keys, args)
 	if err != nil && b != nil {
 		if at := calendarNow(err); at > 0 {
-			b = boundsOf(cal, time.UnixMicro(at))
+			b = makeBounds(cal, time.UnixMicro(at))
 			args[19] = b.arg
 			res, err = r.batch.do(ctx, s, keys, args)
 		}
@@ -257,8 +257,8 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	return res, b, nil
 }
 
-// calArg is admit.lua's ARGV[20]: b's boundaries, '' for the default
-// calendar.
+// calArg is admit.lua's ARGV[20]: b's boundaries, or the empty string
+// for the default calendar.
 func calArg(b *calBounds) any {
 	if b == nil {
 		return ""
@@ -366,7 +366,7 @@ func (r *Runner) grant(ctx context.Context, tenantID string, cal quota.Calendar,
 	res, err := grantScript.Run(ctx, r.c, keys, r.layout, micros(now), period, units, id, periodID, calArg(b)).Int64Slice()
 	if err != nil && b != nil {
 		if at := calendarNow(err); at > 0 {
-			b = boundsOf(cal, time.UnixMicro(at))
+			b = makeBounds(cal, time.UnixMicro(at))
 			res, err = grantScript.Run(ctx, r.c, keys, r.layout, micros(now), period, units, id, periodID, b.arg).Int64Slice()
 		}
 	}

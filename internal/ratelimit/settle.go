@@ -45,9 +45,9 @@ func checkRequestID(id string) error {
 // Reserve records the reservation of req, admitted by d on a route with
 // settle: true, under requestID (the process-unique id the API answered
 // in X-Request-ID), for quota.SettleWindow: its meter, cost, the
-// admission's hour, day and month and its overage units, which Settle
-// needs to apply a difference. It is one pipelined round trip beside the
-// admission, made only for settle routes.
+// admission's hour, day and month (ids of req.Calendar) and its overage
+// units, which Settle needs to apply a difference. It is one pipelined
+// round trip beside the admission, made only for settle routes.
 func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
 	if err := checkTenant(req.TenantID); err != nil {
 		return err
@@ -56,7 +56,7 @@ func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Reques
 		return err
 	}
 	at := d.Now.UTC()
-	y, m, _ := at.Date()
+	day, month := periodIDs(req.Calendar, at)
 	bill, mq := 0, int64(-1)
 	if req.Overage == quota.OverageBill {
 		bill = 1
@@ -65,7 +65,7 @@ func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Reques
 		mq = *req.Limits.MonthlyQuota
 	}
 	entry := strconv.FormatInt(req.Cost, 10) + "|" + strconv.FormatInt(at.Truncate(time.Hour).Unix(), 10) + "|" +
-		strconv.FormatInt(at.Unix()/86400, 10) + "|" + strconv.Itoa(y*100+int(m)) + "|" +
+		strconv.FormatInt(day, 10) + "|" + strconv.FormatInt(month, 10) + "|" +
 		strconv.FormatInt(d.OverageUnits, 10) + "|" + strconv.Itoa(bill) + "|" + strconv.FormatInt(mq, 10) + "|" + req.Meter
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, r.settleKey(req.TenantID, requestID), entry, quota.SettleWindow)

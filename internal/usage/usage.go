@@ -19,9 +19,9 @@ import (
 // counters is the admission side (*ratelimit.Runner): the limits and the
 // policies as they stand, and the usage counted but not yet recorded.
 type counters interface {
-	Peek(ctx context.Context, tenantID string, limits quota.Limits, now time.Time) (quota.Decision, error)
+	PeekIn(ctx context.Context, tenantID string, cal quota.Calendar, limits quota.Limits, now time.Time) (quota.Decision, error)
 	PeekPolicies(ctx context.Context, req quota.Request) ([]quota.PolicyState, error)
-	PeekMeterQuotas(ctx context.Context, tenantID string, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error)
+	PeekMeterQuotas(ctx context.Context, tenantID string, cal quota.Calendar, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error)
 	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
 	PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error)
 }
@@ -155,12 +155,14 @@ func (u Report) Limit(name quota.LimitName) (Limit, bool) {
 // For is the usage of p's tenant: its limits as they stand, and this month's
 // usage per day and per meter, recorded plus still pending.
 func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
-	d, err := r.counters.Peek(ctx, p.Tenant.ID, p.Limits, time.Time{})
+	// (the limits in the tenant's billing calendar; the daily rows below
+	// are the ledger's UTC days)
+	d, err := r.counters.PeekIn(ctx, p.Tenant.ID, p.Calendar, p.Limits, time.Time{})
 	if err != nil {
 		return Report{}, err
 	}
 	// the meter quotas' rows after the tier-wide ones, read at the same time
-	mq, err := r.counters.PeekMeterQuotas(ctx, p.Tenant.ID, p.Tier.MeterQuotas, d.Now)
+	mq, err := r.counters.PeekMeterQuotas(ctx, p.Tenant.ID, p.Calendar, p.Tier.MeterQuotas, d.Now)
 	if err != nil {
 		return Report{}, err
 	}
