@@ -166,18 +166,21 @@ func TestPagePostsRefuseForgedRequests(t *testing.T) {
 	// A valid body for each route, so that only the forgery is wrong.
 	ids := strings.NewReplacer("{id}", tenant.ID, "{slug}", tier.Slug, "{name}", "forged-policy")
 	bodies := map[string]url.Values{
-		"/console/tiers":               {"slug": {"forged"}, "name": {"F"}, "rank": {"999"}, "price_cents": {"0"}, "overage": {"block"}},
-		"/console/tiers/{slug}":        {"name": {"Forged"}, "rank": {"100"}, "price_cents": {"1"}, "overage": {"block"}},
-		"/console/tenants":             {"name": {"Forged"}, "tier": {"free"}},
-		"/console/tenants/{id}/keys":   {"name": {"forged"}},
-		"/console/tenants/{id}/grants": {"period": {"day"}, "units": {"5"}},
-		"/console/tenants/{id}/tier":   {"tier": {"pro"}},
-		"/console/tenants/{id}/status": {"status": {"suspended"}},
-		"/console/keys/{id}/revoke":    {},
-		"/console/logout":              {},
-		"/dashboard/logout":            {},
-		"/console/login":               {"token": {adminToken}},
-		"/dashboard/login":             {"api_key": {key}},
+		"/console/tiers":                    {"slug": {"forged"}, "name": {"F"}, "rank": {"999"}, "price_cents": {"0"}, "overage": {"block"}},
+		"/console/tiers/{slug}":             {"name": {"Forged"}, "rank": {"100"}, "price_cents": {"1"}, "overage": {"block"}},
+		"/console/tenants":                  {"name": {"Forged"}, "tier": {"free"}},
+		"/console/tenants/{id}/keys":        {"name": {"forged"}},
+		"/console/tenants/{id}/grants":      {"period": {"day"}, "units": {"5"}},
+		"/console/tenants/{id}/tier":        {"tier": {"pro"}},
+		"/console/tenants/{id}/plan/cancel": {},
+		"/console/tenants/{id}/calendar":    {"billing_anchor_day": {"15"}, "time_zone": {"Europe/Paris"}},
+		"/console/tenants/{id}/credits":     {"amount": {"10"}, "reason": {"forged"}},
+		"/console/tenants/{id}/status":      {"status": {"suspended"}},
+		"/console/keys/{id}/revoke":         {},
+		"/console/logout":                   {},
+		"/dashboard/logout":                 {},
+		"/console/login":                    {"token": {adminToken}},
+		"/dashboard/login":                  {"api_key": {key}},
 	}
 	// The policies' forms; console_policies_test.go tries them on a policy that exists.
 	bodies["/console/policies"] = url.Values{"name": {"forged"}, "algorithm": {"gcra"}, "rate": {"1"}, "burst": {"1"}}

@@ -126,7 +126,7 @@ func New(d Deps, opts Options) (*Server, error) {
 		d.Metrics.watchWaiters(w.Waiters)
 	}
 	guard := httpx.NewGuard(opts.TrustedProxies, d.Now, d.Metrics.AuthFailures.Inc)
-	pg, err := pages.New(pages.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Ledger: d.Ledger,
+	pg, err := pages.New(pages.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 		Alerts: d.Alerts, Usage: d.Usage, Sessions: d.Sessions, Guard: guard, Log: d.Log, Now: d.Now,
 		AdminToken: opts.AdminToken, SessionTTL: opts.SessionTTL})
 	if err != nil {
@@ -238,6 +238,9 @@ func (s *Server) routesSetup() {
 	con.Post("/tenants/:id/keys", s.pages.AdminSession, s.pages.ConsoleIssueKey)
 	con.Post("/tenants/:id/grants", s.pages.AdminSession, s.pages.ConsoleGrant)
 	con.Post("/tenants/:id/tier", s.pages.AdminSession, s.pages.ConsoleSetTier)
+	con.Post("/tenants/:id/plan/cancel", s.pages.AdminSession, s.pages.ConsoleCancelPlan)
+	con.Post("/tenants/:id/calendar", s.pages.AdminSession, s.pages.ConsoleSetCalendar)
+	con.Post("/tenants/:id/credits", s.pages.AdminSession, s.pages.ConsoleAddCredit)
 	con.Post("/tenants/:id/status", s.pages.AdminSession, s.pages.ConsoleSetStatus)
 	con.Post("/keys/:id/revoke", s.pages.AdminSession, s.pages.ConsoleRevokeKey)
 	con.Get("/invoices", s.pages.AdminSession, s.pages.ConsoleInvoices)

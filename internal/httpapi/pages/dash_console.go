@@ -17,14 +17,21 @@ const consoleActor = "console"
 
 // consoleFlash are the confirmations a console redirect may ask for (?ok=).
 var consoleFlash = map[string]string{
-	"saved":     "Tier saved.",
-	"created":   "Created.",
-	"revoked":   "Key revoked.",
-	"granted":   "Grant added.",
-	"pending":   "Grant recorded; it counts once the worker applies it, within one reconcile interval.",
-	"tier":      "Tier changed.",
-	"suspended": "Tenant suspended: its keys are refused until it is resumed.",
-	"resumed":   "Tenant resumed.",
+	"saved":              "Tier saved.",
+	"created":            "Created.",
+	"revoked":            "Key revoked.",
+	"granted":            "Grant added.",
+	"pending":            "Grant recorded; it counts once the worker applies it, within one reconcile interval.",
+	"tier":               "Tier changed.",
+	"tier-reset":         "Tier changed; the day's and month's usage start again from zero.",
+	"tier-reset-pending": "Tier changed; the day's and month's usage are reset by the worker within one reconcile interval.",
+	"plan-pending":       "Tier change recorded: it takes effect at the start of the next billing period.",
+	"plan-same":          "The tenant is on that tier already; any pending change is dropped.",
+	"plan-cancelled":     "Pending tier change cancelled.",
+	"calendar":           "Billing calendar saved.",
+	"credited":           "Credit added.",
+	"suspended":          "Tenant suspended: its keys are refused until it is resumed.",
+	"resumed":            "Tenant resumed.",
 
 	"policy-created": "Policy created: every node applies it within a second.",
 	"policy-saved":   "Policy saved: every node applies it within a second.",
@@ -70,6 +77,8 @@ type tierFormView struct {
 	Slug   string
 	Values map[string]string
 	Errors formErrors
+	// MeterRows are the indexes of the meter quota rows shown (mq-k-*).
+	MeterRows []int
 }
 
 var tierFields = []string{"name", "rank", "price_cents", "burst_rate", "burst", "bucket_capacity", "bucket_refill_per_sec",
@@ -99,6 +108,7 @@ func tierValues(t quota.Tier) map[string]string {
 	if t.FailOpen {
 		v["fail_open"] = "on"
 	}
+	meterQuotaValues(v, t.MeterQuotas)
 	return v
 }
 
@@ -136,18 +146,30 @@ func tierFromForm(errs formErrors, f map[string]string) quota.Tier {
 	return t
 }
 
+// tierForm reads the whole editor: the tier's fields and its meter quotas,
+// and the rows the meter quotas came from (for errors naming them).
+func tierForm(errs formErrors, f map[string]string) (quota.Tier, []int) {
+	t := tierFromForm(errs, f)
+	var rows []int
+	t.MeterQuotas, rows = meterQuotasFromForm(errs, f)
+	return t, rows
+}
+
+// tierFormFields are the fields the editor posts.
+var tierFormFields = append(append([]string{csrfField}, tierFields...), mqFields...)
+
 func (s *Pages) ConsoleTierForm(c *fiber.Ctx) error {
 	t, err := s.store.Tier(c.UserContext(), c.Params("slug"))
 	if err != nil {
 		return err
 	}
 	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "Tier "+t.Name, "tiers",
-		tierFormView{Slug: t.Slug, Values: tierValues(t), Errors: formErrors{}}))
+		newTierFormView(false, t.Slug, tierValues(t), formErrors{})))
 }
 
 func (s *Pages) ConsoleNewTier(c *fiber.Ctx) error {
 	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "New tier", "tiers",
-		tierFormView{Create: true, Values: map[string]string{"overage": "block", "price_cents": "0", "overage_price_cents_per_1k": "0"}, Errors: formErrors{}}))
+		newTierFormView(true, "", map[string]string{"overage": "block", "price_cents": "0", "overage_price_cents_per_1k": "0"}, formErrors{})))
 }
 
 // ConsoleSaveTier saves the editor: every field is replaced by the form's,
@@ -155,12 +177,12 @@ func (s *Pages) ConsoleNewTier(c *fiber.Ctx) error {
 // validates it. A bad value is shown beside its field and changes nothing.
 func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 	slug := c.Params("slug")
-	f, err := readForm(c, append([]string{csrfField}, tierFields...)...)
+	f, err := readForm(c, tierFormFields...)
 	if err != nil {
 		return err
 	}
 	errs := formErrors{}
-	t := tierFromForm(errs, f)
+	t, rows := tierForm(errs, f)
 	if len(errs) == 0 {
 		saved, err := s.catalog.UpdateTier(c.UserContext(), consoleActor, slug, func(cur *quota.Tier) error {
 			t.Slug = cur.Slug
@@ -173,20 +195,20 @@ func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 		if quota.ErrorCode(err) != quota.CodeInvalid {
 			return err
 		}
-		errs.add(err)
+		errs.add(meterQuotaError(err, rows))
 	}
 	return s.render(c, fiber.StatusBadRequest, "tier", s.consoleView(c, "Tier "+slug, "tiers",
-		tierFormView{Slug: slug, Values: f, Errors: errs}))
+		newTierFormView(false, slug, f, errs)))
 }
 
 func (s *Pages) ConsoleCreateTier(c *fiber.Ctx) error {
-	f, err := readForm(c, append([]string{csrfField, "slug"}, tierFields...)...)
+	f, err := readForm(c, append([]string{"slug"}, tierFormFields...)...)
 	if err != nil {
 		return err
 	}
 	errs := formErrors{}
-	t := tierFromForm(errs, f)
-	status, done, err := createFromForm(c, errs, errs.add, func() (string, error) {
+	t, rows := tierForm(errs, f)
+	status, done, err := createFromForm(c, errs, func(err error) { errs.add(meterQuotaError(err, rows)) }, func() (string, error) {
 		created, err := s.catalog.CreateTier(c.UserContext(), consoleActor, t)
 		return "/console/tiers?ok=created#tier-" + url.PathEscape(created.Slug), err
 	})
@@ -194,7 +216,11 @@ func (s *Pages) ConsoleCreateTier(c *fiber.Ctx) error {
 		return err
 	}
 	return s.render(c, status, "tier", s.consoleView(c, "New tier", "tiers",
-		tierFormView{Create: true, Values: f, Errors: errs}))
+		newTierFormView(true, "", f, errs)))
+}
+
+func newTierFormView(create bool, slug string, v map[string]string, errs formErrors) tierFormView {
+	return tierFormView{Create: create, Slug: slug, Values: v, Errors: errs, MeterRows: meterRows(v)}
 }
 
 // createFromForm runs create for a form read without errors: on success it
@@ -308,8 +334,13 @@ type consoleTenantView struct {
 	Grants   []quota.Grant
 	Tiers    []quota.Tier
 	Issued   *quota.IssuedKey // a key just issued, with the secret shown this once
-	Values   map[string]string
-	Errors   formErrors
+	Credits  billing.CreditPage
+	// CreditKey is the credit form's idempotency key, new on each drawing.
+	CreditKey string
+	// PendingTier is the name of the pending change's tier ("" for none).
+	PendingTier string
+	Values      map[string]string
+	Errors      formErrors
 }
 
 // tenantPage gathers a tenant's page: its usage, keys, grants and the tiers
@@ -340,8 +371,22 @@ func (s *Pages) tenantPage(c *fiber.Ctx, id string) (consoleTenantView, error) {
 	if err != nil {
 		return consoleTenantView{}, err
 	}
-	return consoleTenantView{View: tv, Keys: keys, MoreKeys: nextKeys != nil, Grants: grants, Tiers: tiers,
-		Values: map[string]string{}, Errors: formErrors{}}, nil
+	credits, err := s.creditsOf(ctx, id)
+	if err != nil {
+		return consoleTenantView{}, err
+	}
+	v := consoleTenantView{View: tv, Keys: keys, MoreKeys: nextKeys != nil, Grants: grants, Tiers: tiers,
+		Credits: credits, CreditKey: newFormKey(), Errors: formErrors{},
+		Values: map[string]string{"billing_anchor_day": strconv.Itoa(tv.Billing.AnchorDay), "time_zone": tv.Billing.TimeZone}}
+	if pc := p.Tenant.PendingChange; pc != nil {
+		v.PendingTier = pc.Tier
+		for _, t := range tiers {
+			if t.Slug == pc.Tier {
+				v.PendingTier = t.Name
+			}
+		}
+	}
+	return v, nil
 }
 
 func (s *Pages) showTenant(c *fiber.Ctx, status int, v consoleTenantView) error {
@@ -376,7 +421,13 @@ func (s *Pages) tenantFormErrors(c *fiber.Ctx, id string, f map[string]string, e
 	if err != nil {
 		return err
 	}
-	v.Values, v.Errors = f, errs
+	for k, val := range f {
+		v.Values[k] = val
+	}
+	v.Errors = errs
+	if k := f["idempotency_key"]; validFormKey(k) {
+		v.CreditKey = k // the same credit, should the corrected form be sent twice
+	}
 	return s.showTenant(c, fiber.StatusBadRequest, v)
 }
 
@@ -454,11 +505,6 @@ func (s *Pages) consoleUpdateTenant(c *fiber.Ctx, field string, change func(*quo
 		return s.tenantFormError(c, id, f, err)
 	}
 	return c.Redirect("/console/tenants/"+t.ID+"?ok="+ok(t), fiber.StatusSeeOther)
-}
-
-func (s *Pages) ConsoleSetTier(c *fiber.Ctx) error {
-	return s.consoleUpdateTenant(c, "tier", func(t *quota.Tenant, v string) { t.Tier = v },
-		func(quota.Tenant) string { return "tier" })
 }
 
 func (s *Pages) ConsoleSetStatus(c *fiber.Ctx) error {

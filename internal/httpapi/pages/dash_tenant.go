@@ -2,7 +2,11 @@ package pages
 
 import (
 	"context"
+	"fmt"
 	"html/template"
+	"slices"
+	"strings"
+	"time"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -35,6 +39,76 @@ type tenantView struct {
 	// Policies are the policies of the tenant's tier with their state
 	// (the dashboard's; the console's tenant page leaves them out).
 	Policies policyStates
+	// MeterQuotas are the tier's quotas per meter with their state.
+	MeterQuotas []meterQuotaView
+	Billing     billingView
+}
+
+// meterQuotaView is one quota of a meter: its terms and the "<meter>.daily"
+// and "<meter>.monthly" limits of /v1/usage (nil when it has none).
+type meterQuotaView struct {
+	quota.MeterQuota
+	Daily, Monthly *usage.Limit
+}
+
+// billingView is the tenant's billing period, in its time zone, its credit
+// balance, and its spend cap with the month's overage so far.
+type billingView struct {
+	Period             string // "Nov 15 – Dec 15, 2026 (America/New_York)"
+	PeriodStart        time.Time
+	PeriodEnd          time.Time
+	AnchorDay          int
+	TimeZone           string
+	CreditBalanceCents int64
+	SpendCapCents      *int64 // after overrides; nil: no cap
+	Bills              bool   // some overage is billed (tier or a meter)
+	OverageCents       int64  // of the period's draft invoice
+	OverageKnown       bool   // a draft invoice of the period exists
+	OverageAsOf        time.Time
+}
+
+// periodLabel writes a billing period in its zone: "Nov 15 – Dec 15, 2026
+// (America/New_York)", the end being the next period's first day; the
+// years are both written when they differ.
+func periodLabel(start, end time.Time, loc *time.Location) string {
+	s, e := start.In(loc), end.In(loc)
+	if s.Year() != e.Year() {
+		return fmt.Sprintf("%s – %s (%s)", s.Format("Jan 2, 2006"), e.Format("Jan 2, 2006"), loc)
+	}
+	return fmt.Sprintf("%s – %s (%s)", s.Format("Jan 2"), e.Format("Jan 2, 2006"), loc)
+}
+
+// billingOf gathers the tenant's billing facts at now. The overage so far
+// is that of the period's draft invoice, which the worker redraws every few
+// minutes: the live counters know units, not their price.
+func (s *Pages) billingOf(ctx context.Context, p catalog.Principal, invoices []billing.Invoice) (billingView, error) {
+	loc, err := quota.LoadZone(p.Tenant.TimeZone)
+	if err != nil {
+		loc = time.UTC // a zone the store let in but this binary does not know
+	}
+	cal := quota.Calendar{AnchorDay: p.Tenant.BillingAnchorDay, Zone: loc}
+	start, end := cal.Period(s.now())
+	b := billingView{Period: periodLabel(start, end, loc), PeriodStart: start, PeriodEnd: end,
+		AnchorDay: max(p.Tenant.BillingAnchorDay, 1), TimeZone: loc.String(), SpendCapCents: p.Limits.MaxOverageCents,
+		Bills: p.Tier.Overage == quota.OverageBill || slices.ContainsFunc(p.Tier.MeterQuotas, quota.MeterQuota.Bills)}
+	credits, err := s.ledger.Credits(ctx, p.Tenant.ID, s.now(), quota.Page{Limit: 1})
+	if err != nil {
+		return b, s.unavailable(err)
+	}
+	b.CreditBalanceCents = credits.BalanceCents
+	period := start.In(loc).Format("2006-01")
+	for _, inv := range invoices {
+		if inv.Period != period {
+			continue
+		}
+		b.OverageKnown, b.OverageAsOf = true, inv.UpdatedAt
+		for _, l := range inv.Lines {
+			if strings.Contains(l.Kind, "overage") {
+				b.OverageCents += l.AmountCents
+			}
+		}
+	}
+	return b, nil
 }
 
 // usageTable is one table of usage rows (days or meters) for the "usage"
@@ -68,6 +142,20 @@ func (s *Pages) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantVi
 	}
 	for _, m := range u.Meters {
 		v.Meters.Rows = append(v.Meters.Rows, usageRow{m.Meter, m.Units, m.Requests, m.Rejected})
+	}
+	for _, q := range p.Tier.MeterQuotas {
+		mv := meterQuotaView{MeterQuota: q}
+		dn, mn := q.Names()
+		if l, ok := u.Limit(dn); ok {
+			mv.Daily = &l
+		}
+		if l, ok := u.Limit(mn); ok {
+			mv.Monthly = &l
+		}
+		v.MeterQuotas = append(v.MeterQuotas, mv)
+	}
+	if v.Billing, err = s.billingOf(ctx, p, invoices); err != nil {
+		return tenantView{}, err
 	}
 	for name, dst := range map[quota.LimitName]**usage.Limit{
 		quota.LimitBurst: &v.Burst, quota.LimitBucket: &v.Bucket, quota.LimitDaily: &v.Daily, quota.LimitMonthly: &v.Monthly,

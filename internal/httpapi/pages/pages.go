@@ -44,6 +44,7 @@ type Deps struct {
 	Store    Records
 	Catalog  *catalog.Catalog // reads and the writes that invalidate it
 	Grants   *catalog.Grants
+	Plans    *catalog.Plans // tier changes, now or at the next period
 	Ledger   *billing.Ledger
 	Alerts   *billing.Deliverer
 	Usage    *usage.Reader
@@ -62,6 +63,7 @@ type Pages struct {
 	store    Records
 	catalog  *catalog.Catalog
 	grants   *catalog.Grants
+	plans    *catalog.Plans
 	ledger   *billing.Ledger
 	alerts   *billing.Deliverer
 	reports  *usage.Reader
@@ -88,7 +90,7 @@ func New(d Deps) (*Pages, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Pages{store: d.Store, catalog: d.Catalog, grants: d.Grants, ledger: d.Ledger, alerts: d.Alerts,
+	return &Pages{plans: d.Plans, store: d.Store, catalog: d.Catalog, grants: d.Grants, ledger: d.Ledger, alerts: d.Alerts,
 		reports: d.Usage, sessions: d.Sessions, guard: d.Guard, log: d.Log, now: d.Now, opts: d,
 		views: v, assets: a}, nil
 }
