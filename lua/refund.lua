@@ -17,6 +17,13 @@ KEYS
   KEYS[1..5] the state (state.lua)
   KEYS[6] <prefix>:v1:{t:<id>}:pending hash: "<hour start, unix s>|<meter>|u", "|o", ...
           (used while the state is in v1 keys; else the v2 hash's "p" fields)
+  KEYS[7] (when the meter has a quota) <prefix>:v1:{t:<id>}:mq, the meter
+          quotas' hash (admit.lua, "Meter quotas"): the meter's day and
+          month get the cost back the same way, its overage units first
+          (min(cost, the month's meter overage): the last units admitted
+          are the overage), with the pending "|m" of the admission's hour
+          and, when ARGV[8] >= 0, the month's millicents '$' (the spend
+          cap's) the overage's price
 
 ARGV
   [1] layout 'v2' | 'v1' (state.lua)
@@ -26,6 +33,8 @@ ARGV
   [5] meter
   [6] cost, units
   [7] overage units of the admission
+  [8] (with KEYS[7]) the meter's overage price per 1,000 units when the
+      spend cap counts it, else -1
 
 Return: 1.
 ]]
@@ -53,16 +62,45 @@ if #parts > 0 then
 end
 
 local f = ARGV[4] .. '|' .. ARGV[5] .. '|'
+-- the meter quota (KEYS[7])
+local mback = 0
+if KEYS[7] then
+  local v = redis.call('HGET', KEYS[7], ARGV[5])
+  if v then
+    local a1, a2, a3, a4, a5 = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    local qd, qdu, qm, qmu, qmo = a1 + 0, a2 + 0, a3 + 0, a4 + 0, a5 + 0
+    if qd == tonumber(ARGV[2]) then qdu = math.max(0, qdu - cost) end
+    if qm == tonumber(ARGV[3]) then
+      mback = math.min(cost, qmo)
+      qmu, qmo = math.max(0, qmu - cost), qmo - mback
+    end
+    redis.call('HSET', KEYS[7], ARGV[5], string.format('%d,%d,%d,%d,%d', qd, qdu, qm, qmu, qmo))
+    local price = tonumber(ARGV[8])
+    if mback > 0 and price >= 0 then
+      local c = redis.call('HGET', KEYS[7], '$')
+      if c then
+        local cm, cv = string.match(c, '^(%-?%d+),(%-?%d+)$')
+        if cm + 0 == qm then
+          redis.call('HSET', KEYS[7], '$', string.format('%d,%d', qm, math.max(0, cv - mback * price)))
+        end
+      end
+    end
+  end
+end
 if s.v2 then
   -- the pending usage lives in the v2 hash (state.lua), which lives 14 days
   -- after the admission refunded here
   redis.call('HINCRBY', KS, 'p' .. f .. 'u', -cost)
   if over > 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'o', -over) end
+  if mback > 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'm', -mback) end
   return 1
 end
 redis.call('HINCRBY', KEYS[6], f .. 'u', -cost)
 if over > 0 then
   redis.call('HINCRBY', KEYS[6], f .. 'o', -over)
+end
+if mback > 0 then
+  redis.call('HINCRBY', KEYS[6], f .. 'm', -mback)
 end
 if redis.call('PTTL', KEYS[6]) < 0 then
   redis.call('PEXPIRE', KEYS[6], 14 * 86400 * 1000)

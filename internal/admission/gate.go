@@ -56,9 +56,10 @@ const (
 // provides it.
 type Store interface {
 	quota.Admitter
-	// RefundIn gives back a request's units while its day and month (of
-	// the tenant's billing calendar cal) are the current ones.
-	RefundIn(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time) error
+	// RefundRequest gives back the units of req, admitted by d, while its
+	// day and month (of req's billing calendar) are the current ones, its
+	// meter quota's too.
+	RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error
 	StoreAnswer(ctx context.Context, tenantID, key, fp string, a quota.StoredAnswer) (bool, error)
 	ReleaseKey(ctx context.Context, tenantID, key, fp string) error
 	Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error)
@@ -381,7 +382,7 @@ func (g *Gate) Forget(tenantID string) {
 // retry runs again, and clears the tenant's deny entries on every node: the
 // refund may have made room.
 func (g *Gate) Refund(ctx context.Context, req quota.Request, d quota.Decision) error {
-	if err := g.store.RefundIn(ctx, req.TenantID, req.Meter, req.Calendar, req.Cost, d.OverageUnits, d.Now); err != nil {
+	if err := g.store.RefundRequest(ctx, req, d); err != nil {
 		return err
 	}
 	var err error

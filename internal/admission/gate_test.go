@@ -163,8 +163,8 @@ func (s *twoShards) of(tenant string) *counting {
 func (s *twoShards) Admit(ctx context.Context, r quota.Request) (quota.Decision, error) {
 	return s.of(r.TenantID).Admit(ctx, r)
 }
-func (s *twoShards) RefundIn(ctx context.Context, tenant, meter string, cal quota.Calendar, cost, over int64, at time.Time) error {
-	return s.of(tenant).RefundIn(ctx, tenant, meter, cal, cost, over, at)
+func (s *twoShards) RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error {
+	return s.of(req.TenantID).RefundRequest(ctx, req, d)
 }
 func (s *twoShards) StoreAnswer(ctx context.Context, tenant, key, fp string, a quota.StoredAnswer) (bool, error) {
 	return s.of(tenant).StoreAnswer(ctx, tenant, key, fp, a)

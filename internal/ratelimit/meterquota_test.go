@@ -346,3 +346,45 @@ func TestMeterQuotaWithPolicies(t *testing.T) {
 		})
 	}
 }
+
+// TestMeterQuotaRefund: a refunded request gives its units back to its
+// meter's quota too, its meter overage first, with the pending meter
+// overage and the spend cap's millicents: after the refund the month's
+// room is as if the request had not happened.
+func TestMeterQuotaRefund(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	now := at(t, "2031-03-10T08:00:00Z")
+	qs := []quota.MeterQuota{{Meter: "search", DailyQuota: i64(100), MonthlyQuota: i64(5), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}}
+	req := quota.Request{TenantID: tenant, Meter: "search", Cost: 4, Now: now, MeterQuotas: qs,
+		Limits: quota.Limits{MonthlyQuota: i64(1000), MaxOverageCents: i64(5)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1}
+	first := mustAdmit(t, r, req)  // 4 of 5
+	second := mustAdmit(t, r, req) // 8: 3 of meter overage (3 cents)
+	if !first.Allowed || !second.Allowed {
+		t.Fatalf("admissions: %s / %s", fmtDecision(first), fmtDecision(second))
+	}
+	if d := mustAdmit(t, r, req); d.Allowed || !slices.Equal(d.Violated, []quota.LimitName{quota.LimitSpendCap}) {
+		t.Fatalf("third (4 more cents past a cap of 5 with 3 spent): %s, want spend_cap", fmtDecision(d))
+	}
+	if err := r.RefundRequest(context.Background(), req, second); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := r.Pending(context.Background(), tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var units, meterOver int64
+	for _, row := range rows {
+		units += row.Units
+		meterOver += row.MeterOverage
+	}
+	if units != 4 || meterOver != 0 {
+		t.Fatalf("pending after the refund: %d units, %d meter overage; want 4 and 0", units, meterOver)
+	}
+	d := mustAdmit(t, r, req) // as the second was: 8 units, 3 of overage, under the cap again
+	if !d.Allowed || limitOf(t, d, "search.monthly").Remaining != 0 || limitOf(t, d, "search.daily").Remaining != 92 {
+		t.Fatalf("after the refund: %s, want admitted as the second was", fmtDecision(d))
+	}
+}

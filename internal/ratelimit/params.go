@@ -95,10 +95,7 @@ func requestParams(req quota.Request) (params, error) {
 // overage (which the cap then bounds with the tier's); "" when neither.
 func meterArg(req quota.Request) string {
 	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
-	capm, tprice := int64(-1), int64(0)
-	if c := req.Limits.MaxOverageCents; c != nil && slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills) {
-		capm = *c * 1000
-	}
+	capm, tprice := spendCapMillicents(req), int64(0)
 	if req.Overage == quota.OverageBill {
 		tprice = req.OveragePriceCentsPer1K
 	}
@@ -120,6 +117,16 @@ func meterArg(req quota.Request) string {
 	}
 	return strconv.FormatInt(dq, 10) + "," + strconv.FormatInt(mq, 10) + "," + bill + "," +
 		strconv.FormatInt(q.OveragePriceCentsPer1K, 10) + "," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10)
+}
+
+// spendCapMillicents is req's spend cap in millicents when the script
+// counts the meters' overage against it (some meter quota of the tier
+// bills), else -1.
+func spendCapMillicents(req quota.Request) int64 {
+	if c := req.Limits.MaxOverageCents; c != nil && slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills) {
+		return *c * 1000
+	}
+	return -1
 }
 
 // itemsAt is where the policies' items start in the script's answer.

@@ -158,10 +158,35 @@ func (r *Runner) RefundIn(ctx context.Context, tenantID, meter string, cal quota
 	if err := checkTenant(tenantID); err != nil {
 		return err
 	}
+	return r.refund(ctx, tenantID, meter, cal, cost, overage, at, nil, -1)
+}
+
+// RefundRequest gives back the units of req, admitted by d, whose upstream
+// failed: RefundIn with req's calendar, and, when req's meter has a quota
+// (quota.MeterQuota), that quota's units too (see lua/refund.lua).
+func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error {
+	if err := checkTenant(req.TenantID); err != nil {
+		return err
+	}
+	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
+	price := int64(-1)
+	if q != nil && q.Bills() && spendCapMillicents(req) >= 0 {
+		price = q.OveragePriceCentsPer1K // the spend cap counts the meters' overage
+	}
+	return r.refund(ctx, req.TenantID, req.Meter, req.Calendar, req.Cost, d.OverageUnits, d.Now, q, price)
+}
+
+// refund runs refund.lua; q, when not nil, is the meter's quota, and
+// price its overage price when the spend cap counts it (else -1).
+func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time, q *quota.MeterQuota, price int64) error {
 	day, month := periodIDs(cal, at)
-	err := refundScript.Run(ctx, r.c, r.stateKeys(tenantID, "pending"), r.layout,
-		day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage).Err()
-	if err != nil {
+	keys := r.stateKeys(tenantID, "pending")
+	args := []any{r.layout, day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage}
+	if q != nil {
+		keys = append(keys, r.key(tenantID, "mq"))
+		args = append(args, price)
+	}
+	if err := refundScript.Run(ctx, r.c, keys, args...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)
 	}
 	r.active.add(tenantID)
