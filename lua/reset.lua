@@ -20,6 +20,10 @@ The state's keys, layouts and shared functions are lua/state.lua's,
 prepended to this script. Units, epoch, precision: as in admit.lua.
 
 KEYS[1..5] the state (state.lua)
+KEYS[6] the meter quotas' hash (admit.lua, "Meter quotas"), optional: each
+        meter's used units of the day, and used and overage units of the
+        month, are emptied the same way (while they are the change's day
+        and month), and the month's overage millicents '$'
 
 ARGV
   [1] layout  'v2' | 'v1' (state.lua)
@@ -52,6 +56,26 @@ if seen >= stamp then
 end
 if not s.v2 and s.d < 0 and s.m < 0 then
   return {-1, 0, 0, 0}
+end
+
+-- the meter quotas' counters of the change's day and month
+if KEYS[6] then
+  local h = redis.call('HGETALL', KEYS[6])
+  for i = 1, #h, 2 do
+    local k, v = h[i], h[i + 1]
+    if k == '$' then
+      local cm = string.match(v, '^(%-?%d+),')
+      if cm and cm + 0 == month then redis.call('HSET', KEYS[6], '$', fmt(month) .. ',0') end
+    else
+      local a1, a2, a3, a4, a5 = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+      if a1 then
+        local qd, qdu, qm, qmu, qmo = a1 + 0, a2 + 0, a3 + 0, a4 + 0, a5 + 0
+        if qd == day then qdu = 0 end
+        if qm == month then qmu, qmo = 0, 0 end
+        redis.call('HSET', KEYS[6], k, string.format('%d,%d,%d,%d,%d', qd, qdu, qm, qmu, qmo))
+      end
+    end
+  end
 end
 
 local parts = {}

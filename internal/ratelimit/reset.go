@@ -35,7 +35,7 @@ func (r *Runner) ResetQuotasIn(ctx context.Context, tenantID string, cal quota.C
 		return false, quota.FieldError("at", "must be after 1970-01-01")
 	}
 	day, month := periodIDs(cal, at)
-	res, err := resetScript.Run(ctx, r.c, r.stateKeys(tenantID), r.layout, 0, at.UnixMicro(), day, month).Int64Slice()
+	res, err := resetScript.Run(ctx, r.c, r.stateKeys(tenantID, "mq"), r.layout, 0, at.UnixMicro(), day, month).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: reset: %w", err)
 	}

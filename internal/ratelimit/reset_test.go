@@ -78,3 +78,49 @@ func TestResetQuotasOnce(t *testing.T) {
 		t.Fatalf("a tenant without state: %d keys written (%v), want none", n, err)
 	}
 }
+
+// TestResetQuotasEmptiesMeterQuotas: a reset empties the meters' counters of
+// the change's day and month too, once: usage after it is not emptied by a
+// retry.
+func TestResetQuotasEmptiesMeterQuotas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	now, err := c.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	qs := []quota.MeterQuota{{Meter: "search", DailyQuota: i64(50), MonthlyQuota: i64(30), Overage: quota.OverageBlock}}
+	req := quota.Request{TenantID: tenant, Meter: "search", Cost: 10, MeterQuotas: qs}
+	for range 3 {
+		if d := mustAdmit(t, r, req); !d.Allowed {
+			t.Fatalf("admission refused: %s", fmtDecision(d))
+		}
+	}
+	if d := mustAdmit(t, r, req); d.Allowed {
+		t.Fatalf("past the meter's monthly quota: %s", fmtDecision(d))
+	}
+	room := func() (day, month int64) {
+		t.Helper()
+		ls, err := r.PeekMeterQuotas(ctx, tenant, quota.Calendar{}, qs, time.Time{})
+		if err != nil || len(ls) != 2 {
+			t.Fatalf("peek: %v %+v", err, ls)
+		}
+		return ls[0].Remaining, ls[1].Remaining
+	}
+	if applied, err := r.ResetQuotas(ctx, tenant, now); err != nil || !applied {
+		t.Fatalf("reset: %v, %v", applied, err)
+	}
+	if d, m := room(); d != 50 || m != 30 {
+		t.Fatalf("after the reset: search.daily %d, search.monthly %d left; want 50 and 30", d, m)
+	}
+	mustAdmit(t, r, req)
+	if _, err := r.ResetQuotas(ctx, tenant, now); err != nil {
+		t.Fatal(err)
+	}
+	if d, m := room(); d != 40 || m != 20 {
+		t.Fatalf("after the same reset again: %d and %d left; want 40 and 20 (applied once)", d, m)
+	}
+}
