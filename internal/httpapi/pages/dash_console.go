@@ -77,8 +77,8 @@ type tierFormView struct {
 	Slug   string
 	Values map[string]string
 	Errors formErrors
-	// MeterRows are the indexes of the meter quota rows shown (mq-k-*).
-	MeterRows []int
+	// MeterRows are the meter quota rows shown (fields mq-k-*).
+	MeterRows []mqRow
 }
 
 var tierFields = []string{"name", "rank", "price_cents", "burst_rate", "burst", "bucket_capacity", "bucket_refill_per_sec",

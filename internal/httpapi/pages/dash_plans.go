@@ -62,9 +62,16 @@ func meterQuotaValues(v map[string]string, qs []quota.MeterQuota) {
 	}
 }
 
-// meterRows is the number of rows the editor shows for the values v: every
-// row given, and a blank one to add a quota while there is room.
-func meterRows(v map[string]string) []int {
+// mqRow is one meter quota row of the editor: its index k (fields
+// mq-k-*) and whether nothing is typed in it (the row that adds one).
+type mqRow struct {
+	Index int
+	Blank bool
+}
+
+// meterRows are the rows the editor shows for the values v: every row
+// given, and a blank one to add a quota while there is room.
+func meterRows(v map[string]string) []mqRow {
 	n := 0
 	for row := range quota.MaxMeterQuotas {
 		for _, f := range mqFieldNames {
@@ -76,9 +83,9 @@ func meterRows(v map[string]string) []int {
 	if n < quota.MaxMeterQuotas && !mqBlank(v, n-1) {
 		n++
 	}
-	out := make([]int, n)
+	out := make([]mqRow, n)
 	for k := range out {
-		out[k] = k
+		out[k] = mqRow{Index: k, Blank: mqBlank(v, k)}
 	}
 	return out
 }
