@@ -53,6 +53,9 @@ var decoders = []func(c *fiber.Ctx) error{
 		if err := (&API{}).validWebhook(b.WebhookURL); err != nil {
 			return err
 		}
+		if _, _, err := b.calendar(); err != nil {
+			return err
+		}
 		return b.Overrides.Apply(quota.Limits{DailyQuota: quota.Ptr(int64(10))}).Validate()
 	},
 	func(c *fiber.Ctx) error {
@@ -60,7 +63,10 @@ var decoders = []func(c *fiber.Ctx) error{
 		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
-		t := quota.Tenant{Name: "x", Tier: "free", Status: quota.StatusActive}
+		if _, err := b.plan(); err != nil {
+			return err
+		}
+		t := quota.Tenant{Name: "x", Tier: "free", Status: quota.StatusActive, BillingAnchorDay: 1, TimeZone: "UTC"}
 		if err := b.apply(&t); err != nil {
 			return err
 		}
@@ -154,6 +160,9 @@ func FuzzAdminDecoders(f *testing.F) {
 	}
 	f.Add(uint8(2), []byte(`{"name": "Acme", "tier": "free", "webhook_url": "http://[::ffff:a9fe:a9fe]:80/latest"}`))
 	f.Add(uint8(3), []byte(`{"webhook_url": "https://0x7f.1./hook"}`))
+	f.Add(uint8(2), []byte(`{"name": "Acme", "tier": "free", "billing_anchor_day": 28, "time_zone": "Europe/Paris"}`))
+	f.Add(uint8(3), []byte(`{"tier": "free", "effective": "next_period", "quota": "reset", "time_zone": "posix/Local"}`))
+	f.Add(uint8(3), []byte(`{"quota": "carry", "pending_change": {"tier": "pro"}, "billing_anchor_day": 1e3}`))
 	f.Add(uint8(7), []byte(`{"name": "reports-concurrency", "algorithm": "concurrency", "limit": 2, "match": {"meters": ["report"], "tiers": ["free", "pro"]}, "scope": "tenant", "cost": "requests", "on_refuse": "queue", "max_wait_ms": 2000, "lease_seconds": 30}`))
 	f.Add(uint8(8), []byte(`{"rate": null, "algorithm": "gcra", "match": {"methods": ["get"]}, "exceptions": {"a\u0000": 1}}`))
 	f.Add(uint8(9), []byte(`{"amount_cents": 5000, "reason": "welcome credit", "expires_at": "2027-01-01T00:00:00Z"}`))
