@@ -294,3 +294,45 @@ func TestPrincipalKeepsNoBorrowedID(t *testing.T) {
 		t.Errorf("after the tier change and its invalidation, tier %q, want pro", p.Tier.Slug)
 	}
 }
+
+// TestPeriodDate: a grant's period start is the first local date of the
+// tenant's day or billing month.
+func TestPeriodDate(t *testing.T) {
+	ny, err := quota.LoadZone("America/New_York")
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := time.Date(2026, 3, 10, 3, 0, 0, 0, time.UTC) // 2026-03-09 23:00 in New York
+	for _, tc := range []struct {
+		cal    quota.Calendar
+		period string
+		want   string
+	}{
+		{quota.Calendar{}, "day", "2026-03-10"},
+		{quota.Calendar{}, "month", "2026-03-01"},
+		{quota.Calendar{AnchorDay: 15, Zone: ny}, "day", "2026-03-09"},
+		{quota.Calendar{AnchorDay: 15, Zone: ny}, "month", "2026-02-15"},
+		{quota.Calendar{AnchorDay: 9, Zone: ny}, "month", "2026-03-09"},
+	} {
+		if got := periodDate(tc.cal, tc.period, at).Format(time.DateOnly); got != tc.want {
+			t.Errorf("periodDate(%v, %s) = %s, want %s", tc.cal, tc.period, got, tc.want)
+		}
+	}
+}
+
+// TestCalendarOf: a tenant's calendar, its zone loaded once per name; a
+// zone unknown here counts as UTC.
+func TestCalendarOf(t *testing.T) {
+	c := &Catalog{log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	a := c.calendarOf(quota.Tenant{ID: "a", BillingAnchorDay: 15, TimeZone: "Asia/Kathmandu"})
+	b := c.calendarOf(quota.Tenant{ID: "b", BillingAnchorDay: 3, TimeZone: "Asia/Kathmandu"})
+	if a.AnchorDay != 15 || a.Zone == nil || a.Zone.String() != "Asia/Kathmandu" || a.Zone != b.Zone {
+		t.Errorf("calendars %v %v: want anchor 15 in Asia/Kathmandu, one location for both", a, b)
+	}
+	if d := c.calendarOf(quota.Tenant{BillingAnchorDay: 1, TimeZone: "UTC"}); !d.IsDefault() {
+		t.Errorf("UTC anchor 1: %v, want the default calendar", d)
+	}
+	if u := c.calendarOf(quota.Tenant{ID: "c", BillingAnchorDay: 1, TimeZone: "Mars/Olympus_Mons"}); !u.IsDefault() {
+		t.Errorf("unknown zone: %v, want UTC", u)
+	}
+}

@@ -20,7 +20,11 @@ import (
 // Units, epoch, precision: times are int64 microseconds since the Unix
 // epoch, UTC; GCRA and the token bucket work on the whole-microsecond
 // intervals of quota.IntervalMicros; quotas count cost units; periods are
-// UTC calendar days and months. Every quantity is an exact integer: the
+// UTC calendar days and months, whatever the tenant's billing calendar
+// (quota.Request.Calendar, which the admission script follows): its quotas
+// start from zero during an outage anyway, and an outage that spans a
+// tenant's local midnight but not UTC's (or the reverse) counts one day
+// where Redis would count two. Every quantity is an exact integer: the
 // only divisions are floor divisions, as in lua/admit.lua, so that a
 // decision taken here is the one Redis would have taken from the same
 // state.

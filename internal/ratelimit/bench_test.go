@@ -107,3 +107,20 @@ func BenchmarkTenantMemory(b *testing.B) {
 	}
 	b.ReportMetric(float64(bytes), "bytes/tenant")
 }
+
+// BenchmarkAdmitCalendar is BenchmarkAdmit for a tenant with a billing
+// calendar (America/New_York, anchor 15): the boundaries argument, cached
+// for the day, and calendar.lua's pick of the day and period.
+func BenchmarkAdmitCalendar(b *testing.B) {
+	c := testenv.Redis(b)
+	r, _ := mustRunner(b, c)
+	req := quota.Request{TenantID: newTenant(), Meter: "demo", Cost: 1, Limits: benchLimits(),
+		Calendar: mustCalendar(b, "America/New_York", 15)}
+	ctx := context.Background()
+	b.ReportAllocs()
+	for b.Loop() {
+		if d, err := r.Admit(ctx, req); err != nil || !d.Allowed {
+			b.Fatalf("Admit: %v %s", err, fmtDecision(d))
+		}
+	}
+}
