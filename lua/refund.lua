@@ -62,30 +62,11 @@ if #parts > 0 then
 end
 
 local f = ARGV[4] .. '|' .. ARGV[5] .. '|'
--- the meter quota (KEYS[7])
+-- the meter quota (KEYS[7]; meterq.lua)
 local mback = 0
 if KEYS[7] then
-  local v = redis.call('HGET', KEYS[7], ARGV[5])
-  if v then
-    local a1, a2, a3, a4, a5 = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
-    local qd, qdu, qm, qmu, qmo = a1 + 0, a2 + 0, a3 + 0, a4 + 0, a5 + 0
-    if qd == tonumber(ARGV[2]) then qdu = math.max(0, qdu - cost) end
-    if qm == tonumber(ARGV[3]) then
-      mback = math.min(cost, qmo)
-      qmu, qmo = math.max(0, qmu - cost), qmo - mback
-    end
-    redis.call('HSET', KEYS[7], ARGV[5], string.format('%d,%d,%d,%d,%d', qd, qdu, qm, qmu, qmo))
-    local price = tonumber(ARGV[8])
-    if mback > 0 and price >= 0 then
-      local c = redis.call('HGET', KEYS[7], '$')
-      if c then
-        local cm, cv = string.match(c, '^(%-?%d+),(%-?%d+)$')
-        if cm + 0 == qm then
-          redis.call('HSET', KEYS[7], '$', string.format('%d,%d', qm, math.max(0, cv - mback * price)))
-        end
-      end
-    end
-  end
+  local price = tonumber(ARGV[8])
+  mback = -meterq_adjust(KEYS[7], ARGV[5], tonumber(ARGV[2]), tonumber(ARGV[3]), -cost, -1, price, price >= 0)
 end
 if s.v2 then
   -- the pending usage lives in the v2 hash (state.lua), which lives 14 days

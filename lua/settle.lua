@@ -22,7 +22,15 @@ KEYS
   KEYS[1..5] the state (state.lua)
   KEYS[6] <prefix>:v1:{t:<id>}:pending (v1 layout, as refund.lua)
   KEYS[7] <prefix>:v1:{t:<id>}:settle:<request id>, the entry:
-          "<cost>|<hour start unix s>|<day id>|<month id>|<overage>|<bill 0/1>|<monthly quota, -1 none>|<meter>"
+          "<cost>|<hour start unix s>|<day id>|<month id>|<overage>|<bill 0/1>|<monthly quota, -1 none>|<mq>|<meter>"
+          where mq is the meter's quota, '-' for none, or "<monthly quota,
+          -1 none>,<overage price per 1,000, -1 not billed>,<1 when the
+          spend cap counts the meters' overage, else 0>" (an entry without
+          it, from a node before meter quotas, is read as '-')
+  KEYS[8] <prefix>:v1:{t:<id>}:mq, the meter quotas' hash: the meter's
+          counters change as the tier's do (meterq.lua), its overage units
+          first when given back; a charged unit past both monthly quotas is
+          the meter's overage only (pending "|m")
 
 ARGV
   [1] layout 'v2' | 'v1' (state.lua)
@@ -38,8 +46,14 @@ if not e then return {0, 0, 0} end
 if e == 'done' then return {-1, 0, 0} end
 redis.call('SET', KEYS[7], 'done', 'KEEPTTL')
 
-local cost, hour, day, month, over, bill, mq, meter = string.match(e,
-  '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([01])|(%-?%d+)|(.+)$')
+local cost, hour, day, month, over, bill, mq, mspec, meter = string.match(e,
+  '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([01])|(%-?%d+)|([%d,%-]+)|(.+)$')
+if not cost then
+  -- an entry of a node before meter quotas (no meter quota field)
+  mspec = '-'
+  cost, hour, day, month, over, bill, mq, meter = string.match(e,
+    '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([01])|(%-?%d+)|(.+)$')
+end
 if not cost then return redis.error_reply('settle: bad entry') end
 cost, over, mq = tonumber(cost), tonumber(over), tonumber(mq)
 local actual = tonumber(ARGV[2])
@@ -49,6 +63,16 @@ if diff == 0 then return {1, 0, 0} end
 local now, shift = clock(0)
 local function pxat(us)
   return fmt(-idiv(-(us + shift), 1000))
+end
+
+-- the meter quota's counters first (meterq.lua): a charged unit past both
+-- monthly quotas is the meter's overage only, as admit.lua counts it
+local mdov = 0
+if mspec ~= '-' and KEYS[8] then
+  local a1, a2, a3 = string.match(mspec, '^(%-?%d+),(%-?%d+),([01])$')
+  if a1 then
+    mdov = meterq_adjust(KEYS[8], meter, tonumber(day), tonumber(month), diff, a1 + 0, a2 + 0, a3 == '1')
+  end
 end
 
 local s = load_state()
@@ -78,6 +102,7 @@ else
         ovd = math.min(diff, s.mu + diff - limit)
       end
     end
+    if mdov > 0 then ovd = ovd - math.min(ovd, mdov) end
     s.mu = s.mu + diff
     s.mo = s.mo + ovd
     parts[#parts + 1] = 'm'
@@ -91,10 +116,12 @@ local f = hour .. '|' .. meter .. '|'
 if s.v2 then
   redis.call('HINCRBY', KS, 'p' .. f .. 'u', units)
   if ovd ~= 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'o', ovd) end
+  if mdov ~= 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'm', mdov) end
   return {1, diff, ovd}
 end
 redis.call('HINCRBY', KEYS[6], f .. 'u', units)
 if ovd ~= 0 then redis.call('HINCRBY', KEYS[6], f .. 'o', ovd) end
+if mdov ~= 0 then redis.call('HINCRBY', KEYS[6], f .. 'm', mdov) end
 if redis.call('PTTL', KEYS[6]) < 0 then
   redis.call('PEXPIRE', KEYS[6], 14 * 86400 * 1000)
 end

@@ -388,3 +388,61 @@ func TestMeterQuotaRefund(t *testing.T) {
 		t.Fatalf("after the refund: %s, want admitted as the second was", fmtDecision(d))
 	}
 }
+
+// TestMeterQuotaSettle: settling changes the meter's counters as the
+// tier's: a charge past the meter's billed monthly quota is the meter's
+// overage (and not the tier's, though past the tier's quota too); a
+// settlement down gives the meter's overage back first.
+func TestMeterQuotaSettle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	qs := []quota.MeterQuota{{Meter: "llm", MonthlyQuota: i64(10), Overage: quota.OverageBill, OveragePriceCentsPer1K: 500}}
+	req := quota.Request{TenantID: tenant, Meter: "llm", Cost: 5, MeterQuotas: qs,
+		Limits: quota.Limits{MonthlyQuota: i64(12)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 10}
+	pending := func() (units, over, meterOver int64) {
+		t.Helper()
+		rows, err := r.Pending(ctx, tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, row := range rows {
+			units, over, meterOver = units+row.Units, over+row.Overage, meterOver+row.MeterOverage
+		}
+		return
+	}
+	d := mustAdmit(t, r, req)
+	if err := r.Reserve(ctx, "s-1", req, d); err != nil {
+		t.Fatal(err)
+	}
+	// 5 admitted, settled to 20: 15 more; the meter's quota (10) is passed
+	// by 10, the tier's (12) by 8: 10 units of the meter's overage, none
+	// of the tier's
+	if s, err := r.Settle(ctx, tenant, "s-1", 20); err != nil || s.Status != quota.SettleApplied {
+		t.Fatalf("settle up: %+v %v", s, err)
+	}
+	if u, o, m := pending(); u != 20 || o != 0 || m != 10 {
+		t.Fatalf("after settling up: pending %d units, %d overage, %d meter overage; want 20, 0, 10", u, o, m)
+	}
+	d = mustAdmit(t, r, req) // 25 of 10: 5 more of the meter's overage
+	if l := limitOf(t, d, "llm.monthly"); !d.Allowed || l.Remaining != 0 {
+		t.Fatalf("after the charge: %s", fmtDecision(d))
+	}
+	if err := r.Reserve(ctx, "s-2", req, d); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := r.Settle(ctx, tenant, "s-2", 1); err != nil || s.Status != quota.SettleApplied {
+		t.Fatalf("settle down: %+v %v", s, err)
+	}
+	if u, o, m := pending(); u != 21 || o != 0 || m != 11 {
+		t.Fatalf("after settling down: pending %d units, %d overage, %d meter overage; want 21, 0, 11", u, o, m)
+	}
+	if s, err := r.Settle(ctx, tenant, "s-2", 5); err != nil || s.Status != quota.SettleAlready {
+		t.Fatalf("a second settle: %+v %v, want already settled", s, err)
+	}
+	if u, _, m := pending(); u != 21 || m != 11 {
+		t.Fatalf("a second settle changed the pending usage: %d units, %d meter overage", u, m)
+	}
+}

@@ -13,7 +13,7 @@ import (
 )
 
 // settleScript settles a reservation exactly once: lua/settle.lua.
-var settleScript = stateScript("settle.lua")
+var settleScript = script("state.lua", "meterq.lua", "settle.lua")
 
 // settleKey holds a reservation of a settle route, under the tenant's hash
 // tag (settle.lua reads it atomically with the tenant's state).
@@ -66,7 +66,8 @@ func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Reques
 	}
 	entry := strconv.FormatInt(req.Cost, 10) + "|" + strconv.FormatInt(at.Truncate(time.Hour).Unix(), 10) + "|" +
 		strconv.FormatInt(day, 10) + "|" + strconv.FormatInt(month, 10) + "|" +
-		strconv.FormatInt(d.OverageUnits, 10) + "|" + strconv.Itoa(bill) + "|" + strconv.FormatInt(mq, 10) + "|" + req.Meter
+		strconv.FormatInt(d.OverageUnits, 10) + "|" + strconv.Itoa(bill) + "|" + strconv.FormatInt(mq, 10) + "|" +
+		settleMeterSpec(req) + "|" + req.Meter
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, r.settleKey(req.TenantID, requestID), entry, quota.SettleWindow)
 		p.Set(ctx, r.settleIndexKey(requestID), req.TenantID, quota.SettleWindow)
@@ -94,6 +95,26 @@ func (r *Runner) SettleTenant(ctx context.Context, requestID string) (string, er
 	return t, nil
 }
 
+// settleMeterSpec is the settle entry's meter quota (lua/settle.lua): "-"
+// when req's meter has none.
+func settleMeterSpec(req quota.Request) string {
+	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
+	if q == nil {
+		return "-"
+	}
+	mq, price, capped := int64(-1), int64(-1), "0"
+	if q.MonthlyQuota != nil {
+		mq = *q.MonthlyQuota
+	}
+	if q.Bills() {
+		price = q.OveragePriceCentsPer1K
+		if spendCapMillicents(req) >= 0 {
+			capped = "1"
+		}
+	}
+	return strconv.FormatInt(mq, 10) + "," + strconv.FormatInt(price, 10) + "," + capped
+}
+
 // Settle settles the reservation under requestID to actual units
 // (0..quota.MaxQuantity) exactly once, in one atomic script run
 // (lua/settle.lua): the first call applies actual - cost (a refund or a
@@ -109,7 +130,7 @@ func (r *Runner) Settle(ctx context.Context, tenantID, requestID string, actual 
 	if actual < 0 || actual > quota.MaxQuantity {
 		return quota.Settlement{}, quota.FieldError("actual_cost", "must be an integer between 0 and %d", quota.MaxQuantity)
 	}
-	keys := r.stateKeys(tenantID, "pending", "settle:"+requestID)
+	keys := r.stateKeys(tenantID, "pending", "settle:"+requestID, "mq")
 	res, err := settleScript.Run(ctx, r.c, keys, r.layout, actual).Int64Slice()
 	if err != nil {
 		return quota.Settlement{}, fmt.Errorf("ratelimit: settle: %w", err)
