@@ -2,13 +2,17 @@ package main
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"net/url"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -518,4 +522,49 @@ func (s *stack) storedTenant(id string) quota.Tenant {
 		s.tb.Fatalf("tenant %s: %v %v", id, ts, err)
 	}
 	return ts[0]
+}
+
+// TestDashboardShowsOverageAgainstTheCap: once the worker has drawn the
+// month's draft invoice, the dashboard shows its overage against the spend
+// cap, the override's cap over the tier's.
+func TestDashboardShowsOverageAgainstTheCap(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	if quota.MonthStart(now).AddDate(0, 1, 0).Sub(now) < 5*time.Minute {
+		t.Skip("too close to the end of the month: the invoice would be another month's")
+	}
+	ctx := context.Background()
+	s := mustStack(t)
+	tier := s.tier(410, quota.Limits{MonthlyQuota: quota.Ptr(int64(3)), MaxOverageCents: quota.Ptr(int64(500))}, func(t *quota.Tier) {
+		t.Overage, t.OveragePriceCentsPer1K = quota.OverageBill, 1000 // a cent a unit
+	})
+	tenant, key := s.tenant(tier.Slug)
+	if _, err := s.store.UpdateTenant(ctx, "test", tenant.ID, func(t *quota.Tenant) error {
+		t.Overrides.MaxOverageCents = quota.Set(quota.Ptr(int64(700)))
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	base := s.start()
+	for range 8 {
+		mustStatus(t, do(t, "GET", base+"/api/demo/echo", key, ""), 200)
+	}
+	c := newWebClient(t, base)
+	c.mustSignIn("dashboard", key)
+	if page := string(c.get("/dashboard").body); !strings.Contains(page, `<dd id="overage-so-far">$0.00</dd>`) {
+		t.Errorf("before any draft: the dashboard does not show $0.00 of overage")
+	}
+	rec := billing.NewReconciler(s.pool, ratelimit.New(testenv.Redis(t), s.prefix), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := rec.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	page := string(c.get("/dashboard").body)
+	for _, want := range []string{`<dd id="overage-so-far">$0.05 of $7.00</dd>`, `<dd id="spend-cap">$7.00 of overage a month</dd>`, "as of "} {
+		if !strings.Contains(page, want) {
+			t.Errorf("the dashboard does not show %s", want)
+		}
+	}
 }
