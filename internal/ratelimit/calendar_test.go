@@ -387,3 +387,51 @@ func wantDaily(tb testing.TB, cal quota.Calendar, d quota.Decision) {
 		tb.Errorf("at %s: daily reset %s window %s, want %s %s", d.Now, l.Reset, l.Window, de, de.Sub(ds))
 	}
 }
+
+// TestCalendarChange: a tenant whose calendar changes mid-period keeps the
+// counters whose id is still the current one and starts the others
+// again; a move back to the default calendar finds the UTC month's end (a
+// calendar's state keeps no cached month end).
+func TestCalendarChange(t *testing.T) {
+	t.Parallel()
+	for _, layout := range []string{LayoutV2, LayoutV1} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			r, prefix := mustRunner(t, testenv.Redis(t))
+			r.WithLayout(layout)
+			ny15 := mustCalendar(t, "America/New_York", 15)
+			ny := ny15.Zone
+			tenant := newTenant()
+			now := time.Date(2026, 3, 20, 12, 0, 0, 0, ny)
+			admit := func(cal quota.Calendar, wantLeft int64) {
+				t.Helper()
+				req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Calendar: cal, Now: now,
+					Limits: quota.Limits{DailyQuota: i64(100), MonthlyQuota: i64(10)}}
+				d := mustAdmit(t, r, req)
+				if l := limitOf(t, d, quota.LimitMonthly); !d.Allowed || l.Remaining != wantLeft {
+					t.Fatalf("%v at %s: %s, want allowed with %d left", cal, now, fmtDecision(d), wantLeft)
+				}
+				wantPeriods(t, cal, d)
+			}
+			admit(ny15, 9)
+			admit(ny15, 8)
+			admit(quota.Calendar{}, 7) // the UTC month 202603: the same id
+			admit(ny15, 6)
+			admit(mustCalendar(t, "America/New_York", 25), 9) // the period from 2026-02-25: another id
+			admit(ny15, 9)                                    // and back: 202603 again, from 0
+			now = time.Date(2026, 4, 2, 12, 0, 0, 0, ny)
+			admit(quota.Calendar{}, 9) // April in UTC
+			admit(ny15, 9)             // New York's 202603 again: the state held 202604
+			if layout == LayoutV1 {
+				// the v1 day key lives to the end of the local day, at
+				// least (expiries of explicit times are shifted to
+				// last as long from the real time: state.lua's clock)
+				ttl := r.c.PTTL(context.Background(), r.key(tenant, "day")).Val()
+				_, end := ny15.Day(now)
+				if ttl < end.Sub(now) {
+					t.Errorf("v1 day key's TTL %s, want at least %s (prefix %s)", ttl, end.Sub(now), prefix)
+				}
+			}
+		})
+	}
+}
