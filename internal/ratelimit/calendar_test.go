@@ -435,3 +435,32 @@ func TestCalendarChange(t *testing.T) {
 		})
 	}
 }
+
+// TestCalendarSettle: a settle reservation names the admission's local day
+// and billing month, so that its refund reaches them (here the local day
+// and month have begun while UTC's have not).
+func TestCalendarSettle(t *testing.T) {
+	t.Parallel()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	ctx := context.Background()
+	cal := mustCalendar(t, "Asia/Kathmandu", 1)
+	now := time.Date(2031, 5, 31, 18, 30, 0, 0, time.UTC) // 2031-06-01 00:15 local
+	lim := quota.Limits{DailyQuota: i64(100), MonthlyQuota: i64(100)}
+	req := quota.Request{TenantID: newTenant(), Meter: "gen", Cost: 10, Calendar: cal, Now: now, Limits: lim}
+	d := mustAdmit(t, r, req)
+	if err := r.Reserve(ctx, "cal-1", req, d); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := r.Settle(ctx, req.TenantID, "cal-1", 4); err != nil || s.Status != quota.SettleApplied || s.Delta != -6 {
+		t.Fatalf("settle: %+v %v", s, err)
+	}
+	p, err := r.PeekIn(ctx, req.TenantID, cal, lim, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []quota.LimitName{quota.LimitDaily, quota.LimitMonthly} {
+		if l := limitOf(t, p, name); l.Remaining != 96 {
+			t.Errorf("%s after the settle: %+v, want 96 left", name, l)
+		}
+	}
+}
