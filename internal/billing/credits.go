@@ -23,9 +23,10 @@ import (
 //
 // How invoices draw them, and why it is exactly once:
 //
-//   - A credit pays the invoice of a month it was valid at the end of:
-//     created before the month's end and not expired before it
-//     (expires_at >= end). Credit that expired earlier is never drawn.
+//   - A credit pays the invoice of a billing period (the tenant's own:
+//     see Invoicer) it was valid at the end of: created before the
+//     period's end and not expired before it (expires_at >= end). Credit
+//     that expired earlier is never drawn.
 //   - The credits a month may draw are taken oldest-expiring first (those
 //     that never expire last; then oldest first), each for as much as is
 //     left of it, until the invoice's total is paid: an invoice never goes
@@ -319,24 +320,30 @@ func creditLine(d creditDraw) InvoiceLine {
 }
 
 // loadCredits fills the credits each tenant of ts (also indexed by id) may
-// draw on its invoice of the month ending at end, in the order they are
-// drawn. With lock, the credit rows are locked FOR UPDATE, in that order for
-// every caller, so that finalizers take turns on a tenant's credits; a row
-// another finalizer changed meanwhile is read as it committed it.
-func loadCredits(ctx context.Context, tx pgx.Tx, end time.Time, ts []*ratedTenant, byID map[string]*ratedTenant, lock bool) error {
+// draw on its invoice of the period ending at its in.End (its own billing
+// period's end), in the order they are drawn. With lock, the credit rows
+// are locked FOR UPDATE, in that order for every caller, so that
+// finalizers take turns on a tenant's credits; a row another finalizer
+// changed meanwhile is read as it committed it.
+func loadCredits(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID map[string]*ratedTenant, lock bool) error {
+	if len(ts) == 0 {
+		return nil
+	}
 	ids := make([]string, len(ts))
+	ends := make([]time.Time, len(ts))
 	for k, t := range ts {
-		ids[k] = t.id
+		ids[k], ends[k] = t.id, t.in.End
 	}
 	sql := `
-		SELECT tenant_id::text, id::text, reason, amount_cents - drawn_cents FROM credits
-		WHERE tenant_id = ANY($1::uuid[]) AND created_at < $2 AND (expires_at IS NULL OR expires_at >= $2)
-		  AND drawn_cents < amount_cents
-		ORDER BY tenant_id, expires_at ASC NULLS LAST, created_at, id`
+		SELECT c.tenant_id::text, c.id::text, c.reason, c.amount_cents - c.drawn_cents
+		FROM unnest($1::uuid[], $2::timestamptz[]) AS b(tenant_id, pe)
+		JOIN credits c ON c.tenant_id = b.tenant_id AND c.created_at < b.pe AND (c.expires_at IS NULL OR c.expires_at >= b.pe)
+		  AND c.drawn_cents < c.amount_cents
+		ORDER BY c.tenant_id, c.expires_at ASC NULLS LAST, c.created_at, c.id`
 	if lock {
-		sql += ` FOR UPDATE`
+		sql += ` FOR UPDATE OF c`
 	}
-	rows, err := tx.Query(ctx, sql, ids, end)
+	rows, err := tx.Query(ctx, sql, ids, ends)
 	if err != nil {
 		return fmt.Errorf("billing: credits: %w", err)
 	}

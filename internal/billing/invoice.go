@@ -66,6 +66,7 @@ type Invoicer struct {
 	now   func() time.Time
 	grace time.Duration
 	batch int // tenants per transaction
+	zones zones
 
 	mu sync.Mutex // one Run at a time; guards the fields below
 	// sweepMonth and sweepAfter let a Run stopped by its budget or its
@@ -161,6 +162,9 @@ func (i *Invoicer) Run(ctx context.Context) error {
 		}
 		i.closedThrough = prev
 	}
+	if done, err := i.closeDue(ctx, now, &left); err != nil || !done {
+		return err
+	}
 
 	if !i.sweepMonth.Equal(cur) {
 		i.sweepMonth, i.sweepAfter = cur, firstTenantID
@@ -179,7 +183,7 @@ func (i *Invoicer) Run(ctx context.Context) error {
 			return err
 		}
 		if len(ids) > 0 {
-			if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, cur, ids) }); err != nil {
+			if err := i.generateCurrent(ctx, now, ids); err != nil {
 				return err
 			}
 			i.sweepAfter = ids[len(ids)-1]
@@ -213,7 +217,7 @@ func (i *Invoicer) Refresh(ctx context.Context, tenantIDs []string) error {
 		if len(ids) == 0 {
 			continue
 		}
-		if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, cur, ids) }); err != nil {
+		if err := i.generateCurrent(ctx, now, ids); err != nil {
 			return err
 		}
 	}
@@ -261,30 +265,41 @@ func (i *Invoicer) tenantBatch(ctx context.Context, sql string, args ...any) ([]
 	return ids, nil
 }
 
-// Generate recomputes the tenant's invoice for the calendar month containing
-// month and returns it with its lines. The invoice is a draft until the
-// month's end plus the grace (and FlushedThrough past the month's end), and
-// final from then on; a final invoice is
-// returned unchanged. An unknown tenant, or one created after the month, is
-// a CodeNotFound error; a month after the current one is CodeInvalid.
+// Generate recomputes the tenant's invoice labelled with the month
+// containing month (its billing period of that label: see labelOf) and
+// returns it with its lines. The invoice is a draft until the period's end
+// plus the grace (and FlushedThrough past the period's end), and final
+// from then on; a final invoice is returned unchanged. An unknown tenant,
+// or one created after the period, is a CodeNotFound error; a period that
+// has not started is CodeInvalid.
 func (i *Invoicer) Generate(ctx context.Context, tenantID string, month time.Time) (Invoice, error) {
 	now := i.now().UTC()
 	month = quota.MonthStart(month)
-	if month.After(quota.MonthStart(now)) {
+	if month.After(quota.MonthStart(now).AddDate(0, 1, 0)) { // a label may start before its month: see labelOf
 		return Invoice{}, quota.Errorf(quota.CodeInvalid, "no invoice yet for %s", month.Format("2006-01"))
 	}
 	var inv Invoice
 	err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error {
 		var id string
-		var created time.Time
-		err := tx.QueryRow(ctx, `SELECT id::text, created_at FROM tenants WHERE id::text = $1`, tenantID).Scan(&id, &created)
+		err := tx.QueryRow(ctx, `SELECT id::text FROM tenants WHERE id::text = $1`, tenantID).Scan(&id)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return quota.Errorf(quota.CodeNotFound, "no tenant %q", tenantID)
 		}
 		if err != nil {
 			return fmt.Errorf("billing: tenant: %w", err)
 		}
-		if !created.Before(month.AddDate(0, 1, 0)) {
+		ts, err := i.billedTenants(ctx, tx, []string{id})
+		if err != nil {
+			return err
+		}
+		if len(ts) == 0 {
+			return quota.Errorf(quota.CodeNotFound, "no tenant %q", tenantID)
+		}
+		start, end := periodOf(ts[0].cal, month)
+		if start.After(now) {
+			return quota.Errorf(quota.CodeInvalid, "no invoice yet for %s", month.Format("2006-01"))
+		}
+		if !ts[0].created.Before(end) {
 			return quota.Errorf(quota.CodeNotFound, "tenant %s did not exist in %s", id, month.Format("2006-01"))
 		}
 		if err := i.generateTx(ctx, tx, now, month, []string{id}); err != nil {
@@ -303,52 +318,94 @@ func (i *Invoicer) Generate(ctx context.Context, tenantID string, month time.Tim
 type ratedTenant struct {
 	id, invoiceID string
 	created       time.Time
+	cal           quota.Calendar
+	final         bool // the invoice becomes final now
 	overrides     quota.Overrides
 	current       TierSegment // the tenant's current tier, if history is missing
 	in            RatingInput
 	oldLines      []InvoiceLine
 	oldTotal      int64
+	oldStart      time.Time // the period stored on the invoice
+	oldEnd        time.Time
 	credits       []availableCredit // in the order they are drawn
 }
 
-// generateTx regenerates the month's invoices of the tenants ids (sorted
-// ascending) that existed during the month, in a handful of statements for
-// the whole batch. It first creates missing invoices and locks the draft
-// ones in tenant order, so that two workers regenerating the same invoices
-// take turns (and each reads the data committed before it) instead of
-// deadlocking. Final invoices are left alone; drafts whose lines did not
-// change are not rewritten. Finalizing draws the tenants' credits (see
-// CreditEntry), in the same transaction.
-func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Time, ids []string) error {
-	end := month.AddDate(0, 1, 0)
-	final := i.closable(now, end)
+// generateTx regenerates the invoices labelled label of the tenants ids
+// (sorted ascending), each over its own billing period of that label (see
+// labelOf), for the tenants that existed during their period and whose
+// period has started, in a handful of statements for the whole batch: the
+// statements take each tenant's bounds, so tenants of every calendar share
+// them. It first creates missing invoices and locks the draft ones in
+// tenant order, so that two workers regenerating the same invoices take
+// turns (and each reads the data committed before it) instead of
+// deadlocking. Final invoices are left alone; drafts whose lines and
+// period did not change are not rewritten; each draft becomes final once
+// its own period is closable. Finalizing draws the tenants' credits (see
+// CreditEntry), in the same transaction. A draft of a tenant the label no
+// longer gives a started period it existed in (its calendar changed) is
+// deleted.
+func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, label time.Time, ids []string) error {
+	bts, err := i.billedTenants(ctx, tx, ids)
+	if err != nil {
+		return err
+	}
+	type bounds struct {
+		start, end time.Time
+		cal        quota.Calendar
+	}
+	period := make(map[string]bounds, len(bts))
+	var keep, drop []string
+	var starts, ends []time.Time
+	for _, b := range bts {
+		start, end := periodOf(b.cal, label)
+		if !b.created.Before(end) || start.After(now) {
+			drop = append(drop, b.id)
+			continue
+		}
+		period[b.id] = bounds{start, end, b.cal}
+		keep, starts, ends = append(keep, b.id), append(starts, start), append(ends, end)
+	}
+	if len(drop) > 0 {
+		if _, err := tx.Exec(ctx, `DELETE FROM invoices WHERE tenant_id = ANY($1::uuid[]) AND period = $2 AND status = 'draft'`,
+			drop, label); err != nil {
+			return fmt.Errorf("billing: delete invoices: %w", err)
+		}
+	}
+	if len(keep) == 0 {
+		return nil
+	}
 
 	if _, err := tx.Exec(ctx, `
-		INSERT INTO invoices (tenant_id, period, created_at, updated_at)
-		SELECT t.id, $2, $4, $4 FROM tenants t WHERE t.id = ANY($1::uuid[]) AND t.created_at < $3 ORDER BY t.id
-		ON CONFLICT (tenant_id, period) DO NOTHING`, ids, month, end, now); err != nil {
+		INSERT INTO invoices (tenant_id, period, period_start, period_end, created_at, updated_at)
+		SELECT v.id, $2, v.s, v.e, $5, $5 FROM unnest($1::uuid[], $3::timestamptz[], $4::timestamptz[]) AS v(id, s, e)
+		ORDER BY v.id
+		ON CONFLICT (tenant_id, period) DO NOTHING`, keep, label, starts, ends, now); err != nil {
 		return fmt.Errorf("billing: insert invoices: %w", err)
 	}
 
 	rows, err := tx.Query(ctx, `
-		SELECT i.id::text, t.id::text, i.total_cents, t.created_at, t.overrides,
+		SELECT i.id::text, t.id::text, i.total_cents, i.period_start, i.period_end, t.created_at, t.overrides,
 		       tr.slug, tr.name, tr.price_cents, tr.monthly_quota, tr.overage, tr.overage_price_cents_per_1k
 		FROM invoices i JOIN tenants t ON t.id = i.tenant_id JOIN tiers tr ON tr.slug = t.tier
 		WHERE i.tenant_id = ANY($1::uuid[]) AND i.period = $2 AND i.status = 'draft'
-		ORDER BY i.tenant_id FOR UPDATE OF i`, ids, month)
+		ORDER BY i.tenant_id FOR UPDATE OF i`, keep, label)
 	if err != nil {
 		return fmt.Errorf("billing: lock invoices: %w", err)
 	}
 	var ts []*ratedTenant
 	byID := map[string]*ratedTenant{}
 	for rows.Next() {
-		t := &ratedTenant{in: RatingInput{Start: month, End: end}}
+		t := &ratedTenant{}
 		c := &t.current
-		if err := rows.Scan(&t.invoiceID, &t.id, &t.oldTotal, &t.created, &t.overrides,
+		if err := rows.Scan(&t.invoiceID, &t.id, &t.oldTotal, &t.oldStart, &t.oldEnd, &t.created, &t.overrides,
 			&c.Tier, &c.Name, &c.PriceCents, &c.MonthlyQuota, &c.Overage, &c.OveragePriceCentsPer1K); err != nil {
 			rows.Close()
 			return fmt.Errorf("billing: lock invoices: %w", err)
 		}
+		p := period[t.id]
+		t.cal = p.cal
+		t.in = RatingInput{Start: p.start, End: p.end, Zone: p.cal.Zone}
+		t.final = i.closable(now, p.end)
 		ts = append(ts, t)
 		byID[t.id] = t
 	}
@@ -358,18 +415,35 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 	if len(ts) == 0 {
 		return nil
 	}
-	if err := loadRatingInputs(ctx, tx, month, end, ts, byID); err != nil {
+	if err := loadRatingInputs(ctx, tx, ts, byID); err != nil {
 		return err
 	}
-	if err := loadCredits(ctx, tx, end, ts, byID, final); err != nil {
+	// Credits: the finalized tenants' rows locked (in tenant order, after
+	// every invoice lock), the drafts' read without locks, as before.
+	var finals, drafts []*ratedTenant
+	for _, t := range ts {
+		if t.final {
+			finals = append(finals, t)
+		} else {
+			drafts = append(drafts, t)
+		}
+	}
+	if err := loadCredits(ctx, tx, finals, byID, true); err != nil {
+		return err
+	}
+	if err := loadCredits(ctx, tx, drafts, byID, false); err != nil {
 		return err
 	}
 
 	// Rate, and keep only the invoices that change.
 	var (
-		invIDs []string
-		totals []int64
-		lines  struct {
+		invIDs      []string
+		totals      []int64
+		statuses    []string
+		finalizedAt []*time.Time
+		pStarts     []time.Time
+		pEnds       []time.Time
+		lines       struct {
 			invoiceID   []string
 			no          []int32
 			kind, descr []string
@@ -379,11 +453,12 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 		draws        []creditDraw
 	)
 	for _, t := range ts {
-		t.in.Segments = clipToLifetime(t.in.Segments, t.created, month, end)
+		start, end := t.in.Start, t.in.End
+		t.in.Segments = clipToLifetime(t.in.Segments, t.created, start, end)
 		if len(t.in.Segments) == 0 { // no history: the current tier since creation
 			c := t.current
 			c.From, c.To = t.created, end
-			t.in.Segments = clipToLifetime([]TierSegment{c}, t.created, month, end)
+			t.in.Segments = clipToLifetime([]TierSegment{c}, t.created, start, end)
 		}
 		for k := range t.in.Segments {
 			s := &t.in.Segments[k]
@@ -395,10 +470,12 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 			got = append(got, creditLine(d))
 		}
 		total := TotalCents(got)
-		if !final && total == t.oldTotal && slices.Equal(got, t.oldLines) {
+		if !t.final && total == t.oldTotal && slices.Equal(got, t.oldLines) && start.Equal(t.oldStart) && end.Equal(t.oldEnd) {
 			continue
 		}
-		if final {
+		status, fin := "draft", (*time.Time)(nil)
+		if t.final {
+			status, fin = "final", &now
 			for _, d := range drawn {
 				drawInvoices = append(drawInvoices, t.invoiceID)
 				draws = append(draws, d)
@@ -406,6 +483,9 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 		}
 		invIDs = append(invIDs, t.invoiceID)
 		totals = append(totals, total)
+		statuses = append(statuses, status)
+		finalizedAt = append(finalizedAt, fin)
+		pStarts, pEnds = append(pStarts, start), append(pEnds, end)
 		for n, l := range got {
 			lines.invoiceID = append(lines.invoiceID, t.invoiceID)
 			lines.no = append(lines.no, int32(n+1))
@@ -419,15 +499,13 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 		return nil
 	}
 
-	var finalizedAt *time.Time
-	status := "draft"
-	if final {
-		status, finalizedAt = "final", &now
-	}
 	if _, err := tx.Exec(ctx, `
-		UPDATE invoices i SET total_cents = v.total, status = $3, finalized_at = $4, updated_at = $5
-		FROM unnest($1::uuid[], $2::bigint[]) AS v(id, total) WHERE i.id = v.id`,
-		invIDs, totals, status, finalizedAt, now); err != nil {
+		UPDATE invoices i SET total_cents = v.total, status = v.status, finalized_at = v.finalized_at,
+		       period_start = v.s, period_end = v.e, updated_at = $7
+		FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[])
+		     AS v(id, total, status, finalized_at, s, e)
+		WHERE i.id = v.id`,
+		invIDs, totals, statuses, finalizedAt, pStarts, pEnds, now); err != nil {
 		return fmt.Errorf("billing: update invoices: %w", err)
 	}
 	if _, err := tx.Exec(ctx, `DELETE FROM invoice_lines WHERE invoice_id = ANY($1::uuid[])`, invIDs); err != nil {
@@ -442,14 +520,31 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, month time.Ti
 	return recordDraws(ctx, tx, now, drawInvoices, draws)
 }
 
-// loadRatingInputs fills the rating inputs of the tenants ts (also indexed by id)
-// for [start, end), and their invoices' current lines.
-func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts []*ratedTenant, byID map[string]*ratedTenant) error {
+// loadRatingInputs fills the rating inputs of the tenants ts (also indexed
+// by id), each for its period [in.Start, in.End), and their invoices'
+// current lines. Every statement takes the tenants' bounds as arrays beside
+// their ids, so one batch needs the same statements whatever its calendars.
+//
+// Usage is kept in hourly UTC buckets (usage.hour): a bucket counts in the
+// period that contains its start. A period starting at a whole hour, as in
+// every zone whose offset is whole hours (nearly all), takes exactly its
+// buckets; where the offset has 30 or 45 minutes (India +5:30,
+// Asia/Kathmandu +5:45, Pacific/Chatham +12:45), the bucket the boundary
+// cuts counts entirely in the period before: up to the first 45 minutes
+// of a period's usage land on the invoice of the period before (admission
+// in Redis counts the exact periods; the ledger cannot split an hour).
+func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID map[string]*ratedTenant) error {
 	ids := make([]string, len(ts))
 	invIDs := make([]string, len(ts))
+	starts := make([]time.Time, len(ts))
+	ends := make([]time.Time, len(ts))
+	dayFrom := make([]time.Time, len(ts)) // the periods' first and next local dates, for grants
+	dayTo := make([]time.Time, len(ts))
 	byInvoice := make(map[string]*ratedTenant, len(ts))
 	for k, t := range ts {
 		ids[k], invIDs[k] = t.id, t.invoiceID
+		starts[k], ends[k] = t.in.Start, t.in.End
+		dayFrom[k], dayTo[k] = localDate(t.cal, t.in.Start), localDate(t.cal, t.in.End)
 		byInvoice[t.invoiceID] = t
 	}
 
@@ -462,12 +557,14 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts [
 		SELECT h.tenant_id::text, tr.slug, tr.name, coalesce(p.price_cents, tr.price_cents), tr.monthly_quota, tr.overage,
 		       coalesce(p.overage_price_cents_per_1k, tr.overage_price_cents_per_1k),
 		       greatest(h.valid_from, coalesce(p.valid_from, h.valid_from)),
-		       least(coalesce(h.valid_to, $3), coalesce(p.valid_to, $3), $3), tr.meter_quotas
-		FROM tenant_tier_history h JOIN tiers tr ON tr.slug = h.tier
+		       least(coalesce(h.valid_to, b.pe), coalesce(p.valid_to, b.pe), b.pe), tr.meter_quotas
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, ps, pe)
+		JOIN tenant_tier_history h ON h.tenant_id = b.tenant_id
+		JOIN tiers tr ON tr.slug = h.tier
 		LEFT JOIN tier_prices p ON p.tier = h.tier
-		  AND p.valid_from < least(coalesce(h.valid_to, $3), $3) AND (p.valid_to IS NULL OR p.valid_to > greatest(h.valid_from, $2))
-		WHERE h.tenant_id = ANY($1::uuid[]) AND h.valid_from < $3 AND (h.valid_to IS NULL OR h.valid_to > $2)
-		ORDER BY h.tenant_id, 8`, ids, start, end)
+		  AND p.valid_from < least(coalesce(h.valid_to, b.pe), b.pe) AND (p.valid_to IS NULL OR p.valid_to > greatest(h.valid_from, b.ps))
+		WHERE h.valid_from < b.pe AND (h.valid_to IS NULL OR h.valid_to > b.ps)
+		ORDER BY h.tenant_id, 8`, ids, starts, ends)
 	if err != nil {
 		return fmt.Errorf("billing: tier history: %w", err)
 	}
@@ -484,9 +581,10 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts [
 
 	var units, overage int64
 	rows, err = tx.Query(ctx, `
-		SELECT tenant_id::text, sum(units)::bigint, sum(overage_units)::bigint
-		FROM usage WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3
-		GROUP BY tenant_id`, ids, start, end)
+		SELECT u.tenant_id::text, sum(u.units)::bigint, sum(u.overage_units)::bigint
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, ps, pe)
+		JOIN usage u ON u.tenant_id = b.tenant_id AND u.hour >= b.ps AND u.hour < b.pe
+		GROUP BY u.tenant_id`, ids, starts, ends)
 	if err != nil {
 		return fmt.Errorf("billing: usage: %w", err)
 	}
@@ -499,16 +597,17 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, start, end time.Time, ts [
 		return fmt.Errorf("billing: usage: %w", err)
 	}
 
-	if err := loadMeterOverage(ctx, tx, start, end, ids, byID); err != nil {
+	if err := loadMeterOverage(ctx, tx, ids, starts, ends, byID); err != nil {
 		return err
 	}
 
 	var g InvoiceGrant
 	rows, err = tx.Query(ctx, `
-		SELECT tenant_id::text, period, period_start, units FROM grants
-		WHERE tenant_id = ANY($1::uuid[])
-		  AND ((period = 'month' AND period_start = $2::date) OR (period = 'day' AND period_start >= $2::date AND period_start < $3::date))
-		ORDER BY tenant_id, period_start, period DESC, created_at, id`, ids, start, end)
+		SELECT g.tenant_id::text, g.period, g.period_start, g.units
+		FROM unnest($1::uuid[], $2::date[], $3::date[]) AS b(tenant_id, df, dt)
+		JOIN grants g ON g.tenant_id = b.tenant_id
+		  AND ((g.period = 'month' AND g.period_start = b.df) OR (g.period = 'day' AND g.period_start >= b.df AND g.period_start < b.dt))
+		ORDER BY g.tenant_id, g.period_start, g.period DESC, g.created_at, g.id`, ids, dayFrom, dayTo)
 	if err != nil {
 		return fmt.Errorf("billing: grants: %w", err)
 	}
@@ -586,9 +685,11 @@ type InvoiceGrant struct {
 	Units       int64
 }
 
-// RatingInput is everything Rate needs for one tenant's month.
+// RatingInput is everything Rate needs for one tenant's billing period.
 type RatingInput struct {
-	Start, End time.Time // the month, [Start, End)
+	Start, End time.Time // the billing period, [Start, End)
+	// Zone is the tenant's time zone, in which lines show dates (nil: UTC).
+	Zone *time.Location
 	// Segments are the tiers the tenant was on, clipped to the month and to
 	// the tenant's lifetime, oldest first.
 	Segments []TierSegment
@@ -641,13 +742,19 @@ func Rate(in RatingInput) []InvoiceLine {
 	}
 
 	var lines []InvoiceLine
-	monthDays := monthSecs / 86400
+	// A period across a DST change is an hour off whole days: its days are
+	// rounded; proration still divides by its exact seconds.
+	monthDays := (monthSecs + 43200) / 86400
+	loc := in.Zone
+	if loc == nil {
+		loc = time.UTC
+	}
 	for _, s := range segs {
 		secs := s.To.Unix() - s.From.Unix()
 		lines = append(lines, InvoiceLine{
 			Kind: "subscription",
 			Description: fmt.Sprintf("%s plan, %s – %s (%s of %d days)",
-				s.Name, lineDay(s.From), lineDay(s.To), lineDays(secs), monthDays),
+				s.Name, lineDay(s.From, loc), lineDay(s.To, loc), lineDays(secs), monthDays),
 			Quantity:    secs,
 			AmountCents: mulDivCents(s.PriceCents, 2*secs, monthSecs, 2*monthSecs),
 		})
@@ -703,8 +810,10 @@ func Rate(in RatingInput) []InvoiceLine {
 			continue
 		}
 		when := g.PeriodStart.UTC().Format("2006-01-02")
-		if g.Period == "month" {
+		if g.Period == "month" && g.PeriodStart.UTC().Day() == 1 {
 			when = g.PeriodStart.UTC().Format("January 2006")
+		} else if g.Period == "month" {
+			when = "the period from " + when
 		}
 		lines = append(lines, InvoiceLine{
 			Kind:        "grant",
@@ -749,11 +858,12 @@ func mulDivCents(a, b, add, d int64) int64 {
 	return int64(q)
 }
 
-// lineDay shows a segment boundary: its UTC date, with the time of day
-// when it is not midnight.
-func lineDay(t time.Time) string {
-	t = t.UTC()
-	if t.Equal(quota.DayStart(t)) {
+// lineDay shows a segment boundary: its local date in loc (the tenant's
+// zone; UTC for the default calendar), with the local time of day when it
+// is not midnight.
+func lineDay(t time.Time, loc *time.Location) string {
+	t = t.In(loc)
+	if h, m, s := t.Clock(); h == 0 && m == 0 && s == 0 && t.Nanosecond() == 0 {
 		return t.Format("2006-01-02")
 	}
 	return t.Format("2006-01-02 15:04")

@@ -51,11 +51,19 @@ func (l *Ledger) TenantTotals(ctx context.Context, ids []string, from, to time.T
 	return out, nil
 }
 
-// Invoice is a tenant's bill for one calendar month.
+// Invoice is a tenant's bill for one of its billing periods: a calendar
+// month (UTC) for the default calendar, from the anchor day's local
+// midnight to the next otherwise (see Invoicer).
 type Invoice struct {
-	ID          string        `json:"id"`
-	TenantID    string        `json:"tenant_id"`
-	Period      string        `json:"period"` // YYYY-MM
+	ID       string `json:"id"`
+	TenantID string `json:"tenant_id"`
+	// Period labels the invoice, YYYY-MM: the month of the period's first
+	// local date (the month the period is named after).
+	Period string `json:"period"`
+	// PeriodStart and PeriodEnd are the billing period the invoice covers,
+	// [start, end), as UTC instants.
+	PeriodStart time.Time     `json:"period_start"`
+	PeriodEnd   time.Time     `json:"period_end"`
 	Status      string        `json:"status"` // draft or final
 	Currency    string        `json:"currency"`
 	TotalCents  int64         `json:"total_cents"`
@@ -74,7 +82,7 @@ type InvoiceLine struct {
 }
 
 const invoiceSelect = `
-	SELECT i.id, i.tenant_id, to_char(i.period, 'YYYY-MM'), i.status, i.currency, i.total_cents,
+	SELECT i.id, i.tenant_id, to_char(i.period, 'YYYY-MM'), i.period_start, i.period_end, i.status, i.currency, i.total_cents,
 	       i.created_at, i.updated_at, i.finalized_at,
 	       coalesce((SELECT json_agg(json_build_object('kind', kind, 'description', description,
 	                   'quantity', quantity, 'amount_cents', amount_cents) ORDER BY line_no)
@@ -83,8 +91,9 @@ const invoiceSelect = `
 
 func scanInvoice(row pgx.Row) (Invoice, error) {
 	var inv Invoice
-	err := row.Scan(&inv.ID, &inv.TenantID, &inv.Period, &inv.Status, &inv.Currency, &inv.TotalCents,
+	err := row.Scan(&inv.ID, &inv.TenantID, &inv.Period, &inv.PeriodStart, &inv.PeriodEnd, &inv.Status, &inv.Currency, &inv.TotalCents,
 		&inv.CreatedAt, &inv.UpdatedAt, &inv.FinalizedAt, &inv.Lines)
+	inv.PeriodStart, inv.PeriodEnd = inv.PeriodStart.UTC(), inv.PeriodEnd.UTC()
 	return inv, err
 }
 
@@ -143,8 +152,8 @@ func (l *Ledger) EachUsage(ctx context.Context, tenantID string, from, to time.T
 	return nil
 }
 
-// InvoicePage returns at most limit invoices of the month starting at
-// period, by tenant id, after the tenant id after ("" for the first page),
+// InvoicePage returns at most limit invoices labelled with the month
+// starting at period (see Invoice.Period), by tenant id, after the tenant id after ("" for the first page),
 // and whether more follow.
 func (l *Ledger) InvoicePage(ctx context.Context, period time.Time, after string, limit int) ([]Invoice, bool, error) {
 	if after == "" {
@@ -165,8 +174,8 @@ func (l *Ledger) InvoicePage(ctx context.Context, period time.Time, after string
 	return out, false, nil
 }
 
-// InvoiceSummary returns the number of invoices of the month starting at
-// period and the sum of their totals.
+// InvoiceSummary returns the number of invoices labelled with the month
+// starting at period and the sum of their totals.
 func (l *Ledger) InvoiceSummary(ctx context.Context, period time.Time) (count, totalCents int64, err error) {
 	err = l.db.QueryRow(ctx, `SELECT count(*), coalesce(sum(total_cents), 0)::bigint FROM invoices WHERE period = $1`, period).
 		Scan(&count, &totalCents)
@@ -176,7 +185,8 @@ func (l *Ledger) InvoiceSummary(ctx context.Context, period time.Time) (count, t
 	return count, totalCents, nil
 }
 
-// EachInvoice calls fn for every invoice of the month starting at period,
+// EachInvoice calls fn for every invoice labelled with the month starting
+// at period,
 // by tenant, with its lines, streamed from Postgres.
 func (l *Ledger) EachInvoice(ctx context.Context, period time.Time, fn func(Invoice) error) error {
 	rows, err := l.db.Query(ctx, invoiceSelect+` WHERE i.period = $1 ORDER BY i.tenant_id`, period)

@@ -69,15 +69,16 @@ func meterOverageLines(segs []TierSegment, over []MeterOverage) []InvoiceLine {
 	return lines
 }
 
-// loadMeterOverage reads the month [start, end) of meter overage of the
-// tenants of byID into their rating inputs.
-func loadMeterOverage(ctx context.Context, tx pgx.Tx, start, end time.Time, ids []string, byID map[string]*ratedTenant) error {
+// loadMeterOverage reads the meter overage of the tenants ids, each over
+// its period [starts[k], ends[k]), into their rating inputs (byID).
+func loadMeterOverage(ctx context.Context, tx pgx.Tx, ids []string, starts, ends []time.Time, byID map[string]*ratedTenant) error {
 	var tenantID string
 	var o MeterOverage
 	rows, err := tx.Query(ctx, `
-		SELECT tenant_id::text, meter, sum(meter_overage_units)::bigint
-		FROM usage WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3 AND meter_overage_units > 0
-		GROUP BY tenant_id, meter ORDER BY tenant_id, meter`, ids, start, end)
+		SELECT u.tenant_id::text, u.meter, sum(u.meter_overage_units)::bigint
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, ps, pe)
+		JOIN usage u ON u.tenant_id = b.tenant_id AND u.hour >= b.ps AND u.hour < b.pe AND u.meter_overage_units > 0
+		GROUP BY u.tenant_id, u.meter ORDER BY u.tenant_id, u.meter`, ids, starts, ends)
 	if err != nil {
 		return fmt.Errorf("billing: meter overage: %w", err)
 	}
