@@ -286,7 +286,8 @@ func TestConsoleAddsCredits(t *testing.T) {
 	past := time.Now().UTC().AddDate(0, 0, -1).Format(time.DateOnly)
 	for _, tc := range []struct{ amount, reason, expires, id, error string }{
 		{"-5", "refund", "", "f-amount", "positive amount"},
-		{"0", "refund", "", "f-amount", "between 1 and"},
+		{"0", "refund", "", "f-amount", "at least $0.01"},
+		{"0.00", "refund", "", "f-amount", "at least $0.01"},
 		{"2.555", "refund", "", "f-amount", "two decimals"},
 		{"ten", "refund", "", "f-amount", "positive amount"},
 		{"", "refund", "", "f-amount", "is required"},
@@ -318,6 +319,12 @@ func TestConsoleAddsCredits(t *testing.T) {
 	form := url.Values{"_csrf": {tok}, "amount": {"$1,025.50"}, "reason": {`<script>alert("x")</script>`}, "expires_on": {exp}, "idempotency_key": {idem}}
 	for range 2 {
 		mustRedirect(t, c.post(path+"/credits", form.Encode()), path+"?ok=credited")
+	}
+	// The same form sent again with another amount (the back button): refused, and drawn with a new key.
+	other := url.Values{"_csrf": {tok}, "amount": {"3"}, "reason": {"other"}, "idempotency_key": {idem}}
+	r := c.post(path+"/credits", other.Encode())
+	if r.status != 400 || !strings.Contains(string(r.body), "the key was used for another credit") || strings.Contains(string(r.body), `value="`+idem+`"`) {
+		t.Errorf("another credit under a used key: %d, want 400 with the reason and a new key", r.status)
 	}
 	mustRedirect(t, c.post(path+"/credits", url.Values{"_csrf": {tok}, "amount": {"7"}, "reason": {"goodwill"}}.Encode()), path+"?ok=credited")
 	l := credits(t, base, tenant.ID)

@@ -425,7 +425,7 @@ func (s *Pages) tenantFormErrors(c *fiber.Ctx, id string, f map[string]string, e
 		v.Values[k] = val
 	}
 	v.Errors = errs
-	if k := f["idempotency_key"]; validFormKey(k) {
+	if k := f["idempotency_key"]; validFormKey(k) && errs["form"] == "" {
 		v.CreditKey = k // the same credit, should the corrected form be sent twice
 	}
 	return s.showTenant(c, fiber.StatusBadRequest, v)

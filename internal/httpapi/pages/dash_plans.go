@@ -225,8 +225,12 @@ func creditAmount(errs formErrors, f map[string]string) int64 {
 	frac = (frac + "00")[:2]
 	d, err1 := strconv.ParseInt(whole, 10, 64)
 	cts, err2 := strconv.ParseInt(frac, 10, 64)
-	if err1 != nil || err2 != nil || d > quota.MaxPrice/100 {
+	if err1 != nil || err2 != nil || d > quota.MaxPrice/100 || d*100+cts > quota.MaxPrice {
 		errs.add(quota.FieldError("amount", "must be at most %s", formatMoney(quota.MaxPrice)))
+		return 0
+	}
+	if d*100+cts < 1 {
+		errs.add(quota.FieldError("amount", "must be at least $0.01"))
 		return 0
 	}
 	return d*100 + cts
