@@ -15,6 +15,16 @@ ALTER TABLE invoices
     ALTER COLUMN period_start SET NOT NULL,
     ALTER COLUMN period_end SET NOT NULL,
     ADD CONSTRAINT invoices_period_bounds_check CHECK (period_end > period_start);
+-- A writer that names no bounds (an older binary during a rolling deploy)
+-- gets the label's UTC month, as before calendars.
+CREATE FUNCTION invoices_default_bounds() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.period_start := coalesce(NEW.period_start, NEW.period::timestamp AT TIME ZONE 'UTC');
+    NEW.period_end := coalesce(NEW.period_end, (NEW.period + interval '1 month')::timestamp AT TIME ZONE 'UTC');
+    RETURN NEW;
+END $$;
+CREATE TRIGGER invoices_default_bounds BEFORE INSERT ON invoices
+    FOR EACH ROW EXECUTE FUNCTION invoices_default_bounds();
 -- The closing step finds the drafts whose period is over by their end.
 CREATE INDEX invoices_draft_end_idx ON invoices (period_end) WHERE status = 'draft';
 
