@@ -112,6 +112,16 @@ func TestSpendCapThroughTwoInstances(t *testing.T) {
 	if r := do(t, "GET", bases[1]+"/api/demo/echo", key, ""); r.status != 429 {
 		t.Fatalf("the other instance: status %d, want 429", r.status)
 	}
+	// /v1/usage shows the cap and what is left of it, in cents: none
+	var capRow map[string]any
+	for _, l := range do(t, "GET", bases[1]+"/v1/usage", key, "").json(t)["limits"].([]any) {
+		if l.(map[string]any)["name"] == "spend_cap" {
+			capRow = l.(map[string]any)
+		}
+	}
+	if capRow == nil || capRow["limit"] != 60.0 || capRow["remaining"] != 0.0 {
+		t.Fatalf("/v1/usage spend_cap row %v, want limit 60 and remaining 0", capRow)
+	}
 
 	// The invoice bills the overage admitted: 60 units at a cent, 60 cents.
 	ctx := context.Background()

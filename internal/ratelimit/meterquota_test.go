@@ -446,3 +446,38 @@ func TestMeterQuotaSettle(t *testing.T) {
 		t.Fatalf("a second settle changed the pending usage: %d units, %d meter overage", u, m)
 	}
 }
+
+// TestPeekSpendCap: the spend cap's room in cents counts the tier's and the
+// meters' overage of the month, rounded down, and resets at the month's end.
+func TestPeekSpendCap(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	now := at(t, "2031-03-10T08:00:00Z")
+	qs := []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(0), Overage: quota.OverageBill, OveragePriceCentsPer1K: 300}}
+	req := func(meter string, cost int64) quota.Request {
+		return quota.Request{TenantID: tenant, Meter: meter, Cost: cost, Now: now, MeterQuotas: qs,
+			Limits: quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(25)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
+	}
+	peek := func() quota.LimitState {
+		t.Helper()
+		l, ok, err := r.PeekSpendCap(ctx, req("demo", 1), now)
+		if err != nil || !ok {
+			t.Fatalf("peek: %v %v", ok, err)
+		}
+		return l
+	}
+	if l := peek(); l.Limit != 25 || l.Remaining != 25 || !l.Reset.Equal(at(t, "2031-04-01T00:00:00Z")) || l.Name != quota.LimitSpendCap {
+		t.Fatalf("fresh: %+v", l)
+	}
+	mustAdmit(t, r, req("demo", 12))  // 2 units of the tier's overage: 2 cents
+	mustAdmit(t, r, req("search", 7)) // 7 of the meter's at 0.3: 2.1 cents
+	if l := peek(); l.Remaining != 20 {
+		t.Fatalf("after 4.1 cents of overage: %d cents left, want 20 (20.9 rounded down)", l.Remaining)
+	}
+	if _, ok, err := r.PeekSpendCap(ctx, quota.Request{TenantID: tenant, Limits: quota.Limits{MaxOverageCents: i64(25)}}, now); err != nil || ok {
+		t.Fatalf("a tier that bills nothing: %v %v, want no spend cap", ok, err)
+	}
+}

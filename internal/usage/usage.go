@@ -22,6 +22,7 @@ type counters interface {
 	PeekIn(ctx context.Context, tenantID string, cal quota.Calendar, limits quota.Limits, now time.Time) (quota.Decision, error)
 	PeekPolicies(ctx context.Context, req quota.Request) ([]quota.PolicyState, error)
 	PeekMeterQuotas(ctx context.Context, tenantID string, cal quota.Calendar, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error)
+	PeekSpendCap(ctx context.Context, req quota.Request, now time.Time) (quota.LimitState, bool, error)
 	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
 	PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error)
 }
@@ -167,6 +168,15 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 		return Report{}, err
 	}
 	d.Limits = append(d.Limits, mq...)
+	// the spend cap, in cents, last
+	sc, ok, err := r.counters.PeekSpendCap(ctx, quota.Request{TenantID: p.Tenant.ID, Calendar: p.Calendar, Limits: p.Limits,
+		Overage: p.Tier.Overage, OveragePriceCentsPer1K: p.Tier.OveragePriceCentsPer1K, MeterQuotas: p.Tier.MeterQuotas}, d.Now)
+	if err != nil {
+		return Report{}, err
+	}
+	if ok {
+		d.Limits = append(d.Limits, sc)
+	}
 	from := quota.MonthStart(d.Now)
 	to := from.AddDate(0, 1, 0)
 	days := map[string]*Day{}
