@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -166,4 +167,69 @@ func TestBrowserAdminManagesAPlan(t *testing.T) {
 	if n := evalJS[int](t, b, `document.querySelectorAll("#pending-change").length`); n != 0 {
 		t.Errorf("a cancelled change is still shown")
 	}
+}
+
+// TestBrowserDashboardShowsPlansAtPhoneWidth: at phone width the tenant
+// sees its quotas per meter with the numbers of /v1/usage, its billing
+// period in its zone and its credit balance, without the page overflowing;
+// the console's tenant page with its plan forms fits too.
+func TestBrowserDashboardShowsPlansAtPhoneWidth(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	s := mustStack(t)
+	tier := s.tier(420, quota.Limits{DailyQuota: quota.Ptr(int64(500))}, func(t *quota.Tier) {
+		t.MeterQuotas = []quota.MeterQuota{{Meter: "demo", DailyQuota: quota.Ptr(int64(9)), MonthlyQuota: quota.Ptr(int64(90)), Overage: quota.OverageBlock}}
+	})
+	tenant, key := s.tenant(tier.Slug)
+	if _, err := s.store.UpdateTenant(ctx, "test", tenant.ID, func(t *quota.Tenant) error {
+		t.BillingAnchorDay, t.TimeZone = 3, "Pacific/Auckland"
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	base := s.start()
+	mustStatus(t, do(t, "GET", base+"/api/demo/echo", key, ""), 200)
+	mustStatus(t, do(t, "POST", base+"/admin/v1/tenants/"+tenant.ID+"/credits", adminToken, `{"amount_cents": 500, "reason": "trial"}`), 201)
+	api := getUsage(t, base, key)
+
+	b := browser(t, phoneW, phoneH)
+	if st := signIn(t, b, base, "dashboard", key); st != 200 || location(t, b) != "/dashboard" {
+		t.Fatalf("sign-in: %s (%d)", location(t, b), st)
+	}
+	type row struct {
+		Limit     string `json:"limit"`
+		Remaining string `json:"remaining"`
+		Reset     string `json:"reset"`
+	}
+	rows := evalJS[map[string]row](t, b, `Object.fromEntries([...document.querySelectorAll("#meter-quotas-table tr[data-limit]")].map(r =>
+		[r.dataset.limit, {limit: r.querySelector(".limit").textContent.trim(), remaining: r.querySelector(".remaining").textContent.trim(),
+		 reset: r.querySelector("time.reset").getAttribute("datetime")}]))`)
+	n := 0
+	for _, l := range api.Limits {
+		if !strings.HasPrefix(l.Name, "demo.") {
+			continue
+		}
+		n++
+		if got, want := rows[l.Name], (row{commas(l.Limit), commas(l.Remaining), l.Reset}); got != want {
+			t.Errorf("%s: the dashboard shows %+v, /v1/usage %+v", l.Name, got, want)
+		}
+	}
+	if n != 2 || len(rows) != 2 {
+		t.Errorf("meter quota rows %v, /v1/usage has %d", rows, n)
+	}
+	if got := text(t, b, "#period"); !strings.HasSuffix(got, "(Pacific/Auckland)") || !strings.Contains(got, " 3") {
+		t.Errorf("period %q, want from the 3rd, in Pacific/Auckland", got)
+	}
+	if got := text(t, b, "#credits-balance"); got != "$5.00" {
+		t.Errorf("credit balance %q, want $5.00", got)
+	}
+	checkPage(t, b)
+	testenv.Screenshot(t, b, "dashboard")
+
+	a := browser(t, phoneW, phoneH)
+	consoleSignIn(t, a, base)
+	mustNavigate(t, a, base, "/console/tenants/"+tenant.ID, 200)
+	checkPage(t, a)
+	mustNavigate(t, a, base, "/console/tiers/"+tier.Slug, 200)
+	checkPage(t, a)
 }
