@@ -18,6 +18,9 @@ ARGV (units are integer cost units; times Unix seconds, UTC)
   [4] start of the day                 [5] start of the month
   [6] units recorded in Postgres today [7] units recorded this month
   [8] day grant from Postgres          [9] month grant from Postgres
+  [10] end of the day, [11] end of the month: for a tenant with a billing
+       calendar (its local day and billing month, whose ids [2] and [3]
+       are: see admit.lua, "Calendars"); absent for the default calendar
 
 Return: {day used, month used} after the repair.
 ]]
@@ -47,10 +50,12 @@ local dused = tonumber(ARGV[6]) + pending_since(tonumber(ARGV[4]))
 local mused = tonumber(ARGV[7]) + pending_since(tonumber(ARGV[5]))
 if s.d ~= day then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
 s.dn = (day + 1) * DAY_US
+if ARGV[10] then s.dn, s.cal = tonumber(ARGV[10]) * US, true end
 s.du = math.max(s.du, dused)
 s.dg = math.max(s.dg, tonumber(ARGV[8]))
 local mstart = tonumber(ARGV[5]) * US
 local _, _, nxt = month_at(mstart)
+if ARGV[11] then nxt = tonumber(ARGV[11]) * US end
 if s.m ~= month then s.m, s.mu, s.mg, s.mo, s.rolled = month, 0, 0, 0, true end
 s.mn = nxt
 s.mu = math.max(s.mu, mused)

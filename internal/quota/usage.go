@@ -55,6 +55,9 @@ type Recorded struct {
 	TenantID             string
 	DayUnits, MonthUnits int64
 	DayGrant, MonthGrant int64
+	// Calendar is the tenant's billing calendar, whose day and month
+	// (period) these are; the zero Calendar's are the UTC day and month.
+	Calendar Calendar
 }
 
 // KeyRecord is an API key as authentication needs it: the listed key and the

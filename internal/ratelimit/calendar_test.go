@@ -464,3 +464,31 @@ func TestCalendarSettle(t *testing.T) {
 		}
 	}
 }
+
+// TestCalendarRestore: a repair restores the counters of the record's
+// calendar's day and month.
+func TestCalendarRestore(t *testing.T) {
+	t.Parallel()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	ctx := context.Background()
+	cal := mustCalendar(t, "America/New_York", 15)
+	tenant := newTenant()
+	at := time.Now()
+	if err := r.Restore(ctx, at, []quota.Recorded{{TenantID: tenant, DayUnits: 5, MonthUnits: 7, Calendar: cal}}); err != nil {
+		t.Fatal(err)
+	}
+	lim := quota.Limits{DailyQuota: i64(10), MonthlyQuota: i64(10)}
+	p, err := r.PeekIn(ctx, tenant, cal, lim, at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d, m := limitOf(t, p, quota.LimitDaily), limitOf(t, p, quota.LimitMonthly); d.Remaining != 5 || m.Remaining != 3 {
+		t.Errorf("after the repair: daily %+v, monthly %+v, want 5 and 3 left", d, m)
+	}
+	wantPeriods(t, cal, p)
+	// and the next admission, in the calendar, counts on from there
+	d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Calendar: cal, Now: at, Limits: lim})
+	if l := limitOf(t, d, quota.LimitMonthly); !d.Allowed || l.Remaining != 2 {
+		t.Errorf("admission after the repair: %s, want 2 left", fmtDecision(d))
+	}
+}

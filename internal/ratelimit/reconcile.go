@@ -445,7 +445,8 @@ func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool)
 }
 
 // Restore repairs the tenants' day and month counters for the periods
-// containing at (see lua/restore.lua), pipelined.
+// containing at (see lua/restore.lua), pipelined: each record's day and
+// month are those of its Calendar.
 func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error {
 	at = at.UTC()
 	day, month := quota.DayStart(at), quota.MonthStart(at)
@@ -454,7 +455,15 @@ func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorde
 		for _, rec := range recs {
 			// Pipelined EVALSHA cannot fall back on NOSCRIPT; repairs are
 			// rare, so send the script itself.
-			restoreScript.Eval(ctx, p, r.stateKeys(rec.TenantID, "pending"), r.layout,
+			keys := r.stateKeys(rec.TenantID, "pending")
+			if cal := rec.Calendar; !cal.IsDefault() {
+				ds, de := cal.Day(at)
+				ps, pe := cal.Period(at)
+				restoreScript.Eval(ctx, p, keys, r.layout, cal.DayID(at), cal.PeriodID(at), ds.Unix(), ps.Unix(),
+					rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, de.Unix(), pe.Unix())
+				continue
+			}
+			restoreScript.Eval(ctx, p, keys, r.layout,
 				day.Unix()/86400, y*100+int(m), day.Unix(), month.Unix(),
 				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant)
 		}
