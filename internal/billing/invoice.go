@@ -17,9 +17,46 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// Invoicer keeps every tenant's invoice of the current calendar month (UTC)
-// current as a draft, and finalizes past months once their grace period is
+// Invoicer keeps every tenant's invoice of its current billing period
+// current as a draft, and finalizes each past period's once its grace is
 // over. A final invoice never changes again.
+//
+// Billing calendars (issue 15, point 2; see anchors.go):
+//
+//   - Each invoice covers the tenant's billing period (quota.Calendar:
+//     local midnight of the anchor day in its zone to that of the next
+//     month), stored as period_start and period_end. invoices.period is a
+//     label, the first of the month of the period's first local date (the
+//     month admission's period id and a month grant name); so (tenant,
+//     label) stays unique and ?period=YYYY-MM lists a label. For the default
+//     calendar (anchor 1 in UTC) label and period are the UTC month, and
+//     every invoice is what it was before calendars.
+//   - Every rating statement takes the tenants' bounds as arrays beside
+//     their ids, so a batch of any mix of calendars costs what a batch of
+//     default tenants does: no grouping by period, no extra statements.
+//   - The subscription is prorated over the period's seconds: a period
+//     across a DST change, an hour shorter or longer, costs the full price
+//     when whole, and a part of it its share of the period's true length.
+//   - Usage is in hourly UTC buckets, each counted in the period its start
+//     is in (see loadRatingInputs): exact where offsets are whole hours;
+//     with a :30 or :45 offset up to the first 45 minutes of a period land
+//     on the invoice before. Grants count by their local dates: a month
+//     grant on its period's first local date, day grants on the dates in
+//     the period. Credits are those valid at the period's end.
+//   - Timing is per tenant: the sweep and Refresh regenerate each tenant's
+//     invoice of the period containing now (an anchored tenant's label is
+//     the previous month's until its anchor day); a draft becomes final
+//     when its own period's end plus the grace has passed and
+//     FlushedThrough has reached that end. The default calendar's months
+//     still close as one (closeMonth, with the closedThrough shortcut,
+//     which only says that pass is done: anchored drafts of the label it
+//     leaves open close later in closeDue, found by their stored
+//     period_end, never by the shortcut). A tenant whose period of a label
+//     has not started, or who did not live in it, has no invoice of it.
+//   - A calendar change reshapes the drafts (their bounds are recomputed
+//     on each regeneration), never a final invoice: a change in the middle
+//     of a period may leave a stretch between the last final invoice and
+//     the new calendar's period unbilled, or billed twice (not handled).
 //
 // Rating choices, where the contract is silent:
 //
