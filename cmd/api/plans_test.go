@@ -180,3 +180,30 @@ func TestAdminPlanChanges(t *testing.T) {
 		t.Fatalf("after the downgrade now: daily remaining %d, monthly %d; want 999 and 9998 (carried)", got["daily"], got["monthly"])
 	}
 }
+
+// TestAdminQuotaResetInTheTenantsCalendar: a reset empties the counters of
+// the tenant's own day and billing month (anchor 28 in UTC+14, whose days
+// and months are not UTC's), as the next admission shows.
+func TestAdminQuotaResetInTheTenantsCalendar(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tenant, key := s.tenant("free")
+	url := base + "/admin/v1/tenants/" + tenant.ID
+	if r := admin(t, "PATCH", url, `{"billing_anchor_day": 28, "time_zone": "Pacific/Kiritimati"}`); r.status != 200 {
+		t.Fatalf("calendar: %d %s", r.status, r.body)
+	}
+	for range 3 {
+		do(t, "GET", base+"/api/demo/echo", key, "")
+	}
+	if got := remaining(t, do(t, "GET", base+"/api/demo/echo", key, "").header); got["daily"] != 1000-4 || got["monthly"] != 10_000-4 {
+		t.Fatalf("before: %v, want daily 996 and monthly 9996", got)
+	}
+	r := admin(t, "PATCH", url, `{"tier": "pro", "quota": "reset"}`)
+	if r.status != 200 || r.header.Get("Tollgate-Quota-Reset") != "applied" {
+		t.Fatalf("upgrade with reset: %d %s, Tollgate-Quota-Reset %q", r.status, r.body, r.header.Get("Tollgate-Quota-Reset"))
+	}
+	if got := remaining(t, do(t, "GET", base+"/api/demo/echo", key, "").header); got["daily"] != 50_000-1 || got["monthly"] != 1_000_000-1 {
+		t.Fatalf("after the reset: %v, want daily 49999 and monthly 999999", got)
+	}
+}

@@ -20,10 +20,10 @@ type planStore interface {
 	MarkResetApplied(ctx context.Context, id string) error
 }
 
-// resetter empties a tenant's live day and month counters, once per reset
-// (*ratelimit.Runner).
+// resetter empties a tenant's live day and month counters (those of its
+// calendar), once per reset (*ratelimit.Runner).
 type resetter interface {
-	ResetQuotas(ctx context.Context, tenantID string, at time.Time) (bool, error)
+	ResetQuotasIn(ctx context.Context, tenantID string, cal quota.Calendar, at time.Time) (bool, error)
 }
 
 // WorkerActor is the actor the audit log records for changes the worker
@@ -139,7 +139,7 @@ func (p *Plans) ApplyMissedResets(ctx context.Context) error {
 // applyReset empties the live counters for r, marks it applied and lifts
 // the tenant's cached refusals.
 func (p *Plans) applyReset(ctx context.Context, r quota.CounterReset) error {
-	if _, err := p.counters.ResetQuotas(ctx, r.TenantID, r.At); err != nil {
+	if _, err := p.counters.ResetQuotasIn(ctx, r.TenantID, r.Calendar, r.At); err != nil {
 		return fmt.Errorf("catalog: quota reset %s: %w", r.ID, err)
 	}
 	if err := p.store.MarkResetApplied(ctx, r.ID); err != nil {

@@ -332,7 +332,7 @@ func (s *Store) ChangeTenant(ctx context.Context, actor, id string, plan *quota.
 				return err
 			}
 			if wantReset {
-				if reset, err = recordResetTx(ctx, tx, out.ID, out.UpdatedAt); err != nil {
+				if reset, err = recordResetTx(ctx, tx, out, out.UpdatedAt); err != nil {
 					return err
 				}
 			}

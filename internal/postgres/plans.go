@@ -86,9 +86,11 @@ func moveTierTx(ctx context.Context, tx pgx.Tx, tenantID, tier string, at time.T
 	return nil
 }
 
-func recordResetTx(ctx context.Context, tx pgx.Tx, tenantID string, at time.Time) (*quota.CounterReset, error) {
-	r := &quota.CounterReset{TenantID: tenantID, At: at}
-	if err := tx.QueryRow(ctx, `INSERT INTO quota_resets (tenant_id, at) VALUES ($1, $2) RETURNING id::text`, tenantID, at).
+// recordResetTx records a reset of the tenant t's counters at at, in its
+// calendar.
+func recordResetTx(ctx context.Context, tx pgx.Tx, t quota.Tenant, at time.Time) (*quota.CounterReset, error) {
+	r := &quota.CounterReset{TenantID: t.ID, At: at, Calendar: t.Calendar()}
+	if err := tx.QueryRow(ctx, `INSERT INTO quota_resets (tenant_id, at) VALUES ($1, $2) RETURNING id::text`, t.ID, at).
 		Scan(&r.ID); err != nil {
 		return nil, fmt.Errorf("postgres: record quota reset: %w", err)
 	}
@@ -149,7 +151,7 @@ func (s *Store) ApplyPlanChange(ctx context.Context, actor, id string, now time.
 				return err
 			}
 			if p.Quota == quota.QuotaReset {
-				if reset, err = recordResetTx(ctx, tx, out.ID, p.EffectiveAt); err != nil {
+				if reset, err = recordResetTx(ctx, tx, out, p.EffectiveAt); err != nil {
 					return err
 				}
 			}
@@ -164,14 +166,18 @@ func (s *Store) ApplyPlanChange(ctx context.Context, actor, id string, now time.
 // yet, oldest first, at most limit; those older than since are left: the
 // day and month they empty are over (and counters start again at 0 anyway).
 func (s *Store) UnappliedResets(ctx context.Context, since time.Time, limit int) ([]quota.CounterReset, error) {
-	rows, err := s.db.Query(ctx, `SELECT id::text, tenant_id::text, at FROM quota_resets
-		WHERE applied_at IS NULL AND at >= $1 ORDER BY at, id LIMIT $2`, since, limit)
+	rows, err := s.db.Query(ctx, `SELECT r.id::text, r.tenant_id::text, r.at, t.billing_anchor_day, t.time_zone
+		FROM quota_resets r JOIN tenants t ON t.id = r.tenant_id
+		WHERE r.applied_at IS NULL AND r.at >= $1 ORDER BY r.at, r.id LIMIT $2`, since, limit)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: unapplied quota resets: %w", err)
 	}
 	rs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.CounterReset, error) {
 		var r quota.CounterReset
-		return r, row.Scan(&r.ID, &r.TenantID, &r.At)
+		var t quota.Tenant
+		err := row.Scan(&r.ID, &r.TenantID, &r.At, &t.BillingAnchorDay, &t.TimeZone)
+		r.Calendar = t.Calendar()
+		return r, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("postgres: unapplied quota resets: %w", err)

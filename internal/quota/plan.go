@@ -127,8 +127,10 @@ func (t Tenant) NextPeriodStart(now time.Time) time.Time {
 // CounterReset is a recorded reset of a tenant's day and month counters, made
 // by a tier change with quota reset at At (the change's time: the day and
 // month it empties, and its id in the live counters, where it applies once).
+// Calendar is the tenant's, whose day and month those are.
 type CounterReset struct {
 	ID       string
 	TenantID string
 	At       time.Time
+	Calendar Calendar
 }
