@@ -575,3 +575,72 @@ func TestDashboardShowsOverageAgainstTheCap(t *testing.T) {
 		}
 	}
 }
+
+// TestConsoleOverridesTheSpendCap: the tenant's own cap, no cap, and back to
+// the tier's, as overrides.max_overage_cents of the admin API; a negative
+// cap or an unknown choice is refused beside its field and changes nothing.
+func TestConsoleOverridesTheSpendCap(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	tier := s.tier(430, quota.Limits{MonthlyQuota: quota.Ptr(int64(100)), MaxOverageCents: quota.Ptr(int64(900))}, func(t *quota.Tier) {
+		t.Overage, t.OveragePriceCentsPer1K = quota.OverageBill, 100
+	})
+	tenant, key := s.tenant(tier.Slug)
+	base := s.start()
+	c := newWebClient(t, base)
+	c.mustSignIn("console", adminToken)
+	path := "/console/tenants/" + tenant.ID
+	tok := c.csrf(path)
+	override := func() string {
+		var raw struct {
+			Overrides map[string]any `json:"overrides"`
+		}
+		mustDecode(t, do(t, "GET", base+"/admin/v1/tenants/"+tenant.ID, adminToken, "").body, &raw)
+		v, ok := raw.Overrides["max_overage_cents"]
+		if !ok {
+			return "absent"
+		}
+		return jsonOf(v)
+	}
+	before := auditCount(t, s)
+	for _, tc := range []struct{ form, id, error string }{
+		{"spend_cap=cap&max_overage_cents=-1", "f-max_overage_cents", "between 0 and"},
+		{"spend_cap=cap&max_overage_cents=", "f-max_overage_cents", "is required"},
+		{"spend_cap=cap&max_overage_cents=1e9", "f-max_overage_cents", "whole number"},
+		{"spend_cap=%3Cscript%3E", "f-spend_cap", `"tier", "none" or "cap"`},
+	} {
+		r := c.post(path+"/spend-cap", "_csrf="+tok+"&"+tc.form)
+		if r.status != 400 || !isHTML(r) {
+			t.Errorf("%s: %d, want 400", tc.form, r.status)
+			continue
+		}
+		if got := fieldErrorOf(r.body, tc.id); !strings.Contains(got, tc.error) {
+			t.Errorf("%s: error beside %s %q, want %q", tc.form, tc.id, got, tc.error)
+		}
+	}
+	if after := auditCount(t, s); after != before || override() != "absent" {
+		t.Errorf("refused caps changed %d things; override %s", after-before, override())
+	}
+	for _, tc := range []struct{ form, want, shown string }{
+		{"spend_cap=cap&max_overage_cents=2,500", "2500", "$25.00"},
+		{"spend_cap=none", "null", "no cap"},
+		{"spend_cap=tier", "absent", "$9.00"},
+	} {
+		mustRedirect(t, c.post(path+"/spend-cap", "_csrf="+tok+"&"+tc.form), path+"?ok=spend-cap")
+		if got := override(); got != tc.want {
+			t.Errorf("%s: override %s, want %s", tc.form, got, tc.want)
+		}
+		if page := string(c.get(path).body); !strings.Contains(page, `<strong id="tenant-spend-cap">`+tc.shown+`</strong>`) {
+			t.Errorf("%s: the page does not show the cap %s", tc.form, tc.shown)
+		}
+		d := newWebClient(t, base)
+		d.mustSignIn("dashboard", key)
+		want := `<dd id="spend-cap">` + tc.shown + ` of overage a month</dd>`
+		if tc.shown == "no cap" {
+			want = `<dd id="spend-cap">none</dd>`
+		}
+		if page := string(d.get("/dashboard").body); !strings.Contains(page, want) {
+			t.Errorf("%s: the dashboard does not show %s", tc.form, want)
+		}
+	}
+}

@@ -175,6 +175,7 @@ func TestPagePostsRefuseForgedRequests(t *testing.T) {
 		"/console/tenants/{id}/plan/cancel": {},
 		"/console/tenants/{id}/calendar":    {"billing_anchor_day": {"15"}, "time_zone": {"Europe/Paris"}},
 		"/console/tenants/{id}/credits":     {"amount": {"10"}, "reason": {"forged"}},
+		"/console/tenants/{id}/spend-cap":   {"spend_cap": {"none"}},
 		"/console/tenants/{id}/status":      {"status": {"suspended"}},
 		"/console/keys/{id}/revoke":         {},
 		"/console/logout":                   {},

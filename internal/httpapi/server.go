@@ -241,6 +241,7 @@ func (s *Server) routesSetup() {
 	con.Post("/tenants/:id/plan/cancel", s.pages.AdminSession, s.pages.ConsoleCancelPlan)
 	con.Post("/tenants/:id/calendar", s.pages.AdminSession, s.pages.ConsoleSetCalendar)
 	con.Post("/tenants/:id/credits", s.pages.AdminSession, s.pages.ConsoleAddCredit)
+	con.Post("/tenants/:id/spend-cap", s.pages.AdminSession, s.pages.ConsoleSetSpendCap)
 	con.Post("/tenants/:id/status", s.pages.AdminSession, s.pages.ConsoleSetStatus)
 	con.Post("/keys/:id/revoke", s.pages.AdminSession, s.pages.ConsoleRevokeKey)
 	con.Get("/invoices", s.pages.AdminSession, s.pages.ConsoleInvoices)

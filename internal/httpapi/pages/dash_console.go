@@ -377,7 +377,13 @@ func (s *Pages) tenantPage(c *fiber.Ctx, id string) (consoleTenantView, error) {
 	}
 	v := consoleTenantView{View: tv, Keys: keys, MoreKeys: nextKeys != nil, Grants: grants, Tiers: tiers,
 		Credits: credits, CreditKey: newFormKey(), Errors: formErrors{},
-		Values: map[string]string{"billing_anchor_day": strconv.Itoa(tv.Billing.AnchorDay), "time_zone": tv.Billing.TimeZone}}
+		Values: map[string]string{"billing_anchor_day": strconv.Itoa(tv.Billing.AnchorDay), "time_zone": tv.Billing.TimeZone,
+			"spend_cap": "tier"}}
+	if o := p.Tenant.Overrides.MaxOverageCents; o.Set && o.Value == nil {
+		v.Values["spend_cap"] = "none"
+	} else if o.Set {
+		v.Values["spend_cap"], v.Values["max_overage_cents"] = "cap", strconv.FormatInt(*o.Value, 10)
+	}
 	if pc := p.Tenant.PendingChange; pc != nil {
 		v.PendingTier = pc.Tier
 		for _, t := range tiers {

@@ -377,3 +377,45 @@ func (s *Pages) ConsoleCancelPlan(c *fiber.Ctx) error {
 	}
 	return c.Redirect("/console/tenants/"+t.ID+"?ok=plan-cancelled#plan", fiber.StatusSeeOther)
 }
+
+// ---- a tenant's spend cap
+
+// ConsoleSetSpendCap sets or clears the tenant's override of its tier's
+// spend cap (overrides.max_overage_cents of PATCH /admin/v1/tenants/{id}):
+// spend_cap "tier" keeps the tier's, "none" lifts any cap, "cap" sets
+// max_overage_cents, in cents.
+func (s *Pages) ConsoleSetSpendCap(c *fiber.Ctx) error {
+	id := c.Params("id")
+	f, err := readForm(c, csrfField, "spend_cap", "max_overage_cents")
+	if err != nil {
+		return err
+	}
+	errs := formErrors{}
+	var override quota.Optional[int64]
+	switch f["spend_cap"] {
+	case "tier":
+	case "none":
+		override = quota.Set[int64](nil)
+	case "cap":
+		if n := intField(errs, f, "max_overage_cents", false); n != nil {
+			override = quota.Set(n)
+		}
+	default:
+		errs.add(quota.FieldError("spend_cap", `must be "tier", "none" or "cap"`))
+	}
+	if len(errs) > 0 {
+		return s.tenantFormErrors(c, id, f, errs)
+	}
+	t, err := s.catalog.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
+		t.Overrides.MaxOverageCents = override
+		return nil
+	})
+	if err != nil {
+		var qe *quota.Error
+		if errors.As(err, &qe) && qe.Field == "overrides.max_overage_cents" {
+			err = &quota.Error{Code: qe.Code, Field: "max_overage_cents", Message: qe.Message}
+		}
+		return s.tenantFormError(c, id, f, err)
+	}
+	return c.Redirect("/console/tenants/"+t.ID+"?ok=spend-cap#spend-cap-form", fiber.StatusSeeOther)
+}
