@@ -9,9 +9,11 @@ package lua
 
 import "embed"
 
-// FS holds the *.lua scripts. Two are preludes, prepended by
-// internal/ratelimit: state.lua (the limit state's keys and layouts, the
-// clock, the calendar) to admit.lua, grant.lua, refund.lua and restore.lua;
+// FS holds the *.lua scripts. Some are preludes, prepended by
+// internal/ratelimit: calendar.lua (a tenant's billing calendar: the day
+// and period of the script's now) to admit.lua and grant.lua; state.lua
+// (the limit state's keys and layouts, the clock, the UTC calendar) to
+// admit.lua, grant.lua, refund.lua and restore.lua;
 // pending_fields.lua (the pending usage a v2 state hash holds) to claim.lua,
 // pending.lua and restore.lua. The others: admit.lua (the admission
 // decision), grant.lua (extra units for the current day or month),

@@ -57,6 +57,15 @@
 //     limits allow, so an upgrade never leaves an old tier's debt behind.
 //   - A Redis failure is an error, never a refusal: the tier's fail-open or
 //     fail-closed policy belongs to the caller.
+//   - The daily and monthly quotas count the days and billing months of
+//     the request's quota.Calendar (the tenant's anchor day and time zone;
+//     UTC days and calendar months by default). The periods are the
+//     script's, on Redis time: Go passes the calendar's Boundaries around
+//     its own clock (calendar.go, cached per calendar for a local day) and
+//     lua/calendar.lua picks the day and period of the script's now; the
+//     default calendar passes nothing and costs nothing. Model knows only
+//     the default calendar; the calendar tests hold the script to
+//     quota.Calendar instead.
 //
 // # Time and units
 //
