@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"encoding/csv"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,8 +14,8 @@ import (
 
 // TestInvoicesShowBillingPeriods: an invoice names the billing period it
 // covers, the tenant's own (set through PATCH), in the tenant's
-// GET /v1/invoices and the admin's GET /admin/v1/invoices?period=, beside
-// its label; a default tenant's is the UTC month.
+// GET /v1/invoices and the admin's GET /admin/v1/invoices?period= (JSON and
+// CSV), beside its label; a default tenant's is the UTC month.
 func TestInvoicesShowBillingPeriods(t *testing.T) {
 	t.Parallel()
 	s := mustStack(t)
@@ -55,6 +57,16 @@ func TestInvoicesShowBillingPeriods(t *testing.T) {
 		}
 		if listed == nil {
 			t.Fatalf("%s: not in GET /admin/v1/invoices?period=%s", c.name, c.label)
+		}
+		csvBody := do(t, "GET", base+"/admin/v1/invoices?period="+c.label, adminToken, "", "Accept", "text/csv")
+		recs, err := csv.NewReader(strings.NewReader(string(csvBody.body))).ReadAll()
+		if err != nil || len(recs) < 2 || strings.Join(recs[0][11:], ",") != "period_start,period_end" {
+			t.Fatalf("%s: invoices CSV = %v, %v; want period_start and period_end last", c.name, recs, err)
+		}
+		for _, r := range recs[1:] {
+			if r[1] == c.tenantID && (r[11] != c.start.Format(time.RFC3339) || r[12] != c.end.Format(time.RFC3339)) {
+				t.Errorf("%s: CSV row %v, want [%s, %s)", c.name, r, c.start.Format(time.RFC3339), c.end.Format(time.RFC3339))
+			}
 		}
 		for route, inv := range map[string]map[string]any{"/v1/invoices": mine[0].(map[string]any), "/admin/v1/invoices": listed} {
 			if inv["period"] != c.label || inv["period_start"] != c.start.Format(time.RFC3339) || inv["period_end"] != c.end.Format(time.RFC3339) {

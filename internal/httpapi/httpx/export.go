@@ -30,17 +30,21 @@ type InvoiceSource interface {
 	EachInvoice(ctx context.Context, period time.Time, fn func(billing.Invoice) error) error
 }
 
-// InvoicesCSV streams the invoices of a month as CSV, one row per line, for
-// the admin API and the console's download.
+// InvoicesCSV streams the invoices of a month (their label: see
+// billing.Invoice) as CSV, one row per line, for the admin API and the
+// console's download. New columns go at the end (period_start and
+// period_end came last): readers go by position.
 func InvoicesCSV(c *fiber.Ctx, log *slog.Logger, invoices InvoiceSource, raw string, period time.Time) error {
 	c.Attachment("invoices-" + raw + ".csv")
 	return Stream(c, log, "text/csv; charset=utf-8", func(ctx context.Context, w *bufio.Writer) error {
 		cw := csv.NewWriter(w)
-		_ = cw.Write([]string{"invoice_id", "tenant_id", "period", "status", "currency", "total_cents", "line", "kind", "description", "quantity", "amount_cents"})
+		_ = cw.Write([]string{"invoice_id", "tenant_id", "period", "status", "currency", "total_cents", "line", "kind", "description", "quantity", "amount_cents",
+			"period_start", "period_end"})
 		err := invoices.EachInvoice(ctx, period, func(inv billing.Invoice) error {
 			for i, l := range inv.Lines {
 				if err := cw.Write([]string{inv.ID, inv.TenantID, inv.Period, inv.Status, inv.Currency, Itoa(inv.TotalCents),
-					strconv.Itoa(i + 1), l.Kind, l.Description, Itoa(l.Quantity), Itoa(l.AmountCents)}); err != nil {
+					strconv.Itoa(i + 1), l.Kind, l.Description, Itoa(l.Quantity), Itoa(l.AmountCents),
+					inv.PeriodStart.UTC().Format(time.RFC3339), inv.PeriodEnd.UTC().Format(time.RFC3339)}); err != nil {
 					return err
 				}
 			}
