@@ -219,6 +219,17 @@ func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, er
 		Calendar: c.calendarOf(t)}, nil
 }
 
+// Calendar returns the billing calendar of the tenant with id, from the
+// cache: what its quotas count (quota.Request.Calendar), for the callers
+// that act on its counters outside a request (grants, quota resets).
+func (c *Catalog) Calendar(ctx context.Context, tenantID string) (quota.Calendar, error) {
+	t, err := c.tenant(ctx, tenantID)
+	if err != nil {
+		return quota.Calendar{}, err
+	}
+	return c.calendarOf(t), nil
+}
+
 // maxZones bounds the cache of time zones (the tz database has about 600
 // names; stored zones were validated when written).
 const maxZones = 10_000

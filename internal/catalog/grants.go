@@ -54,11 +54,11 @@ func (g *Grants) Create(ctx context.Context, actor, tenantID, key, period string
 	if err := CheckGrant(period, units); err != nil {
 		return gr, false, err
 	}
-	p, err := g.cat.Principal(ctx, tenantID)
+	cal, err := g.cat.Calendar(ctx, tenantID)
 	if err != nil && quota.ErrorCode(err) != quota.CodeNotFound {
 		return gr, false, err
 	}
-	start := periodDate(p.Calendar, period, g.now())
+	start := periodDate(cal, period, g.now())
 	gr, created, err = g.store.CreateGrantIdempotent(ctx, actor, tenantID, key, period, start, units)
 	if err != nil || gr.Applied {
 		return gr, created, err
@@ -130,10 +130,8 @@ func (g *Grants) apply(ctx context.Context, gr quota.Grant) (quota.Grant, error)
 	if err != nil {
 		return gr, fmt.Errorf("catalog: grant %s: period start: %w", gr.ID, err)
 	}
-	var cal quota.Calendar
-	if p, err := g.cat.Principal(ctx, gr.TenantID); err == nil {
-		cal = p.Calendar
-	} else if quota.ErrorCode(err) != quota.CodeNotFound {
+	cal, err := g.cat.Calendar(ctx, gr.TenantID)
+	if err != nil && quota.ErrorCode(err) != quota.CodeNotFound {
 		return gr, err
 	}
 	applied, err := g.counters.ApplyGrant(ctx, gr.TenantID, cal, gr.ID, gr.Period, start, gr.Units)
