@@ -183,7 +183,7 @@ func (s *Pages) ConsoleSetCalendar(c *fiber.Ctx) error {
 	}
 	errs := formErrors{}
 	day := intField(errs, f, "billing_anchor_day", false)
-	if day != nil && !quota.ValidAnchorDay(int(*day)) || day != nil && *day != int64(int(*day)) {
+	if day != nil && (*day < 1 || *day > quota.MaxAnchorDay) {
 		errs.add(quota.FieldError("billing_anchor_day", "must be a whole number between 1 and %d", quota.MaxAnchorDay))
 	}
 	zone := strings.TrimSpace(f["time_zone"])
@@ -358,8 +358,8 @@ func (s *Pages) ConsoleSetTier(c *fiber.Ctx) error {
 	return c.Redirect("/console/tenants/"+t.ID+"?ok="+ok+"#plan", fiber.StatusSeeOther)
 }
 
-// ConsoleCancelPlan drops the tenant's pending tier change: a change to the
-// tier it is on.
+// ConsoleCancelPlan drops the tenant's pending tier change (pending_change
+// null, as the admin API's PATCH takes it); the tier stays as it is.
 func (s *Pages) ConsoleCancelPlan(c *fiber.Ctx) error {
 	id := c.Params("id")
 	if _, err := readForm(c, csrfField); err != nil {
