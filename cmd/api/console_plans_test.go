@@ -412,8 +412,17 @@ func TestConsoleChangesPlans(t *testing.T) {
 		!strings.Contains(page, `<span class="pending-quota">reset</span>`) {
 		t.Errorf("the page does not show the pending change to %s at %s", big.Slug, at)
 	}
+	d := newWebClient(t, base)
+	d.mustSignIn("dashboard", key)
+	wantPending := `<dd id="pending-plan">To ` + big.Name + ` from ` + got.PendingChange.EffectiveAt.UTC().Format("Jan 2, 2006 15:04") + ` (UTC)</dd>`
+	if page := string(d.get("/dashboard").body); !strings.Contains(page, wantPending) {
+		t.Errorf("the dashboard does not show %s", wantPending)
+	}
 	// Cancelled.
 	mustRedirect(t, c.post(path+"/plan/cancel", "_csrf="+tok), path+"?ok=plan-cancelled")
+	if page := string(d.get("/dashboard").body); strings.Contains(page, `id="pending-plan"`) {
+		t.Errorf("the dashboard still shows a cancelled change")
+	}
 	if got := stored(); got.PendingChange != nil || got.Tier != small.Slug {
 		t.Fatalf("after cancelling: tier %q, pending %+v", got.Tier, got.PendingChange)
 	}

@@ -65,6 +65,9 @@ type billingView struct {
 	OverageCents       int64  // of the period's draft invoice
 	OverageKnown       bool   // a draft invoice of the period exists
 	OverageAsOf        time.Time
+	// PendingTier and PendingAt describe the tenant's pending tier change
+	// ("" when there is none): the tier's name and when, in its zone.
+	PendingTier, PendingAt string
 }
 
 // periodLabel writes a billing period in its zone: "Nov 15 – Dec 15, 2026
@@ -96,6 +99,18 @@ func (s *Pages) billingOf(ctx context.Context, p catalog.Principal, invoices []b
 		return b, s.unavailable(err)
 	}
 	b.CreditBalanceCents = credits.BalanceCents
+	if pc := p.Tenant.PendingChange; pc != nil {
+		b.PendingTier, b.PendingAt = pc.Tier, pc.EffectiveAt.In(loc).Format("Jan 2, 2006 15:04")+" ("+loc.String()+")"
+		tiers, err := s.catalog.Tiers(ctx)
+		if err != nil {
+			return b, s.unavailable(err)
+		}
+		for _, t := range tiers {
+			if t.Slug == pc.Tier {
+				b.PendingTier = t.Name
+			}
+		}
+	}
 	period := start.In(loc).Format("2006-01")
 	for _, inv := range invoices {
 		if inv.Period != period {
