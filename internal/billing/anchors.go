@@ -134,6 +134,7 @@ func (i *Invoicer) generateCurrent(ctx context.Context, now time.Time, ids []str
 		if err != nil {
 			return err
 		}
+		byID := make(map[string]billedTenant, len(ts))
 		cur := map[time.Time][]string{}
 		type ensure struct {
 			ids          []string
@@ -141,6 +142,7 @@ func (i *Invoicer) generateCurrent(ctx context.Context, now time.Time, ids []str
 		}
 		prev := map[time.Time]*ensure{}
 		for _, t := range ts {
+			byID[t.id] = t
 			l := labelOf(t.cal, now)
 			cur[l] = append(cur[l], t.id)
 			if t.cal.IsDefault() {
@@ -192,7 +194,11 @@ func (i *Invoicer) generateCurrent(ctx context.Context, now time.Time, ids []str
 			if len(gen) == 0 {
 				continue
 			}
-			if err := i.generateTx(ctx, tx, now, l, gen); err != nil {
+			bts := make([]billedTenant, len(gen))
+			for k, id := range gen {
+				bts[k] = byID[id]
+			}
+			if err := i.generateTenantsTx(ctx, tx, now, l, bts); err != nil {
 				return err
 			}
 		}

@@ -339,6 +339,7 @@ func loadCredits(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID map[str
 		FROM unnest($1::uuid[], $2::timestamptz[]) AS b(tenant_id, pe)
 		JOIN credits c ON c.tenant_id = b.tenant_id AND c.created_at < b.pe AND (c.expires_at IS NULL OR c.expires_at >= b.pe)
 		  AND c.drawn_cents < c.amount_cents
+		WHERE c.tenant_id = ANY($1::uuid[])
 		ORDER BY c.tenant_id, c.expires_at ASC NULLS LAST, c.created_at, c.id`
 	if lock {
 		sql += ` FOR UPDATE OF c`

@@ -386,6 +386,11 @@ func (i *Invoicer) generateTx(ctx context.Context, tx pgx.Tx, now, label time.Ti
 	if err != nil {
 		return err
 	}
+	return i.generateTenantsTx(ctx, tx, now, label, bts)
+}
+
+// generateTenantsTx is generateTx on tenants already read (sorted by id).
+func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label time.Time, bts []billedTenant) error {
 	type bounds struct {
 		start, end time.Time
 		cal        quota.Calendar
@@ -578,11 +583,16 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 	dayFrom := make([]time.Time, len(ts)) // the periods' first and next local dates, for grants
 	dayTo := make([]time.Time, len(ts))
 	byInvoice := make(map[string]*ratedTenant, len(ts))
+	// The batch's overall bounds, [first, last), repeat the filters on the
+	// plain columns so that the planner scans the indexes by tenant and
+	// time, as for one shared period; the join then keeps each tenant's.
+	first, last := ts[0].in.Start, ts[0].in.End
 	for k, t := range ts {
 		ids[k], invIDs[k] = t.id, t.invoiceID
 		starts[k], ends[k] = t.in.Start, t.in.End
 		dayFrom[k], dayTo[k] = localDate(t.cal, t.in.Start), localDate(t.cal, t.in.End)
 		byInvoice[t.invoiceID] = t
+		first, last = minTime(first, t.in.Start), maxTime(last, t.in.End)
 	}
 
 	// One row per stretch of a tier at one price: the tier history split
@@ -600,8 +610,9 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		JOIN tiers tr ON tr.slug = h.tier
 		LEFT JOIN tier_prices p ON p.tier = h.tier
 		  AND p.valid_from < least(coalesce(h.valid_to, b.pe), b.pe) AND (p.valid_to IS NULL OR p.valid_to > greatest(h.valid_from, b.ps))
-		WHERE h.valid_from < b.pe AND (h.valid_to IS NULL OR h.valid_to > b.ps)
-		ORDER BY h.tenant_id, 8`, ids, starts, ends)
+		WHERE h.tenant_id = ANY($1::uuid[]) AND h.valid_from < $5 AND (h.valid_to IS NULL OR h.valid_to > $4)
+		  AND h.valid_from < b.pe AND (h.valid_to IS NULL OR h.valid_to > b.ps)
+		ORDER BY h.tenant_id, 8`, ids, starts, ends, first, last)
 	if err != nil {
 		return fmt.Errorf("billing: tier history: %w", err)
 	}
@@ -621,7 +632,8 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		SELECT u.tenant_id::text, sum(u.units)::bigint, sum(u.overage_units)::bigint
 		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, ps, pe)
 		JOIN usage u ON u.tenant_id = b.tenant_id AND u.hour >= b.ps AND u.hour < b.pe
-		GROUP BY u.tenant_id`, ids, starts, ends)
+		WHERE u.tenant_id = ANY($1::uuid[]) AND u.hour >= $4 AND u.hour < $5
+		GROUP BY u.tenant_id`, ids, starts, ends, first, last)
 	if err != nil {
 		return fmt.Errorf("billing: usage: %w", err)
 	}
@@ -634,7 +646,7 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		return fmt.Errorf("billing: usage: %w", err)
 	}
 
-	if err := loadMeterOverage(ctx, tx, ids, starts, ends, byID); err != nil {
+	if err := loadMeterOverage(ctx, tx, ids, starts, ends, first, last, byID); err != nil {
 		return err
 	}
 
@@ -644,6 +656,7 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		FROM unnest($1::uuid[], $2::date[], $3::date[]) AS b(tenant_id, df, dt)
 		JOIN grants g ON g.tenant_id = b.tenant_id
 		  AND ((g.period = 'month' AND g.period_start = b.df) OR (g.period = 'day' AND g.period_start >= b.df AND g.period_start < b.dt))
+		WHERE g.tenant_id = ANY($1::uuid[])
 		ORDER BY g.tenant_id, g.period_start, g.period DESC, g.created_at, g.id`, ids, dayFrom, dayTo)
 	if err != nil {
 		return fmt.Errorf("billing: grants: %w", err)
@@ -933,4 +946,18 @@ func lineUnits(n int64) string {
 		return "-" + string(out)
 	}
 	return string(out)
+}
+
+func minTime(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
+}
+
+func maxTime(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }
