@@ -2,13 +2,19 @@ package billing
 
 import (
 	"context"
+	"errors"
+	"net/url"
 	"testing"
 	"time"
 
+	"github.com/golang-migrate/migrate/v4"
+	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/migrations"
 )
 
 // Anchored calendars of the tests. New York is UTC-4 (EDT) until
@@ -344,4 +350,65 @@ func TestRunFinalizesAnchored(t *testing.T) {
 	want(anchored, invNov, "final")
 	want(anchored, invDec, "draft")
 	want(def, invDec, "draft")
+}
+
+// TestInvoicePeriodsMigration: down from 000012 drops the bounds and keeps
+// the invoices and an anchored month grant; up again gives every invoice
+// its label's UTC month, and a writer that names no bounds gets them too.
+func TestInvoicePeriodsMigration(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testenv.MigratedDatabase(t)
+	db, err := postgres.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	id := invTenant(t, db, "pro", anchSep)
+	invCalendar(t, db, id, 15, "America/New_York")
+	invGrant(t, db, id, "month", time.Date(2026, 10, 15, 0, 0, 0, 0, time.UTC), 5)
+	inv := invGenerate(t, NewInvoicer(db, (&invClock{t: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}).Now, time.Hour), id, anchOct)
+	invCheckPeriod(t, inv, "2026-10", anchNYOct, anchNYNov, "final")
+
+	src, err := iofs.New(migrations.FS, ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := url.Parse(dbURL)
+	u.Scheme = "pgx5"
+	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	if err := m.Migrate(11); err != nil {
+		t.Fatalf("down to 11: %v", err)
+	}
+	var n int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM information_schema.columns WHERE table_name = 'invoices' AND column_name LIKE 'period_%'`).Scan(&n); err != nil || n != 0 {
+		t.Fatalf("after down: %d period_ columns (%v), want none", n, err)
+	}
+	if _, err := db.Exec(ctx, `INSERT INTO grants (tenant_id, period, period_start, units) VALUES ($1, 'month', '2026-11-15', 1)`, id); err == nil {
+		t.Error("after down: a month grant on the 15th was accepted")
+	}
+	for range 2 { // up, then up again: no change
+		if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
+			t.Fatalf("up again: %v", err)
+		}
+	}
+	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+		t.Fatal(err)
+	}
+	got := invGenerate(t, NewInvoicer(db, (&invClock{t: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}).Now, time.Hour), id, anchOct)
+	invCheckPeriod(t, got, "2026-10", anchOct, invNov, "final") // final: never regenerated, it keeps the filled bounds
+	if got.TotalCents != inv.TotalCents {
+		t.Errorf("final total after down and up: %d, want %d", got.TotalCents, inv.TotalCents)
+	}
+	other := invTenant(t, db, "pro", anchSep)
+	invExec(t, db, `INSERT INTO invoices (tenant_id, period) VALUES ($1, '2026-11-01')`, other)
+	var start, end time.Time
+	if err := db.QueryRow(ctx, `SELECT period_start, period_end FROM invoices WHERE tenant_id = $1`, other).Scan(&start, &end); err != nil ||
+		!start.Equal(invNov) || !end.Equal(invDec) {
+		t.Errorf("an invoice inserted without bounds: [%v, %v) (%v), want [%v, %v)", start, end, err, invNov, invDec)
+	}
 }
