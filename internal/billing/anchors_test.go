@@ -177,6 +177,39 @@ func TestAnchoredInvoiceNewYork(t *testing.T) {
 	}
 }
 
+// TestAnchoredInvoiceShortPeriod: New York's period labelled 2027-02
+// runs from 2027-02-15 05:00 UTC to 2027-03-15 04:00 UTC, across the
+// 23-hour day of 2027-03-14: 28 days less an hour, 2,415,600 s. A whole
+// period costs the full price; parts are prorated over its true length.
+func TestAnchoredInvoiceShortPeriod(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	inv := NewInvoicer(db, (&invClock{t: time.Date(2027, 4, 1, 0, 0, 0, 0, time.UTC)}).Now, 6*time.Hour)
+	feb := time.Date(2027, 2, 1, 0, 0, 0, 0, time.UTC)
+	start, end := time.Date(2027, 2, 15, 5, 0, 0, 0, time.UTC), time.Date(2027, 3, 15, 4, 0, 0, 0, time.UTC)
+	whole := invTenant(t, db, "pro", feb)
+	invCalendar(t, db, whole, 15, "America/New_York")
+	got := invGenerate(t, inv, whole, feb)
+	invCheckPeriod(t, got, "2027-02", start, end, "final")
+	invCheckLines(t, got, []InvoiceLine{
+		{Kind: "subscription", Description: "Pro plan, 2027-02-15 – 2027-03-15 (28.0 of 28 days)", Quantity: 2_415_600, AmountCents: 4900},
+		{Kind: "included", Description: "Usage, included in Pro plan: 1,000,000 units per month"},
+	})
+
+	// Upgraded at 2027-03-01 00:00 EST (05:00 UTC): 14 days (1,209,600 s)
+	// of Pro, 13 days 23 hours (1,206,000 s) of Enterprise.
+	upgraded := invTenant(t, db, "pro", feb)
+	invCalendar(t, db, upgraded, 15, "America/New_York")
+	invChangeTier(t, db, upgraded, "enterprise", time.Date(2027, 3, 1, 5, 0, 0, 0, time.UTC))
+	invCheckLines(t, invGenerate(t, inv, upgraded, feb), []InvoiceLine{
+		{Kind: "subscription", Description: "Pro plan, 2027-02-15 – 2027-03-01 (14.0 of 28 days)", Quantity: 1_209_600,
+			AmountCents: 2454}, // 4900 × 1,209,600 / 2,415,600 = 2453.65
+		{Kind: "subscription", Description: "Enterprise plan, 2027-03-01 – 2027-03-15 (14.0 of 28 days)", Quantity: 1_206_000,
+			AmountCents: 24913}, // 49900 × 1,206,000 / 2,415,600 = 24912.82
+		{Kind: "included", Description: "Usage, included in Enterprise plan: 20,000,000 units per month"},
+	})
+}
+
 // TestAnchoredInvoiceKathmandu: a period boundary at 18:15 UTC cuts an
 // hour bucket, which counts in the period its start is in.
 func TestAnchoredInvoiceKathmandu(t *testing.T) {
