@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/url"
+	"sync"
 	"testing"
 	"time"
 
@@ -443,5 +444,92 @@ func TestInvoicePeriodsMigration(t *testing.T) {
 	if err := db.QueryRow(ctx, `SELECT period_start, period_end FROM invoices WHERE tenant_id = $1`, other).Scan(&start, &end); err != nil ||
 		!start.Equal(invNov) || !end.Equal(invDec) {
 		t.Errorf("an invoice inserted without bounds: [%v, %v) (%v), want [%v, %v)", start, end, err, invNov, invDec)
+	}
+}
+
+// TestRunMixedCalendarsConcurrent runs four invoicers and two refreshes at
+// once over tenants of four calendars, at an instant when each calendar
+// has a period to close (through closeMonth, closeDue or the sweep's
+// previous period) and one to draft, every tenant with a credit: no
+// deadlock, one final invoice per tenant drawing its credit once, one
+// draft of its current period.
+func TestRunMixedCalendarsConcurrent(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	const n = 400
+	invExec(t, db, `INSERT INTO tenants (name, tier, webhook_secret, created_at, billing_anchor_day, time_zone)
+		SELECT 'tenant ' || g, 'pro', decode(repeat('ab', 32), 'hex'), $2,
+		       CASE g % 4 WHEN 1 THEN 15 ELSE 1 END,
+		       (ARRAY['UTC', 'America/New_York', 'Asia/Kathmandu', 'Pacific/Auckland'])[g % 4 + 1]
+		FROM generate_series(1, $1) g`, n, anchSep)
+	invExec(t, db, `INSERT INTO tenant_tier_history (tenant_id, tier, valid_from) SELECT id, tier, created_at FROM tenants`)
+	invExec(t, db, `INSERT INTO credits (tenant_id, amount_cents, reason, created_at) SELECT id, 100, 'Welcome', $1 FROM tenants`, anchSep)
+	rows, err := db.Query(ctx, `SELECT id::text FROM tenants ORDER BY id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for rows.Next() {
+		var id string
+		if err := rows.Scan(&id); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+
+	// Dec 1 02:00 UTC, grace 1 h: the default and Auckland's and
+	// Kathmandu's Novembers are over; New York's October (to Nov 15) was
+	// never drafted, its November runs to Dec 15.
+	clock := &invClock{t: time.Date(2026, 12, 1, 2, 0, 0, 0, time.UTC)}
+	var invs []*Invoicer
+	for range 4 {
+		inv := NewInvoicer(db, clock.Now, time.Hour)
+		inv.batch = 70
+		invs = append(invs, inv)
+	}
+	var wg sync.WaitGroup
+	errs := make([]error, len(invs)+2)
+	for k, inv := range invs {
+		wg.Go(func() { errs[k] = inv.Run(ctx) })
+	}
+	for k := range 2 {
+		wg.Go(func() { errs[len(invs)+k] = invs[k].Refresh(ctx, ids) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	type summary struct{ Finals, Drafts, FinalTotal, Draws, Drawn int64 }
+	sum := func() summary {
+		t.Helper()
+		var s summary
+		err := db.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'final'), count(*) FILTER (WHERE status = 'draft'),
+			coalesce(sum(total_cents) FILTER (WHERE status = 'final'), 0)::bigint,
+			(SELECT count(*) FROM credit_draws), (SELECT coalesce(sum(drawn_cents), 0)::bigint FROM credits) FROM invoices`).
+			Scan(&s.Finals, &s.Drafts, &s.FinalTotal, &s.Draws, &s.Drawn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	want := summary{Finals: n, Drafts: n, FinalTotal: n * (4900 - 100), Draws: n, Drawn: n * 100}
+	if got := sum(); got != want {
+		t.Fatalf("after concurrent Runs: got %+v, want %+v", got, want)
+	}
+	var wrong int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM invoices i JOIN tenants t ON t.id = i.tenant_id
+		WHERE i.status = 'final' AND i.period <> CASE t.time_zone WHEN 'America/New_York' THEN '2026-10-01'::date ELSE '2026-11-01'::date END`).
+		Scan(&wrong); err != nil || wrong != 0 {
+		t.Errorf("%d final invoices of another label than their calendar's last period (%v)", wrong, err)
+	}
+	clock.Set(clock.Now().Add(time.Hour))
+	if err := NewInvoicer(db, clock.Now, time.Hour).Run(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := sum(); got != want {
+		t.Fatalf("after another Run: got %+v, want %+v", got, want)
 	}
 }
