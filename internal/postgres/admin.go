@@ -545,14 +545,22 @@ func (s *Store) MarkGrantApplied(ctx context.Context, id string) error {
 	return nil
 }
 
-// UnappliedGrants returns the grants of the day dayStart and the month
-// monthStart not applied yet, oldest first, at most 1,000 of them.
+// UnappliedGrants returns the grants not applied yet whose period may be
+// the current one of their tenant's calendar, at UTC day dayStart and UTC
+// month monthStart: day grants of the dates around dayStart, month grants
+// since the previous month, newest first, at most 1,000 of them.
 func (s *Store) UnappliedGrants(ctx context.Context, dayStart, monthStart time.Time) ([]quota.Grant, error) {
-	// period_start IN (…) lets the partial index of unapplied grants serve.
+	// A grant's period start is the first local date of its period in the
+	// tenant's billing calendar (catalog.Grants), which may be a day either
+	// side of the UTC date and, with an anchor, any day since the previous
+	// UTC month's start: those are taken, newest first, and the live
+	// counter tells which are current (the others are left, and age out of
+	// the range). The range lets the partial index of unapplied grants
+	// serve.
 	rows, err := s.db.Query(ctx, `SELECT `+grantColumns+` FROM grants
-		WHERE applied_at IS NULL AND period_start IN ($1::date, $2::date)
-		  AND (period = 'day' AND period_start = $1::date OR period = 'month' AND period_start = $2::date)
-		ORDER BY created_at, id LIMIT 1000`, dayStart, monthStart)
+		WHERE applied_at IS NULL AND period_start BETWEEN $2::date AND $3::date
+		  AND (period = 'day' AND period_start BETWEEN $1::date - 1 AND $1::date + 1 OR period = 'month')
+		ORDER BY created_at DESC, id LIMIT 1000`, dayStart, monthStart.AddDate(0, -1, 0), dayStart.AddDate(0, 0, 1))
 	if err != nil {
 		return nil, fmt.Errorf("postgres: unapplied grants: %w", err)
 	}
