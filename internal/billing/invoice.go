@@ -161,8 +161,11 @@ func NewInvoicer(db *pgxpool.Pool, now func() time.Time, grace time.Duration) *I
 // before its end is flushed (FlushedThrough), every tenant that existed
 // during it gets its invoice regenerated a last time and finalized; earlier
 // months that still have drafts (a worker that was down) are closed the same
-// way. Then it regenerates the current month's draft of every tenant created
-// before the month's end.
+// way (for a tenant on another calendar, "finalized" once its own period
+// of the month's label is over: see closeDue). Then it finalizes every
+// draft whose own period's end plus the grace has passed (closeDue), and
+// regenerates every tenant's draft of its billing period containing now
+// (the current month's for the default calendar; see generateCurrent).
 //
 // Tenants are handled in keyset-paginated batches of 500, each in its own
 // transaction, so memory stays bounded however many tenants there are; an
@@ -234,9 +237,10 @@ func (i *Invoicer) Run(ctx context.Context) error {
 	return nil
 }
 
-// Refresh regenerates the current month's drafts of the given tenants (those
-// the worker just flushed usage for), in batches; tenants that do not exist
-// or were created after the month are skipped, final invoices untouched.
+// Refresh regenerates the drafts of the given tenants' billing periods
+// containing now (those the worker just flushed usage for), in batches;
+// tenants that do not exist or were created after the current UTC month
+// are skipped, final invoices untouched.
 func (i *Invoicer) Refresh(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
