@@ -648,7 +648,10 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 		)
 		SELECT coalesce(u.tenant_id, g.tenant_id)::text, coalesce(u.day_units, 0), coalesce(u.month_units, 0),
 		       coalesce(g.day_grant, 0), coalesce(g.month_grant, 0)
-		FROM u FULL JOIN g ON g.tenant_id = u.tenant_id`, month, day, month.AddDate(0, 1, 0))
+		FROM u FULL JOIN g ON g.tenant_id = u.tenant_id
+		-- (tenants of another calendar: calendarRecords)
+		WHERE NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = coalesce(u.tenant_id, g.tenant_id)
+		                  AND (t.billing_anchor_day <> 1 OR t.time_zone <> 'UTC'))`, month, day, month.AddDate(0, 1, 0))
 	if err != nil {
 		return fmt.Errorf("billing: repair: %w", err)
 	}
@@ -659,6 +662,11 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("billing: repair: %w", err)
 	}
+	cr, err := r.calendarRecords(ctx, now)
+	if err != nil {
+		return err
+	}
+	recs = append(recs, cr...)
 	for start := 0; start < len(recs); start += chunk {
 		if err := r.rl.Restore(ctx, now, recs[start:min(start+chunk, len(recs))]); err != nil {
 			return err

@@ -131,3 +131,49 @@ func TestRepairDetectsALossOnOneClusterMaster(t *testing.T) {
 		mustFlush(t, rc)
 	}
 }
+
+// TestRepairInTheTenantsCalendar: after a loss, a tenant 14 hours ahead of
+// UTC with its billing month anchored on the 28th gets the counters of its
+// own local day and billing period back (their ids are not the UTC day's
+// and month's), from the ledger and its applied grants; a tenant of the
+// default calendar beside it, its UTC ones.
+func TestRepairInTheTenantsCalendar(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	ids := r.tenants(t, 2, "pro")
+	invExec(t, r.db, `UPDATE tenants SET billing_anchor_day = 28, time_zone = 'Pacific/Kiritimati' WHERE id = $1`, ids[0])
+	cal := quota.Tenant{BillingAnchorDay: 28, TimeZone: "Pacific/Kiritimati"}.Calendar()
+	rc := r.reconciler()
+	if err := rc.Repair(ctx); err != nil { // first start
+		t.Fatal(err)
+	}
+	d, err := r.rl.Admit(ctx, quota.Request{TenantID: ids[0], Meter: "demo", Cost: 300, Limits: repairLimits, Calendar: cal})
+	if err != nil || !d.Allowed {
+		t.Fatalf("admit: %+v %v", d, err)
+	}
+	r.admitUnits(t, ids[1], 200)
+	if err := r.rl.ReportActive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustFlush(t, rc)
+	now := time.Now()
+	pid := cal.PeriodID(now)
+	invExec(t, r.db, `INSERT INTO grants (tenant_id, period, period_start, units, applied_at) VALUES
+		($1, 'month', $2::date, 40, now()), ($1, 'day', $3::date, 7, now())`,
+		ids[0], time.Date(pid/100, time.Month(pid%100), 28, 0, 0, 0, 0, time.UTC), time.Unix(cal.DayID(now)*86400, 0).UTC())
+	testenv.DeleteKeys(r.rdb, r.prefix+"*") // Redis loses this test's data
+	if err := rc.Repair(ctx); err != nil {
+		t.Fatal(err)
+	}
+	p, err := r.rl.PeekIn(ctx, ids[0], cal, repairLimits, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	day, _ := p.Limit(quota.LimitDaily)
+	month, _ := p.Limit(quota.LimitMonthly)
+	if day.Limit != 1007 || day.Remaining != 707 || month.Limit != 5040 || month.Remaining != 4740 {
+		t.Fatalf("calendar tenant after the repair: daily %+v, monthly %+v; want 707 of 1007 and 4740 of 5040 left", day, month)
+	}
+	r.checkUsed(t, ids[1], 200, "default tenant after the repair")
+}

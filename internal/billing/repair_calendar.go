@@ -1,0 +1,82 @@
+package billing
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// calendarRecords are what Repair restores for the tenants whose billing
+// calendar is not the default (anchor 1, UTC): the units of their local
+// day and billing period at now, from the ledger, and the applied grants
+// of those periods (recorded under the period's first local date, as
+// catalog.Grants records them). Usage rows are UTC hours: a day or period
+// that starts off the hour (a :30 or :45 zone) misses the units of its
+// first partial hour, which the restore's maximum with the pending usage
+// may not make up: it repairs less, never more. The default-calendar
+// tenants are Repair's own query's.
+func (r *Reconciler) calendarRecords(ctx context.Context, now time.Time) ([]quota.Recorded, error) {
+	rows, err := r.db.Query(ctx, `SELECT id::text, billing_anchor_day, time_zone FROM tenants
+		WHERE billing_anchor_day <> 1 OR time_zone <> 'UTC' ORDER BY id`)
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: calendars: %w", err)
+	}
+	var (
+		ids                  []string
+		cals                 []quota.Calendar
+		dStart, pStart, pEnd []time.Time
+		dDate, pDate         []time.Time
+		id, zone             string
+		anchor               int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &anchor, &zone}, func() error {
+		t := quota.Tenant{BillingAnchorDay: anchor, TimeZone: zone}
+		cal := t.Calendar()
+		ds, _ := cal.Day(now)
+		ps, pe := cal.Period(now)
+		pid := cal.PeriodID(now)
+		ids, cals = append(ids, id), append(cals, cal)
+		dStart, pStart, pEnd = append(dStart, ds), append(pStart, ps), append(pEnd, pe)
+		dDate = append(dDate, time.Unix(cal.DayID(now)*86400, 0).UTC())
+		pDate = append(pDate, time.Date(pid/100, time.Month(pid%100), max(cal.AnchorDay, 1), 0, 0, 0, 0, time.UTC))
+		return nil
+	})
+	if err != nil || len(ids) == 0 {
+		if err != nil {
+			err = fmt.Errorf("billing: repair: calendars: %w", err)
+		}
+		return nil, err
+	}
+	rows, err = r.db.Query(ctx, `
+		SELECT b.ord::int,
+		       coalesce((SELECT sum(u.units) FROM usage u WHERE u.tenant_id = b.id AND u.hour >= b.dstart AND u.hour < b.pend), 0)::bigint,
+		       coalesce((SELECT sum(u.units) FROM usage u WHERE u.tenant_id = b.id AND u.hour >= b.pstart AND u.hour < b.pend), 0)::bigint,
+		       coalesce((SELECT sum(g.units) FROM grants g WHERE g.tenant_id = b.id AND g.applied_at IS NOT NULL
+		                 AND g.period = 'day' AND g.period_start = b.dday), 0)::bigint,
+		       coalesce((SELECT sum(g.units) FROM grants g WHERE g.tenant_id = b.id AND g.applied_at IS NOT NULL
+		                 AND g.period = 'month' AND g.period_start = b.pday), 0)::bigint
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[], $5::date[], $6::date[])
+		     WITH ORDINALITY AS b(id, dstart, pstart, pend, dday, pday, ord)`,
+		ids, dStart, pStart, pEnd, dDate, pDate)
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: calendars: %w", err)
+	}
+	var ord int
+	var rec quota.Recorded
+	var out []quota.Recorded
+	_, err = pgx.ForEachRow(rows, []any{&ord, &rec.DayUnits, &rec.MonthUnits, &rec.DayGrant, &rec.MonthGrant}, func() error {
+		rec.TenantID, rec.Calendar = ids[ord-1], cals[ord-1]
+		if rec.DayUnits != 0 || rec.MonthUnits != 0 || rec.DayGrant != 0 || rec.MonthGrant != 0 {
+			out = append(out, rec)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: calendars: %w", err)
+	}
+	return out, nil
+}
