@@ -667,6 +667,13 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 		return err
 	}
 	recs = append(recs, cr...)
+	meters, err := r.meterRecords(ctx, now)
+	if err != nil {
+		return err
+	}
+	for k := range recs {
+		recs[k].Meters = meters[recs[k].TenantID]
+	}
 	for start := 0; start < len(recs); start += chunk {
 		if err := r.rl.Restore(ctx, now, recs[start:min(start+chunk, len(recs))]); err != nil {
 			return err

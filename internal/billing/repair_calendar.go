@@ -80,3 +80,58 @@ func (r *Reconciler) calendarRecords(ctx context.Context, now time.Time) ([]quot
 	}
 	return out, nil
 }
+
+// meterRecords are the meters' units of the tenants whose tier has meter
+// quotas (quota.MeterQuota), in each one's local day and billing period at
+// now, with the month's units past the meter's quota, for Repair to give
+// the meter quotas' counters back; by tenant id.
+func (r *Reconciler) meterRecords(ctx context.Context, now time.Time) (map[string][]quota.MeterRecorded, error) {
+	rows, err := r.db.Query(ctx, `SELECT DISTINCT t.id::text, t.billing_anchor_day, t.time_zone
+		FROM tenants t JOIN tiers tr ON tr.slug = t.tier WHERE jsonb_array_length(tr.meter_quotas) > 0 ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: meters: %w", err)
+	}
+	var (
+		ids                  []string
+		dStart, pStart, pEnd []time.Time
+		id, zone             string
+		anchor               int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &anchor, &zone}, func() error {
+		cal := quota.Tenant{BillingAnchorDay: anchor, TimeZone: zone}.Calendar()
+		ds, _ := cal.Day(now)
+		ps, pe := cal.Period(now)
+		ids, dStart, pStart, pEnd = append(ids, id), append(dStart, ds), append(pStart, ps), append(pEnd, pe)
+		return nil
+	})
+	if err != nil || len(ids) == 0 {
+		if err != nil {
+			err = fmt.Errorf("billing: repair: meters: %w", err)
+		}
+		return nil, err
+	}
+	rows, err = r.db.Query(ctx, `
+		SELECT b.id::text, m->>'meter',
+		       coalesce(sum(u.units) FILTER (WHERE u.hour >= b.dstart), 0)::bigint,
+		       coalesce(sum(u.units), 0)::bigint, coalesce(sum(u.meter_overage_units), 0)::bigint
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[]) AS b(id, dstart, pstart, pend)
+		JOIN tenants t ON t.id = b.id JOIN tiers tr ON tr.slug = t.tier
+		CROSS JOIN LATERAL jsonb_array_elements(tr.meter_quotas) AS m
+		LEFT JOIN usage u ON u.tenant_id = b.id AND u.meter = m->>'meter' AND u.hour >= b.pstart AND u.hour < b.pend
+		GROUP BY b.id, m->>'meter'`, ids, dStart, pStart, pEnd)
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: meters: %w", err)
+	}
+	out := map[string][]quota.MeterRecorded{}
+	var m quota.MeterRecorded
+	_, err = pgx.ForEachRow(rows, []any{&id, &m.Meter, &m.DayUnits, &m.MonthUnits, &m.MonthOverage}, func() error {
+		if m.MonthUnits != 0 {
+			out[id] = append(out[id], m)
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: meters: %w", err)
+	}
+	return out, nil
+}

@@ -177,3 +177,46 @@ func TestRepairInTheTenantsCalendar(t *testing.T) {
 	}
 	r.checkUsed(t, ids[1], 200, "default tenant after the repair")
 }
+
+// TestRepairRestoresMeterQuotas: after a loss, a meter quota's counters
+// come back from the ledger (units of the day and month, the month's units
+// past the quota), so the meter's quota is not granted anew.
+func TestRepairRestoresMeterQuotas(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	invExec(t, r.db, `UPDATE tiers SET meter_quotas = '[{"meter": "search", "daily_quota": 500, "monthly_quota": 100,
+		"overage": "bill", "overage_price_cents_per_1k": 50}]' WHERE slug = 'pro'`)
+	id := r.tenants(t, 1, "pro")[0]
+	qs := []quota.MeterQuota{{Meter: "search", DailyQuota: quota.Ptr(int64(500)), MonthlyQuota: quota.Ptr(int64(100)),
+		Overage: quota.OverageBill, OveragePriceCentsPer1K: 50}}
+	rc := r.reconciler()
+	if err := rc.Repair(ctx); err != nil { // first start
+		t.Fatal(err)
+	}
+	d, err := r.rl.Admit(ctx, quota.Request{TenantID: id, Meter: "search", Cost: 130, Limits: repairLimits, MeterQuotas: qs})
+	if err != nil || !d.Allowed {
+		t.Fatalf("admit: %+v %v", d, err)
+	}
+	if err := r.rl.ReportActive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustFlush(t, rc)
+	testenv.DeleteKeys(r.rdb, r.prefix+"*") // Redis loses this test's data
+	if err := rc.Repair(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ls, err := r.rl.PeekMeterQuotas(ctx, id, quota.Calendar{}, qs, time.Time{})
+	if err != nil || len(ls) != 2 || ls[0].Remaining != 370 || ls[1].Remaining != 0 {
+		t.Fatalf("meter quotas after the repair: %+v %v; want 370 of the day's 500 and none of the month's 100 left", ls, err)
+	}
+	// the next search is the meter's overage, not a fresh quota's unit
+	d, err = r.rl.Admit(ctx, quota.Request{TenantID: id, Meter: "search", Cost: 1, Limits: repairLimits, MeterQuotas: qs})
+	if err != nil || !d.Allowed {
+		t.Fatalf("admit: %+v %v", d, err)
+	}
+	rows, err := r.rl.Pending(ctx, id)
+	if err != nil || len(rows) != 1 || rows[0].MeterOverage != 1 {
+		t.Fatalf("pending after the repair: %+v %v, want 1 unit of meter overage", rows, err)
+	}
+}

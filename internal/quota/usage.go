@@ -58,6 +58,16 @@ type Recorded struct {
 	// Calendar is the tenant's billing calendar, whose day and month
 	// (period) these are; the zero Calendar's are the UTC day and month.
 	Calendar Calendar
+	// Meters are the units of the meters of the tier's meter quotas in
+	// the same day and month (MeterQuota).
+	Meters []MeterRecorded
+}
+
+// MeterRecorded is one meter's units of a day and a month in the ledger,
+// and its units past the meter's monthly quota that month.
+type MeterRecorded struct {
+	Meter                              string
+	DayUnits, MonthUnits, MonthOverage int64
 }
 
 // KeyRecord is an API key as authentication needs it: the listed key and the

@@ -444,15 +444,33 @@ func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool)
 	return nil
 }
 
+// restoreMetersScript gives the meter quotas their counters back
+// (lua/restore_meters.lua).
+var restoreMetersScript = script("restore_meters.lua")
+
+// meterRestoreArgs are restore_meters.lua's ARGV for rec at at.
+func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {
+	day, month := periodIDs(rec.Calendar, at)
+	_, end := rec.Calendar.Period(at)
+	args := []any{day, month, end.Add(time.Hour).UnixMilli()}
+	for _, m := range rec.Meters {
+		args = append(args, m.Meter, m.DayUnits, m.MonthUnits, m.MonthOverage)
+	}
+	return args
+}
+
 // Restore repairs the tenants' day and month counters for the periods
 // containing at (see lua/restore.lua), pipelined: each record's day and
-// month are those of its Calendar.
+// month are those of its Calendar; its meters' too (lua/restore_meters.lua).
 func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error {
 	at = at.UTC()
 	day, month := quota.DayStart(at), quota.MonthStart(at)
 	y, m, _ := at.Date()
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, rec := range recs {
+			if len(rec.Meters) > 0 {
+				restoreMetersScript.Eval(ctx, p, []string{r.key(rec.TenantID, "mq")}, meterRestoreArgs(rec, at)...)
+			}
 			// Pipelined EVALSHA cannot fall back on NOSCRIPT; repairs are
 			// rare, so send the script itself.
 			keys := r.stateKeys(rec.TenantID, "pending")
