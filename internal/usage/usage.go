@@ -115,12 +115,43 @@ type Report struct {
 	Policies []Policy       `json:"policies"`
 	Upgrade  *quota.Upgrade `json:"upgrade"`
 
-	monthStart time.Time // the month of Daily and Meters, by the admission side's time
-	today      string    // the date the limits were read on
+	// monthStart and periodEnd bound the billing period of Daily and
+	// Meters (by the admission side's time), whose dates are local to loc
+	monthStart, periodEnd time.Time
+	loc                   *time.Location
+	today                 string // the (local) date the limits were read on
 }
 
-// MonthStart is the start of the month of Daily and Meters.
+// MonthStart is the start of the billing period of Daily and Meters (for
+// the default calendar, the UTC month's).
 func (u Report) MonthStart() time.Time { return u.monthStart }
+
+// Period is the billing period of Daily and Meters, [start, end), and the
+// zone its dates (Day.Date) are local to.
+func (u Report) Period() (start, end time.Time, loc *time.Location) {
+	loc = u.loc
+	if loc == nil {
+		loc = time.UTC
+	}
+	return u.monthStart, u.periodEnd, loc
+}
+
+// PeriodDates are the local dates (YYYY-MM-DD) of the billing period, in
+// order: the days of Daily's rows.
+func (u Report) PeriodDates() []string {
+	start, end, loc := u.Period()
+	if !end.After(start) {
+		return nil
+	}
+	s, last := start.In(loc), end.Add(-time.Nanosecond).In(loc)
+	d := time.Date(s.Year(), s.Month(), s.Day(), 0, 0, 0, 0, time.UTC)
+	stop := time.Date(last.Year(), last.Month(), last.Day(), 0, 0, 0, 0, time.UTC)
+	var out []string
+	for ; !d.After(stop); d = d.AddDate(0, 0, 1) {
+		out = append(out, d.Format(time.DateOnly))
+	}
+	return out
+}
 
 // Today is today's row of Daily (zero when nothing was used today).
 func (u Report) Today() Day {
@@ -177,12 +208,19 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 	if ok {
 		d.Limits = append(d.Limits, sc)
 	}
-	from := quota.MonthStart(d.Now)
-	to := from.AddDate(0, 1, 0)
+	// The billing period's usage, per local date of the tenant's calendar:
+	// the ledger's UTC days for the default one, else its hours, each
+	// dated by its start (in a :30 or :45 zone an hour across midnight
+	// counts for the day it starts in, as invoices count it).
+	from, to := p.Calendar.Period(d.Now)
+	loc, granularity := time.UTC, "day"
+	if !p.Calendar.IsDefault() && p.Calendar.Zone != nil {
+		loc, granularity = p.Calendar.Zone, "hour"
+	}
 	days := map[string]*Day{}
 	meters := map[string]*Meter{}
 	add := func(t time.Time, meter string, c counts) {
-		k := t.UTC().Format(time.DateOnly)
+		k := t.In(loc).Format(time.DateOnly)
 		dj := days[k]
 		if dj == nil {
 			dj = &Day{Date: k}
@@ -196,7 +234,7 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 		dj.add(c)
 		mj.add(c)
 	}
-	if err := r.ledger.EachUsage(ctx, p.Tenant.ID, from, to, "day", "", func(row billing.UsageRow) error {
+	if err := r.ledger.EachUsage(ctx, p.Tenant.ID, from, to, granularity, "", func(row billing.UsageRow) error {
 		add(row.PeriodStart, row.Meter, counts{row.Units, row.Requests, row.Rejected, row.ShadowRefused, row.Degraded})
 		return nil
 	}); err != nil {
@@ -212,7 +250,7 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 		}
 	}
 	u := Report{TenantID: p.Tenant.ID, Tier: p.Tier.Slug, Limits: Limits(d), Upgrade: p.Upgrade, monthStart: from,
-		today: d.Now.UTC().Format(time.DateOnly),
+		periodEnd: to, loc: loc, today: d.Now.In(loc).Format(time.DateOnly),
 		Daily: make([]Day, 0, len(days)), Meters: make([]Meter, 0, len(meters)), Policies: []Policy{}}
 	for _, dj := range days {
 		u.Daily = append(u.Daily, *dj)

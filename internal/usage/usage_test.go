@@ -252,3 +252,42 @@ func show(p Policy) string {
 	}
 	return s + "}"
 }
+
+// TestReaderDatesUsageInTheTenantsCalendar: a tenant 14 hours ahead of UTC
+// sees its billing period's usage by its local dates: an hour recorded at
+// its period's first instant (the day before, in UTC) is on the period's
+// first local date, and the period's dates run from there.
+func TestReaderDatesUsageInTheTenantsCalendar(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	rdb := testenv.Redis(t)
+	rl := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	store := postgres.NewStore(db)
+	tenant, err := store.CreateTenantWith(ctx, "test", quota.Tenant{Name: "kiri", Tier: "free", TimeZone: "Pacific/Kiritimati"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cal := tenant.Calendar()
+	start, end := cal.Period(time.Now())
+	if _, err := db.Exec(ctx, `INSERT INTO usage (tenant_id, hour, meter, units, requests) VALUES ($1, $2, 'demo', 6, 2), ($1, $3, 'demo', 100, 1)`,
+		tenant.ID, start, start.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	r := NewReader(rl, billing.NewLedger(db), time.Now)
+	u, err := r.For(ctx, catalog.Principal{Tenant: tenant, Tier: quota.Tier{Slug: "free"}, Calendar: cal})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := start.In(cal.Zone).Format(time.DateOnly)
+	if len(u.Daily) != 1 || u.Daily[0].Date != first || u.Daily[0].Units != 6 {
+		t.Fatalf("daily %+v, want only %s with 6 units (the hour before the period is the last one's)", u.Daily, first)
+	}
+	dates := u.PeriodDates()
+	if len(dates) < 28 || dates[0] != first || dates[len(dates)-1] != end.Add(-time.Hour).In(cal.Zone).Format(time.DateOnly) {
+		t.Fatalf("period dates %v, want from %s to the period's last local date", dates, first)
+	}
+	if !strings.HasSuffix(first, "-01") {
+		t.Fatalf("anchor 1: the period starts on the 1st, got %s", first)
+	}
+}

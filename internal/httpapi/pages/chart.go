@@ -12,7 +12,8 @@ import (
 )
 
 // The daily usage chart: an SVG drawn on the server, so it needs no script
-// and no library. One bar per UTC day of the month for the admitted units;
+// and no library. One bar per day of the billing period (the UTC month's
+// days, or the local dates of the tenant's calendar) for the admitted units;
 // a day with refused requests gets a triangle and the count above its bar,
 // so the two series differ in shape and label, not in colour alone. Axes
 // carry units: cost units on the y axis, the day of the month (UTC) on the
@@ -27,18 +28,33 @@ const (
 	chartMarkerHalf, chartMarkerH, chartFS = 5, 8, 11
 )
 
-// dailyChart draws the days (the /v1/usage daily rows) of the month that
+// dailyChart draws the days (the /v1/usage daily rows) of the UTC month that
 // starts at month.
 func dailyChart(month time.Time, days []usage.Day) template.HTML {
 	n := time.Date(month.Year(), month.Month()+1, 0, 0, 0, 0, 0, time.UTC).Day()
+	dates := make([]string, n)
+	for i := range n {
+		dates[i] = month.AddDate(0, 0, i).Format(time.DateOnly)
+	}
+	return periodChart(dates, month.Format("January 2006"), "UTC", days)
+}
+
+// periodChart draws the days (the /v1/usage daily rows) of a billing period
+// whose local dates are dates (YYYY-MM-DD, in order), named name, in zone.
+func periodChart(dates []string, name, zone string, days []usage.Day) template.HTML {
+	n := len(dates)
+	at := make(map[string]int, n)
+	for i, d := range dates {
+		at[d] = i + 1
+	}
 	byDay := make([]usage.Day, n+1)
 	var peak, total, refused, refusedDays int64
 	for _, d := range days {
-		t, err := time.Parse(time.DateOnly, d.Date)
-		if err != nil || t.Year() != month.Year() || t.Month() != month.Month() {
+		i, ok := at[d.Date]
+		if !ok {
 			continue
 		}
-		byDay[t.Day()] = d
+		byDay[i] = d
 		peak = max(peak, d.Units)
 		total += d.Units
 		refused += d.Rejected
@@ -47,11 +63,11 @@ func dailyChart(month time.Time, days []usage.Day) template.HTML {
 		}
 	}
 	step, top := chartScale(peak)
-	monthName := month.Format("January 2006")
+	monthName := name
 
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg class="chart" viewBox="0 0 %d %d" role="img" aria-labelledby="usage-chart-title usage-chart-desc" xmlns="http://www.w3.org/2000/svg">`, chartW, chartH)
-	fmt.Fprintf(&b, `<title id="usage-chart-title">Units used per day, %s (UTC)</title>`, html.EscapeString(monthName))
+	fmt.Fprintf(&b, `<title id="usage-chart-title">Units used per day, %s (%s)</title>`, html.EscapeString(monthName), html.EscapeString(zone))
 	fmt.Fprintf(&b, `<desc id="usage-chart-desc">%s units in %s so far; busiest day %s units; %s refused requests on %d days.</desc>`,
 		formatNum(total), html.EscapeString(monthName), formatNum(peak), formatNum(refused), refusedDays)
 
@@ -83,10 +99,10 @@ func dailyChart(month time.Time, days []usage.Day) template.HTML {
 	for day := 1; day <= n; day++ {
 		if day == 1 || day%5 == 0 && n-day >= 2 || day == n {
 			fmt.Fprintf(&b, `<line class="tick-mark" x1="%.1f" x2="%.1f" y1="%d" y2="%d"/>`, cx(day), cx(day), chartTop+chartPlotH, chartTop+chartPlotH+4)
-			fmt.Fprintf(&b, `<text class="tick" x="%.1f" y="%d" text-anchor="middle">%d</text>`, cx(day), chartTop+chartPlotH+16, day)
+			fmt.Fprintf(&b, `<text class="tick" x="%.1f" y="%d" text-anchor="middle">%s</text>`, cx(day), chartTop+chartPlotH+16, dayOfMonth(dates[day-1]))
 		}
 	}
-	fmt.Fprintf(&b, `<text class="axis-title" x="%d" y="%d" text-anchor="middle">day of %s (UTC)</text>`, chartLeft+chartPlotW/2, chartH-8, html.EscapeString(monthName))
+	fmt.Fprintf(&b, `<text class="axis-title" x="%d" y="%d" text-anchor="middle">day of %s (%s)</text>`, chartLeft+chartPlotW/2, chartH-8, html.EscapeString(monthName), html.EscapeString(zone))
 	b.WriteString(`</g>`)
 
 	// The bars, then the refusal markers over them.
@@ -120,6 +136,14 @@ func dailyChart(month time.Time, days []usage.Day) template.HTML {
 // triangle is the path of an upward triangle whose base is centred at x, y.
 func triangle(x, y float64) string {
 	return fmt.Sprintf("M%.1f %.1fL%.1f %.1fL%.1f %.1fZ", x-chartMarkerHalf, y, x+chartMarkerHalf, y, x, y-chartMarkerH)
+}
+
+// dayOfMonth is the day of a YYYY-MM-DD date, without a leading zero.
+func dayOfMonth(date string) string {
+	if len(date) != len(time.DateOnly) {
+		return ""
+	}
+	return strings.TrimPrefix(date[8:], "0")
 }
 
 func dayLabel(d usage.Day) string {

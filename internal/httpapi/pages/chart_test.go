@@ -186,3 +186,46 @@ func contains(list []string, s string) bool {
 }
 
 func ptrF(f float64) *float64 { return &f }
+
+// TestPeriodChartAcrossMonths: a billing period from the 15th to the 14th
+// of the next month has a bar per local date in it, ticks by day of month,
+// and names its zone; dates outside it are ignored.
+func TestPeriodChartAcrossMonths(t *testing.T) {
+	start := time.Date(2026, 10, 15, 0, 0, 0, 0, time.UTC)
+	var dates []string
+	for d := start; d.Before(time.Date(2026, 11, 15, 0, 0, 0, 0, time.UTC)); d = d.AddDate(0, 0, 1) {
+		dates = append(dates, d.Format(time.DateOnly))
+	}
+	days := []usage.Day{
+		{Date: "2026-10-15", Units: 10, Requests: 1},
+		{Date: "2026-11-14", Units: 20, Requests: 2, Rejected: 1},
+		{Date: "2026-11-15", Units: 999, Requests: 9}, // the next period's
+	}
+	var root svgNode
+	if err := xml.Unmarshal([]byte(periodChart(dates, "Oct 15 – Nov 15, 2026", "America/New_York", days)), &root); err != nil {
+		t.Fatalf("not well-formed: %v", err)
+	}
+	bars := map[string]svgNode{}
+	var texts []string
+	root.walk(func(n svgNode) {
+		if n.XMLName.Local == "rect" && n.attr("data-date") != "" {
+			bars[n.attr("data-date")] = n
+		}
+		if n.XMLName.Local == "text" || n.XMLName.Local == "title" {
+			texts = append(texts, strings.TrimSpace(n.Text))
+		}
+	})
+	if len(bars) != 2 || bars["2026-10-15"].attr("data-units") != "10" || bars["2026-11-14"].attr("data-units") != "20" {
+		t.Fatalf("bars %v, want the period's two days", bars)
+	}
+	x := func(d string) float64 { v, _ := strconv.ParseFloat(bars[d].attr("x"), 64); return v }
+	if !(x("2026-10-15") < x("2026-11-14")) {
+		t.Fatalf("the first day is not left of the last")
+	}
+	all := strings.Join(texts, "|")
+	for _, want := range []string{"|15|", "|14|", "(America/New_York)"} {
+		if !strings.Contains("|"+all+"|", want) {
+			t.Errorf("chart texts %q lack %q", all, want)
+		}
+	}
+}

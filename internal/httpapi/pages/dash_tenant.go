@@ -148,9 +148,16 @@ func (s *Pages) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantVi
 	if err != nil {
 		return tenantView{}, s.unavailable(err)
 	}
-	month := u.MonthStart()
+	// the usage of the billing period: the UTC month's, or the local dates
+	// of the tenant's calendar
+	start, end, loc := u.Period()
+	name := start.UTC().Format("January 2006")
+	if !p.Calendar.IsDefault() {
+		name = periodLabel(start, end, loc)
+		name = name[:strings.LastIndex(name, " (")] // (the zone is the chart's own label)
+	}
 	v := tenantView{Tenant: p.Tenant, Tier: p.Tier, Limits: p.Limits, Usage: u,
-		MonthName: month.Format("January 2006"), Chart: dailyChart(month, u.Daily), Invoices: invoices,
+		MonthName: name, Chart: periodChart(u.PeriodDates(), name, loc.String(), u.Daily), Invoices: invoices,
 		Days: usageTable{ID: "daily-table", Key: "Date"}, Meters: usageTable{ID: "meters-table", Key: "Meter"}}
 	for _, d := range u.Daily {
 		v.Days.Rows = append(v.Days.Rows, usageRow{d.Date, d.Units, d.Requests, d.Rejected})
