@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -66,29 +65,6 @@ type billedTenant struct {
 	cal     quota.Calendar
 }
 
-// zones caches the time zones tenants name, loaded once per name.
-type zones struct {
-	mu   sync.Mutex
-	locs map[string]*time.Location
-}
-
-func (z *zones) load(name string) (*time.Location, error) {
-	z.mu.Lock()
-	defer z.mu.Unlock()
-	if loc, ok := z.locs[name]; ok {
-		return loc, nil
-	}
-	loc, err := quota.LoadZone(name)
-	if err != nil {
-		return nil, err
-	}
-	if z.locs == nil {
-		z.locs = map[string]*time.Location{}
-	}
-	z.locs[name] = loc
-	return loc, nil
-}
-
 // billedTenants returns the tenants ids (sorted by id) that exist, with
 // their calendars. A zone that does not load (the API validates it on
 // every write) is an error rather than a guess: an invoice over the wrong
@@ -104,7 +80,7 @@ func (i *Invoicer) billedTenants(ctx context.Context, tx pgx.Tx, ids []string) (
 	var b billedTenant
 	var zone string
 	_, err = pgx.ForEachRow(rows, []any{&b.id, &b.created, &b.cal.AnchorDay, &zone}, func() error {
-		loc, err := i.zones.load(zone)
+		loc, err := quota.LoadZone(zone)
 		if err != nil {
 			return fmt.Errorf("tenant %s: time zone %q: %w", b.id, zone, err)
 		}

@@ -103,7 +103,6 @@ type Invoicer struct {
 	now   func() time.Time
 	grace time.Duration
 	batch int // tenants per transaction
-	zones zones
 
 	mu sync.Mutex // one Run at a time; guards the fields below
 	// sweepMonth and sweepAfter let a Run stopped by its budget or its

@@ -21,7 +21,6 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -86,8 +85,6 @@ type Catalog struct {
 	used   map[string]time.Time // key prefix -> last use, not yet written
 
 	loads    sync.Map // prefix or "t:"+id -> *call, for shared misses
-	zones    sync.Map // time zone name -> *time.Location (calendarOf)
-	nZones   atomic.Int64
 	onTenant []func(tenantID string)
 
 	// Versions (under mu): every invalidation bumps gen; while loads are in
@@ -230,21 +227,12 @@ func (c *Catalog) Calendar(ctx context.Context, tenantID string) (quota.Calendar
 	return c.calendarOf(t), nil
 }
 
-// maxZones bounds the cache of time zones (the tz database has about 600
-// names; stored zones were validated when written).
-const maxZones = 10_000
-
-// calendarOf returns t's billing calendar. Each zone is loaded once per
-// process, not per request (time.LoadLocation reads and parses the zone's
-// file). A stored zone this binary does not know (validated by another
-// one's database) counts as UTC, logged once.
+// calendarOf returns t's billing calendar (quota.LoadZone loads each zone
+// once per process). A stored zone this binary does not know (validated
+// by another one's database) counts as UTC, and is logged.
 func (c *Catalog) calendarOf(t quota.Tenant) quota.Calendar {
 	cal := quota.Calendar{AnchorDay: t.BillingAnchorDay}
 	if t.TimeZone == "" || t.TimeZone == quota.DefaultTimeZone {
-		return cal
-	}
-	if v, ok := c.zones.Load(t.TimeZone); ok {
-		cal.Zone = v.(*time.Location)
 		return cal
 	}
 	loc, err := quota.LoadZone(t.TimeZone)
@@ -252,11 +240,6 @@ func (c *Catalog) calendarOf(t quota.Tenant) quota.Calendar {
 		c.log.Warn("tenant time zone unknown here; its quotas count UTC days", "tenant_id", t.ID, "time_zone", t.TimeZone, "err", err)
 		loc = time.UTC
 	}
-	if c.nZones.Add(1) > maxZones {
-		c.zones.Clear()
-		c.nZones.Store(1)
-	}
-	c.zones.Store(strings.Clone(t.TimeZone), loc)
 	cal.Zone = loc
 	return cal
 }

@@ -3,6 +3,7 @@ package quota
 import (
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 	_ "time/tzdata" // the zone database, for machines without /usr/share/zoneinfo
 )
@@ -59,10 +60,16 @@ func ValidAnchorDay(d int) bool { return d >= 1 && d <= MaxAnchorDay }
 // copies (not IANA names; right/ counts leap seconds) and anything
 // time.LoadLocation rejects, with a CodeInvalid *Error on field time_zone.
 // Names are looked up in the system's zone database first, then in the
-// copy embedded in the binary (time/tzdata).
+// copy embedded in the binary (time/tzdata), once per process: a zone
+// loaded is kept (time.LoadLocation reads and parses the zone's data on
+// every call; the names that load are the database's, a few hundred), so
+// callers on hot paths need no cache of their own.
 func LoadZone(name string) (*time.Location, error) {
 	if name == "" {
 		return time.UTC, nil
+	}
+	if loc, ok := loadedZones.Load(name); ok {
+		return loc.(*time.Location), nil
 	}
 	if len(name) > MaxZoneNameLen {
 		return nil, FieldError("time_zone", "must be at most %d bytes", MaxZoneNameLen)
@@ -74,8 +81,12 @@ func LoadZone(name string) (*time.Location, error) {
 	if err != nil {
 		return nil, FieldError("time_zone", "unknown time zone %q", name)
 	}
+	loadedZones.Store(strings.Clone(name), loc)
 	return loc, nil
 }
+
+// loadedZones holds the zones LoadZone loaded: name -> *time.Location.
+var loadedZones sync.Map
 
 func zoneNameOK(name string) bool {
 	if name == "Local" || name == "localtime" || name == "posixrules" ||

@@ -14,7 +14,7 @@ import (
 
 // meterPeekScript reads the meter quota hash (lua/admit.lua, "Meter
 // quotas") with the script's clock: Redis TIME, then the fields of
-// ARGV (absent ones as '').
+// ARGV (absent ones as empty strings).
 var meterPeekScript = redis.NewScript(`
 local t = redis.call('TIME')
 local v = redis.call('HMGET', KEYS[1], unpack(ARGV))
@@ -45,15 +45,9 @@ func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, cal quota
 	if len(res) != 2+len(qs) {
 		return nil, fmt.Errorf("ratelimit: peek meter quotas: script answered %d values, want %d", len(res), 2+len(qs))
 	}
-	if now.IsZero() {
-		s, err1 := strconv.ParseInt(res[0], 10, 64)
-		us, err2 := strconv.ParseInt(res[1], 10, 64)
-		if err1 != nil || err2 != nil {
-			return nil, fmt.Errorf("ratelimit: peek meter quotas: TIME %q %q", res[0], res[1])
-		}
-		now = time.Unix(s, us*1000)
+	if now, err = orRedisTime(now, res[0], res[1]); err != nil {
+		return nil, fmt.Errorf("ratelimit: peek meter quotas: %w", err)
 	}
-	now = now.UTC()
 	dayID, monthID := periodIDs(cal, now)
 	dayStart, dayEnd := cal.Day(now)
 	monthStart, monthEnd := cal.Period(now)
@@ -83,6 +77,20 @@ func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, cal quota
 		}
 	}
 	return out, nil
+}
+
+// orRedisTime is now, or when it is zero the Redis TIME a peek script
+// answered (seconds and microseconds), in UTC.
+func orRedisTime(now time.Time, sec, usec string) (time.Time, error) {
+	if now.IsZero() {
+		s, err1 := strconv.ParseInt(sec, 10, 64)
+		us, err2 := strconv.ParseInt(usec, 10, 64)
+		if err1 != nil || err2 != nil {
+			return now, fmt.Errorf("TIME %q %q", sec, usec)
+		}
+		now = time.Unix(s, us*1000)
+	}
+	return now.UTC(), nil
 }
 
 // parseMeterField reads a meter's field "d,du,m,mu,mo" of the meter quota

@@ -15,7 +15,7 @@ import (
 // spendPeekScript reads what the spend cap is checked against (lua/admit.lua):
 // Redis TIME, the v2 state's field q (the month's id and overage units) and
 // the meter quotas' '$' (their overage millicents of a month); absent ones
-// as ''.
+// as empty strings.
 var spendPeekScript = redis.NewScript(`
 local t = redis.call('TIME')
 return {t[1], t[2], redis.call('HGET', KEYS[1], 'q') or '', redis.call('HGET', KEYS[2], '$') or ''}`)
@@ -44,13 +44,8 @@ func (r *Runner) PeekSpendCap(ctx context.Context, req quota.Request, now time.T
 	if len(res) != 4 {
 		return quota.LimitState{}, false, fmt.Errorf("ratelimit: peek spend cap: script answered %d values, want 4", len(res))
 	}
-	if now.IsZero() {
-		s, err1 := strconv.ParseInt(res[0], 10, 64)
-		us, err2 := strconv.ParseInt(res[1], 10, 64)
-		if err1 != nil || err2 != nil {
-			return quota.LimitState{}, false, fmt.Errorf("ratelimit: peek spend cap: TIME %q %q", res[0], res[1])
-		}
-		now = time.Unix(s, us*1000)
+	if now, err = orRedisTime(now, res[0], res[1]); err != nil {
+		return quota.LimitState{}, false, fmt.Errorf("ratelimit: peek spend cap: %w", err)
 	}
 	_, month := periodIDs(req.Calendar, now)
 	var spent int64 // millicents
