@@ -67,12 +67,11 @@ if KEYS[6] then
       local cm = string.match(v, '^(%-?%d+),')
       if cm and cm + 0 == month then redis.call('HSET', KEYS[6], '$', fmt(month) .. ',0') end
     else
-      local a1, a2, a3, a4, a5 = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
-      if a1 then
-        local qd, qdu, qm, qmu, qmo = a1 + 0, a2 + 0, a3 + 0, a4 + 0, a5 + 0
+      local qd, qdu, qm, qmu, qmo = meterq_get(v)
+      if qd then
         if qd == day then qdu = 0 end
         if qm == month then qmu, qmo = 0, 0 end
-        redis.call('HSET', KEYS[6], k, string.format('%d,%d,%d,%d,%d', qd, qdu, qm, qmu, qmo))
+        meterq_put(KEYS[6], k, qd, qdu, qm, qmu, qmo)
       end
     end
   end

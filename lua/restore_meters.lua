@@ -21,13 +21,10 @@ local n = 0
 for i = 4, #ARGV, 4 do
   local meter = ARGV[i]
   local du, mu, mo = tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), tonumber(ARGV[i + 3])
-  local v = redis.call('HGET', KEYS[1], meter)
-  if v then
-    local a1, a2, a3, a4, a5 = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
-    if a1 and a1 + 0 == day then du = math.max(du, a2 + 0) end
-    if a1 and a3 + 0 == month then mu, mo = math.max(mu, a4 + 0), math.max(mo, a5 + 0) end
-  end
-  redis.call('HSET', KEYS[1], meter, string.format('%d,%d,%d,%d,%d', day, du, month, mu, mo))
+  local qd, qdu, qm, qmu, qmo = meterq_get(redis.call('HGET', KEYS[1], meter))
+  if qd == day then du = math.max(du, qdu) end
+  if qd and qm == month then mu, mo = math.max(mu, qmu), math.max(mo, qmo) end
+  meterq_put(KEYS[1], meter, day, du, month, mu, mo)
   n = n + 1
 end
 if n > 0 then redis.call('PEXPIREAT', KEYS[1], ARGV[3]) end

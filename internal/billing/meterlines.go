@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -18,26 +19,19 @@ type MeterOverage struct {
 	Units int64
 }
 
-// meterOverageLines rates the month's meter overage: one "overage" line per
-// meter, in meter order, at the overage price of the meter's quota in the
-// tier in force at the end of the month, or, when that tier does not bill
-// the meter's overage (its quota was removed or blocks since), in the
-// latest tier of the month that does, as the tier-wide overage is rated.
+// meterOverageLines rates the billing period's meter overage: one
+// "overage" line per meter, in meter order, at the overage price of the
+// meter's quota in the tier in force at the end of the period, or, when
+// that tier does not bill the meter's overage (its quota was removed or
+// blocks since), in the latest tier of the period that does, as the
+// tier-wide overage is rated.
 // Meter quotas have no price history: a tier's current ones are used. The
 // amount is ceil(units × price per 1,000 / 1,000), as the tier's overage.
-// A meter no tier of the month bills is listed at 0, so that the units
+// A meter no tier of the period bills is listed at 0, so that the units
 // show, with the reason.
 func meterOverageLines(segs []TierSegment, over []MeterOverage) []InvoiceLine {
 	over = slices.Clone(over)
-	slices.SortFunc(over, func(a, b MeterOverage) int {
-		switch {
-		case a.Meter < b.Meter:
-			return -1
-		case a.Meter > b.Meter:
-			return 1
-		}
-		return 0
-	})
+	slices.SortFunc(over, func(a, b MeterOverage) int { return strings.Compare(a.Meter, b.Meter) })
 	var lines []InvoiceLine
 	for _, o := range over {
 		if o.Units <= 0 {

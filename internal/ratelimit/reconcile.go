@@ -446,7 +446,7 @@ func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool)
 
 // restoreMetersScript gives the meter quotas their counters back
 // (lua/restore_meters.lua).
-var restoreMetersScript = script("restore_meters.lua")
+var restoreMetersScript = script("meterq.lua", "restore_meters.lua")
 
 // meterRestoreArgs are restore_meters.lua's ARGV for rec at at.
 func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {

@@ -8,7 +8,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-var resetScript = stateScript("reset.lua")
+var resetScript = script("state.lua", "meterq.lua", "reset.lua")
 
 // ResetQuotas empties the tenant's day and month counters (used units and
 // the month's overage; grants stay) for a tier change with quota reset
