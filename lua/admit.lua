@@ -81,7 +81,9 @@ ARGV
                    LAST of KEYS. A tier with a billed meter quota and a
                    spend cap passes it on every request, "-1,-1,0,0,..."
                    for a meter without a quota, so that the cap sees the
-                   meters' overage
+                   meters' overage. A prepaid tenant's has three more,
+                   ",bal,bid,prev" (see "Prepaid"), and is passed on
+                   every request
   [20] cal         the tenant's billing calendar (see "Calendars"): '' the
                    default one (UTC days and calendar months), or
                    quota.Calendar.Boundaries of Go's now (calendar.lua)
@@ -93,7 +95,9 @@ ARGV
   KEYS do not change with a calendar)
 
 Return: an error reply "CALENDAR <now us>" when ARGV[20]'s days do not
-reach the script's now (see "Calendars"), written nothing; else a flat
+reach the script's now (see "Calendars"), or "PREPAID <now us>" when the
+balance of ARGV[19] is of another period than now's (see "Prepaid"),
+written nothing; else a flat
 array of 22 integers, then 8 of the meter quota (when
 ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
 (none when np is 0; idempotency codes 2, 3 return the 22 alone)
@@ -101,7 +105,8 @@ ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
   [2] violated bitmask: 1 burst, 2 bucket, 4 daily, 8 monthly, 16 a policy
       (its item says which), 32 degraded: only a degrade policy refused (the
       request gets its fallback answer; nothing is consumed), 64 spend cap,
-      128 the meter's daily quota, 256 the meter's monthly quota
+      128 the meter's daily quota, 256 the meter's monthly quota, 512 a
+      prepaid tenant's credit does not cover the request (retry -1)
   [3] retry after, us (0 when allowed; -1 = never: the cost exceeds a limit's
       whole size)
   [4] overage units admitted past the monthly quota (bill)
@@ -214,6 +219,22 @@ Meter quotas (ARGV[19] not '')
   month of its last write + 1 h (PEXPIREAT when a field's month changes).
   Replays answer the meter items as they are now.
 
+Prepaid (ARGV[19] ends in ",bal,bid,prev")
+  A prepaid tenant's units past its monthly quotas (the tier's overage at
+  tprice and the meter's at price, as billed) are paid from its credit,
+  drawn down here, atomically with the limits: the field 'P' of the meter
+  quotas' hash is "m,mc,pm,pmc": the millicents that the admissions of
+  period m drew, and of the period pm before it. bal is what they may draw
+  together (quota.Prepaid: the credit the invoices may draw, in
+  millicents, less what Redis does not hold), bid the period it is for and
+  prev the period before it while its invoice is not final (0 once it is:
+  its draws are then out of bal). A request whose cost would bring
+  mc (+ pmc when pm = prev) past bal is refused (mask 512, retry -1: no
+  wait brings credit back), consuming nothing; a balance of another period
+  than now's is an error "PREPAID <now us>" (Go reads the balance of that
+  period and calls again). While prepaid, the hash lives 40 days past the
+  end of its month, so that pmc outlasts the previous invoice's grace.
+
 Idempotency (KEYS[6] present, mode 'admit')
   A record younger than 24 h (by its own 'at', so that explicit test times
   see the same window) decides first: another fingerprint is a mismatch (3);
@@ -240,6 +261,7 @@ Expiry (each key lives no longer than its state needs, give or take an hour)
 local IDEM_US = DAY_US
 local PENDING_US = 14 * DAY_US
 local PENDING_MS = 14 * 86400 * 1000
+local PREPAID_KEEP_US = 40 * DAY_US
 local call = redis.call
 
 local now, shift = clock(ARGV[2] + 0)
@@ -457,12 +479,25 @@ end
 local KQ, qrow, qdq, qmq, qprice, qP, qcap
 local qd, qdu, qm, qmu, qmo, qmc, qfresh
 local qover = 0
+-- prepaid (see "Prepaid"): pbal nil for postpaid
+local pbal, pbid, pprev, pm, pmc, ppm, ppmc, pfresh
+local padd = 0
 if mqs then
   KQ = KEYS[#KEYS]
-  local a1, a2, a3, a4, a5, a6 = string.match(mqs, '^(%-?%d+),(%-?%d+),([01]),(%d+),(%d+),(%-?%d+)$')
+  local a1, a2, a3, a4, a5, a6, a7 = string.match(mqs, '^(%-?%d+),(%-?%d+),([01]),(%d+),(%d+),(%-?%d+)(.*)$')
   qdq, qmq, qprice, qP, qcap = a1 + 0, a2 + 0, a4 + 0, a5 + 0, a6 + 0
   if a3 == '0' then qprice = -1 end -- not billed
-  qrow = call('HMGET', KQ, meter, '$')
+  if a7 ~= '' then
+    local b1, b2, b3 = string.match(a7, '^,(%-?%d+),(%d+),(%d+)$')
+    pbal, pbid, pprev = b1 + 0, b2 + 0, b3 + 0
+    if pbid ~= month then
+      -- Go's balance is of another period: it reads now's and calls again
+      return redis.error_reply('PREPAID ' .. fmt(now))
+    end
+    qrow = call('HMGET', KQ, meter, '$', 'P')
+  else
+    qrow = call('HMGET', KQ, meter, '$')
+  end
   qd, qdu, qm, qmu, qmo, qmc = -1, 0, -1, 0, 0, 0
   if qrow[1] then
     local s1, s2, s3, s4, s5 = string.match(qrow[1], '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
@@ -504,6 +539,22 @@ if mqs then
     if ft * qP + fq * qprice > qcap then wait = -1 end
     ok, mask = false, mask + 64
     if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+  end
+  if pbal then
+    pm, pmc, ppm, ppmc = -1, 0, -1, 0
+    if qrow[3] then
+      local s1, s2, s3, s4 = string.match(qrow[3], '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+      pm, pmc, ppm, ppmc = s1 + 0, s2 + 0, s3 + 0, s4 + 0
+    end
+    pfresh = pm ~= month
+    if pfresh then pm, pmc, ppm, ppmc = month, 0, pm, pmc end
+    local held = pmc
+    if pprev ~= 0 and ppm == pprev then held = held + ppmc end
+    padd = overage * qP
+    if qover > 0 then padd = padd + qover * qprice end
+    if padd > 0 and not replay and held + padd > pbal then
+      ok, mask, retry = false, mask + 512, -1
+    end
   end
 end
 
@@ -564,7 +615,11 @@ if mode == 'admit' then
     else
       call('HSET', KQ, meter, f)
     end
-    if qfresh then call('PEXPIREAT', KQ, pxat(mnext + HOUR_US)) end
+    if qfresh then call('PEXPIREAT', KQ, pxat(mnext + (pbal and PREPAID_KEEP_US or HOUR_US))) end
+  end
+  if ok and padd > 0 and not replay then
+    call('HSET', KQ, 'P', string.format('%d,%d,%d,%d', pm, pmc + padd, ppm, ppmc))
+    if pfresh then call('PEXPIREAT', KQ, pxat(mnext + PREPAID_KEEP_US)) end
   end
   local dirty = wg or wb or wd or wm
   -- Pending usage: in the v2 hash, written by the same HSET, when the

@@ -264,7 +264,8 @@ func (g *Gate) admitShared(ctx context.Context, req quota.Request) (quota.Decisi
 			return d, nil
 		}
 		var qe *quota.Error
-		if errors.As(err, &qe) || ctx.Err() != nil {
+		var stale *quota.PrepaidStaleError
+		if errors.As(err, &qe) || errors.As(err, &stale) || ctx.Err() != nil {
 			return d, err
 		}
 		g.OnRedisError(err)

@@ -604,7 +604,7 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 		SELECT used.id, $2::date, th.pct, used.units, used.quota, used.meter
 		FROM used CROSS JOIN (VALUES (80), (100)) AS th(pct)
 		WHERE used.units * 100 >= used.quota * th.pct
-		ON CONFLICT (tenant_id, period, meter, threshold) DO NOTHING`,
+		ON CONFLICT (tenant_id, kind, period, meter, threshold) DO NOTHING`,
 		ids, month, month.AddDate(0, 1, 0))
 	if err != nil {
 		return fmt.Errorf("billing: record crossings: %w", err)

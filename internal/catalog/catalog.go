@@ -40,6 +40,7 @@ type source interface {
 	Tiers(ctx context.Context) ([]quota.Tier, error)
 	Policies(ctx context.Context) ([]quota.Policy, error)
 	TouchKeys(ctx context.Context, used map[string]time.Time) error
+	Prepaid(ctx context.Context, tenantID string, tier quota.Tier, cal quota.Calendar, now time.Time) (quota.Prepaid, error)
 }
 
 // Principal is what a valid API key resolves to: its tenant, the tenant's
@@ -78,7 +79,8 @@ type Catalog struct {
 	tenants  map[string]quota.Tenant // by id
 	tiers    map[string]quota.Tier   // by slug
 	tierList []quota.Tier
-	pol      policyCache // policies.go
+	pol      policyCache  // policies.go
+	prepaid  prepaidCache // prepaid.go
 	negative int
 
 	usedMu sync.Mutex
@@ -472,10 +474,13 @@ func (c *Catalog) apply(msg string) {
 		delete(c.tenants, id)
 		notify = c.onTenant
 		c.dropLocked("t:" + id)
+		c.prepaid.drop(id)
 	case KindRoom:
 		notify = c.onTenant // the cached tenant is still right
+		c.prepaid.drop(id)  // a credit grant is room
 	case KindTier:
 		c.tierList, c.tiers = nil, map[string]quota.Tier{}
+		c.prepaid.drop("")
 		c.dropLocked("tiers")
 		notify, id = c.onTenant, "" // a tier's limits are every tenant's on it
 	case KindPolicy:
@@ -486,6 +491,7 @@ func (c *Catalog) apply(msg string) {
 		c.keys, c.tenants, c.tierList, c.negative = map[string]keyEntry{}, map[string]quota.Tenant{}, nil, 0
 		c.pol.current = false
 		c.dropLocked("")
+		c.prepaid.drop("")
 		notify, id = c.onTenant, ""
 	}
 	c.mu.Unlock()

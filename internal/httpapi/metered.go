@@ -55,7 +55,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		}
 	}
 	start := time.Now()
-	d, err := s.gate.Admit(ctx, req)
+	d, err := s.admit(ctx, p, &req)
 	s.metrics.Admission.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.count(route, "unavailable", p.Tier.Slug)
@@ -76,6 +76,9 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if !d.Allowed {
 		s.count(route, "refused", p.Tier.Slug)
 		setRateLimitHeaders(c, d)
+		if refusedForCredit(d) {
+			return writeCreditRefusal(c, d, p.Tier.TopUpURL, c.Path())
+		}
 		return writeRefusal(c, refusalProblem(d, p.Upgrade, c.Path()))
 	}
 	if d.Replayed() {

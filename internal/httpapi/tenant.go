@@ -65,6 +65,9 @@ type CheckResponse struct {
 	// policies that would have refused it.
 	DegradedBy    string   `json:"degraded_by,omitempty"`
 	ShadowRefused []string `json:"shadow_refused,omitempty"`
+	// TopUpURL is the prepaid tier's top-up URL when the check was refused
+	// for want of credit (violated "credit").
+	TopUpURL string `json:"top_up_url,omitempty"`
 }
 
 // check meters for backends that do not proxy through Tollgate: the service
@@ -133,7 +136,7 @@ func (s *Server) check(c *fiber.Ctx) error {
 	if len(req.Policies) > 0 {
 		req.RequestID = httpx.UniqueID(c)
 	}
-	d, err := s.gate.Admit(c.UserContext(), req)
+	d, err := s.admit(c.UserContext(), p, &req)
 	if err != nil {
 		return err
 	}
@@ -146,6 +149,9 @@ func (s *Server) check(c *fiber.Ctx) error {
 	setRateLimitHeaders(c, d)
 	resp := CheckResponse{Allowed: d.Allowed, Limits: usage.Limits(d), ViolatedPolicies: d.Violated,
 		Upgrade: p.Upgrade, Degraded: d.Degraded, Replayed: d.Replayed()}
+	if refusedForCredit(d) {
+		resp.TopUpURL = p.Tier.TopUpURL
+	}
 	if d.Fallback != nil {
 		resp.DegradedBy = d.Fallback.Policy.Name
 	}

@@ -123,11 +123,11 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 		err = tx.QueryRow(ctx, `UPDATE tiers SET name = $2, rank = $3, price_cents = $4, burst_rate = $5, burst = $6,
 			bucket_capacity = $7, bucket_refill_per_sec = $8, daily_quota = $9, monthly_quota = $10, overage = $11,
 			overage_price_cents_per_1k = $12, fail_open = $13, upgrade_url = $14, max_overage_cents = $15,
-			meter_quotas = $16, updated_at = now()
+			meter_quotas = $16, billing = $17, top_up_url = $18, updated_at = now()
 			WHERE slug = $1 RETURNING `+tierColumns,
 			slug, after.Name, after.Rank, after.PriceCents, after.BurstRate, after.Burst, after.BucketCapacity,
 			after.BucketRefillPerSec, after.DailyQuota, after.MonthlyQuota, after.Overage, after.OveragePriceCentsPer1K,
-			after.FailOpen, after.UpgradeURL, after.MaxOverageCents, meterQuotas(after)).Scan(tierDest(&out)...)
+			after.FailOpen, after.UpgradeURL, after.MaxOverageCents, meterQuotas(after), billing(after), after.TopUpURL).Scan(tierDest(&out)...)
 		if uniqueViolation(err) != "" {
 			return &quota.Error{Code: quota.CodeInvalid, Field: "rank", Message: fmt.Sprintf("another tier has rank %d; ranks are unique", after.Rank)}
 		}

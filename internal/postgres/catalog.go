@@ -33,12 +33,21 @@ func collectTenants(rows pgx.Rows) ([]quota.Tenant, error) {
 }
 
 const tierColumns = `slug, name, rank, price_cents, burst_rate, burst, bucket_capacity, bucket_refill_per_sec,
-	daily_quota, monthly_quota, overage, overage_price_cents_per_1k, fail_open, upgrade_url, max_overage_cents, meter_quotas`
+	daily_quota, monthly_quota, overage, overage_price_cents_per_1k, fail_open, upgrade_url, max_overage_cents, meter_quotas,
+	billing, top_up_url`
 
 func tierDest(t *quota.Tier) []any {
 	return []any{&t.Slug, &t.Name, &t.Rank, &t.PriceCents, &t.BurstRate, &t.Burst, &t.BucketCapacity,
 		&t.BucketRefillPerSec, &t.DailyQuota, &t.MonthlyQuota, &t.Overage, &t.OveragePriceCentsPer1K,
-		&t.FailOpen, &t.UpgradeURL, &t.MaxOverageCents, &t.MeterQuotas}
+		&t.FailOpen, &t.UpgradeURL, &t.MaxOverageCents, &t.MeterQuotas, &t.Billing, &t.TopUpURL}
+}
+
+// billing is t's billing mode as the column takes it: "" is postpaid.
+func billing(t quota.Tier) quota.Billing {
+	if t.Billing == "" {
+		return quota.BillingPostpaid
+	}
+	return t.Billing
 }
 
 // meterQuotas is t's meter quotas as the column takes them: a JSON array,

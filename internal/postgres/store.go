@@ -102,11 +102,11 @@ func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quo
 	var out quota.Tier
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
 		err := tx.QueryRow(ctx, `INSERT INTO tiers (`+tierColumns+`)
-			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16)
+			VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18)
 			RETURNING `+tierColumns,
 			t.Slug, t.Name, t.Rank, t.PriceCents, t.BurstRate, t.Burst, t.BucketCapacity, t.BucketRefillPerSec,
 			t.DailyQuota, t.MonthlyQuota, t.Overage, t.OveragePriceCentsPer1K, t.FailOpen, t.UpgradeURL, t.MaxOverageCents,
-			meterQuotas(t)).
+			meterQuotas(t), billing(t), t.TopUpURL).
 			Scan(tierDest(&out)...)
 		if c := uniqueViolation(err); c != "" {
 			if c == "tiers_pkey" {

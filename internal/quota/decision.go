@@ -60,6 +60,9 @@ type Request struct {
 	// any, is decided with the limits; with a spend cap, the others' overage
 	// counts toward it (see MeterQuota).
 	MeterQuotas []MeterQuota
+	// Prepaid, for a tenant of a prepaid tier, is the credit its admission
+	// draws on (see Prepaid); nil for postpaid.
+	Prepaid *Prepaid
 	// Policies are the policies that match the request, decided with its
 	// limits, all or nothing (API.md "Policies").
 	Policies []PolicyCall

@@ -54,7 +54,14 @@ type Tier struct {
 	// MeterQuotas are the tier's quotas of single meters (never nil once
 	// read from the store: [] in JSON).
 	MeterQuotas []MeterQuota `json:"meter_quotas"`
+	// Billing is how the tier's tenants pay ("" reads as postpaid); a
+	// prepaid tier's refusals for want of credit point to TopUpURL.
+	Billing  Billing `json:"billing"`
+	TopUpURL string  `json:"top_up_url"`
 }
+
+// IsPrepaid reports whether the tier's admissions draw on credit.
+func (t Tier) IsPrepaid() bool { return t.Billing == BillingPrepaid }
 
 // Bounds on configuration values, chosen so that every quantity the admission
 // script computes stays an exact integer in a Lua double (below 2^53).
@@ -170,6 +177,9 @@ func (t Tier) Validate() error {
 	}
 	if len(t.UpgradeURL) > MaxURLLength {
 		return FieldError("upgrade_url", "must be at most %d characters", MaxURLLength)
+	}
+	if err := t.checkBilling(); err != nil {
+		return err
 	}
 	return ValidateMeterQuotas(t.MeterQuotas)
 }

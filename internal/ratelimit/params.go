@@ -30,6 +30,9 @@ const (
 	// the meter quota's daily and monthly quotas
 	bitMeterDaily   = 128
 	bitMeterMonthly = 256
+	// bitCredit is a prepaid tenant's refusal for want of credit
+	// (quota.LimitCredit)
+	bitCredit = 512
 	// meterLen is the length of the meter quota's items (after resultLen)
 	meterLen = 2 * perLimit
 )
@@ -90,20 +93,25 @@ func requestParams(req quota.Request) (params, error) {
 	return p, nil
 }
 
-// meterArg is admit.lua's ARGV[19] for req: the quota of its meter, and
-// the spend cap in millicents when some meter quota of the tier bills its
-// overage (which the cap then bounds with the tier's); "" when neither.
+// meterArg is admit.lua's ARGV[19] for req: the quota of its meter, the
+// spend cap in millicents when some meter quota of the tier bills its
+// overage (which the cap then bounds with the tier's) or the tenant is
+// prepaid, and a prepaid tenant's balance; "" when none of them.
 func meterArg(req quota.Request) string {
 	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
 	capm, tprice := spendCapMillicents(req), int64(0)
 	if req.Overage == quota.OverageBill {
 		tprice = req.OveragePriceCentsPer1K
 	}
+	tail := ""
+	if pp := req.Prepaid; pp != nil {
+		tail = "," + strconv.FormatInt(pp.BalanceMillicents, 10) + "," + strconv.Itoa(pp.PeriodID) + "," + strconv.Itoa(pp.PrevID)
+	}
 	if q == nil {
-		if capm < 0 {
+		if capm < 0 && tail == "" {
 			return ""
 		}
-		return "-1,-1,0,0," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10)
+		return "-1,-1,0,0," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10) + tail
 	}
 	dq, mq, bill := int64(-1), int64(-1), "0"
 	if q.DailyQuota != nil {
@@ -116,14 +124,15 @@ func meterArg(req quota.Request) string {
 		bill = "1"
 	}
 	return strconv.FormatInt(dq, 10) + "," + strconv.FormatInt(mq, 10) + "," + bill + "," +
-		strconv.FormatInt(q.OveragePriceCentsPer1K, 10) + "," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10)
+		strconv.FormatInt(q.OveragePriceCentsPer1K, 10) + "," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10) + tail
 }
 
 // spendCapMillicents is req's spend cap in millicents when the script
 // counts the meters' overage against it (some meter quota of the tier
-// bills), else -1.
+// bills) or the tenant is prepaid (the script then checks every cap in
+// millicents), else -1.
 func spendCapMillicents(req quota.Request) int64 {
-	if c := req.Limits.MaxOverageCents; c != nil && slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills) {
+	if c := req.Limits.MaxOverageCents; c != nil && (req.Prepaid != nil || slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills)) {
 		return *c * 1000
 	}
 	return -1
@@ -253,6 +262,9 @@ func decode(r []int64, p params, cal quota.Calendar, b *calBounds) quota.Decisio
 	}
 	if r[1]&bitSpendCap != 0 {
 		d.Violated = append(d.Violated, quota.LimitSpendCap)
+	}
+	if r[1]&bitCredit != 0 {
+		d.Violated = append(d.Violated, quota.LimitCredit)
 	}
 	if p.mq != "" && len(r) >= resultLen+meterLen {
 		names := [2]quota.LimitName{quota.LimitName(p.mqMeter + ".daily"), quota.LimitName(p.mqMeter + ".monthly")}

@@ -150,6 +150,8 @@ type tierCreate struct {
 	UpgradeURL             *string                 `json:"upgrade_url"`
 	MaxOverageCents        quota.Optional[int64]   `json:"max_overage_cents"` // absent: null (no cap)
 	MeterQuotas            []quota.MeterQuota      `json:"meter_quotas"`      // absent or null: none
+	Billing                *quota.Billing          `json:"billing"`           // absent: postpaid
+	TopUpURL               *string                 `json:"top_up_url"`
 }
 
 func required[T any](field string, v *T) (T, error) {
@@ -192,7 +194,22 @@ func (b tierCreate) tier() (quota.Tier, error) {
 	if b.UpgradeURL != nil {
 		t.UpgradeURL = *b.UpgradeURL
 	}
-	return t, httpx.ValidURL("upgrade_url", t.UpgradeURL)
+	t.Billing = quota.BillingPostpaid
+	if b.Billing != nil {
+		t.Billing = *b.Billing
+	}
+	if b.TopUpURL != nil {
+		t.TopUpURL = *b.TopUpURL
+	}
+	return t, tierURLs(t)
+}
+
+// tierURLs checks the tier's URLs.
+func tierURLs(t quota.Tier) error {
+	if err := httpx.ValidURL("upgrade_url", t.UpgradeURL); err != nil {
+		return err
+	}
+	return httpx.ValidURL("top_up_url", t.TopUpURL)
 }
 
 func (s *API) CreateTier(c *fiber.Ctx) error {
@@ -237,6 +254,8 @@ type tierPatch struct {
 	MaxOverageCents        quota.Optional[int64]         `json:"max_overage_cents"`
 	// MeterQuotas replaces the whole list; null or [] removes them all.
 	MeterQuotas quota.Optional[[]quota.MeterQuota] `json:"meter_quotas"`
+	Billing     quota.Optional[quota.Billing]      `json:"billing"`
+	TopUpURL    quota.Optional[string]             `json:"top_up_url"`
 }
 
 // set assigns a present, non-null value of a field that cannot be null.
@@ -263,6 +282,7 @@ func (p tierPatch) apply(t *quota.Tier) error {
 		set("name", p.Name, &t.Name), set("rank", p.Rank, &t.Rank), set("price_cents", p.PriceCents, &t.PriceCents),
 		set("overage", p.Overage, &t.Overage), set("overage_price_cents_per_1k", p.OveragePriceCentsPer1K, &t.OveragePriceCentsPer1K),
 		set("fail_open", p.FailOpen, &t.FailOpen), set("upgrade_url", p.UpgradeURL, &t.UpgradeURL),
+		set("billing", p.Billing, &t.Billing), set("top_up_url", p.TopUpURL, &t.TopUpURL),
 	} {
 		if err != nil {
 			return err
@@ -281,7 +301,7 @@ func (p tierPatch) apply(t *quota.Tier) error {
 			t.MeterQuotas = *p.MeterQuotas.Value
 		}
 	}
-	return httpx.ValidURL("upgrade_url", t.UpgradeURL)
+	return tierURLs(*t)
 }
 
 func (s *API) PatchTier(c *fiber.Ctx) error {

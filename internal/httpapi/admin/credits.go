@@ -59,6 +59,9 @@ func (s *API) CreateCredit(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	if created {
+		s.catalog.Credited(c.UserContext(), e.TenantID)
+	}
 	status := fiber.StatusCreated
 	if !created {
 		status = fiber.StatusOK

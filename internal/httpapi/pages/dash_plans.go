@@ -266,11 +266,15 @@ func (s *Pages) ConsoleAddCredit(c *fiber.Ctx) error {
 	if len(errs) > 0 {
 		return s.tenantFormErrors(c, id, f, errs)
 	}
-	if _, _, err := s.ledger.CreateCredit(c.UserContext(), consoleActor, id, key, in, s.now()); err != nil {
+	e, created, err := s.ledger.CreateCredit(c.UserContext(), consoleActor, id, key, in, s.now())
+	if err != nil {
 		if e := creditFieldError(err); e != nil {
 			return s.tenantFormError(c, id, f, e)
 		}
 		return s.tenantFormError(c, id, f, err)
+	}
+	if created {
+		s.catalog.Credited(c.UserContext(), e.TenantID)
 	}
 	return c.Redirect("/console/tenants/"+url.PathEscape(id)+"?ok=credited#credits", fiber.StatusSeeOther)
 }

@@ -1,0 +1,74 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+
+	"github.com/gofiber/fiber/v2"
+
+	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/httpapi/httpx"
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// ProblemCreditExhausted is the problem type of a prepaid tenant's request
+// refused because its credit does not cover it (402).
+const ProblemCreditExhausted = "https://tollgate.dev/problems/credit-exhausted"
+
+// admit decides req of principal p. A prepaid tenant's request carries the
+// balance it draws on (quota.Prepaid, from the catalog's cache); when the
+// admission script's clock is in another billing period than the cached
+// balance (a period just ended, or the clocks disagree about it), the
+// balance of the script's period is read and the request asked once more.
+func (s *Server) admit(ctx context.Context, p catalog.Principal, req *quota.Request) (quota.Decision, error) {
+	if p.Tier.IsPrepaid() {
+		pp, err := s.catalog.Prepaid(ctx, p, s.now())
+		if err != nil {
+			return quota.Decision{}, err
+		}
+		req.Prepaid = pp
+	}
+	d, err := s.gate.Admit(ctx, *req)
+	var stale *quota.PrepaidStaleError
+	if errors.As(err, &stale) {
+		if req.Prepaid, err = s.catalog.PrepaidAt(ctx, p, stale.Now); err != nil {
+			return quota.Decision{}, err
+		}
+		d, err = s.gate.Admit(ctx, *req)
+	}
+	return d, err
+}
+
+// creditRefusal is the 402 problem of a prepaid tenant's request that its
+// credit does not cover.
+type creditRefusal struct {
+	Type     string            `json:"type"`
+	Title    string            `json:"title"`
+	Status   int               `json:"status"`
+	Detail   string            `json:"detail"`
+	Instance string            `json:"instance,omitempty"`
+	TopUpURL string            `json:"top_up_url"`
+	Violated []quota.LimitName `json:"violated-policies"`
+}
+
+// refusedForCredit reports whether d was refused for want of credit.
+func refusedForCredit(d quota.Decision) bool {
+	return !d.Allowed && slices.Contains(d.Violated, quota.LimitCredit)
+}
+
+// writeCreditRefusal answers 402 with the credit-exhausted problem and the
+// tier's top-up URL. No Retry-After: no wait brings credit back.
+func writeCreditRefusal(c *fiber.Ctx, d quota.Decision, topUpURL, instance string) error {
+	body, err := json.Marshal(creditRefusal{
+		Type: ProblemCreditExhausted, Title: "Credit exhausted", Status: fiber.StatusPaymentRequired,
+		Detail:   "the prepaid credit does not cover this request; top up to go on",
+		Instance: instance, TopUpURL: topUpURL, Violated: d.Violated,
+	})
+	if err != nil {
+		return err
+	}
+	c.Response().Header.Del(fiber.HeaderRetryAfter)
+	return httpx.SendProblemBody(c, fiber.StatusPaymentRequired, body)
+}

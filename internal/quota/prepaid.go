@@ -1,0 +1,99 @@
+package quota
+
+import (
+	"fmt"
+	"time"
+)
+
+// Billing says how a tier's tenants pay for their usage.
+type Billing string
+
+const (
+	// BillingPostpaid bills the period's usage on its invoice, after the
+	// fact (credits, if any, pay the invoice when it becomes final).
+	BillingPostpaid Billing = "postpaid"
+	// BillingPrepaid admits a unit past the included monthly quota only
+	// while the tenant's credit covers it: its cost is drawn down at
+	// admission, in the same atomic decision as the limits, and an
+	// exhausted balance refuses with 402 (LimitCredit). A prepaid tier
+	// bills overage (the units past the monthly quota, at the tier's and
+	// the meters' overage prices) and has no subscription price: its
+	// invoices are its overage lines, paid by the credit lines that the
+	// admissions reserved.
+	BillingPrepaid Billing = "prepaid"
+)
+
+// LimitCredit names the refusal of a prepaid tenant's request whose cost
+// the credit balance does not cover (402, problem type credit-exhausted).
+// Like LimitSpendCap it is no limit of AllLimits: only a name in Violated.
+const LimitCredit LimitName = "credit"
+
+// checkBilling validates a tier's billing mode and what prepaid needs of
+// the rest of the tier.
+func (t Tier) checkBilling() error {
+	switch t.Billing {
+	case BillingPostpaid, "":
+	case BillingPrepaid:
+		switch {
+		case t.Overage != OverageBill:
+			return FieldError("billing", `a prepaid tier must have overage "bill": its units past the monthly quota are paid from the credit`)
+		case t.MonthlyQuota == nil:
+			return FieldError("billing", "a prepaid tier must have a monthly quota (0 for none included): the units past it are paid from the credit")
+		case t.PriceCents != 0:
+			return FieldError("price_cents", "must be 0 for a prepaid tier: its tenants pay for their units from their credit")
+		case t.TopUpURL == "":
+			return FieldError("top_up_url", "is required for a prepaid tier: a refused request points there")
+		}
+	default:
+		return FieldError("billing", `must be "postpaid" or "prepaid"`)
+	}
+	if len(t.TopUpURL) > MaxURLLength {
+		return FieldError("top_up_url", "must be at most %d characters", MaxURLLength)
+	}
+	return nil
+}
+
+// Prepaid is what a prepaid tenant's admissions may draw on in one billing
+// period. Its credit is Postgres's (the ledger); what admissions drew and
+// no invoice has drawn yet is Redis's, counted by the admission script
+// per period (lua/admit.lua, "Prepaid"), so that concurrent admissions on
+// every node draw on one balance, atomically.
+//
+// The balance an admission checks is
+//
+//	BalanceMillicents >= drawn(PeriodID) + drawn(PrevID) + this request's cost
+//
+// where drawn(p) is the cost (units past the monthly quotas × the overage
+// prices, in millicents) of the admissions of period p, and PrevID the
+// period before PeriodID while its invoice is not final (0 once it is:
+// then its draws are on the ledger, out of the credit).
+type Prepaid struct {
+	// BalanceMillicents is the credit valid at the end of the period
+	// (created before it and not expired before its end: what its invoice
+	// may draw), in millicents, less what older invoices that are not
+	// final yet will draw, less 999 per invoice line past the first that
+	// the current and the previous period may round up (each overage line
+	// is rounded up to the cent): a balance that admits never leaves an
+	// invoice more than its credit.
+	BalanceMillicents int64
+	// CreditCents is that credit, in cents, before the deductions.
+	CreditCents int64
+	// PeriodID is the billing period the balance is for (Calendar.PeriodID)
+	// and Until its end: the balance is stale from then.
+	PeriodID int
+	Until    time.Time
+	// PrevID is the previous period while its invoice is not final, else 0.
+	PrevID int
+	// HeldCents is the older invoices' draws taken off the balance.
+	HeldCents int64
+}
+
+// PrepaidStaleError says that an admission was asked with a Prepaid of
+// another billing period than the one of the quota store's clock: nothing
+// was decided or written. The caller reads the balance of the period
+// containing Now and asks again.
+type PrepaidStaleError struct{ Now time.Time }
+
+func (e *PrepaidStaleError) Error() string {
+	return fmt.Sprintf("the prepaid balance is not of the billing period of %s", e.Now.Format(time.RFC3339))
+}

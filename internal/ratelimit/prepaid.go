@@ -1,0 +1,78 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// prepaidStale turns the script's "PREPAID <now us>" error (the balance is
+// of another period than the script's clock: lua/admit.lua, "Prepaid")
+// into a *quota.PrepaidStaleError; other errors are returned as they are.
+func prepaidStale(err error) error {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return err
+	}
+	msg := re.Error()
+	i := strings.Index(msg, "PREPAID ")
+	if i < 0 {
+		return err
+	}
+	rest := msg[i+len("PREPAID "):]
+	if j := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); j >= 0 {
+		rest = rest[:j]
+	}
+	us, perr := strconv.ParseInt(rest, 10, 64)
+	if perr != nil || us <= 0 {
+		return err
+	}
+	return &quota.PrepaidStaleError{Now: time.UnixMicro(us).UTC()}
+}
+
+// PrepaidDrawn returns the millicents that the admissions of pp's period,
+// and of the previous one while its invoice is not final (pp.PrevID), drew
+// on the tenant's credit and no final invoice holds: what the script
+// counts against pp.BalanceMillicents.
+func (r *Runner) PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Prepaid) (int64, error) {
+	if err := checkTenant(tenantID); err != nil {
+		return 0, err
+	}
+	v, err := r.c.HGet(ctx, r.key(tenantID, "mq"), "P").Result()
+	if errors.Is(err, redis.Nil) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, fmt.Errorf("ratelimit: prepaid draws: %w", err)
+	}
+	var f [4]int64
+	parts := strings.Split(v, ",")
+	if len(parts) != 4 {
+		return 0, fmt.Errorf("ratelimit: prepaid draws: malformed field %q", v)
+	}
+	for i, s := range parts {
+		if f[i], err = strconv.ParseInt(s, 10, 64); err != nil {
+			return 0, fmt.Errorf("ratelimit: prepaid draws: malformed field %q", v)
+		}
+	}
+	m, mc, pm, pmc := f[0], f[1], f[2], f[3]
+	drawn := int64(0)
+	prev := int64(pp.PrevID)
+	switch {
+	case m == int64(pp.PeriodID):
+		drawn = mc
+		if prev != 0 && pm == prev {
+			drawn += pmc
+		}
+	case prev != 0 && m == prev: // nothing drawn in this period yet
+		drawn = mc
+	}
+	return drawn, nil
+}

@@ -1,0 +1,206 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// prepaidRequest is a request of a prepaid tenant on a tier that includes
+// no units (every unit is paid: 1 cent per unit of demo, 3 of search) with
+// balance bal millicents for now's period.
+func prepaidRequest(tenant, meter string, now time.Time, bal int64, prev int) quota.Request {
+	return quota.Request{TenantID: tenant, Meter: meter, Cost: 1, Now: now,
+		Limits: quota.Limits{MonthlyQuota: i64(0)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
+		MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(0), Overage: quota.OverageBill, OveragePriceCentsPer1K: 3000}},
+		Prepaid:     &quota.Prepaid{BalanceMillicents: bal, PeriodID: quota.Calendar{}.PeriodID(now), PrevID: prev}}
+}
+
+// TestPrepaidDrawsDownExactlyUnderConcurrency: 64 clients of their own (as
+// many API nodes) spend one prepaid balance at once, on two meters of
+// different prices; the credit is drawn down exactly, never past the
+// balance, and every refusal is the credit's, for good.
+func TestPrepaidDrawsDownExactlyUnderConcurrency(t *testing.T) {
+	t.Parallel()
+	for name, newClient := range map[string]func(testing.TB) redis.UniversalClient{
+		"single": testenv.Redis, "cluster": testenv.Cluster,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			const workers, bal = 64, 500_000 // $5.00
+			c := newClient(t)
+			r0, prefix := mustRunner(t, c)
+			tenant := newTenant()
+			now := at(t, "2031-05-15T12:00:00Z")
+			var (
+				mu           sync.Mutex
+				demo, search int64
+				wrongRefusal []quota.Decision
+				wg           sync.WaitGroup
+				start        = make(chan struct{})
+			)
+			for w := range workers {
+				r := New(newClient(t), prefix)
+				meter := "demo"
+				if w%2 == 1 {
+					meter = "search"
+				}
+				wg.Go(func() {
+					<-start
+					for {
+						d, err := r.Admit(context.Background(), prepaidRequest(tenant, meter, now, bal, 0))
+						if err != nil {
+							t.Errorf("worker %d: %v", w, err)
+							return
+						}
+						mu.Lock()
+						switch {
+						case d.Allowed && meter == "demo":
+							demo++
+						case d.Allowed:
+							search++
+						case !slices.Equal(d.Violated, []quota.LimitName{quota.LimitCredit}) || d.RetryAfter >= 0:
+							wrongRefusal = append(wrongRefusal, d)
+						}
+						mu.Unlock()
+						if !d.Allowed {
+							return
+						}
+					}
+				})
+			}
+			close(start)
+			wg.Wait()
+			for _, d := range wrongRefusal {
+				t.Errorf("refusal: %s, want [credit] for good", fmtDecision(d))
+			}
+			// what is left (less than a search) still buys demo units
+			for {
+				d := mustAdmit(t, r0, prepaidRequest(tenant, "demo", now, bal, 0))
+				if !d.Allowed {
+					break
+				}
+				demo++
+			}
+			spent := demo*1000 + search*3000
+			if spent != bal {
+				t.Errorf("admitted %d demo and %d search units: %d millicents, want the balance, %d, exactly", demo, search, spent, bal)
+			}
+			drawn, err := r0.PrepaidDrawn(context.Background(), tenant, *prepaidRequest(tenant, "demo", now, bal, 0).Prepaid)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if drawn != spent {
+				t.Errorf("Redis holds %d millicents drawn, the admissions %d", drawn, spent)
+			}
+			// pending usage bills exactly those units
+			rows, err := r0.Pending(context.Background(), tenant)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var over, meterOver int64
+			for _, row := range rows {
+				over += row.Overage
+				meterOver += row.MeterOverage
+			}
+			if over != demo || meterOver != search {
+				t.Errorf("pending overage %d (tier) and %d (search), want %d and %d", over, meterOver, demo, search)
+			}
+		})
+	}
+}
+
+// TestPrepaidCountsThePreviousPeriodUntilItsInvoiceIsFinal: the draws of
+// the period before count against the balance while its invoice is not
+// final (PrevID), and no more once it is (the balance then is what the
+// invoice left); a new period starts its own count.
+func TestPrepaidCountsThePreviousPeriodUntilItsInvoiceIsFinal(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	april, may := at(t, "2031-04-30T23:59:00Z"), at(t, "2031-05-01T00:01:00Z")
+	aprilID := quota.Calendar{}.PeriodID(april)
+	admitN := func(tenant string, now time.Time, bal int64, prev int) int {
+		n := 0
+		for ; n < 100; n++ {
+			d := mustAdmit(t, r, prepaidRequest(tenant, "demo", now, bal, prev))
+			if !d.Allowed {
+				if !slices.Equal(d.Violated, []quota.LimitName{quota.LimitCredit}) {
+					t.Fatalf("refusal: %s", fmtDecision(d))
+				}
+				break
+			}
+		}
+		return n
+	}
+	for _, tc := range []struct {
+		name string
+		prev int
+		want int
+	}{
+		{"april's invoice a draft", aprilID, 20},
+		{"april's invoice final", 0, 70},
+	} {
+		tenant := newTenant()
+		if n := admitN(tenant, april, 50_000, 0); n != 50 {
+			t.Fatalf("april: %d units for 50 cents at 1 cent each", n)
+		}
+		if n := admitN(tenant, may, 70_000, tc.prev); n != tc.want {
+			t.Errorf("%s: may admitted %d units on a balance of 70 cents, want %d", tc.name, n, tc.want)
+		}
+	}
+}
+
+// TestPrepaidBalanceOfAnotherPeriod: a balance computed for another
+// period than the script's clock is refused with PrepaidStaleError,
+// deciding and writing nothing.
+func TestPrepaidBalanceOfAnotherPeriod(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, prefix := mustRunner(t, c)
+	tenant := newTenant()
+	now := at(t, "2031-06-01T00:00:00Z")
+	req := prepaidRequest(tenant, "demo", now, 10_000, 0)
+	req.Prepaid.PeriodID = quota.Calendar{}.PeriodID(now.Add(-time.Second)) // May's
+	_, err := r.Admit(context.Background(), req)
+	var stale *quota.PrepaidStaleError
+	if !errors.As(err, &stale) || !stale.Now.Equal(now) {
+		t.Fatalf("err = %v, want a PrepaidStaleError at %s", err, now)
+	}
+	if keys := mustKeys(t, c, prefix); len(keys) != 0 {
+		t.Errorf("a stale balance wrote %v", keys)
+	}
+}
+
+// TestPrepaidWithSpendCap: a prepaid tenant's spend cap still holds, in
+// millicents, before its balance runs out.
+func TestPrepaidWithSpendCap(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	now := at(t, "2031-05-15T12:00:00Z")
+	n := 0
+	for ; n < 100; n++ {
+		req := prepaidRequest(tenant, "demo", now, 100_000, 0)
+		req.Limits.MaxOverageCents = i64(7)
+		d := mustAdmit(t, r, req)
+		if !d.Allowed {
+			if !slices.Equal(d.Violated, []quota.LimitName{quota.LimitSpendCap}) {
+				t.Fatalf("refusal: %s, want the spend cap's", fmtDecision(d))
+			}
+			break
+		}
+	}
+	if n != 7 {
+		t.Errorf("admitted %d units at 1 cent under a 7 cent cap", n)
+	}
+}
