@@ -109,7 +109,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	srv, err := httpapi.New(httpapi.Deps{
 		Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, cfg.RedisPrefix), Catalog: cat, Gate: gate, Routes: table, Metrics: metrics, Now: time.Now,
 		Grants: catalog.NewGrants(store, runner, cat, time.Now, log), Plans: catalog.NewPlans(store, runner, cat, time.Now, log),
-		Ledger: ledger, Usage: usage.NewReader(runner, ledger, time.Now), Ready: readyChecks(rdb, db),
+		Ledger: ledger, Usage: usage.NewReader(runner, ledger, time.Now).WithPrepaid(cat.Prepaid), Ready: readyChecks(rdb, db),
 		Alerts: billing.NewDeliverer(db, nil, time.Now), Policies: cat,
 	}, httpapi.Options{
 		BodyLimit:    cfg.BodyLimit,

@@ -23,6 +23,7 @@ type counters interface {
 	PeekPolicies(ctx context.Context, req quota.Request) ([]quota.PolicyState, error)
 	PeekMeterQuotas(ctx context.Context, tenantID string, cal quota.Calendar, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error)
 	PeekSpendCap(ctx context.Context, req quota.Request, now time.Time) (quota.LimitState, bool, error)
+	PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Prepaid) (int64, error)
 	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
 	PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error)
 }
@@ -38,6 +39,14 @@ type Reader struct {
 	counters counters
 	ledger   ledger
 	now      func() time.Time
+	prepaid  func(ctx context.Context, p catalog.Principal, now time.Time) (*quota.Prepaid, error)
+}
+
+// WithPrepaid sets where For reads a prepaid tenant's balance
+// (catalog.Catalog.Prepaid); without it, For shows no credit row.
+func (r *Reader) WithPrepaid(f func(ctx context.Context, p catalog.Principal, now time.Time) (*quota.Prepaid, error)) *Reader {
+	r.prepaid = f
+	return r
 }
 
 // NewReader returns a Reader over the admission counters c and the ledger l;
@@ -208,6 +217,14 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 	if ok {
 		d.Limits = append(d.Limits, sc)
 	}
+	// a prepaid tenant's credit, in cents, after it
+	if p.Tier.IsPrepaid() && r.prepaid != nil {
+		cl, err := r.credit(ctx, p, d.Now)
+		if err != nil {
+			return Report{}, err
+		}
+		d.Limits = append(d.Limits, cl)
+	}
 	// The billing period's usage, per local date of the tenant's calendar:
 	// the ledger's UTC days for the default one, else its hours, each
 	// dated by its start (in a :30 or :45 zone an hour across midnight
@@ -291,4 +308,24 @@ func (r *Reader) MonthTotals(ctx context.Context, ids []string) (map[string]bill
 		out[id] = t
 	}
 	return out, nil
+}
+
+// credit is a prepaid tenant's quota.LimitCredit row at now: Limit the
+// credit its current period's invoice may draw, in cents; Remaining what
+// its admissions may still draw, in cents, rounded down (the credit less
+// what the admissions of this period, and of the previous one while its
+// invoice is a draft, drew, and less what older drafts hold); Reset the
+// period's end.
+func (r *Reader) credit(ctx context.Context, p catalog.Principal, now time.Time) (quota.LimitState, error) {
+	pp, err := r.prepaid(ctx, p, now)
+	if err != nil {
+		return quota.LimitState{}, err
+	}
+	drawn, err := r.counters.PrepaidDrawn(ctx, p.Tenant.ID, *pp)
+	if err != nil {
+		return quota.LimitState{}, err
+	}
+	start, end := p.Calendar.Period(now)
+	return quota.LimitState{Name: quota.LimitCredit, Limit: pp.CreditCents,
+		Remaining: max(0, pp.BalanceMillicents-drawn) / 1000, Reset: end, Window: end.Sub(start)}, nil
 }
