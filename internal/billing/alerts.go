@@ -46,6 +46,17 @@ import (
 // AlertEventType is the "type" of the webhook sent for a threshold crossing.
 const AlertEventType = "quota.threshold_crossed"
 
+// CreditAlertEventType is the "type" of the webhook sent when a prepaid
+// tenant's credit runs low (an alert of kind AlertKindCredit).
+const CreditAlertEventType = "credit.balance_low"
+
+// Alert kinds: a crossing of a monthly quota, or a prepaid tenant's credit
+// running low (see RecordCreditAlerts).
+const (
+	AlertKindQuota  = "quota"
+	AlertKindCredit = "credit"
+)
+
 // Alert statuses.
 const (
 	AlertPending   = "pending"
@@ -314,6 +325,7 @@ type claimedAlert struct {
 	Units         int64     `db:"units"`
 	Quota         int64     `db:"quota"`
 	Meter         string    `db:"meter"`
+	Kind          string    `db:"kind"`
 	Attempts      int       `db:"attempts"`
 	CreatedAt     time.Time `db:"created_at"`
 	LeaseUntil    time.Time `db:"lease_until"`
@@ -396,7 +408,7 @@ func claimAlertsTx(ctx context.Context, tx pgx.Tx, now, leaseUntil time.Time, li
 		UPDATE alerts AS a SET next_attempt_at = $2
 		FROM due, tenants AS t
 		WHERE a.id = due.id AND t.id = a.tenant_id
-		RETURNING a.id, a.tenant_id, to_char(a.period, 'YYYY-MM') AS period, a.threshold, a.units, a.quota, a.meter,
+		RETURNING a.id, a.tenant_id, to_char(a.period, 'YYYY-MM') AS period, a.threshold, a.units, a.quota, a.meter, a.kind,
 		          a.attempts, a.created_at, a.next_attempt_at AS lease_until, t.webhook_url, t.webhook_secret`,
 		now, leaseUntil, limit)
 	if err != nil {
@@ -517,6 +529,35 @@ type webhookData struct {
 	Meter string `json:"meter"`
 }
 
+// creditWebhookData is the data of a credit.balance_low webhook: the
+// credit balance (cents) the alert measured against, the cents of usage
+// no invoice has drawn yet, and what is left of the one by the other.
+type creditWebhookData struct {
+	TenantID     string `json:"tenant_id"`
+	Threshold    int    `json:"threshold"` // 80: 80 % spent; 100: nothing left
+	CreditCents  int64  `json:"credit_cents"`
+	SpentCents   int64  `json:"spent_cents"`
+	BalanceCents int64  `json:"balance_cents"`
+}
+
+// payload is the webhook body of alert a.
+func (a claimedAlert) payload() any {
+	if a.Kind == AlertKindCredit {
+		return struct {
+			Type      string            `json:"type"`
+			Timestamp time.Time         `json:"timestamp"`
+			Data      creditWebhookData `json:"data"`
+		}{CreditAlertEventType, a.CreatedAt.UTC(), creditWebhookData{TenantID: a.TenantID, Threshold: a.Threshold,
+			CreditCents: a.Quota, SpentCents: a.Units, BalanceCents: max(0, a.Quota-a.Units)}}
+	}
+	return webhookPayload{
+		Type:      AlertEventType,
+		Timestamp: a.CreatedAt.UTC(),
+		Data: webhookData{TenantID: a.TenantID, Period: a.Period, Threshold: a.Threshold,
+			Units: a.Units, Quota: a.Quota, Limit: alertLimit(a.Meter), Meter: a.Meter},
+	}
+}
+
 // alertLimit is the name of the limit an alert of meter ("" tier-wide) is of.
 func alertLimit(meter string) string {
 	if meter == "" {
@@ -531,12 +572,7 @@ func (d *Deliverer) post(ctx context.Context, a claimedAlert) error {
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return errors.New("webhook_url is not an absolute http or https URL")
 	}
-	body, err := json.Marshal(webhookPayload{
-		Type:      AlertEventType,
-		Timestamp: a.CreatedAt.UTC(),
-		Data: webhookData{TenantID: a.TenantID, Period: a.Period, Threshold: a.Threshold,
-			Units: a.Units, Quota: a.Quota, Limit: alertLimit(a.Meter), Meter: a.Meter},
-	})
+	body, err := json.Marshal(a.payload())
 	if err != nil {
 		return fmt.Errorf("encode payload: %w", err)
 	}
@@ -688,13 +724,17 @@ func VerifyWebhook(secret []byte, id, timestamp string, body []byte, signatureHe
 
 // Alert is a threshold alert as the admin API lists it.
 type Alert struct {
-	ID            string     `json:"id" db:"id"`
-	TenantID      string     `json:"tenant_id" db:"tenant_id"`
-	Period        string     `json:"period" db:"period"` // YYYY-MM-DD, the first day of the month
-	Threshold     int        `json:"threshold" db:"threshold"`
-	Units         int64      `json:"units" db:"units"`
-	Quota         int64      `json:"quota" db:"quota"`
-	Meter         string     `json:"meter" db:"meter"` // "" for the tier-wide monthly quota
+	ID        string `json:"id" db:"id"`
+	TenantID  string `json:"tenant_id" db:"tenant_id"`
+	Period    string `json:"period" db:"period"` // YYYY-MM-DD, the first day of the month
+	Threshold int    `json:"threshold" db:"threshold"`
+	Units     int64  `json:"units" db:"units"`
+	Quota     int64  `json:"quota" db:"quota"`
+	Meter     string `json:"meter" db:"meter"` // "" for the tier-wide monthly quota
+	// Kind is AlertKindQuota (a monthly quota's threshold) or
+	// AlertKindCredit (a prepaid tenant's credit: Units the cents of usage
+	// no invoice has drawn, Quota the credit balance).
+	Kind          string     `json:"kind" db:"kind"`
 	Status        string     `json:"status" db:"status"`
 	Attempts      int        `json:"attempts" db:"attempts"`
 	NextAttemptAt time.Time  `json:"next_attempt_at" db:"next_attempt_at"`
@@ -736,7 +776,7 @@ func (d *Deliverer) List(ctx context.Context, status string, limit int, cursor s
 		afterAt, afterID = &at, &id
 	}
 	rows, err := d.db.Query(ctx, `
-		SELECT id, tenant_id, to_char(period, 'YYYY-MM-DD') AS period, threshold, units, quota, meter, status,
+		SELECT id, tenant_id, to_char(period, 'YYYY-MM-DD') AS period, threshold, units, quota, meter, kind, status,
 		       attempts, next_attempt_at, last_error, created_at, delivered_at
 		FROM alerts
 		WHERE ($1 = '' OR status = $1)

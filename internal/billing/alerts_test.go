@@ -212,7 +212,7 @@ func mustAlert(tb testing.TB, db *pgxpool.Pool, a alertRow) string {
 func mustReadAlert(tb testing.TB, db *pgxpool.Pool, id string) billing.Alert {
 	tb.Helper()
 	rows, err := db.Query(context.Background(), `
-		SELECT id, tenant_id, to_char(period, 'YYYY-MM-DD') AS period, threshold, units, quota, meter, status,
+		SELECT id, tenant_id, to_char(period, 'YYYY-MM-DD') AS period, threshold, units, quota, meter, kind, status,
 		       attempts, next_attempt_at, last_error, created_at, delivered_at
 		FROM alerts WHERE id = $1`, id)
 	if err != nil {

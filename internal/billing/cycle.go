@@ -45,8 +45,15 @@ func (c *Cycle) Flush(ctx context.Context) error {
 // the last call, then runs the invoicer (closing past months, and the full
 // sweep of the current one every Invoicer.FullSweepEvery). Tenants whose
 // refresh failed are not retried here: the next full sweep catches them.
+//
+// The prepaid tenants among those refreshed then get their low-balance
+// alerts (RecordCreditAlerts), measured against the drafts just refreshed.
 func (c *Cycle) Invoices(ctx context.Context) error {
-	if err := c.invoices.Refresh(ctx, c.rec.TakeFlushed()); err != nil {
+	ids := c.rec.TakeFlushed()
+	if err := c.invoices.Refresh(ctx, ids); err != nil {
+		return err
+	}
+	if err := RecordCreditAlerts(ctx, c.invoices.db, ids, c.invoices.now()); err != nil {
 		return err
 	}
 	return c.invoices.Run(ctx)
