@@ -81,8 +81,8 @@ ARGV
                    LAST of KEYS. A tier with a billed meter quota and a
                    spend cap passes it on every request, "-1,-1,0,0,..."
                    for a meter without a quota, so that the cap sees the
-                   meters' overage. A prepaid tenant's has three more,
-                   ",bal,bid,prev" (see "Prepaid"), and is passed on
+                   meters' overage. A prepaid tenant's has four more,
+                   ",bal,bid,prev,lines" (see "Prepaid"), and is passed on
                    every request
   [20] cal         the tenant's billing calendar (see "Calendars"): '' the
                    default one (UTC days and calendar months), or
@@ -219,7 +219,7 @@ Meter quotas (ARGV[19] not '')
   month of its last write + 1 h (PEXPIREAT when a field's month changes).
   Replays answer the meter items as they are now.
 
-Prepaid (ARGV[19] ends in ",bal,bid,prev")
+Prepaid (ARGV[19] ends in ",bal,bid,prev,lines")
   A prepaid tenant's units past its monthly quotas (the tier's overage at
   tprice and the meter's at price, as billed) are paid from its credit,
   drawn down here, atomically with the limits: the field 'P' of the meter
@@ -228,9 +228,12 @@ Prepaid (ARGV[19] ends in ",bal,bid,prev")
   together (quota.Prepaid: the credit the invoices may draw, in
   millicents, less what Redis does not hold), bid the period it is for and
   prev the period before it while its invoice is not final (0 once it is:
-  its draws are then out of bal). A request whose cost would bring
-  mc (+ pmc when pm = prev) past bal is refused (mask 512, retry -1: no
-  wait brings credit back), consuming nothing; a balance of another period
+  its draws are then out of bal), lines the invoice lines a period's draws
+  are rated on (each rounded up to the cent: 999 millicents are kept back
+  per line past the first, of this period and of prev when it drew). A
+  request whose cost would bring mc (+ pmc when pm = prev) + that reserve
+  past bal is refused (mask 512, retry -1: no wait brings credit back),
+  consuming nothing; a balance of another period
   than now's is an error "PREPAID <now us>" (Go reads the balance of that
   period and calls again). While prepaid, the hash lives 40 days past the
   end of its month, so that pmc outlasts the previous invoice's grace.
@@ -480,7 +483,7 @@ local KQ, qrow, qdq, qmq, qprice, qP, qcap
 local qd, qdu, qm, qmu, qmo, qmc, qfresh
 local qover = 0
 -- prepaid (see "Prepaid"): pbal nil for postpaid
-local pbal, pbid, pprev, pm, pmc, ppm, ppmc, pfresh
+local pbal, pbid, pprev, plines, pm, pmc, ppm, ppmc, pfresh
 local padd = 0
 if mqs then
   KQ = KEYS[#KEYS]
@@ -488,8 +491,8 @@ if mqs then
   qdq, qmq, qprice, qP, qcap = a1 + 0, a2 + 0, a4 + 0, a5 + 0, a6 + 0
   if a3 == '0' then qprice = -1 end -- not billed
   if a7 ~= '' then
-    local b1, b2, b3 = string.match(a7, '^,(%-?%d+),(%d+),(%d+)$')
-    pbal, pbid, pprev = b1 + 0, b2 + 0, b3 + 0
+    local b1, b2, b3, b4 = string.match(a7, '^,(%-?%d+),(%d+),(%d+),(%d+)$')
+    pbal, pbid, pprev, plines = b1 + 0, b2 + 0, b3 + 0, b4 + 0
     if pbid ~= month then
       -- Go's balance is of another period: it reads now's and calls again
       return redis.error_reply('PREPAID ' .. fmt(now))
@@ -548,8 +551,8 @@ if mqs then
     end
     pfresh = pm ~= month
     if pfresh then pm, pmc, ppm, ppmc = month, 0, pm, pmc end
-    local held = pmc
-    if pprev ~= 0 and ppm == pprev then held = held + ppmc end
+    local held = pmc + 999 * (plines - 1)
+    if pprev ~= 0 and ppm == pprev and ppmc > 0 then held = held + ppmc + 999 * plines end
     padd = overage * qP
     if qover > 0 then padd = padd + qover * qprice end
     if padd > 0 and not replay and held + padd > pbal then

@@ -61,21 +61,26 @@ func (t Tier) checkBilling() error {
 //
 // The balance an admission checks is
 //
-//	BalanceMillicents >= drawn(PeriodID) + drawn(PrevID) + this request's cost
+//	BalanceMillicents >= drawn(PeriodID) + drawn(PrevID) + this request's cost + 999 × (lines - 1)
 //
 // where drawn(p) is the cost (units past the monthly quotas × the overage
 // prices, in millicents) of the admissions of period p, and PrevID the
 // period before PeriodID while its invoice is not final (0 once it is:
-// then its draws are on the ledger, out of the credit).
+// then its draws are on the ledger, out of the credit), and lines the
+// invoice lines that may round up: Lines, twice when the previous period
+// drew anything.
 type Prepaid struct {
 	// BalanceMillicents is the credit valid at the end of the period
 	// (created before it and not expired before its end: what its invoice
 	// may draw), in millicents, less what older invoices that are not
-	// final yet will draw, less 999 per invoice line past the first that
-	// the current and the previous period may round up (each overage line
-	// is rounded up to the cent): a balance that admits never leaves an
-	// invoice more than its credit.
+	// final yet will draw.
 	BalanceMillicents int64
+	// Lines is how many invoice lines of a period the draws are rated on:
+	// the tier's overage and each billed meter quota's. Each is rounded up
+	// to the cent, so the script keeps 999 millicents back per line past
+	// the first that the current and the previous period may have: a
+	// balance that admits never leaves an invoice more than its credit.
+	Lines int
 	// CreditCents is that credit, in cents, before the deductions.
 	CreditCents int64
 	// PeriodID is the billing period the balance is for (Calendar.PeriodID)

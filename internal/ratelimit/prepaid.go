@@ -37,17 +37,19 @@ func prepaidStale(err error) error {
 	return &quota.PrepaidStaleError{Now: time.UnixMicro(us).UTC()}
 }
 
-// PrepaidDrawn returns the millicents that the admissions of pp's period,
+// PrepaidDrawn returns what the admission script counts against
+// pp.BalanceMillicents: the millicents that the admissions of pp's period,
 // and of the previous one while its invoice is not final (pp.PrevID), drew
-// on the tenant's credit and no final invoice holds: what the script
-// counts against pp.BalanceMillicents.
+// on the tenant's credit and no final invoice holds, and the rounding it
+// keeps back (999 millicents per invoice line past the first).
 func (r *Runner) PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Prepaid) (int64, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return 0, err
 	}
+	lines := int64(max(pp.Lines, 1))
 	v, err := r.c.HGet(ctx, r.key(tenantID, "mq"), "P").Result()
 	if errors.Is(err, redis.Nil) {
-		return 0, nil
+		return 999 * (lines - 1), nil
 	}
 	if err != nil {
 		return 0, fmt.Errorf("ratelimit: prepaid draws: %w", err)
@@ -63,16 +65,12 @@ func (r *Runner) PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Pre
 		}
 	}
 	m, mc, pm, pmc := f[0], f[1], f[2], f[3]
-	drawn := int64(0)
-	prev := int64(pp.PrevID)
-	switch {
-	case m == int64(pp.PeriodID):
-		drawn = mc
-		if prev != 0 && pm == prev {
-			drawn += pmc
-		}
-	case prev != 0 && m == prev: // nothing drawn in this period yet
-		drawn = mc
+	if m != int64(pp.PeriodID) { // nothing drawn in this period yet
+		m, mc, pm, pmc = int64(pp.PeriodID), 0, m, mc
+	}
+	drawn := mc + 999*(lines-1)
+	if prev := int64(pp.PrevID); prev != 0 && pm == prev && pmc > 0 {
+		drawn += pmc + 999*lines
 	}
 	return drawn, nil
 }
