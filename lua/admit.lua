@@ -81,8 +81,8 @@ ARGV
                    LAST of KEYS. A tier with a billed meter quota and a
                    spend cap passes it on every request, "-1,-1,0,0,..."
                    for a meter without a quota, so that the cap sees the
-                   meters' overage. A prepaid tenant's has four more,
-                   ",bal,bid,prev,lines" (see "Prepaid"), and is passed on
+                   meters' overage. A prepaid tenant's has five more,
+                   ",bal,bid,prev,lines,pexp" (see "Prepaid"), and is passed on
                    every request
   [20] cal         the tenant's billing calendar (see "Calendars"): '' the
                    default one (UTC days and calendar months), or
@@ -219,7 +219,7 @@ Meter quotas (ARGV[19] not '')
   month of its last write + 1 h (PEXPIREAT when a field's month changes).
   Replays answer the meter items as they are now.
 
-Prepaid (ARGV[19] ends in ",bal,bid,prev,lines")
+Prepaid (ARGV[19] ends in ",bal,bid,prev,lines,pexp")
   A prepaid tenant's units past its monthly quotas (the tier's overage at
   tprice and the meter's at price, as billed) are paid from its credit,
   drawn down here, atomically with the limits: the field 'P' of the meter
@@ -230,8 +230,10 @@ Prepaid (ARGV[19] ends in ",bal,bid,prev,lines")
   prev the period before it while its invoice is not final (0 once it is:
   its draws are then out of bal), lines the invoice lines a period's draws
   are rated on (each rounded up to the cent: 999 millicents are kept back
-  per line past the first, of this period and of prev when it drew). A
-  request whose cost would bring mc (+ pmc when pm = prev) + that reserve
+  per line past the first, of this period and of prev when it drew), pexp
+  the credit prev's invoice may draw that bal leaves out (it expires
+  before bid ends): prev's draws count only past it. A request whose cost
+  would bring mc (+ pmc when pm = prev, less pexp) + that reserve
   past bal is refused (mask 512, retry -1: no wait brings credit back),
   consuming nothing; a balance of another period
   than now's is an error "PREPAID <now us>" (Go reads the balance of that
@@ -483,7 +485,7 @@ local KQ, qrow, qdq, qmq, qprice, qP, qcap
 local qd, qdu, qm, qmu, qmo, qmc, qfresh
 local qover = 0
 -- prepaid (see "Prepaid"): pbal nil for postpaid
-local pbal, pbid, pprev, plines, pm, pmc, ppm, ppmc, pfresh
+local pbal, pbid, pprev, plines, pexp, pm, pmc, ppm, ppmc, pfresh
 local padd = 0
 if mqs then
   KQ = KEYS[#KEYS]
@@ -491,8 +493,8 @@ if mqs then
   qdq, qmq, qprice, qP, qcap = a1 + 0, a2 + 0, a4 + 0, a5 + 0, a6 + 0
   if a3 == '0' then qprice = -1 end -- not billed
   if a7 ~= '' then
-    local b1, b2, b3, b4 = string.match(a7, '^,(%-?%d+),(%d+),(%d+),(%d+)$')
-    pbal, pbid, pprev, plines = b1 + 0, b2 + 0, b3 + 0, b4 + 0
+    local b1, b2, b3, b4, b5 = string.match(a7, '^,(%-?%d+),(%d+),(%d+),(%d+),(%d+)$')
+    pbal, pbid, pprev, plines, pexp = b1 + 0, b2 + 0, b3 + 0, b4 + 0, b5 + 0
     if pbid ~= month then
       -- Go's balance is of another period: it reads now's and calls again
       return redis.error_reply('PREPAID ' .. fmt(now))
@@ -552,7 +554,9 @@ if mqs then
     pfresh = pm ~= month
     if pfresh then pm, pmc, ppm, ppmc = month, 0, pm, pmc end
     local held = pmc + 999 * (plines - 1)
-    if pprev ~= 0 and ppm == pprev and ppmc > 0 then held = held + ppmc + 999 * plines end
+    if pprev ~= 0 and ppm == pprev and ppmc > 0 then
+      held = held + math.max(0, ppmc + 999 * plines - pexp)
+    end
     padd = overage * qP
     if qover > 0 then padd = padd + qover * qprice end
     if padd > 0 and not replay and held + padd > pbal then

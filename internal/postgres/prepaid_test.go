@@ -49,8 +49,9 @@ func TestPrepaidBalance(t *testing.T) {
 		t.Fatal(err)
 	}
 	// 700 + 200 (valid at the end, 2031-06-01): 900 cents; lines: the
-	// tier's and search's
-	want := quota.Prepaid{BalanceMillicents: 900_000, Lines: 2, CreditCents: 900, PeriodID: 203105, PrevID: 203104,
+	// tier's and search's; April's invoice, not final yet, may draw the
+	// 100 expiring on May 31 first
+	want := quota.Prepaid{BalanceMillicents: 900_000, Lines: 2, CreditCents: 900, PeriodID: 203105, PrevID: 203104, ExpiringMillicents: 100_000,
 		Until: time.Date(2031, 6, 1, 0, 0, 0, 0, time.UTC)}
 	if p != want {
 		t.Fatalf("Prepaid = %+v, want %+v", p, want)
@@ -69,7 +70,7 @@ func TestPrepaidBalance(t *testing.T) {
 	if p, err = s.Prepaid(ctx, tn.ID, tier, quota.Calendar{}, now); err != nil {
 		t.Fatal(err)
 	}
-	want.PrevID, want.HeldCents, want.BalanceMillicents = 0, 150, (900-150)*1000
+	want.PrevID, want.ExpiringMillicents, want.HeldCents, want.BalanceMillicents = 0, 0, 150, (900-150)*1000
 	if p != want {
 		t.Fatalf("Prepaid = %+v, want %+v", p, want)
 	}

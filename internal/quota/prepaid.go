@@ -66,7 +66,8 @@ func (t Tier) checkBilling() error {
 // where drawn(p) is the cost (units past the monthly quotas × the overage
 // prices, in millicents) of the admissions of period p, and PrevID the
 // period before PeriodID while its invoice is not final (0 once it is:
-// then its draws are on the ledger, out of the credit), and lines the
+// then its draws are on the ledger, out of the credit; while it is set,
+// drawn(PrevID) counts only past ExpiringMillicents), and lines the
 // invoice lines that may round up: Lines, twice when the previous period
 // drew anything.
 type Prepaid struct {
@@ -89,6 +90,12 @@ type Prepaid struct {
 	Until    time.Time
 	// PrevID is the previous period while its invoice is not final, else 0.
 	PrevID int
+	// ExpiringMillicents, while PrevID is set, is the credit the previous
+	// period's invoice may draw that is not in the balance (it expires
+	// before this period's end), in millicents: that invoice draws it
+	// first (oldest expiring first), so the previous period's draws take
+	// only what they pass it by from the balance.
+	ExpiringMillicents int64
 	// HeldCents is the older invoices' draws taken off the balance.
 	HeldCents int64
 }

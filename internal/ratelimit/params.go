@@ -106,7 +106,7 @@ func meterArg(req quota.Request) string {
 	tail := ""
 	if pp := req.Prepaid; pp != nil {
 		tail = "," + strconv.FormatInt(pp.BalanceMillicents, 10) + "," + strconv.Itoa(pp.PeriodID) + "," + strconv.Itoa(pp.PrevID) +
-			"," + strconv.Itoa(max(pp.Lines, 1))
+			"," + strconv.Itoa(max(pp.Lines, 1)) + "," + strconv.FormatInt(pp.ExpiringMillicents, 10)
 	}
 	if q == nil {
 		if capm < 0 && tail == "" {

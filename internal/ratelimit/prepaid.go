@@ -70,7 +70,7 @@ func (r *Runner) PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Pre
 	}
 	drawn := mc + 999*(lines-1)
 	if prev := int64(pp.PrevID); prev != 0 && pm == prev && pmc > 0 {
-		drawn += pmc + 999*lines
+		drawn += max(0, pmc+999*lines-pp.ExpiringMillicents)
 	}
 	return drawn, nil
 }
