@@ -278,6 +278,13 @@ func (g *Gate) admitShared(ctx context.Context, req quota.Request) (quota.Decisi
 		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,
 			Message: "the quota store is unavailable and this tier fails closed; retry shortly"}
 	}
+	if req.Prepaid != nil {
+		// The credit is drawn down in Redis only: an in-process limiter
+		// could not know what the other nodes drew, so a prepaid tenant
+		// fails closed whatever its tier says.
+		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,
+			Message: "the quota store is unavailable and prepaid credit is drawn there only; retry shortly"}
+	}
 	return g.admitLocally(req, now)
 }
 

@@ -122,6 +122,24 @@ func TestFailOpenAdmitsAtTheTiersLimitsNeverUnlimited(t *testing.T) {
 	}
 }
 
+// TestPrepaidFailsClosedOnAFailOpenTier: a prepaid tenant's credit is
+// drawn in Redis only, so an outage refuses its requests (503) even on a
+// fail-open tier, where a postpaid tenant of the tier is admitted.
+func TestPrepaidFailsClosedOnAFailOpenTier(t *testing.T) {
+	t.Parallel()
+	g, _, _ := mustDeadGate(t)
+	req := quota.Request{TenantID: "tn-prepaid", Meter: "demo", Cost: 1, FailOpen: true, Overage: quota.OverageBill,
+		OveragePriceCentsPer1K: 1000, Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(0))}}
+	if d, err := g.Admit(context.Background(), req); err != nil || !d.Allowed || !d.Degraded {
+		t.Fatalf("postpaid on a fail-open tier: %+v, %v; want admitted, degraded", d, err)
+	}
+	req.TenantID, req.Prepaid = "tn-prepaid-2", &quota.Prepaid{BalanceMillicents: 1_000_000, PeriodID: 203105}
+	_, err := g.Admit(context.Background(), req)
+	if got := quota.ErrorCode(err); got != quota.CodeUnavailable {
+		t.Fatalf("prepaid on a fail-open tier: code %q (%v), want %q", got, err, quota.CodeUnavailable)
+	}
+}
+
 func TestFailClosedIsUnavailableAndBreakerSparesRedis(t *testing.T) {
 	t.Parallel()
 	g, inner, clk := mustDeadGate(t)
