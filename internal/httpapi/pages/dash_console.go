@@ -82,7 +82,8 @@ type tierFormView struct {
 }
 
 var tierFields = []string{"name", "rank", "price_cents", "burst_rate", "burst", "bucket_capacity", "bucket_refill_per_sec",
-	"daily_quota", "monthly_quota", "overage", "overage_price_cents_per_1k", "max_overage_cents", "fail_open", "upgrade_url"}
+	"daily_quota", "monthly_quota", "overage", "overage_price_cents_per_1k", "max_overage_cents", "fail_open", "upgrade_url",
+	"billing", "top_up_url"}
 
 // tierValues writes a tier as the editor's field values; unlimited is "".
 func tierValues(t quota.Tier) map[string]string {
@@ -103,7 +104,10 @@ func tierValues(t quota.Tier) map[string]string {
 		"burst_rate": f(t.BurstRate), "burst": i(t.Burst), "bucket_capacity": i(t.BucketCapacity),
 		"bucket_refill_per_sec": f(t.BucketRefillPerSec), "daily_quota": i(t.DailyQuota), "monthly_quota": i(t.MonthlyQuota),
 		"overage": string(t.Overage), "overage_price_cents_per_1k": httpx.Itoa(t.OveragePriceCentsPer1K), "upgrade_url": t.UpgradeURL,
-		"max_overage_cents": i(t.MaxOverageCents),
+		"max_overage_cents": i(t.MaxOverageCents), "billing": string(quota.BillingPostpaid), "top_up_url": t.TopUpURL,
+	}
+	if t.IsPrepaid() {
+		v["billing"] = string(quota.BillingPrepaid)
 	}
 	if t.FailOpen {
 		v["fail_open"] = "on"
@@ -120,6 +124,18 @@ func tierFromForm(errs formErrors, f map[string]string) quota.Tier {
 	if v := f["fail_open"]; v != "" && v != "on" {
 		errs.add(quota.FieldError("fail_open", "must be on or absent"))
 	}
+	// the billing mode: one of the select's two values (absent is postpaid,
+	// the store's default); what prepaid needs of the other fields is the
+	// domain's Validate's, shown beside the field it names
+	switch b := quota.Billing(f["billing"]); b {
+	case "", quota.BillingPostpaid:
+		t.Billing = quota.BillingPostpaid
+	case quota.BillingPrepaid:
+		t.Billing = b
+	default:
+		errs.add(quota.FieldError("billing", "must be postpaid or prepaid"))
+	}
+	t.TopUpURL = strings.TrimSpace(f["top_up_url"])
 	if rank := intField(errs, f, "rank", false); rank != nil {
 		if *rank < 0 || *rank > 1_000_000 {
 			errs.add(quota.FieldError("rank", "must be between 0 and 1000000"))
@@ -141,6 +157,9 @@ func tierFromForm(errs formErrors, f map[string]string) quota.Tier {
 	t.MonthlyQuota = intField(errs, f, "monthly_quota", true)
 	t.MaxOverageCents = intField(errs, f, "max_overage_cents", true)
 	if err := httpx.ValidURL("upgrade_url", t.UpgradeURL); err != nil {
+		errs.add(err)
+	}
+	if err := httpx.ValidURL("top_up_url", t.TopUpURL); err != nil {
 		errs.add(err)
 	}
 	return t
@@ -169,7 +188,8 @@ func (s *Pages) ConsoleTierForm(c *fiber.Ctx) error {
 
 func (s *Pages) ConsoleNewTier(c *fiber.Ctx) error {
 	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "New tier", "tiers",
-		newTierFormView(true, "", map[string]string{"overage": "block", "price_cents": "0", "overage_price_cents_per_1k": "0"}, formErrors{})))
+		newTierFormView(true, "", map[string]string{"overage": "block", "price_cents": "0", "overage_price_cents_per_1k": "0",
+			"billing": string(quota.BillingPostpaid)}, formErrors{})))
 }
 
 // ConsoleSaveTier saves the editor: every field is replaced by the form's,

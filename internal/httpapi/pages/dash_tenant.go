@@ -42,6 +42,13 @@ type tenantView struct {
 	// MeterQuotas are the tier's quotas per meter with their state.
 	MeterQuotas []meterQuotaView
 	Billing     billingView
+	// Credit is a prepaid tenant's credit row of /v1/usage (in cents: the
+	// credit its period's invoice may draw, and what admissions may still
+	// draw); nil for a postpaid tenant.
+	Credit *usage.Limit
+	// TopUpURL is the prepaid tier's top-up URL when it is an http or
+	// https URL, else "" (no link is drawn).
+	TopUpURL string
 }
 
 // meterQuotaView is one quota of a meter: its terms and the "<meter>.daily"
@@ -179,6 +186,7 @@ func (s *Pages) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantVi
 	if v.Billing, err = s.billingOf(ctx, p, invoices); err != nil {
 		return tenantView{}, err
 	}
+	v.Credit, v.TopUpURL = prepaidCredit(p.Tier, u)
 	for name, dst := range map[quota.LimitName]**usage.Limit{
 		quota.LimitBurst: &v.Burst, quota.LimitBucket: &v.Bucket, quota.LimitDaily: &v.Daily, quota.LimitMonthly: &v.Monthly,
 	} {
@@ -187,6 +195,24 @@ func (s *Pages) tenantViewOf(ctx context.Context, p catalog.Principal) (tenantVi
 		}
 	}
 	return v, nil
+}
+
+// prepaidCredit is what the pages show of a prepaid tenant's credit: the
+// credit row of its usage report, and its tier's top-up URL when that is an
+// http or https URL (the store keeps what the API validated, but a link is
+// drawn only from a URL that is one). A postpaid tenant has neither.
+func prepaidCredit(t quota.Tier, u usage.Report) (*usage.Limit, string) {
+	if !t.IsPrepaid() {
+		return nil, ""
+	}
+	var credit *usage.Limit
+	if l, ok := u.Limit(quota.LimitCredit); ok {
+		credit = &l
+	}
+	if t.TopUpURL == "" || httpx.ValidURL("top_up_url", t.TopUpURL) != nil {
+		return credit, ""
+	}
+	return credit, t.TopUpURL
 }
 
 // DashHome is the tenant's dashboard: tier, quotas, burst limits, the
