@@ -50,6 +50,7 @@ type pendingUsage interface {
 	EpochLost(ctx context.Context) (bool, error)
 	MarkRestoring(ctx context.Context) error
 	Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error
+	RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error
 	MarkRestored(ctx context.Context) error
 }
 
@@ -679,9 +680,18 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 			return err
 		}
 	}
+	prepaid, err := r.prepaidRecords(ctx, now)
+	if err != nil {
+		return err
+	}
+	for start := 0; start < len(prepaid); start += chunk {
+		if err := r.rl.RestorePrepaid(ctx, prepaid[start:min(start+chunk, len(prepaid))]); err != nil {
+			return err
+		}
+	}
 	if err := r.rl.MarkRestored(ctx); err != nil {
 		return err
 	}
-	r.log.Info("quota counters restored", "tenants", len(recs))
+	r.log.Info("quota counters restored", "tenants", len(recs), "prepaid", len(prepaid))
 	return nil
 }

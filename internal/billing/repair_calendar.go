@@ -135,3 +135,71 @@ func (r *Reconciler) meterRecords(ctx context.Context, now time.Time) (map[strin
 	}
 	return out, nil
 }
+
+// prepaidRecords are the credit draws of the tenants on prepaid tiers by
+// the ledger, in each one's billing period at now and the one before: the
+// month's overage units at the tier's overage price and each meter's
+// overage units at its quota's price, both of now (as admit.lua counts
+// them), in millicents. Tenants without such units in either period are
+// left out.
+func (r *Reconciler) prepaidRecords(ctx context.Context, now time.Time) ([]quota.PrepaidRecorded, error) {
+	rows, err := r.db.Query(ctx, `SELECT t.id::text, t.billing_anchor_day, t.time_zone
+		FROM tenants t JOIN tiers tr ON tr.slug = t.tier WHERE tr.billing = 'prepaid' ORDER BY 1`)
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: prepaid: %w", err)
+	}
+	var (
+		recs               []quota.PrepaidRecorded
+		ids                []string
+		pStart, pMid, pEnd []time.Time
+		id, zone           string
+		anchor             int
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &anchor, &zone}, func() error {
+		cal := quota.Tenant{BillingAnchorDay: anchor, TimeZone: zone}.Calendar()
+		ps, pe := cal.Period(now)
+		pps, _ := cal.Period(ps.Add(-time.Nanosecond))
+		recs = append(recs, quota.PrepaidRecorded{TenantID: id, Period: cal.PeriodID(now), Prev: cal.PeriodID(pps), Until: pe})
+		ids, pStart, pMid, pEnd = append(ids, id), append(pStart, pps), append(pMid, ps), append(pEnd, pe)
+		return nil
+	})
+	if err != nil || len(ids) == 0 {
+		if err != nil {
+			err = fmt.Errorf("billing: repair: prepaid: %w", err)
+		}
+		return nil, err
+	}
+	rows, err = r.db.Query(ctx, `
+		SELECT b.id::text,
+		       coalesce(sum(u.overage_units * tr.overage_price_cents_per_1k
+		                    + u.meter_overage_units * coalesce(mp.price, 0)) FILTER (WHERE u.hour >= b.mid), 0)::bigint,
+		       coalesce(sum(u.overage_units * tr.overage_price_cents_per_1k
+		                    + u.meter_overage_units * coalesce(mp.price, 0)) FILTER (WHERE u.hour < b.mid), 0)::bigint
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[]) AS b(id, start, mid, pend)
+		JOIN tenants t ON t.id = b.id JOIN tiers tr ON tr.slug = t.tier
+		JOIN usage u ON u.tenant_id = b.id AND u.hour >= b.start AND u.hour < b.pend
+		LEFT JOIN LATERAL (SELECT (m->>'overage_price_cents_per_1k')::bigint AS price
+		                   FROM jsonb_array_elements(tr.meter_quotas) AS m
+		                   WHERE m->>'meter' = u.meter AND m->>'overage' = 'bill') mp ON true
+		GROUP BY b.id`, ids, pStart, pMid, pEnd)
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: prepaid: %w", err)
+	}
+	drawn := map[string][2]int64{}
+	var cur, prev int64
+	_, err = pgx.ForEachRow(rows, []any{&id, &cur, &prev}, func() error {
+		drawn[id] = [2]int64{cur, prev}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("billing: repair: prepaid: %w", err)
+	}
+	out := recs[:0]
+	for _, rec := range recs {
+		if d, ok := drawn[rec.TenantID]; ok && (d[0] > 0 || d[1] > 0) {
+			rec.Millicents, rec.PrevMillicents = d[0], d[1]
+			out = append(out, rec)
+		}
+	}
+	return out, nil
+}

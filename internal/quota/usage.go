@@ -113,3 +113,15 @@ type AuditEntry struct {
 	Before   json.RawMessage `json:"before"`
 	After    json.RawMessage `json:"after"`
 }
+
+// PrepaidRecorded is what a prepaid tenant's admissions drew on its credit
+// in its current billing period and the one before, by the ledger: the
+// units past its monthly quotas at the overage prices of now (as the
+// admission script counts them), in millicents. Period and Prev are the
+// periods' ids (Calendar.PeriodID); Until is the current period's end.
+type PrepaidRecorded struct {
+	TenantID                   string
+	Period, Prev               int
+	Millicents, PrevMillicents int64
+	Until                      time.Time
+}

@@ -448,6 +448,30 @@ func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool)
 // (lua/restore_meters.lua).
 var restoreMetersScript = script("meterq.lua", "restore_meters.lua")
 
+// restorePrepaidScript gives prepaid tenants' credit draws back
+// (lua/restore_prepaid.lua).
+var restorePrepaidScript = script("restore_prepaid.lua")
+
+// prepaidKeep is how long past its period's end a prepaid tenant's draws
+// are kept (admit.lua's PREPAID_KEEP_US).
+const prepaidKeep = 40 * 24 * time.Hour
+
+// RestorePrepaid gives prepaid tenants' credit draws back from the ledger
+// after Redis lost data (lua/restore_prepaid.lua), pipelined.
+func (r *Runner) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error {
+	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, rec := range recs {
+			restorePrepaidScript.Eval(ctx, p, []string{r.key(rec.TenantID, "mq")},
+				rec.Period, rec.Millicents, rec.Prev, rec.PrevMillicents, rec.Until.Add(prepaidKeep).UnixMilli())
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("ratelimit: restore prepaid: %w", err)
+	}
+	return nil
+}
+
 // meterRestoreArgs are restore_meters.lua's ARGV for rec at at.
 func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {
 	day, month := periodIDs(rec.Calendar, at)
