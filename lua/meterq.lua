@@ -3,7 +3,9 @@ counters outside admission (refund.lua, settle.lua, reset.lua,
 restore_meters.lua; admit.lua reads and writes them inline): the meter quotas'
 hash of admit.lua ("Meter quotas"), one field per meter "d,du,m,mu,mo"
 (day id and used units; month id, used and overage units) and '$' =
-"m,mc", the month's millicents of all meters' overage (the spend cap's).
+"m,mc", the month's millicents of all meters' overage (the spend cap's);
+and a prepaid tenant's credit draws 'P' = "m,mc,pm,pmc" (admit.lua,
+"Prepaid").
 ]]
 
 -- meterq_get reads a meter's field v: day id, day units, month id, month
@@ -55,4 +57,34 @@ local function meterq_adjust(key, meter, day, month, delta, qmq, price, capped)
     redis.call('HSET', key, '$', string.format('%d,%d', cm, math.max(0, cv + dov * price)))
   end
   return dov
+end
+
+-- prepaid_adjust changes a prepaid tenant's credit draws ('P') of the
+-- period month by dmc millicents: given back (dmc < 0, never below 0) or
+-- charged (a settled cost past the admitted one: it may pass the balance,
+-- and later requests are then refused). A field holding neither the
+-- period nor the one before leaves nothing to give back; a charge of a
+-- later period than the field's starts that period's count. While it holds
+-- draws the hash lives at least as long as admit.lua keeps it.
+local PREPAID_KEEP_MS = (31 + 40) * 86400 * 1000
+local function prepaid_adjust(key, month, dmc)
+  if dmc == 0 then return end
+  local m, mc, pm, pmc = -1, 0, -1, 0
+  local v = redis.call('HGET', key, 'P')
+  if v then
+    local s1, s2, s3, s4 = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    if s1 then m, mc, pm, pmc = s1 + 0, s2 + 0, s3 + 0, s4 + 0 end
+  end
+  if m == month then
+    mc = math.max(0, mc + dmc)
+  elseif pm == month then
+    pmc = math.max(0, pmc + dmc)
+  elseif dmc > 0 and month > m then
+    m, mc, pm, pmc = month, dmc, m, mc
+  else
+    return
+  end
+  redis.call('HSET', key, 'P', string.format('%d,%d,%d,%d', m, mc, pm, pmc))
+  local ttl = redis.call('PTTL', key)
+  if ttl >= 0 and ttl < PREPAID_KEEP_MS then redis.call('PEXPIRE', key, PREPAID_KEEP_MS) end
 end

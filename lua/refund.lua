@@ -35,6 +35,10 @@ ARGV
   [7] overage units of the admission
   [8] (with KEYS[7]) the meter's overage price per 1,000 units when the
       spend cap counts it, else -1
+  [9] (with KEYS[7]) a prepaid tenant's "<tier's overage price>,<meter's
+      overage price, 0 when not billed>": the overage given back is given
+      back to its credit draws too (meterq.lua's prepaid_adjust); KEYS[7]
+      is then passed even when the meter has no quota
 
 Return: 1.
 ]]
@@ -67,6 +71,10 @@ local mback = 0
 if KEYS[7] then
   local price = tonumber(ARGV[8])
   mback = -meterq_adjust(KEYS[7], ARGV[5], tonumber(ARGV[2]), tonumber(ARGV[3]), -cost, -1, price, price >= 0)
+  if ARGV[9] then
+    local tpp, mpp = string.match(ARGV[9], '^(%d+),(%d+)$')
+    prepaid_adjust(KEYS[7], tonumber(ARGV[3]), -(over * tpp + mback * mpp))
+  end
 end
 if s.v2 then
   -- the pending usage lives in the v2 hash (state.lua), which lives 14 days

@@ -26,7 +26,12 @@ KEYS
           where mq is the meter's quota, '-' for none, or "<monthly quota,
           -1 none>,<overage price per 1,000, -1 not billed>,<1 when the
           spend cap counts the meters' overage, else 0>" (an entry without
-          it, from a node before meter quotas, is read as '-')
+          it, from a node before meter quotas, is read as '-'); a
+          prepaid tenant's has a fourth, ",<the tier's overage price>"
+          ("-1,-1,0,<price>" when the meter has no quota), and the
+          difference's overage (the tier's at that price, the meter's at
+          its own) is charged to or given back from its credit draws
+          (meterq.lua's prepaid_adjust)
   KEYS[8] <prefix>:v1:{t:<id>}:mq, the meter quotas' hash: the meter's
           counters change as the tier's do (meterq.lua), its overage units
           first when given back; a charged unit past both monthly quotas is
@@ -68,10 +73,12 @@ end
 -- the meter quota's counters first (meterq.lua): a charged unit past both
 -- monthly quotas is the meter's overage only, as admit.lua counts it
 local mdov = 0
+local tpp, mpp -- prepaid: the tier's and the meter's overage prices
 if mspec ~= '-' and KEYS[8] then
-  local a1, a2, a3 = string.match(mspec, '^(%-?%d+),(%-?%d+),([01])$')
+  local a1, a2, a3, a4 = string.match(mspec, '^(%-?%d+),(%-?%d+),([01]),?(%-?%d*)$')
   if a1 then
     mdov = meterq_adjust(KEYS[8], meter, tonumber(day), tonumber(month), diff, a1 + 0, a2 + 0, a3 == '1')
+    if a4 ~= '' then tpp, mpp = a4 + 0, math.max(a2 + 0, 0) end
   end
 end
 
@@ -111,6 +118,7 @@ end
 if #parts > 0 then
   save_state(s, 0, nil, parts, pxat, now)
 end
+if tpp then prepaid_adjust(KEYS[8], tonumber(month), ovd * tpp + mdov * mpp) end
 
 local f = hour .. '|' .. meter .. '|'
 if s.v2 then

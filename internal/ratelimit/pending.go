@@ -158,7 +158,7 @@ func (r *Runner) RefundIn(ctx context.Context, tenantID, meter string, cal quota
 	if err := checkTenant(tenantID); err != nil {
 		return err
 	}
-	return r.refund(ctx, tenantID, meter, cal, cost, overage, at, nil, -1)
+	return r.refund(ctx, tenantID, meter, cal, cost, overage, at, nil, -1, "")
 }
 
 // RefundRequest gives back the units of req, admitted by d, whose upstream
@@ -173,18 +173,30 @@ func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.D
 	if q != nil && q.Bills() && spendCapMillicents(req) >= 0 {
 		price = q.OveragePriceCentsPer1K // the spend cap counts the meters' overage
 	}
-	return r.refund(ctx, req.TenantID, req.Meter, req.Calendar, req.Cost, d.OverageUnits, d.Now, q, price)
+	pp := ""
+	if req.Prepaid != nil && req.Overage == quota.OverageBill {
+		mp := int64(0)
+		if q != nil && q.Bills() {
+			mp = q.OveragePriceCentsPer1K
+		}
+		pp = strconv.FormatInt(req.OveragePriceCentsPer1K, 10) + "," + strconv.FormatInt(mp, 10)
+	}
+	return r.refund(ctx, req.TenantID, req.Meter, req.Calendar, req.Cost, d.OverageUnits, d.Now, q, price, pp)
 }
 
 // refund runs refund.lua; q, when not nil, is the meter's quota, and
-// price its overage price when the spend cap counts it (else -1).
-func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time, q *quota.MeterQuota, price int64) error {
+// price its overage price when the spend cap counts it (else -1); pp, for
+// a prepaid tenant, the tier's and the meter's overage prices (ARGV[9]).
+func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time, q *quota.MeterQuota, price int64, pp string) error {
 	day, month := periodIDs(cal, at)
 	keys := r.stateKeys(tenantID, "pending")
 	args := []any{r.layout, day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage}
-	if q != nil {
+	if q != nil || pp != "" {
 		keys = append(keys, r.key(tenantID, "mq"))
 		args = append(args, price)
+	}
+	if pp != "" {
+		args = append(args, pp)
 	}
 	if err := refundScript.Run(ctx, r.c, keys, args...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)

@@ -207,3 +207,66 @@ func TestPrepaidWithSpendCap(t *testing.T) {
 		t.Errorf("admitted %d units at 1 cent under a 7 cent cap", n)
 	}
 }
+
+// TestPrepaidRefundAndSettle: a refund gives a prepaid request's overage
+// back to the credit draws, a settlement charges or gives back the
+// difference's overage (the tier's at its price, the meter's at its own),
+// each once: a repeated settle changes nothing.
+func TestPrepaidRefundAndSettle(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	now := time.Now()
+	req := func(meter string, cost int64) quota.Request {
+		q := prepaidRequest(tenant, meter, now, 1_000_000, 0)
+		q.Now, q.Cost = time.Time{}, cost // Redis's clock: settle and refund use it
+		return q
+	}
+	drawn := func() int64 {
+		t.Helper()
+		n, err := r.PrepaidDrawn(ctx, tenant, *req("demo", 1).Prepaid)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	var ds []quota.Decision
+	for range 5 {
+		ds = append(ds, mustAdmit(t, r, req("demo", 1)))
+	}
+	if got := drawn(); got != 5000 {
+		t.Fatalf("5 units at a cent: %d millicents drawn", got)
+	}
+	if err := r.RefundRequest(ctx, req("demo", 1), ds[0]); err != nil {
+		t.Fatal(err)
+	}
+	if got := drawn(); got != 4000 {
+		t.Fatalf("after a refund: %d millicents drawn, want 4000", got)
+	}
+	// a search admitted at 1 unit (3 cents), settled to 4: 9 cents more
+	d := mustAdmit(t, r, req("search", 1))
+	if err := r.Reserve(ctx, "req-a", req("search", 1), d); err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if _, err := r.Settle(ctx, tenant, "req-a", 4); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := drawn(); got != 4000+12000 {
+		t.Fatalf("after settling a search to 4 units: %d millicents drawn, want 16000", got)
+	}
+	// a demo unit settled to 0: its cent back
+	d = mustAdmit(t, r, req("demo", 1))
+	if err := r.Reserve(ctx, "req-b", req("demo", 1), d); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Settle(ctx, tenant, "req-b", 0); err != nil {
+		t.Fatal(err)
+	}
+	if got := drawn(); got != 16000 {
+		t.Fatalf("after settling a demo unit to 0: %d millicents drawn, want 16000", got)
+	}
+}

@@ -96,10 +96,18 @@ func (r *Runner) SettleTenant(ctx context.Context, requestID string) (string, er
 }
 
 // settleMeterSpec is the settle entry's meter quota (lua/settle.lua): "-"
-// when req's meter has none.
+// when req's meter has none; a prepaid tenant's also carries the tier's
+// overage price, so that the difference is drawn on its credit too.
 func settleMeterSpec(req quota.Request) string {
 	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
+	tail := "" // a prepaid tenant's: the tier's overage price
+	if req.Prepaid != nil && req.Overage == quota.OverageBill {
+		tail = "," + strconv.FormatInt(req.OveragePriceCentsPer1K, 10)
+	}
 	if q == nil {
+		if tail != "" {
+			return "-1,-1,0" + tail
+		}
 		return "-"
 	}
 	mq, price, capped := int64(-1), int64(-1), "0"
@@ -112,7 +120,7 @@ func settleMeterSpec(req quota.Request) string {
 			capped = "1"
 		}
 	}
-	return strconv.FormatInt(mq, 10) + "," + strconv.FormatInt(price, 10) + "," + capped
+	return strconv.FormatInt(mq, 10) + "," + strconv.FormatInt(price, 10) + "," + capped + tail
 }
 
 // Settle settles the reservation under requestID to actual units
