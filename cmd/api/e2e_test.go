@@ -19,9 +19,11 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -104,6 +106,20 @@ func (s *stack) tenant(tier string) (quota.Tenant, string) {
 		s.tb.Fatal(err)
 	}
 	return t, k.Secret
+}
+
+// flushAndInvoice runs the worker's flush and invoicer once, on the real
+// clock: the usage counted so far is in the ledger and in the drafts.
+func (s *stack) flushAndInvoice() {
+	s.tb.Helper()
+	ctx := context.Background()
+	rec := billing.NewReconciler(s.pool, ratelimit.New(testenv.Redis(s.tb), s.prefix), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err := rec.Flush(ctx); err != nil {
+		s.tb.Fatal(err)
+	}
+	if err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Run(ctx); err != nil {
+		s.tb.Fatal(err)
+	}
 }
 
 // publisher returns a catalog used only to publish invalidations, as the

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -12,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -127,13 +123,7 @@ func TestPrepaidThroughTwoInstances(t *testing.T) {
 
 	// the invoice: 50 units of overage at a cent, paid by the credit
 	ctx := context.Background()
-	rec := billing.NewReconciler(s.pool, ratelimit.New(testenv.Redis(t), s.prefix), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err := rec.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s.flushAndInvoice()
 	rows, err := s.pool.Query(ctx, `SELECT l.kind, l.quantity, l.amount_cents, i.total_cents FROM invoice_lines l JOIN invoices i ON i.id = l.invoice_id
 		WHERE i.tenant_id = $1 AND l.kind IN ('overage', 'credit') ORDER BY l.line_no`, tenant.ID)
 	if err != nil {

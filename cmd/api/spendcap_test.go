@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -12,9 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -125,13 +121,7 @@ func TestSpendCapThroughTwoInstances(t *testing.T) {
 
 	// The invoice bills the overage admitted: 60 units at a cent, 60 cents.
 	ctx := context.Background()
-	rec := billing.NewReconciler(s.pool, ratelimit.New(testenv.Redis(t), s.prefix), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
-	if err := rec.Flush(ctx); err != nil {
-		t.Fatal(err)
-	}
-	if err := billing.NewInvoicer(s.pool, time.Now, 48*time.Hour).Run(ctx); err != nil {
-		t.Fatal(err)
-	}
+	s.flushAndInvoice()
 	var qty, amount int64
 	err := s.pool.QueryRow(ctx, `SELECT l.quantity, l.amount_cents FROM invoice_lines l JOIN invoices i ON i.id = l.invoice_id
 		WHERE i.tenant_id = $1 AND i.period = $2 AND l.kind = 'overage'`, tenant.ID, quota.MonthStart(now)).Scan(&qty, &amount)

@@ -13,6 +13,24 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
+// payAsYouGo creates a prepaid tier "payg" that includes no units, at a
+// cent a unit (and the meter quotas qs), and a tenant on it.
+func payAsYouGo(tb testing.TB, store *postgres.Store, qs []quota.MeterQuota) (quota.Tier, quota.Tenant) {
+	tb.Helper()
+	ctx := context.Background()
+	tier, err := store.CreateTier(ctx, "test", quota.Tier{Slug: "payg", Name: "Pay as you go", Rank: 4321,
+		Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(0))}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
+		MeterQuotas: qs, Billing: quota.BillingPrepaid, TopUpURL: "https://example.com/top-up"})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tn, err := store.CreateTenant(ctx, "test", "acme", "payg")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return tier, tn
+}
+
 // TestPrepaidInvoicesToTheCent follows a prepaid tenant through two
 // billing periods with the worker's cycle on a test clock: its admissions
 // draw on its credit at admission (the balance read as the API reads it),
@@ -26,16 +44,7 @@ func TestPrepaidInvoicesToTheCent(t *testing.T) {
 	ctx := context.Background()
 	r := mustRig(t, nil)
 	store := postgres.NewStore(r.db)
-	tier, err := store.CreateTier(ctx, "test", quota.Tier{Slug: "payg", Name: "Pay as you go", Rank: 4321,
-		Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(0))}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
-		Billing: quota.BillingPrepaid, TopUpURL: "https://example.com/top-up"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tn, err := store.CreateTenant(ctx, "test", "acme", "payg")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tier, tn := payAsYouGo(t, store, nil)
 	april := time.Date(2031, 4, 1, 0, 0, 0, 0, time.UTC)
 	for _, sql := range []string{`UPDATE tenants SET created_at = $2 WHERE id = $1`, `UPDATE tenant_tier_history SET valid_from = $2 WHERE tenant_id = $1`} {
 		if _, err := r.db.Exec(ctx, sql, tn.ID, april); err != nil {
@@ -172,17 +181,8 @@ func TestRepairRestoresPrepaidDraws(t *testing.T) {
 	ctx := context.Background()
 	r := mustRig(t, nil)
 	store := postgres.NewStore(r.db)
-	tier, err := store.CreateTier(ctx, "test", quota.Tier{Slug: "payg", Name: "Pay as you go", Rank: 4322,
-		Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(0))}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
-		MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: quota.Ptr(int64(0)), Overage: quota.OverageBill, OveragePriceCentsPer1K: 3000}},
-		Billing:     quota.BillingPrepaid, TopUpURL: "https://example.com/top-up"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tn, err := store.CreateTenant(ctx, "test", "acme", "payg")
-	if err != nil {
-		t.Fatal(err)
-	}
+	tier, tn := payAsYouGo(t, store, []quota.MeterQuota{
+		{Meter: "search", MonthlyQuota: quota.Ptr(int64(0)), Overage: quota.OverageBill, OveragePriceCentsPer1K: 3000}})
 	rc := r.reconciler()
 	if err := rc.Repair(ctx); err != nil { // first start
 		t.Fatal(err)
