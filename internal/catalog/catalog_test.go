@@ -40,6 +40,11 @@ func (s *countingSource) Tiers(ctx context.Context) ([]quota.Tier, error) {
 	return s.Store.Tiers(ctx)
 }
 
+func (s *countingSource) Prepaid(ctx context.Context, tenantID string, tier quota.Tier, cal quota.Calendar, now time.Time) (quota.Prepaid, error) {
+	s.reads.Add(1)
+	return s.Store.Prepaid(ctx, tenantID, tier, cal, now)
+}
+
 // mustNodes starts n catalogs sharing pool's database and one Redis, as n
 // API nodes would, each listening for invalidations.
 func mustNodes(tb testing.TB, pool *pgxpool.Pool, n int) (*postgres.Store, []*Catalog, []*countingSource) {

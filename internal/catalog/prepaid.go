@@ -55,18 +55,37 @@ func (c *Catalog) Prepaid(ctx context.Context, p Principal, now time.Time) (*quo
 
 // PrepaidAt reads p's balance for the billing period containing at (the
 // admission script's clock, when it found the cached one stale) and
-// caches it.
+// caches it. Concurrent misses of one tenant share one read.
 func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*quota.Prepaid, error) {
+	var got *quota.Prepaid
+	err := c.shared(ctx, "pp:"+p.Tenant.ID, func(ctx context.Context) error {
+		pp, err := c.src.Prepaid(ctx, p.Tenant.ID, p.Tier, p.Calendar, at)
+		if err != nil {
+			return err
+		}
+		c.prepaid.mu.Lock()
+		if c.prepaid.m == nil {
+			c.prepaid.m = map[string]prepaidEntry{}
+		}
+		c.prepaid.m[p.Tenant.ID] = prepaidEntry{p: pp, loaded: at}
+		c.prepaid.mu.Unlock()
+		got = &pp
+		return nil
+	})
+	if err != nil || got != nil {
+		return got, err
+	}
+	// another caller's read: its balance, when it is of at's period
+	c.prepaid.mu.Lock()
+	e, ok := c.prepaid.m[p.Tenant.ID]
+	c.prepaid.mu.Unlock()
+	if ok && at.Before(e.p.Until) && e.p.PeriodID == p.Calendar.PeriodID(at) {
+		return &e.p, nil
+	}
 	pp, err := c.src.Prepaid(ctx, p.Tenant.ID, p.Tier, p.Calendar, at)
 	if err != nil {
 		return nil, err
 	}
-	c.prepaid.mu.Lock()
-	if c.prepaid.m == nil {
-		c.prepaid.m = map[string]prepaidEntry{}
-	}
-	c.prepaid.m[p.Tenant.ID] = prepaidEntry{p: pp, loaded: at}
-	c.prepaid.mu.Unlock()
 	return &pp, nil
 }
 

@@ -31,12 +31,16 @@ func (s *Server) admit(ctx context.Context, p catalog.Principal, req *quota.Requ
 		req.Prepaid = pp
 	}
 	d, err := s.gate.Admit(ctx, *req)
-	var stale *quota.PrepaidStaleError
-	if errors.As(err, &stale) {
-		if req.Prepaid, err = s.catalog.PrepaidAt(ctx, p, stale.Now); err != nil {
-			return quota.Decision{}, err
+	if err != nil && req.Prepaid != nil {
+		// (only then: the target of errors.As escapes, an allocation
+		// every metered request would pay)
+		var stale *quota.PrepaidStaleError
+		if errors.As(err, &stale) {
+			if req.Prepaid, err = s.catalog.PrepaidAt(ctx, p, stale.Now); err != nil {
+				return quota.Decision{}, err
+			}
+			d, err = s.gate.Admit(ctx, *req)
 		}
-		d, err = s.gate.Admit(ctx, *req)
 	}
 	return d, err
 }
