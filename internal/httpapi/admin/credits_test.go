@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/redisdb"
@@ -59,9 +60,12 @@ func mustCreditsRig(tb testing.TB) *creditsRig {
 	}
 	rdb := testenv.Redis(tb)
 	clock := &creditsClock{t: time.Date(2026, 11, 10, 9, 0, 0, 0, time.UTC)}
+	log, prefix := slog.New(slog.NewJSONHandler(io.Discard, nil)), testenv.Prefix(tb, rdb)
 	srv, err := httpapi.New(httpapi.Deps{
-		Log: slog.New(slog.NewJSONHandler(io.Discard, nil)), Sessions: redisdb.NewSessions(rdb, testenv.Prefix(tb, rdb)),
-		Store: store, Ledger: billing.NewLedger(db), Now: clock.Now,
+		Log: log, Sessions: redisdb.NewSessions(rdb, prefix),
+		// (a credit grant tells the nodes' catalogs: the tenant has room)
+		Catalog: catalog.New(store, rdb, prefix, log, clock.Now),
+		Store:   store, Ledger: billing.NewLedger(db), Now: clock.Now,
 	}, httpapi.Options{BodyLimit: 64 << 10, AdminToken: creditsToken})
 	if err != nil {
 		tb.Fatal(err)
