@@ -97,6 +97,24 @@ func (w *workerRun) waitCycles(t *testing.T, n int) {
 	}
 }
 
+// waitCyclesUntil waits for whole cycles (as waitCycles(t, 2) does for
+// one) until done holds, at most max of them; the caller then checks what
+// it expects, and a failure shows the worker's step errors.
+func (w *workerRun) waitCyclesUntil(t *testing.T, max int, done func() bool) {
+	t.Helper()
+	w.waitCycles(t, 2)
+	for n := 1; n < max && !done(); n++ {
+		w.waitCycles(t, 1)
+	}
+	if !done() {
+		for _, line := range strings.Split(w.log(), "\n") {
+			if strings.Contains(line, `"level":"ERROR"`) || strings.Contains(line, `"level":"WARN"`) {
+				t.Log(line)
+			}
+		}
+	}
+}
+
 // metric returns the value of an unlabelled series on the worker's
 // /metrics endpoint.
 func metric(t *testing.T, addr, name string) float64 {
@@ -187,7 +205,11 @@ func TestWorkerHoldsTheMonthOpenWhileABatchIsStuck(t *testing.T) {
 		return s
 	}
 
-	w.waitCycles(t, 2) // the first cycle flushes everything it can
+	// The first whole cycle flushes everything it can; under load a step
+	// may run past its timeout (the interval, 100 ms here) and the cycle
+	// retries it, so wait for whole cycles until the good tenant is in,
+	// at most 20, then check everything at once.
+	w.waitCyclesUntil(t, 20, func() bool { return units(good) == 40 && metric(t, addr, "tollgate_worker_stuck_batches") == 1 })
 	if got := units(good); got != 40 {
 		t.Errorf("good tenant: %d units in Postgres, want 40: a stuck batch must not block it", got)
 	}
@@ -211,7 +233,7 @@ func TestWorkerHoldsTheMonthOpenWhileABatchIsStuck(t *testing.T) {
 
 	// An operator drops the bad row from the batch in flight.
 	mustRedis(t, rdb.HDel(ctx, prefix+":v1:{t:"+bad+"}:flushing", long+"u", long+"r").Err())
-	w.waitCycles(t, 2)
+	w.waitCyclesUntil(t, 20, func() bool { return units(bad) == 10 && status(good) == "final" && status(bad) == "final" })
 	if got := units(bad); got != 10 {
 		t.Errorf("bad tenant after the repair: %d units in Postgres, want 10", got)
 	}
