@@ -551,8 +551,11 @@ if mqs then
       local s1, s2, s3, s4 = string.match(qrow[3], '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
       pm, pmc, ppm, ppmc = s1 + 0, s2 + 0, s3 + 0, s4 + 0
     end
+    -- a period's first draw: the tier's overage already admitted in it
+    -- (a tenant moved onto a prepaid tier mid-period) is drawn too, at
+    -- its price now, as its invoice will rate it
     pfresh = pm ~= month
-    if pfresh then pm, pmc, ppm, ppmc = month, 0, pm, pmc end
+    if pfresh then pm, pmc, ppm, ppmc = month, mover * qP, pm, pmc end
     local held = pmc + 999 * (plines - 1)
     if pprev ~= 0 and ppm == pprev and ppmc > 0 then
       held = held + math.max(0, ppmc + 999 * plines - pexp)

@@ -270,3 +270,30 @@ func TestPrepaidRefundAndSettle(t *testing.T) {
 		t.Fatalf("after settling a demo unit to 0: %d millicents drawn, want 16000", got)
 	}
 }
+
+// TestPrepaidAfterAMoveMidPeriod: a tenant moved onto a prepaid tier in
+// the middle of a period draws, with its first prepaid unit, the tier's
+// overage it was admitted before the move (its invoice will bill it).
+func TestPrepaidAfterAMoveMidPeriod(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	now := at(t, "2031-05-15T12:00:00Z")
+	postpaid := prepaidRequest(tenant, "demo", now, 0, 0)
+	postpaid.Prepaid = nil
+	for range 5 {
+		if d := mustAdmit(t, r, postpaid); !d.Allowed || d.OverageUnits != 1 {
+			t.Fatalf("postpaid: %s", fmtDecision(d))
+		}
+	}
+	n := 0
+	for ; n < 100; n++ {
+		if d := mustAdmit(t, r, prepaidRequest(tenant, "demo", now, 8_000, 0)); !d.Allowed {
+			break
+		}
+	}
+	if n != 3 {
+		t.Errorf("prepaid with 8 cents after 5 cents of postpaid overage: admitted %d, want 3", n)
+	}
+}
