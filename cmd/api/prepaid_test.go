@@ -178,10 +178,28 @@ func TestPrepaidTierValidation(t *testing.T) {
 		`"billing": "prepaid"`, `"billing": "postpaid"`, 1), `"price_cents": 0`, `"price_cents": 900`, 1)); r.status != 201 {
 		t.Fatalf("postpaid: %d %s", r.status, r.body)
 	}
-	if r := admin(t, "PATCH", base+"/admin/v1/tiers/"+slug, `{"billing": "prepaid"}`); r.status != 400 || r.json(t)["field"] != "price_cents" {
+	r := admin(t, "PATCH", base+"/admin/v1/tiers/"+slug, `{"billing": "prepaid"}`)
+	if r.status != 400 || r.json(t)["field"] != "price_cents" {
 		t.Errorf("to prepaid with a price: %d %s, want 400 naming price_cents", r.status, r.body)
+	}
+	// a tenant of it overriding the monthly quota to unlimited keeps it
+	// postpaid (its units would all be free on a prepaid tier)
+	tenant, _ := s.tenant(slug)
+	if r := admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"overrides": {"monthly_quota": null}}`); r.status != 200 {
+		t.Fatalf("unlimited override on a postpaid tier: %d %s", r.status, r.body)
+	}
+	if r := admin(t, "PATCH", base+"/admin/v1/tiers/"+slug, `{"billing": "prepaid", "price_cents": 0}`); r.status != 409 ||
+		!strings.Contains(string(r.body), tenant.ID) {
+		t.Errorf("to prepaid with a tenant's unlimited override: %d %s, want 409 naming the tenant", r.status, r.body)
+	}
+	if r := admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"overrides": {}}`); r.status != 200 {
+		t.Fatalf("clearing the override: %d %s", r.status, r.body)
 	}
 	if r := admin(t, "PATCH", base+"/admin/v1/tiers/"+slug, `{"billing": "prepaid", "price_cents": 0}`); r.status != 200 || r.json(t)["billing"] != "prepaid" {
 		t.Errorf("to prepaid without a price: %d %s", r.status, r.body)
+	}
+	r = admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"overrides": {"monthly_quota": null}}`)
+	if r.status != 400 || r.json(t)["field"] != "overrides.monthly_quota" {
+		t.Errorf("unlimited override on a prepaid tier: %d %s, want 400 naming overrides.monthly_quota", r.status, r.body)
 	}
 }

@@ -117,7 +117,7 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 		if err != nil {
 			return err
 		}
-		if err := quota.CheckTierLimits(after.Limits, overriding); err != nil {
+		if err := quota.CheckTierLimits(after, overriding); err != nil {
 			return err
 		}
 		err = tx.QueryRow(ctx, `UPDATE tiers SET name = $2, rank = $3, price_cents = $4, burst_rate = $5, burst = $6,
@@ -228,7 +228,7 @@ func (s *Store) CreateTenantWith(ctx context.Context, actor string, in quota.Ten
 		if err != nil {
 			return err
 		}
-		if err := in.Overrides.Apply(tier.Limits).Validate(); err != nil {
+		if err := tier.CheckOverrides(in.Overrides); err != nil {
 			return quota.OverridesError(err)
 		}
 		err = tx.QueryRow(ctx, `
@@ -318,7 +318,7 @@ func (s *Store) ChangeTenant(ctx context.Context, actor, id string, plan *quota.
 		if err != nil {
 			return err
 		}
-		if err := after.Overrides.Apply(tier.Limits).Validate(); err != nil {
+		if err := tier.CheckOverrides(after.Overrides); err != nil {
 			return quota.OverridesError(err)
 		}
 		if after.Tier != before.Tier {

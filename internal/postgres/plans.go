@@ -24,7 +24,7 @@ func planTx(ctx context.Context, tx pgx.Tx, before quota.Tenant, after *quota.Te
 	if err != nil {
 		return false, err
 	}
-	if err := after.Overrides.Apply(to.Limits).Validate(); err != nil {
+	if err := to.CheckOverrides(after.Overrides); err != nil {
 		return false, quota.OverridesError(err)
 	}
 	if plan.Tier == before.Tier {
@@ -137,7 +137,7 @@ func (s *Store) ApplyPlanChange(ctx context.Context, actor, id string, now time.
 		if err != nil {
 			return err
 		}
-		if err := before.Overrides.Apply(tier.Limits).Validate(); err != nil {
+		if err := tier.CheckOverrides(before.Overrides); err != nil {
 			return fmt.Errorf("postgres: pending change of tenant %s to tier %s: the tenant's overrides do not fit the tier (%w); "+
 				"change them or cancel the pending change", id, p.Tier, quota.OverridesError(err))
 		}

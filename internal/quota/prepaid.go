@@ -53,6 +53,21 @@ func (t Tier) checkBilling() error {
 	return nil
 }
 
+// CheckOverrides validates the limits of a tenant of t with the overrides
+// o (Limits.Validate of o.Apply(t.Limits)); on a prepaid tier the monthly
+// quota must stay limited, since the units past it are what the credit
+// pays for (an unlimited one would make every unit free).
+func (t Tier) CheckOverrides(o Overrides) error {
+	l := o.Apply(t.Limits)
+	if err := l.Validate(); err != nil {
+		return err
+	}
+	if t.IsPrepaid() && l.MonthlyQuota == nil {
+		return FieldError("monthly_quota", "must not be unlimited on a prepaid tier: the units past it are paid from the credit")
+	}
+	return nil
+}
+
 // Prepaid is what a prepaid tenant's admissions may draw on in one billing
 // period. Its credit is Postgres's (the ledger); what admissions drew and
 // no invoice has drawn yet is Redis's, counted by the admission script

@@ -9,18 +9,18 @@ import (
 // maxNamedTenants bounds how many tenants a refused tier change names.
 const maxNamedTenants = 5
 
-// CheckTierLimits reports whether limits, the new limits of a tier, leave
-// valid the effective limits of each of tenants, the tier's tenants: the
-// tier's limits with the tenant's overrides, checked by Limits.Validate as a
-// tenant change and every admission check them. It returns nil, or a
+// CheckTierLimits reports whether tier, a tier as changed, leaves valid
+// the effective limits of each of tenants, the tier's tenants: the tier's
+// limits with the tenant's overrides, checked by Tier.CheckOverrides as a
+// tenant change checks them (and Limits.Validate every admission). It returns nil, or a
 // CodeConflict *Error naming the first few tenants whose limits would turn
 // invalid and why. Stored anyway, such a change would refuse every call of
 // those tenants as bad configuration; their overrides must change first.
-func CheckTierLimits(limits Limits, tenants []Tenant) error {
+func CheckTierLimits(tier Tier, tenants []Tenant) error {
 	var named []string
 	bad := 0
 	for _, t := range tenants {
-		err := t.Overrides.Apply(limits).Validate()
+		err := tier.CheckOverrides(t.Overrides)
 		if err == nil {
 			continue
 		}

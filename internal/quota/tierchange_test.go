@@ -38,7 +38,7 @@ func TestCheckTierLimits(t *testing.T) {
 		{"many tenants: the first five named", quota.Limits{}, tenants(7, halfGCRA),
 			[]string{"7 tenants with", "tenant-0 (", "tenant-4 (", "and 2 more"}, []string{"tenant-5"}},
 	} {
-		err := quota.CheckTierLimits(tc.limits, tc.tenants)
+		err := quota.CheckTierLimits(quota.Tier{Limits: tc.limits}, tc.tenants)
 		if tc.want == nil {
 			if err != nil {
 				t.Errorf("%s: got %v, want nil", tc.name, err)
