@@ -121,17 +121,21 @@ func (b *calBounds) windows(cal quota.Calendar, now int64) (day, month time.Dura
 
 // calendarNow reads the script's now from its "CALENDAR <now us>" error
 // (its days did not reach it): 0 when err is another error.
-func calendarNow(err error) int64 {
+func calendarNow(err error) int64 { return errorNow(err, "CALENDAR ") }
+
+// errorNow reads the script's now from its error "<tag><now us>": 0 when
+// err is another error.
+func errorNow(err error, tag string) int64 {
 	var re redis.Error
 	if !errors.As(err, &re) {
 		return 0
 	}
 	msg := re.Error()
-	i := strings.Index(msg, "CALENDAR ")
+	i := strings.Index(msg, tag)
 	if i < 0 {
 		return 0
 	}
-	rest := msg[i+len("CALENDAR "):]
+	rest := msg[i+len(tag):]
 	if j := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); j >= 0 {
 		rest = rest[:j]
 	}

@@ -17,24 +17,10 @@ import (
 // of another period than the script's clock: lua/admit.lua, "Prepaid")
 // into a *quota.PrepaidStaleError; other errors are returned as they are.
 func prepaidStale(err error) error {
-	var re redis.Error
-	if !errors.As(err, &re) {
-		return err
+	if us := errorNow(err, "PREPAID "); us > 0 {
+		return &quota.PrepaidStaleError{Now: time.UnixMicro(us).UTC()}
 	}
-	msg := re.Error()
-	i := strings.Index(msg, "PREPAID ")
-	if i < 0 {
-		return err
-	}
-	rest := msg[i+len("PREPAID "):]
-	if j := strings.IndexFunc(rest, func(r rune) bool { return r < '0' || r > '9' }); j >= 0 {
-		rest = rest[:j]
-	}
-	us, perr := strconv.ParseInt(rest, 10, 64)
-	if perr != nil || us <= 0 {
-		return err
-	}
-	return &quota.PrepaidStaleError{Now: time.UnixMicro(us).UTC()}
+	return err
 }
 
 // PrepaidDrawn returns what the admission script counts against
