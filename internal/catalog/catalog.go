@@ -588,8 +588,8 @@ func (c *Catalog) FlushUsed(ctx context.Context) error {
 	return nil
 }
 
-// Refresh re-reads the tiers, the policies and every cached tenant and key
-// from the source. An entry invalidated while it reads is left to the next
+// Refresh re-reads the tiers, the policies, the prepaid balances and every
+// cached tenant and key from the source. An entry invalidated while it reads is left to the next
 // lookup, which reads it again.
 func (c *Catalog) Refresh(ctx context.Context) error {
 	c.mu.Lock()
@@ -608,9 +608,10 @@ func (c *Catalog) Refresh(ctx context.Context) error {
 
 	tiersErr := c.loadTiers(ctx)
 	policiesErr := c.loadPolicies(ctx)
+	prepaidErr := c.refreshPrepaid(ctx, c.now())
 	keys, kerr := c.src.KeysByPrefix(ctx, prefixes)
 	tenants, terr := c.src.TenantsByID(ctx, ids)
-	if err := errors.Join(tiersErr, policiesErr, kerr, terr); err != nil {
+	if err := errors.Join(tiersErr, policiesErr, prepaidErr, kerr, terr); err != nil {
 		c.mu.Lock()
 		c.endLoadLocked()
 		c.mu.Unlock()

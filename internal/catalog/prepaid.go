@@ -8,27 +8,34 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// prepaidTTL bounds how long a node keeps a prepaid tenant's balance
-// before reading it again. A stale balance never over-spends: it only
-// grows by a credit grant (which invalidates it on every node, KindRoom)
-// and shrinks by an invoice's draws of what the script already counts
-// (see quota.Prepaid); reading it again only lets go what an older view
-// holds back (a draft that became final).
-const prepaidTTL = 30 * time.Second
-
+// prepaidEntry is a prepaid tenant's cached balance, with the principal it
+// was read for (Refresh reads it again with them).
 type prepaidEntry struct {
-	p      quota.Prepaid
-	loaded time.Time
+	p quota.Prepaid
+	// principal's tier and calendar, and the cache's generation when read
+	tier quota.Tier
+	cal  quota.Calendar
+	gen  uint64
 }
 
-// prepaidCache holds the balances of the prepaid tenants this node served.
+// prepaidCache holds the balances of the prepaid tenants this node served,
+// each until its billing period ends. The metered request never waits for
+// Postgres while its entry holds: the catalog's refresh loop reads the
+// entries again (Refresh), invalidations drop them (a credit grant,
+// KindRoom; a tenant or tier change). A stale balance never over-spends:
+// within a period it only grows by a credit grant, which invalidates it,
+// and shrinks by an invoice's draws of what the admission script already
+// counts (see quota.Prepaid); reading it again only lets go what an older
+// view holds back (a draft that became final).
 type prepaidCache struct {
-	mu sync.Mutex
-	m  map[string]prepaidEntry
+	mu  sync.Mutex
+	m   map[string]prepaidEntry
+	gen uint64 // bumped by every drop
 }
 
 func (c *prepaidCache) drop(id string) {
 	c.mu.Lock()
+	c.gen++
 	if id == "" {
 		c.m = nil
 	} else {
@@ -37,17 +44,34 @@ func (c *prepaidCache) drop(id string) {
 	c.mu.Unlock()
 }
 
+// store caches pp for p, unless the entry was dropped since the read began
+// (at generation gen).
+func (c *prepaidCache) store(p Principal, pp quota.Prepaid, gen uint64) {
+	c.mu.Lock()
+	if c.gen == gen {
+		if c.m == nil {
+			c.m = map[string]prepaidEntry{}
+		}
+		c.m[p.Tenant.ID] = prepaidEntry{p: pp, tier: p.Tier, cal: p.Calendar, gen: gen}
+	}
+	c.mu.Unlock()
+}
+
+func (c *prepaidCache) get(id string) (prepaidEntry, uint64, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.m[id]
+	return e, c.gen, ok
+}
+
 // Prepaid returns the balance p's admissions at now draw on (nil when its
-// tier is postpaid), from the cache while it is fresh and of now's
-// billing period; else read from the source.
+// tier is postpaid), from the cache while it holds now's billing period;
+// else read from the source.
 func (c *Catalog) Prepaid(ctx context.Context, p Principal, now time.Time) (*quota.Prepaid, error) {
 	if !p.Tier.IsPrepaid() {
 		return nil, nil
 	}
-	c.prepaid.mu.Lock()
-	e, ok := c.prepaid.m[p.Tenant.ID]
-	c.prepaid.mu.Unlock()
-	if ok && now.Before(e.p.Until) && now.Sub(e.loaded) < prepaidTTL && !now.Before(e.loaded) {
+	if e, _, ok := c.prepaid.get(p.Tenant.ID); ok && now.Before(e.p.Until) {
 		return &e.p, nil
 	}
 	return c.PrepaidAt(ctx, p, now)
@@ -59,16 +83,12 @@ func (c *Catalog) Prepaid(ctx context.Context, p Principal, now time.Time) (*quo
 func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*quota.Prepaid, error) {
 	var got *quota.Prepaid
 	err := c.shared(ctx, "pp:"+p.Tenant.ID, func(ctx context.Context) error {
+		_, gen, _ := c.prepaid.get(p.Tenant.ID)
 		pp, err := c.src.Prepaid(ctx, p.Tenant.ID, p.Tier, p.Calendar, at)
 		if err != nil {
 			return err
 		}
-		c.prepaid.mu.Lock()
-		if c.prepaid.m == nil {
-			c.prepaid.m = map[string]prepaidEntry{}
-		}
-		c.prepaid.m[p.Tenant.ID] = prepaidEntry{p: pp, loaded: at}
-		c.prepaid.mu.Unlock()
+		c.prepaid.store(p, pp, gen)
 		got = &pp
 		return nil
 	})
@@ -76,10 +96,7 @@ func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*qu
 		return got, err
 	}
 	// another caller's read: its balance, when it is of at's period
-	c.prepaid.mu.Lock()
-	e, ok := c.prepaid.m[p.Tenant.ID]
-	c.prepaid.mu.Unlock()
-	if ok && at.Before(e.p.Until) && e.p.PeriodID == p.Calendar.PeriodID(at) {
+	if e, _, ok := c.prepaid.get(p.Tenant.ID); ok && at.Before(e.p.Until) && e.p.PeriodID == p.Calendar.PeriodID(at) {
 		return &e.p, nil
 	}
 	pp, err := c.src.Prepaid(ctx, p.Tenant.ID, p.Tier, p.Calendar, at)
@@ -89,12 +106,34 @@ func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*qu
 	return &pp, nil
 }
 
+// refreshPrepaid reads every cached balance again at now, off the request
+// path (Refresh); one dropped meanwhile is left to the next request.
+func (c *Catalog) refreshPrepaid(ctx context.Context, now time.Time) error {
+	c.prepaid.mu.Lock()
+	entries := make([]prepaidEntry, 0, len(c.prepaid.m))
+	ids := make([]string, 0, len(c.prepaid.m))
+	for id, e := range c.prepaid.m {
+		entries, ids = append(entries, e), append(ids, id)
+	}
+	gen := c.prepaid.gen
+	c.prepaid.mu.Unlock()
+	for k, e := range entries {
+		p := Principal{Tenant: quota.Tenant{ID: ids[k]}, Tier: e.tier, Calendar: e.cal}
+		pp, err := c.src.Prepaid(ctx, ids[k], e.tier, e.cal, now)
+		if err != nil {
+			return err
+		}
+		c.prepaid.store(p, pp, gen)
+	}
+	return nil
+}
+
 // Credited tells every node that the tenant was granted credit: its cached
 // balance and its remembered refusals go (KindRoom). A failed publish is
 // logged, not returned: the credit is recorded, and the other nodes read
-// the balance again within prepaidTTL.
+// the balance again at their next refresh.
 func (c *Catalog) Credited(ctx context.Context, tenantID string) {
 	if err := c.Invalidate(ctx, KindRoom, tenantID); err != nil {
-		c.log.Warn("publishing a credit grant failed; other nodes see it within the cache's lifetime", "tenant_id", tenantID, "err", err)
+		c.log.Warn("publishing a credit grant failed; other nodes see it at their next refresh", "tenant_id", tenantID, "err", err)
 	}
 }

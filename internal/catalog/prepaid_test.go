@@ -13,7 +13,8 @@ import (
 // TestPrepaidBalanceCache: a prepaid tenant's balance is read once for
 // many concurrent requests, then served from the cache; a credit grant
 // (Credited) drops it on every node, so the next request reads the new
-// balance; a postpaid tenant has none and costs no read.
+// balance; a change nothing announces waits for the refresh loop, not for
+// a request; a postpaid tenant has none and costs no read.
 func TestPrepaidBalanceCache(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -61,6 +62,28 @@ func TestPrepaidBalanceCache(t *testing.T) {
 			t.Fatalf("the other node still has %+v, want 250 cents", pp)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+	// a change no invalidation announces (an invoice made final draws the
+	// credit): requests keep the cached balance, without a read; the
+	// refresh loop reads it
+	if _, err := pool.Exec(ctx, `UPDATE credits SET drawn_cents = 100 WHERE tenant_id = $1`, tenant.ID); err != nil {
+		t.Fatal(err)
+	}
+	before = srcs[1].reads.Load()
+	for range 10 {
+		if pp, err := nodes[1].Prepaid(ctx, p, time.Now()); err != nil || pp.CreditCents != 250 {
+			t.Fatalf("before the refresh: %+v, %v; want the cached 250 cents", pp, err)
+		}
+	}
+	if got := srcs[1].reads.Load() - before; got != 0 {
+		t.Fatalf("10 cached lookups made %d reads, want 0", got)
+	}
+	if err := nodes[1].Refresh(ctx); err != nil {
+		t.Fatal(err)
+	}
+	before = srcs[1].reads.Load()
+	if pp, err := nodes[1].Prepaid(ctx, p, time.Now()); err != nil || pp.CreditCents != 150 || srcs[1].reads.Load() != before {
+		t.Fatalf("after the refresh: %+v, %v; want 150 cents from the cache", pp, err)
 	}
 	free, _ := mustTenantKey(t, store, "free")
 	fp, err := nodes[1].Principal(ctx, free.ID)
