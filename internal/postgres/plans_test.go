@@ -2,17 +2,11 @@ package postgres_test
 
 import (
 	"context"
-	neturl "net/url"
 	"testing"
 	"time"
 
-	"github.com/golang-migrate/migrate/v4"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
-
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/migrations"
 )
 
 // TestPlanChangesMigrationDownAndUp: 000009 down drops the calendar, the
@@ -22,12 +16,7 @@ import (
 func TestPlanChangesMigrationDownAndUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	url, db := migratedPool(t)
 	store := postgres.NewStore(db)
 	tenant, err := store.CreateTenantWith(ctx, "test", quota.Tenant{Name: "Acme", Tier: "pro", BillingAnchorDay: 15, TimeZone: "Asia/Tokyo"})
 	if err != nil {
@@ -46,17 +35,7 @@ func TestPlanChangesMigrationDownAndUp(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := neturl.Parse(url)
-	u.Scheme = "pgx5"
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := migrator(t, url)
 	if err := m.Migrate(8); err != nil {
 		t.Fatalf("down to 8: %v", err)
 	}

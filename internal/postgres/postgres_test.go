@@ -7,6 +7,7 @@ import (
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
@@ -132,12 +133,7 @@ func TestSeededUpgradeHintsLinkToTheirTier(t *testing.T) {
 func TestSpendCapMigrationDownAndUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	url, db := migratedPool(t)
 	store := postgres.NewStore(db)
 	cents := int64(500)
 	tier := quota.Tier{Slug: "capped", Name: "Capped", Rank: 50, Overage: quota.OverageBill, OveragePriceCentsPer1K: 10,
@@ -145,17 +141,7 @@ func TestSpendCapMigrationDownAndUp(t *testing.T) {
 	if _, err := store.CreateTier(ctx, "test", tier); err != nil {
 		t.Fatal(err)
 	}
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := neturl.Parse(url)
-	u.Scheme = "pgx5"
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := migrator(t, url)
 	if err := m.Migrate(7); err != nil {
 		t.Fatalf("down to 7: %v", err)
 	}
@@ -173,4 +159,35 @@ func TestSpendCapMigrationDownAndUp(t *testing.T) {
 	if err != nil || got.MaxOverageCents != nil || got.Rank != 50 {
 		t.Fatalf("after up again: %+v, %v; want the tier without a cap", got, err)
 	}
+}
+
+// migratedPool returns a migrated database of the test's own: its URL and
+// a pool on it, closed when the test ends.
+func migratedPool(t *testing.T) (string, *pgxpool.Pool) {
+	t.Helper()
+	url := testenv.MigratedDatabase(t)
+	db, err := postgres.Open(context.Background(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	return url, db
+}
+
+// migrator returns golang-migrate on the database at url, with the
+// embedded migrations, to step a test's schema down and up.
+func migrator(t *testing.T, url string) *migrate.Migrate {
+	t.Helper()
+	src, err := iofs.New(migrations.FS, ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := neturl.Parse(url)
+	u.Scheme = "pgx5"
+	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return m
 }

@@ -2,17 +2,12 @@ package postgres_test
 
 import (
 	"context"
-	neturl "net/url"
 	"testing"
 	"time"
-
-	"github.com/golang-migrate/migrate/v4"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/migrations"
 )
 
 // TestPrepaidBalance: the balance of a prepaid tenant is the credit valid
@@ -87,12 +82,7 @@ func TestPrepaidBalance(t *testing.T) {
 func TestPrepaidMigrationDownAndUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	url := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, url)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
+	url, db := migratedPool(t)
 	store := postgres.NewStore(db)
 	if _, err := store.CreateTier(ctx, "test", quota.Tier{Slug: "pp", Name: "PP", Rank: 4242, Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(0))},
 		Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000, Billing: quota.BillingPrepaid, TopUpURL: "https://example.com/up"}); err != nil {
@@ -106,17 +96,7 @@ func TestPrepaidMigrationDownAndUp(t *testing.T) {
 		VALUES ($1, 'quota', '2031-05-01', 80, 8, 10), ($1, 'credit', '2031-05-01', 80, 8, 10)`, tn.ID); err != nil {
 		t.Fatalf("a quota and a credit alert of one period and threshold: %v", err)
 	}
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := neturl.Parse(url)
-	u.Scheme = "pgx5"
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
+	m := migrator(t, url)
 	if err := m.Migrate(12); err != nil {
 		t.Fatalf("down to 12: %v", err)
 	}
