@@ -153,3 +153,50 @@ func samePeriod(a, b Period) bool {
 	}
 	return a == b
 }
+
+// untilRefused races workers clients of their own on one Redis (as many
+// API nodes would), started at once, each admitting req(w) until its first
+// refusal: it returns each worker's admissions and the refusals, one per
+// worker that did not fail.
+func untilRefused(t *testing.T, workers int, newClient func(testing.TB) redis.UniversalClient, prefix string,
+	req func(w int) quota.Request) (admitted [][]quota.Decision, refused []quota.Decision) {
+	t.Helper()
+	admitted = make([][]quota.Decision, workers)
+	var (
+		mu    sync.Mutex
+		wg    sync.WaitGroup
+		start = make(chan struct{})
+	)
+	for w := range workers {
+		r := New(newClient(t), prefix)
+		wg.Go(func() {
+			<-start
+			for {
+				d, err := r.Admit(context.Background(), req(w))
+				if err != nil {
+					t.Errorf("worker %d: %v", w, err)
+					return
+				}
+				if !d.Allowed {
+					mu.Lock()
+					refused = append(refused, d)
+					mu.Unlock()
+					return
+				}
+				admitted[w] = append(admitted[w], d)
+			}
+		})
+	}
+	close(start)
+	wg.Wait()
+	return admitted, refused
+}
+
+// count is the number of decisions in ds.
+func count(ds [][]quota.Decision) int64 {
+	n := 0
+	for _, d := range ds {
+		n += len(d)
+	}
+	return int64(n)
+}

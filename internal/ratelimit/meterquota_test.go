@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -196,38 +195,8 @@ func TestMeterSpendCapExactUnderConcurrency(t *testing.T) {
 					t.Fatalf("demo: %s", fmtDecision(d))
 				}
 			}
-			var (
-				mu       sync.Mutex
-				admitted int64
-				refusals []quota.Decision
-				wg       sync.WaitGroup
-				start    = make(chan struct{})
-			)
-			for w := range workers {
-				r := New(newClient(t), prefix)
-				wg.Go(func() {
-					<-start
-					for {
-						d, err := r.Admit(context.Background(), req("search"))
-						if err != nil {
-							t.Errorf("worker %d: %v", w, err)
-							return
-						}
-						mu.Lock()
-						if d.Allowed {
-							admitted++
-						} else {
-							refusals = append(refusals, d)
-						}
-						mu.Unlock()
-						if !d.Allowed {
-							return
-						}
-					}
-				})
-			}
-			close(start)
-			wg.Wait()
+			ok, refusals := untilRefused(t, workers, newClient, prefix, func(int) quota.Request { return req("search") })
+			admitted := count(ok)
 			if admitted != 33 {
 				t.Errorf("admitted %d searches, want exactly 33", admitted)
 			}
@@ -269,40 +238,17 @@ func TestMeterQuotaExactUnderConcurrency(t *testing.T) {
 			_, prefix := mustRunner(t, c)
 			tenant := newTenant()
 			qs := []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(100), Overage: quota.OverageBlock}}
-			var admitted, refused sync.Map
-			var wg sync.WaitGroup
-			start := make(chan struct{})
-			for w := range 64 {
-				r := New(newClient(t), prefix)
-				wg.Go(func() {
-					<-start
-					for i := 0; ; i++ {
-						d, err := r.Admit(context.Background(), quota.Request{TenantID: tenant, Meter: "search", Cost: 1, MeterQuotas: qs})
-						if err != nil {
-							t.Errorf("worker %d: %v", w, err)
-							return
-						}
-						if !d.Allowed {
-							refused.Store(w, d.Violated)
-							return
-						}
-						admitted.Store([2]int{w, i}, true)
-					}
-				})
-			}
-			close(start)
-			wg.Wait()
-			n := 0
-			admitted.Range(func(any, any) bool { n++; return true })
-			if n != 100 {
+			ok, refused := untilRefused(t, 64, newClient, prefix, func(int) quota.Request {
+				return quota.Request{TenantID: tenant, Meter: "search", Cost: 1, MeterQuotas: qs}
+			})
+			if n := count(ok); n != 100 {
 				t.Fatalf("admitted %d, want exactly 100", n)
 			}
-			refused.Range(func(_, v any) bool {
-				if !slices.Equal(v.([]quota.LimitName), []quota.LimitName{"search.monthly"}) {
-					t.Errorf("refusal names %v", v)
+			for _, d := range refused {
+				if !slices.Equal(d.Violated, []quota.LimitName{"search.monthly"}) {
+					t.Errorf("refusal names %v", d.Violated)
 				}
-				return true
-			})
+			}
 		})
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -40,47 +39,22 @@ func TestPrepaidDrawsDownExactlyUnderConcurrency(t *testing.T) {
 			r0, prefix := mustRunner(t, c)
 			tenant := newTenant()
 			now := at(t, "2031-05-15T12:00:00Z")
-			var (
-				mu           sync.Mutex
-				demo, search int64
-				wrongRefusal []quota.Decision
-				wg           sync.WaitGroup
-				start        = make(chan struct{})
-			)
-			for w := range workers {
-				r := New(newClient(t), prefix)
-				meter := "demo"
-				if w%2 == 1 {
-					meter = "search"
+			meter := func(w int) string { return []string{"demo", "search"}[w%2] }
+			ok, refused := untilRefused(t, workers, newClient, prefix, func(w int) quota.Request {
+				return prepaidRequest(tenant, meter(w), now, bal, 0)
+			})
+			var demo, search int64
+			for w, ds := range ok {
+				if meter(w) == "demo" {
+					demo += int64(len(ds))
+				} else {
+					search += int64(len(ds))
 				}
-				wg.Go(func() {
-					<-start
-					for {
-						d, err := r.Admit(context.Background(), prepaidRequest(tenant, meter, now, bal, 0))
-						if err != nil {
-							t.Errorf("worker %d: %v", w, err)
-							return
-						}
-						mu.Lock()
-						switch {
-						case d.Allowed && meter == "demo":
-							demo++
-						case d.Allowed:
-							search++
-						case !slices.Equal(d.Violated, []quota.LimitName{quota.LimitCredit}) || d.RetryAfter >= 0:
-							wrongRefusal = append(wrongRefusal, d)
-						}
-						mu.Unlock()
-						if !d.Allowed {
-							return
-						}
-					}
-				})
 			}
-			close(start)
-			wg.Wait()
-			for _, d := range wrongRefusal {
-				t.Errorf("refusal: %s, want [credit] for good", fmtDecision(d))
+			for _, d := range refused {
+				if !slices.Equal(d.Violated, []quota.LimitName{quota.LimitCredit}) || d.RetryAfter >= 0 {
+					t.Errorf("refusal: %s, want [credit] for good", fmtDecision(d))
+				}
 			}
 			// what is left (less than a search) still buys demo units
 			for {

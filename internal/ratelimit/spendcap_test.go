@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"slices"
-	"sync"
 	"testing"
 	"time"
 
@@ -33,40 +32,16 @@ func TestSpendCapExactUnderConcurrency(t *testing.T) {
 			now := at(t, "2031-05-15T12:00:00Z")
 			monthEnd := at(t, "2031-06-01T00:00:00Z")
 			limits := quota.Limits{MonthlyQuota: i64(quotaN), MaxOverageCents: i64(capCents)}
-			var (
-				mu             sync.Mutex
-				admitted, over int64
-				refusals       []quota.Decision
-				wg             sync.WaitGroup
-				start          = make(chan struct{})
-			)
-			for w := range workers {
-				r := New(newClient(t), prefix)
-				wg.Go(func() {
-					<-start
-					for {
-						d, err := r.Admit(context.Background(), quota.Request{TenantID: tenant, Meter: "demo", Cost: 1,
-							Limits: limits, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000, Now: now})
-						if err != nil {
-							t.Errorf("worker %d: %v", w, err)
-							return
-						}
-						mu.Lock()
-						if d.Allowed {
-							admitted++
-							over += d.OverageUnits
-						} else {
-							refusals = append(refusals, d)
-						}
-						mu.Unlock()
-						if !d.Allowed {
-							return
-						}
-					}
-				})
+			ok, refusals := untilRefused(t, workers, newClient, prefix, func(int) quota.Request {
+				return quota.Request{TenantID: tenant, Meter: "demo", Cost: 1,
+					Limits: limits, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000, Now: now}
+			})
+			admitted, over := count(ok), int64(0)
+			for _, ds := range ok {
+				for _, d := range ds {
+					over += d.OverageUnits
+				}
 			}
-			close(start)
-			wg.Wait()
 			if admitted != want || over != capCents {
 				t.Errorf("admitted %d units, %d of them overage; want exactly %d and %d", admitted, over, want, capCents)
 			}
