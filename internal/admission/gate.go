@@ -3,8 +3,10 @@
 // answers) goes through it, which adds
 //
 //   - the deny cache: once a tenant is refused until T, its later requests of
-//     the same or a higher cost are refused in-process until T, with no Redis
-//     round trip. Those refusals are still counted: the gate adds them up per
+//     the same or a higher cost that the same limits limit (the tier's for
+//     every meter, a meter's own quota for that meter: see denials) are
+//     refused in-process until T, with no Redis round trip. Those refusals
+//     are still counted: the gate adds them up per
 //     tenant, meter and hour and FlushRefusals writes the sums to the pending
 //     usage (one pipeline a second, not a round trip per refusal). Whatever
 //     frees room clears the entry on every node: an admin change to the
@@ -30,6 +32,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -73,11 +77,32 @@ type Store interface {
 	Shard(tenantID string) string
 }
 
+// denial is a remembered refusal: until the local time until, a request
+// of the tenant of at least cost units is refused with decision, when
+// every limit that refused (decision.Violated) limits it too (see
+// denials).
 type denial struct {
-	until    time.Time // local clock
+	until    time.Time // local clock; zero: no refusal held
 	cost     int64
+	meter    string // the refused request's meter
 	decision quota.Decision
+	nTier    int // decision.Limits[:nTier] are the tier's items, the rest its meter quota's
 }
+
+// denials are a tenant's remembered refusals: all, by tier-wide limits
+// only (GCRA, the token bucket, the day's and month's quotas, and the
+// spend cap when no meter quota prices the overage differently), holds for
+// every meter; one of meters, by a limit of one meter among them (its
+// meter quota, its spend cap or credit), for that meter only. A refusal
+// by a policy is never remembered: it may hold for one route, key or
+// value only.
+type denials struct {
+	all    denial
+	meters []denial // at most maxMeterDenials, one per meter
+}
+
+// maxMeterDenials bounds the meter refusals remembered per tenant.
+const maxMeterDenials = 8
 
 type refusalKey struct {
 	tenant, meter string
@@ -95,7 +120,7 @@ type Gate struct {
 	now   func() time.Time
 
 	mu       sync.Mutex
-	deny     map[string]denial
+	deny     map[string]*denials
 	breakers map[string]*breaker
 	refused  map[refusalKey]int64
 
@@ -119,7 +144,7 @@ type Gate struct {
 
 // New returns a Gate in front of the Redis store s.
 func New(s Store, now func() time.Time) *Gate {
-	return &Gate{store: s, now: now, deny: map[string]denial{}, local: locallimit.NewLimiter(maxLocal),
+	return &Gate{store: s, now: now, deny: map[string]*denials{}, local: locallimit.NewLimiter(maxLocal),
 		node: locallimit.NewNode(maxLocal), adaptive: map[string]adaptiveEntry{},
 		breakers: map[string]*breaker{}, refused: map[refusalKey]int64{},
 		OnRedisError: func(error) {}, OnDenyHit: func() {}, OnRoom: func(context.Context, string) {}}
@@ -325,27 +350,44 @@ func (g *Gate) closeBreaker(shard string) {
 	g.mu.Unlock()
 }
 
-// denied answers from the deny cache when req is at least as costly as a
-// request refused until a time still to come, and counts the refusal.
-// Idempotent requests skip it: their first decision may be stored in Redis.
+// denied answers from the deny cache when one of the tenant's remembered
+// refusals holds for req (denials): req is at least as costly, its time
+// has not come, and every limit that refused limits req too. It counts the
+// refusal. Idempotent requests skip it: their first decision may be stored
+// in Redis. A tier-wide refusal answers another meter with the tier's
+// items only; a meter with a quota of its own, whose items the refusal
+// does not hold, asks Redis.
 func (g *Gate) denied(req quota.Request, now time.Time) (quota.Decision, bool) {
 	if req.IdempotencyKey != "" {
 		return quota.Decision{}, false
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	e, ok := g.deny[req.TenantID]
+	ds, ok := g.deny[req.TenantID]
 	if !ok {
 		return quota.Decision{}, false
 	}
-	if !now.Before(e.until) {
-		delete(g.deny, req.TenantID)
-		return quota.Decision{}, false
+	var e *denial
+	if a := &ds.all; ds.holds(a, req, now) && (a.meter == req.Meter || quota.MeterQuotaFor(req.MeterQuotas, req.Meter) == nil) {
+		e = a
+	} else {
+		for i := range ds.meters {
+			if m := &ds.meters[i]; m.meter == req.Meter && ds.holds(m, req, now) {
+				e = m
+				break
+			}
+		}
 	}
-	if req.Cost < e.cost {
+	if e == nil {
+		if ds.empty() {
+			delete(g.deny, req.TenantID)
+		}
 		return quota.Decision{}, false
 	}
 	d := e.decision
+	if e.meter != req.Meter {
+		d.Limits = d.Limits[:e.nTier]
+	}
 	elapsed := now.Sub(e.until.Add(-e.decision.RetryAfter))
 	d.RetryAfter -= elapsed
 	d.Now = d.Now.Add(elapsed)
@@ -358,16 +400,117 @@ func (g *Gate) denied(req quota.Request, now time.Time) (quota.Decision, bool) {
 	return d, true
 }
 
+// holds reports whether e refuses req at now; an entry whose time has come
+// is cleared.
+func (ds *denials) holds(e *denial, req quota.Request, now time.Time) bool {
+	if e.until.IsZero() {
+		return false
+	}
+	if !now.Before(e.until) {
+		*e = denial{}
+		return false
+	}
+	return req.Cost >= e.cost
+}
+
+// empty reports whether ds holds no refusal.
+func (ds *denials) empty() bool {
+	if !ds.all.until.IsZero() {
+		return false
+	}
+	for i := range ds.meters {
+		if !ds.meters[i].until.IsZero() {
+			return false
+		}
+	}
+	return true
+}
+
+// refusalScope says for which requests of the tenant the refusal d of req
+// holds: every meter (perMeter false), or req's meter only; ok is false
+// when it cannot be remembered (a limit this gate does not know, such as
+// a policy's). A larger cost is refused by whatever refused a smaller one,
+// so cost only needs the lower bound the entry keeps.
+func refusalScope(req quota.Request, d quota.Decision) (perMeter, ok bool) {
+	for _, v := range d.Violated {
+		switch v {
+		case quota.LimitBurst, quota.LimitBucket, quota.LimitDaily, quota.LimitMonthly:
+		case quota.LimitSpendCap:
+			// With meter quotas the cap weighs a meter's overage at its own
+			// price, and a meter under its quota may have none.
+			perMeter = perMeter || len(req.MeterQuotas) > 0
+		case quota.LimitCredit:
+			perMeter = true // the credit pays overage, priced by meter
+		default:
+			if !meterLimit(v, req.Meter) {
+				return false, false
+			}
+			perMeter = true
+		}
+	}
+	return perMeter, len(d.Violated) > 0
+}
+
+// meterLimit reports whether name is one of meter's quotas ("<meter>.daily",
+// "<meter>.monthly"), without building the names.
+func meterLimit(name quota.LimitName, meter string) bool {
+	rest, ok := strings.CutPrefix(string(name), meter)
+	return ok && (rest == ".daily" || rest == ".monthly")
+}
+
 func (g *Gate) remember(req quota.Request, d quota.Decision, now time.Time) {
 	if d.RetryAfter <= 0 {
 		return // never passes: nothing to wait for, and nothing worth caching
 	}
+	perMeter, ok := refusalScope(req, d)
+	if !ok {
+		return
+	}
+	nTier := 0
+	for nTier < len(d.Limits) && slices.Contains(quota.AllLimits, d.Limits[nTier].Name) {
+		nTier++
+	}
+	e := denial{until: now.Add(d.RetryAfter), cost: req.Cost, meter: req.Meter, decision: d, nTier: nTier}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if len(g.deny) >= maxLocal {
-		g.deny = map[string]denial{}
+	ds := g.deny[req.TenantID]
+	if ds == nil {
+		if len(g.deny) >= maxLocal {
+			g.deny = map[string]*denials{}
+		}
+		ds = &denials{}
+		g.deny[req.TenantID] = ds
 	}
-	g.deny[req.TenantID] = denial{until: now.Add(d.RetryAfter), cost: req.Cost, decision: d}
+	if !perMeter {
+		ds.all = e
+		return
+	}
+	// the meter's own slot, else a free or expired one, else the one
+	// that ends first
+	slot := -1
+	for i := range ds.meters {
+		m := &ds.meters[i]
+		switch {
+		case m.meter == req.Meter:
+			ds.meters[i] = e
+			return
+		case slot < 0 && (m.until.IsZero() || !now.Before(m.until)):
+			slot = i
+		}
+	}
+	if slot < 0 && len(ds.meters) < maxMeterDenials {
+		ds.meters = append(ds.meters, e)
+		return
+	}
+	if slot < 0 {
+		slot = 0
+		for i := range ds.meters {
+			if ds.meters[i].until.Before(ds.meters[slot].until) {
+				slot = i
+			}
+		}
+	}
+	ds.meters[slot] = e
 }
 
 // Forget clears what the gate holds for a tenant, or for every tenant when
@@ -378,7 +521,7 @@ func (g *Gate) remember(req quota.Request, d quota.Decision, now time.Time) {
 func (g *Gate) Forget(tenantID string) {
 	g.mu.Lock()
 	if tenantID == "" {
-		g.deny = map[string]denial{}
+		g.deny = map[string]*denials{}
 	} else {
 		delete(g.deny, tenantID)
 	}
