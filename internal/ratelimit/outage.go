@@ -1,0 +1,142 @@
+package ratelimit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// outageScript records a batch of fail-open usage exactly once:
+// lua/outage.lua.
+var outageScript = script("state.lua", "meterq.lua", "outage.lua")
+
+// MaxOutageRows bounds the rows of one outage batch (one script call).
+const MaxOutageRows = 256
+
+// outageArgs is how many ARGV one row of outage.lua takes.
+const outageArgs = 11
+
+// RecoverOutage records the usage an API node admitted in process while
+// Redis was away (lua/outage.lua): the tenant's day and month counters and
+// meter quotas take its units, the units past the month's quotas are
+// overage (up to the spend cap), and its pending usage gets units,
+// requests and overage, for the worker to flush into the ledger. The
+// batch is applied once under b.ID: a second call with the same id
+// changes nothing. On success the rows' Overage and MeterOverage hold
+// what was counted (those of the first call, for a repeat). An error that
+// wraps quota.ErrNotSent never reached Redis; any other may hide a call
+// that was applied, and must be retried with the same id.
+func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error {
+	req := b.Request
+	if err := checkTenant(req.TenantID); err != nil {
+		return err
+	}
+	if err := checkBatchID(b.ID); err != nil {
+		return err
+	}
+	if len(b.Rows) == 0 || len(b.Rows) > MaxOutageRows {
+		return quota.FieldError("rows", "must be 1 to %d", MaxOutageRows)
+	}
+	bill, mq, tprice := "0", int64(-1), int64(0)
+	if req.Overage == quota.OverageBill {
+		bill, tprice = "1", req.OveragePriceCentsPer1K
+	}
+	if req.Limits.MonthlyQuota != nil {
+		mq = *req.Limits.MonthlyQuota
+	}
+	cal := "0"
+	if !req.Calendar.IsDefault() {
+		cal = "1"
+	}
+	args := make([]any, 0, 2+outageArgs*len(b.Rows))
+	args = append(args, r.layout, bill+","+strconv.FormatInt(mq, 10)+","+strconv.FormatInt(tprice, 10)+","+
+		strconv.FormatInt(outageCapMillicents(req), 10)+","+cal)
+	for _, row := range b.Rows {
+		if n := len(row.Meter); n == 0 || n > maxMeterLen || strings.Contains(row.Meter, "|") {
+			return quota.FieldError("meter", "must be 1 to %d characters without '|'", maxMeterLen)
+		}
+		_, dayEnd := req.Calendar.Day(row.At)
+		_, periodEnd := req.Calendar.Period(row.At)
+		day, month := periodIDs(req.Calendar, row.At)
+		give := [2]int64{}
+		if row.Units < 0 {
+			give = [2]int64{max(row.Overage, 0), max(row.MeterOverage, 0)}
+		}
+		args = append(args, row.Hour.Truncate(time.Hour).Unix(), row.Meter, day, dayEnd.Unix(), month, periodEnd.Unix(),
+			row.Units, row.Requests, outageMeterSpec(req, row.Meter), give[0], give[1])
+	}
+	keys := r.stateKeys(req.TenantID, "pending", "mq", "outage:"+b.ID)
+	res, err := outageScript.Run(ctx, r.c, keys, args...).Int64Slice()
+	if err != nil {
+		if notSent(err) {
+			err = errors.Join(quota.ErrNotSent, err)
+		}
+		return fmt.Errorf("ratelimit: recover outage usage: %w", err)
+	}
+	for i := range b.Rows {
+		b.Rows[i].Overage, b.Rows[i].MeterOverage = 0, 0
+		if j := 1 + 2*i; j+1 < len(res) {
+			b.Rows[i].Overage, b.Rows[i].MeterOverage = res[j], res[j+1]
+		}
+	}
+	r.active.add(req.TenantID)
+	return nil
+}
+
+// outageCapMillicents is the spend cap outage.lua bounds overage by: the
+// tier's max_overage_cents in millicents when its overage or some meter
+// quota's is billed, else -1.
+func outageCapMillicents(req quota.Request) int64 {
+	c := req.Limits.MaxOverageCents
+	if c == nil || (req.Overage != quota.OverageBill && !slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills)) {
+		return -1
+	}
+	return *c * 1000
+}
+
+// outageMeterSpec is outage.lua's meter quota of a row: '-' for none, else
+// "<monthly quota, -1 none>,<overage price, -1 not billed>".
+func outageMeterSpec(req quota.Request, meter string) string {
+	q := quota.MeterQuotaFor(req.MeterQuotas, meter)
+	if q == nil {
+		return "-"
+	}
+	mq, price := int64(-1), int64(-1)
+	if q.MonthlyQuota != nil {
+		mq = *q.MonthlyQuota
+	}
+	if q.Bills() {
+		price = q.OveragePriceCentsPer1K
+	}
+	return strconv.FormatInt(mq, 10) + "," + strconv.FormatInt(price, 10)
+}
+
+// checkBatchID bounds a batch id used in a key.
+func checkBatchID(id string) error {
+	if id == "" || len(id) > 64 {
+		return quota.FieldError("batch_id", "must be 1 to 64 characters")
+	}
+	for i := 0; i < len(id); i++ {
+		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c == '-') {
+			return quota.FieldError("batch_id", "must be of 0-9, a-z and -")
+		}
+	}
+	return nil
+}
+
+// notSent reports whether err is one of a call that never reached Redis:
+// no connection could be made (a dial failed, the pool had none to give,
+// the client is closed).
+func notSent(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial" || errors.Is(err, redis.ErrPoolTimeout) || errors.Is(err, redis.ErrClosed)
+}
