@@ -25,7 +25,8 @@ its time would have been, without deciding anything (it was served):
     flushes into the ledger as it flushes admissions.
 A row of negative units (a refund or settlement of requests whose units
 were sent in an earlier batch) gives back: the counters, clamped at 0, and
-at most the overage units the row names, clamped at the month's.
+of its units, as overage first (the last units admitted were overage), at
+most the overage units the row names and the month holds.
 
 The state's keys, layouts and shared functions are lua/state.lua's, the
 meter quotas' hash lua/meterq.lua's, both prepended. Units: integer units;
@@ -117,7 +118,7 @@ for i = 3, #ARGV, 11 do
   local ot = 0
   if inmonth then
     if units < 0 then
-      ot = -math.min(gto, s.mo)
+      ot = -math.min(gto, s.mo, -units)
     elseif bill and mq >= 0 and s.mu + units > mq + s.mg then
       ot = math.min(units, s.mu + units - (mq + s.mg))
     end
@@ -141,7 +142,7 @@ for i = 3, #ARGV, 11 do
     -- is over: its units are counted, not billed as overage)
     if qm == month and inmonth then
       if units < 0 then
-        om = -math.min(gmo, qmo)
+        om = -math.min(gmo, qmo, -units)
       elseif qprice >= 0 and qmq >= 0 and qmu > qmq then
         om = math.min(units, qmu - qmq)
       end

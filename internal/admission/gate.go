@@ -13,8 +13,10 @@
 //     tenant or its tier, a refund, a grant (Forget, through the catalog's
 //     invalidations);
 //   - the Redis outage policy of the tenant's tier: fail-open admits through
-//     an in-process limiter at the tier's own limits (never unlimited) and
-//     marks the decision Degraded; fail-closed answers CodeUnavailable;
+//     an in-process limiter at the tier's own limits (never unlimited),
+//     marks the decision Degraded and holds its usage until Redis (or the
+//     ledger) records it, exactly once (outage.go); fail-closed answers
+//     CodeUnavailable;
 //   - a circuit breaker per Redis shard (the master serving the tenant's
 //     slot; the one server of a single-node Redis): after breakerErrors
 //     consecutive errors on a shard the gate stops calling it for
@@ -75,6 +77,12 @@ type Store interface {
 	ReportActive(ctx context.Context) error
 	// Shard names the Redis node that holds the tenant's state.
 	Shard(tenantID string) string
+	// RecoverOutage records fail-open usage exactly once under the
+	// batch's id (see outage.go).
+	RecoverOutage(ctx context.Context, b *quota.OutageBatch) error
+	// EpochLost reports whether Redis lost data that the worker has not
+	// restored yet.
+	EpochLost(ctx context.Context) (bool, error)
 }
 
 // denial is a remembered refusal: until the local time until, a request
@@ -127,7 +135,8 @@ type Gate struct {
 	nBreakers atomic.Int32 // fast path: none kept
 	waiters   atomic.Int64 // requests waiting in a policy queue on this node
 
-	local *locallimit.Limiter // fail-open decisions during an outage
+	local  *locallimit.Limiter // fail-open decisions during an outage
+	outage *outage             // their usage, until Redis or the ledger has it
 
 	node     *locallimit.Node // policies of scope node
 	adaptMu  sync.Mutex
@@ -140,13 +149,16 @@ type Gate struct {
 	// OnRoom is called after this node freed room for a tenant (a refund),
 	// so that every node drops its deny entry (the catalog publishes it).
 	OnRoom func(ctx context.Context, tenantID string)
+	// Ledger, when set, takes fail-open usage that Redis did not take
+	// for outageLedgerAfter, or at shutdown (outage.go).
+	Ledger OutageLedger
 }
 
 // New returns a Gate in front of the Redis store s.
 func New(s Store, now func() time.Time) *Gate {
 	return &Gate{store: s, now: now, deny: map[string]*denials{}, local: locallimit.NewLimiter(maxLocal),
 		node: locallimit.NewNode(maxLocal), adaptive: map[string]adaptiveEntry{},
-		breakers: map[string]*breaker{}, refused: map[refusalKey]int64{},
+		breakers: map[string]*breaker{}, refused: map[refusalKey]int64{}, outage: newOutage(),
 		OnRedisError: func(error) {}, OnDenyHit: func() {}, OnRoom: func(context.Context, string) {}}
 }
 
@@ -309,6 +321,13 @@ func (g *Gate) admitShared(ctx context.Context, req quota.Request) (quota.Decisi
 		// fails closed whatever its tier says.
 		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,
 			Message: "the quota store is unavailable and prepaid credit is drawn there only; retry shortly"}
+	}
+	if req.IdempotencyKey != "" && !req.DryRun {
+		// Keys are recorded in Redis only: this node cannot know whether
+		// another one (or Redis, before the outage) ran the request, and a
+		// repeat must never run twice.
+		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,
+			Message: "the quota store is unavailable and idempotency keys are kept there only; retry shortly"}
 	}
 	return g.admitLocally(req, now)
 }
@@ -533,6 +552,12 @@ func (g *Gate) Forget(tenantID string) {
 // retry runs again, and clears the tenant's deny entries on every node: the
 // refund may have made room.
 func (g *Gate) Refund(ctx context.Context, req quota.Request, d quota.Decision) error {
+	if d.Degraded {
+		// a fail-open admission: its units are taken off what the node
+		// holds (outage.go); its in-process quotas keep them
+		g.outage.add(req, d.Now, g.now(), -req.Cost, 0)
+		return nil
+	}
 	if err := g.store.RefundRequest(ctx, req, d); err != nil {
 		return err
 	}
@@ -596,12 +621,18 @@ func (g *Gate) FlushRefusals(ctx context.Context) error {
 // finalReport bounds the last report, after the node's last request.
 const finalReport = 2 * time.Second
 
-// Report writes the refusals the deny cache answered (FlushRefusals), then
-// tells the worker which tenants counted usage, theirs included. Each step
-// keeps what failed for the next call, and the worker's sweep finds the
-// tenants of a node that died, so a failure is only a delay.
-func (g *Gate) Report(ctx context.Context) error {
+// Report writes the refusals the deny cache answered (FlushRefusals) and
+// the fail-open usage the node holds (FlushOutage), then tells the worker
+// which tenants counted usage, theirs included. Each step keeps what
+// failed for the next call, and the worker's sweep finds the tenants of a
+// node that died, so a failure is only a delay.
+func (g *Gate) Report(ctx context.Context) error { return g.report(ctx, false) }
+
+// report is Report; final, at shutdown, sends the fail-open usage that
+// Redis does not take to the ledger at once.
+func (g *Gate) report(ctx context.Context, final bool) error {
 	err := g.FlushRefusals(ctx)
+	err = errors.Join(err, g.FlushOutage(ctx, final))
 	return errors.Join(err, g.store.ReportActive(ctx))
 }
 
@@ -612,11 +643,29 @@ func (g *Gate) Report(ctx context.Context) error {
 // Redis, so that the last report counts every request. Failures are logged
 // to log and retried on the next tick.
 func (g *Gate) RunReports(ctx context.Context, every time.Duration, log *slog.Logger) {
-	run := func(ctx context.Context, timeout time.Duration) {
+	var refused, toLedger int64
+	run := func(ctx context.Context, timeout time.Duration, final bool) {
 		ctx, cancel := context.WithTimeout(ctx, timeout)
 		defer cancel()
-		if err := g.Report(ctx); err != nil {
+		if err := g.report(ctx, final); err != nil {
 			log.Warn("reporting usage to the worker failed; retrying", "err", err)
+		}
+		if n := g.OutageRefused(); n != refused {
+			rows, units := g.OutagePending()
+			log.Warn("fail-open requests refused: this node holds all the fail-open usage it may until Redis or Postgres takes it",
+				"refused", n-refused, "pending_rows", rows, "pending_units", units)
+			refused = n
+		}
+		if _, n := g.OutageRecorded(); n != toLedger {
+			log.Warn("fail-open usage written to the ledger directly: Redis stayed away; its overage and quota counters are not counted",
+				"units", n-toLedger)
+			toLedger = n
+		}
+		if final {
+			if rows, units := g.OutagePending(); rows > 0 {
+				log.Error("shutting down with fail-open usage that neither Redis nor Postgres took: it is lost",
+					"pending_rows", rows, "pending_units", units)
+			}
 		}
 	}
 	t := time.NewTicker(every)
@@ -624,10 +673,10 @@ func (g *Gate) RunReports(ctx context.Context, every time.Duration, log *slog.Lo
 	for {
 		select {
 		case <-ctx.Done():
-			run(context.WithoutCancel(ctx), finalReport)
+			run(context.WithoutCancel(ctx), finalReport, true)
 			return
 		case <-t.C:
-			run(ctx, every)
+			run(ctx, every, false)
 		}
 	}
 }
@@ -635,8 +684,16 @@ func (g *Gate) RunReports(ctx context.Context, every time.Duration, log *slog.Lo
 // admitLocally decides with an in-process limiter at the tenant's own
 // limits and local time. Quotas start from zero on this node, so during an
 // outage a tenant gets at most its quotas per node: a bounded, never an
-// unlimited, allowance. Usage admitted this way is not billed (see README).
+// unlimited, allowance. The usage it admits is held until Redis or the
+// ledger records it (outage.go); when the node holds all it may, a request
+// that needs a new row is refused as unavailable rather than served
+// unbilled.
 func (g *Gate) admitLocally(req quota.Request, now time.Time) (quota.Decision, error) {
+	if !req.DryRun && !g.outage.room(outageKeyOf(req, now)) {
+		g.outage.refused.Add(1)
+		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,
+			Message: "the quota store is unavailable and this node holds all the usage it can until it answers; retry shortly"}
+	}
 	d, err := g.local.Admit(req, now)
 	if err != nil {
 		// The runner refuses such requests before any I/O, so they never
@@ -644,6 +701,9 @@ func (g *Gate) admitLocally(req quota.Request, now time.Time) (quota.Decision, e
 		return quota.Decision{}, fmt.Errorf("admission: local limiter: %w", err)
 	}
 	d.Degraded = true
+	if d.Allowed && !req.DryRun {
+		g.outage.add(req, d.Now, now, req.Cost, 1)
+	}
 	return d, nil
 }
 
@@ -658,9 +718,14 @@ type Settler interface {
 var errNoSettler = errors.New("admission: the store cannot settle")
 
 // Reserve records an admitted request of a settle route for Settle
-// (ratelimit.Runner.Reserve). Degraded admissions are not billed and are
-// never reserved.
+// (ratelimit.Runner.Reserve). A fail-open admission is reserved on this
+// node only (Redis is away): it settles here, into the usage the node
+// holds for it.
 func (g *Gate) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
+	if d.Degraded {
+		g.outage.reserveLocal(requestID, req, d, g.now())
+		return nil
+	}
 	st, ok := g.store.(Settler)
 	if !ok {
 		return errNoSettler
@@ -671,6 +736,9 @@ func (g *Gate) Reserve(ctx context.Context, requestID string, req quota.Request,
 // SettleTenant names the tenant of the reservation under requestID, "" for
 // none.
 func (g *Gate) SettleTenant(ctx context.Context, requestID string) (string, error) {
+	if tenant, ok := g.outage.reservedTenant(requestID, g.now()); ok {
+		return tenant, nil
+	}
 	st, ok := g.store.(Settler)
 	if !ok {
 		return "", errNoSettler
@@ -682,6 +750,13 @@ func (g *Gate) SettleTenant(ctx context.Context, requestID string) (string, erro
 // (ratelimit.Runner.Settle). A refund clears the tenant's deny entries on
 // every node, as Refund does.
 func (g *Gate) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
+	if r, found, already := g.outage.settleLocal(requestID, tenantID, g.now()); already {
+		return quota.Settlement{Status: quota.SettleAlready}, nil
+	} else if found {
+		delta := actual - r.req.Cost
+		g.outage.add(r.req, r.at, g.now(), delta, 0)
+		return quota.Settlement{Status: quota.SettleApplied, Delta: delta}, nil
+	}
 	st, ok := g.store.(Settler)
 	if !ok {
 		return quota.Settlement{}, errNoSettler

@@ -203,6 +203,10 @@ func (s *twoShards) ReportActive(ctx context.Context) error {
 	return errors.Join(s.live.ReportActive(ctx), s.dead.ReportActive(ctx))
 }
 func (s *twoShards) Shard(tenant string) string { return tenant[:1] }
+func (s *twoShards) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error {
+	return s.of(b.Request.TenantID).RecoverOutage(ctx, b)
+}
+func (s *twoShards) EpochLost(ctx context.Context) (bool, error) { return s.live.EpochLost(ctx) }
 
 func mustTwoShardGate(tb testing.TB) (*Gate, *twoShards, *clock) {
 	tb.Helper()

@@ -26,6 +26,9 @@ type OutageRow struct {
 	Overage, MeterOverage int64
 }
 
+// MaxOutageRows bounds the rows of one OutageBatch.
+const MaxOutageRows = 256
+
 // OutageBatch is one tenant's outage usage sent at once: recorded exactly
 // once under ID, however often it is sent.
 type OutageBatch struct {

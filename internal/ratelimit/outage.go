@@ -19,9 +19,6 @@ import (
 // lua/outage.lua.
 var outageScript = script("state.lua", "meterq.lua", "outage.lua")
 
-// MaxOutageRows bounds the rows of one outage batch (one script call).
-const MaxOutageRows = 256
-
 // outageArgs is how many ARGV one row of outage.lua takes.
 const outageArgs = 11
 
@@ -43,8 +40,8 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 	if err := checkBatchID(b.ID); err != nil {
 		return err
 	}
-	if len(b.Rows) == 0 || len(b.Rows) > MaxOutageRows {
-		return quota.FieldError("rows", "must be 1 to %d", MaxOutageRows)
+	if len(b.Rows) == 0 || len(b.Rows) > quota.MaxOutageRows {
+		return quota.FieldError("rows", "must be 1 to %d", quota.MaxOutageRows)
 	}
 	bill, mq, tprice := "0", int64(-1), int64(0)
 	if req.Overage == quota.OverageBill {

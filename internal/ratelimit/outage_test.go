@@ -93,7 +93,7 @@ func TestRecoverOutageStopsOverageAtTheSpendCap(t *testing.T) {
 	// tier: 10 a month, then 1 cent a unit, at most 5 cents; search: 2 a
 	// month, then 2 cents a unit
 	req := quota.Request{TenantID: newTenant(), Meter: "other", Cost: 1, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
-		Limits: quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(5)},
+		Limits:      quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(5)},
 		MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(2), Overage: quota.OverageBill, OveragePriceCentsPer1K: 2000}}}
 	b := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req,
 		Rows: []quota.OutageRow{outageRow("other", 12, 12), outageRow("search", 4, 4)}}

@@ -1,0 +1,303 @@
+package admission
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// pendingUsage sums a tenant's pending units and requests in Redis.
+func pendingUsage(tb testing.TB, r *ratelimit.Runner, tenant string) (units, requests int64) {
+	tb.Helper()
+	rows, err := r.Pending(context.Background(), tenant)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, row := range rows {
+		units += row.Units
+		requests += row.Requests
+	}
+	return units, requests
+}
+
+// mustIntact marks r's Redis as holding every counter the worker would
+// restore (the worker's repair after a loss, or its first start).
+func mustIntact(tb testing.TB, r *ratelimit.Runner) {
+	tb.Helper()
+	ctx := context.Background()
+	if err := r.MarkRestoring(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	if err := r.MarkRestored(ctx); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+func failOpen() quota.Request {
+	return quota.Request{TenantID: "tn-" + testenv.RandomHex(6), Meter: "demo", Cost: 2, FailOpen: true,
+		Overage: quota.OverageBlock, Limits: quota.Limits{DailyQuota: quota.Ptr(int64(100))}}
+}
+
+// TestFailOpenUsageIsRecordedOnceRedisAnswers stops a Redis of the test's
+// own: the requests the gate admits in process meanwhile reach the
+// tenant's pending usage (and its daily quota) once Redis answers again
+// and the worker restored what it lost, once however many reports follow.
+func TestFailOpenUsageIsRecordedOnceRedisAnswers(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	proc := testenv.StartRedis(t)
+	opts, err := redis.ParseURL(proc.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.MaxRetries, opts.DialTimeout, opts.ReadTimeout = -1, 200*time.Millisecond, 500*time.Millisecond
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	runner := ratelimit.New(rdb, "fo")
+	g := New(runner, time.Now)
+	req := failOpen()
+	if d, err := g.Admit(ctx, req); err != nil || !d.Allowed || d.Degraded {
+		t.Fatalf("before the outage: %+v, %v", d, err)
+	}
+	proc.Stop()
+	for i := range 3 {
+		if d, err := g.Admit(ctx, req); err != nil || !d.Allowed || !d.Degraded {
+			t.Fatalf("fail-open request %d: %+v, %v; want admitted in process", i, d, err)
+		}
+	}
+	if err := g.Report(ctx); err == nil {
+		t.Log("a report while Redis is away succeeded") // (nothing to send anywhere)
+	}
+	if rows, units := g.OutagePending(); rows != 1 || units != 6 {
+		t.Fatalf("held during the outage: %d rows, %d units; want 1 row of 6 units", rows, units)
+	}
+	proc.Start() // empty: a restart loses what it held
+	_ = g.Report(ctx)
+	if u, _ := pendingUsage(t, runner, req.TenantID); u != 0 {
+		t.Fatalf("recorded %d units before the worker restored the lost counters, want 0 (it waits)", u)
+	}
+	mustIntact(t, runner)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_ = g.Report(ctx)
+		if u, r := pendingUsage(t, runner, req.TenantID); u == 6 && r == 3 {
+			break
+		} else if time.Now().After(deadline) {
+			t.Fatalf("pending after Redis came back: %d units, %d requests; want 6 and 3", u, r)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	for range 3 {
+		if err := g.Report(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if u, r := pendingUsage(t, runner, req.TenantID); u != 6 || r != 3 {
+		t.Fatalf("after more reports: %d units, %d requests; want 6 and 3 (once)", u, r)
+	}
+	if rows, units := g.OutagePending(); rows != 0 || units != 0 {
+		t.Fatalf("still held: %d rows, %d units", rows, units)
+	}
+	if toRedis, _ := g.OutageRecorded(); toRedis != 6 {
+		t.Fatalf("recorded by Redis: %d units, want 6", toRedis)
+	}
+	d, err := runner.Peek(ctx, req.TenantID, req.Limits, time.Time{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if day, _ := d.Limit(quota.LimitDaily); day.Remaining != 94 {
+		t.Fatalf("daily remaining %d, want 94: the outage's usage is not free quota", day.Remaining)
+	}
+}
+
+// flaky is a store whose admissions fail (Redis is away for them) and
+// whose first outage records fail after they landed (a timeout), or
+// before they left (notSent).
+type flaky struct {
+	*ratelimit.Runner
+	notSent bool
+	calls   atomic.Int64
+}
+
+func (f *flaky) Admit(context.Context, quota.Request) (quota.Decision, error) {
+	return quota.Decision{}, errors.New("dial tcp: connection refused")
+}
+
+func (f *flaky) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error {
+	if f.calls.Add(1) > 1 {
+		return f.Runner.RecoverOutage(ctx, b)
+	}
+	if f.notSent {
+		return errors.Join(quota.ErrNotSent, errors.New("dial tcp: connection refused"))
+	}
+	if err := f.Runner.RecoverOutage(ctx, b); err != nil {
+		return err
+	}
+	return errors.New("read tcp: i/o timeout")
+}
+
+// TestFailOpenUsageRetriedIsCountedOnce: a record that landed but
+// answered an error is sent again, under the same id, and counted once; a
+// record that never left is sent again too, with the usage held since.
+func TestFailOpenUsageRetriedIsCountedOnce(t *testing.T) {
+	t.Parallel()
+	for name, notSent := range map[string]bool{"landed": false, "not sent": true} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			rdb := testenv.Redis(t)
+			runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+			mustIntact(t, runner)
+			f := &flaky{Runner: runner, notSent: notSent}
+			clk := &clock{t: time.Now()}
+			g := New(f, clk.now)
+			req := failOpen()
+			for range 2 {
+				if d, err := g.Admit(ctx, req); err != nil || !d.Allowed || !d.Degraded {
+					t.Fatalf("%+v, %v", d, err)
+				}
+			}
+			err := g.FlushOutage(ctx, false)
+			if notSent != (err == nil) {
+				t.Fatalf("first flush: %v", err)
+			}
+			if d, err := g.Admit(ctx, req); err != nil || !d.Allowed {
+				t.Fatalf("%+v, %v", d, err)
+			}
+			for range 3 {
+				clk.add(breakerPause) // the admissions' errors opened the breaker
+				if err := g.FlushOutage(ctx, false); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if u, r := pendingUsage(t, runner, req.TenantID); u != 6 || r != 3 {
+				t.Fatalf("pending %d units, %d requests; want 6 and 3, once", u, r)
+			}
+			if rows, units := g.OutagePending(); rows != 0 || units != 0 {
+				t.Fatalf("still held: %d rows, %d units", rows, units)
+			}
+		})
+	}
+}
+
+// TestFailOpenRefundAndSettleNetTheUsageHeld: a fail-open admission that
+// is refunded, or settled to another cost, leaves the units it finally
+// cost; also once its first units have left the node.
+func TestFailOpenRefundAndSettleNetTheUsageHeld(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	mustIntact(t, runner)
+	f := &flaky{Runner: runner}
+	f.calls.Store(1) // no failure
+	clk := &clock{t: time.Now()}
+	g := New(f, clk.now)
+	flush := func() {
+		t.Helper()
+		clk.add(breakerPause) // the admissions' errors opened the breaker
+		if err := g.FlushOutage(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	req := failOpen()
+	req.Overage, req.OveragePriceCentsPer1K = quota.OverageBill, 1000
+	req.Limits.MonthlyQuota = quota.Ptr(int64(3))
+	admit := func() quota.Decision {
+		t.Helper()
+		d, err := g.Admit(ctx, req)
+		if err != nil || !d.Allowed || !d.Degraded {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		return d
+	}
+	refunded := admit()
+	if err := g.Refund(ctx, req, refunded); err != nil {
+		t.Fatal(err)
+	}
+	settled := admit()
+	if err := g.Reserve(ctx, "rid-"+testenv.RandomHex(4), req, settled); err != nil {
+		t.Fatal(err)
+	}
+	id := "rid-" + testenv.RandomHex(4)
+	if err := g.Reserve(ctx, id, req, settled); err != nil {
+		t.Fatal(err)
+	}
+	if tenant, err := g.SettleTenant(ctx, id); err != nil || tenant != req.TenantID {
+		t.Fatalf("SettleTenant: %q, %v", tenant, err)
+	}
+	if s, err := g.Settle(ctx, req.TenantID, id, 5); err != nil || s.Status != quota.SettleApplied || s.Delta != 3 {
+		t.Fatalf("settle to 5: %+v, %v; want applied, delta 3", s, err)
+	}
+	if s, err := g.Settle(ctx, req.TenantID, id, 9); err != nil || s.Status != quota.SettleAlready {
+		t.Fatalf("second settle: %+v, %v; want already", s, err)
+	}
+	flush()
+	// 2 requests, 0 + 5 units; 5 past a monthly quota of 3: 2 overage
+	rows, err := runner.Pending(ctx, req.TenantID)
+	if err != nil || len(rows) != 1 || rows[0].Units != 5 || rows[0].Requests != 2 || rows[0].Overage != 2 {
+		t.Fatalf("pending %+v, %v; want one row: 5 units, 2 requests, 2 overage", rows, err)
+	}
+	// a refund after the units left the node gives back its units and
+	// the overage recovered for them
+	late := admit()
+	flush()
+	if err := g.Refund(ctx, req, late); err != nil {
+		t.Fatal(err)
+	}
+	flush()
+	rows, err = runner.Pending(ctx, req.TenantID)
+	if err != nil || len(rows) != 1 || rows[0].Units != 5 || rows[0].Requests != 3 || rows[0].Overage != 2 {
+		t.Fatalf("after a late refund: pending %+v, %v; want 5 units, 3 requests, 2 overage", rows, err)
+	}
+}
+
+// TestFailOpenWithAnIdempotencyKeyFailsClosed: keys are kept in Redis
+// only, so a request that carries one is not run in process, where a
+// repeat could run twice.
+func TestFailOpenWithAnIdempotencyKeyFailsClosed(t *testing.T) {
+	t.Parallel()
+	g, _, _ := mustDeadGate(t)
+	req := failOpen()
+	req.IdempotencyKey, req.IdempotencyFingerprint = "k1", "GET /api/demo/echo"
+	for i := range 2 {
+		if d, err := g.Admit(context.Background(), req); quota.ErrorCode(err) != quota.CodeUnavailable {
+			t.Fatalf("attempt %d with the key during an outage: %+v, %v; want unavailable", i, d, err)
+		}
+	}
+	req.IdempotencyKey = ""
+	if d, err := g.Admit(context.Background(), req); err != nil || !d.Allowed || !d.Degraded {
+		t.Fatalf("without a key: %+v, %v; want admitted in process", d, err)
+	}
+}
+
+// TestFailOpenUsageBoundRefusesNewRows: past the rows a node may hold, a
+// fail-open request that needs a new row is refused (unavailable), never
+// served unbilled; a row already held still grows.
+func TestFailOpenUsageBoundRefusesNewRows(t *testing.T) {
+	t.Parallel()
+	g, _, _ := mustDeadGate(t)
+	g.outage.held = maxOutageRows - 1
+	held := failOpen()
+	if d, err := g.Admit(context.Background(), held); err != nil || !d.Allowed {
+		t.Fatalf("the last row: %+v, %v", d, err)
+	}
+	other := failOpen()
+	if _, err := g.Admit(context.Background(), other); quota.ErrorCode(err) != quota.CodeUnavailable {
+		t.Fatalf("a new row past the bound: %v, want unavailable", err)
+	}
+	if d, err := g.Admit(context.Background(), held); err != nil || !d.Allowed {
+		t.Fatalf("the held row again: %+v, %v; want admitted", d, err)
+	}
+	if got := g.OutageRefused(); got != 1 {
+		t.Fatalf("refused %d, want 1", got)
+	}
+}
