@@ -83,6 +83,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		}
 	}
 	cat.OnTenantChange(gate.Forget)
+	// Fail-open usage that Redis does not take in time goes to the
+	// ledger directly (internal/admission, outage.go).
+	ledger := billing.NewLedger(db)
+	gate.Ledger = ledger
 
 	// The catalog listens for invalidations until shutdown.
 	bg, stopBG := context.WithCancel(context.WithoutCancel(ctx))
@@ -105,7 +109,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}()
 	defer func() { stopBG(); <-reported }()
 
-	ledger := billing.NewLedger(db)
 	srv, err := httpapi.New(httpapi.Deps{
 		Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, cfg.RedisPrefix), Catalog: cat, Gate: gate, Routes: table, Metrics: metrics, Now: time.Now,
 		Grants: catalog.NewGrants(store, runner, cat, time.Now, log), Plans: catalog.NewPlans(store, runner, cat, time.Now, log),

@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -30,31 +31,44 @@ func TestMain(m *testing.M) {
 // server is shut down gracefully at cleanup and run must return nil.
 func startAPI(tb testing.TB, env map[string]string) string {
 	tb.Helper()
+	base, _ := startStoppableAPI(tb, env)
+	return base
+}
+
+// startStoppableAPI is startAPI that also returns stop, which shuts the
+// server down gracefully (at once; cleanup does it otherwise) and waits
+// for run to return nil.
+func startStoppableAPI(tb testing.TB, env map[string]string) (base string, stop func()) {
+	tb.Helper()
 	env["TOLLGATE_ADDR"] = "127.0.0.1:0"
 	ctx, cancel := context.WithCancel(context.Background())
 	sink := &logSink{addr: make(chan string, 1)}
 	done := make(chan error, 1)
 	go func() { done <- run(ctx, func(k string) string { return env[k] }, sink) }()
-	tb.Cleanup(func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				tb.Errorf("run returned %v after shutdown, want nil", err)
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case err := <-done:
+				if err != nil {
+					tb.Errorf("run returned %v after shutdown, want nil", err)
+				}
+			case <-time.After(15 * time.Second):
+				tb.Error("run did not return within 15s of shutdown")
 			}
-		case <-time.After(15 * time.Second):
-			tb.Error("run did not return within 15s of shutdown")
-		}
-	})
+		})
+	}
+	tb.Cleanup(stop)
 	select {
 	case a := <-sink.addr:
-		return "http://" + a
+		return "http://" + a, stop
 	case err := <-done:
 		tb.Fatalf("run ended before listening: %v", err)
 	case <-time.After(30 * time.Second):
 		tb.Fatal("api did not listen within 30s")
 	}
-	return ""
+	return "", stop
 }
 
 // logSink takes the api's log lines (one Write each, from slog) and keeps

@@ -322,10 +322,17 @@ func (g *Gate) FlushOutage(ctx context.Context, final bool) error {
 	defer o.flushMu.Unlock()
 	now := g.now()
 	batches := o.cut()
+	// At shutdown Redis gets half the time left, the ledger the rest.
+	rctx := ctx
+	if dl, ok := ctx.Deadline(); ok && final && g.Ledger != nil {
+		var cancel context.CancelFunc
+		rctx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
+		defer cancel()
+	}
 	epoch := 0 // 0 unknown, 1 intact, -1 lost or unknown after an error
 	var errs []error
 	for _, ob := range batches {
-		sent, err := g.sendOutage(ctx, ob, now, final, &epoch)
+		sent, err := g.sendOutage(ctx, rctx, ob, now, final, &epoch)
 		if err != nil {
 			errs = append(errs, err)
 		}
@@ -342,20 +349,13 @@ func (g *Gate) FlushOutage(ctx context.Context, final bool) error {
 	return nil
 }
 
-// sendOutage sends one batch where it may go; sent reports whether a store
-// recorded it. A send that may have landed pins the batch to its store.
-func (g *Gate) sendOutage(ctx context.Context, ob *outageBatch, now time.Time, final bool, epoch *int) (sent bool, err error) {
+// sendOutage sends one batch where it may go, to Redis under rctx, to the
+// ledger under ctx; sent reports whether a store recorded it. A send that
+// may have landed pins the batch to its store.
+func (g *Gate) sendOutage(ctx, rctx context.Context, ob *outageBatch, now time.Time, final bool, epoch *int) (sent bool, err error) {
 	tenant := ob.b.Request.TenantID
-	if ob.pinned != pathLedger && g.redisReady(ctx, tenant, now, epoch) {
-		rctx, cancel := ctx, context.CancelFunc(func() {})
-		if final && g.Ledger != nil && ob.pinned == pathAny {
-			// leave the ledger time at shutdown
-			if dl, ok := ctx.Deadline(); ok {
-				rctx, cancel = context.WithTimeout(ctx, time.Until(dl)/2)
-			}
-		}
+	if ob.pinned != pathLedger && g.redisReady(rctx, tenant, now, epoch) {
 		err := g.store.RecoverOutage(rctx, &ob.b)
-		cancel()
 		switch {
 		case err == nil:
 			g.outage.done(ob, true, now)

@@ -101,7 +101,8 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if route.Settle {
 		c.Request().Header.Del(hdrSettleID) // never a client's
 	}
-	if route.Settle && !d.Degraded {
+	if route.Settle {
+		// (a fail-open admission is reserved on this node: Gate.Reserve)
 		settleID = httpx.UniqueID(c)
 		rctx, cancel := detached(c)
 		if rerr := s.gate.Reserve(rctx, settleID, req, d); rerr != nil {
@@ -124,7 +125,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		s.settleFromHeader(c, p.Tenant.ID, route, settleID, err)
 	}
 	switch {
-	case route.RefundOn5xx && !d.Degraded && (err != nil || c.Response().StatusCode() >= 500):
+	case route.RefundOn5xx && (err != nil || c.Response().StatusCode() >= 500):
 		rctx, cancel := detached(c)
 		if rerr := s.gate.Refund(rctx, req, d); rerr != nil {
 			s.log.Error("refund failed", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)

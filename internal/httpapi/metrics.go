@@ -106,3 +106,41 @@ func (m *Metrics) watchWaiters(waiters func() int64) {
 		Name: "tollgate_policy_queue_waiters", Help: "Requests of this node waiting in policy queues.",
 	}, func() float64 { return float64(waiters()) }))
 }
+
+// outageGate is what the fail-open usage series read of the gate
+// (*admission.Gate).
+type outageGate interface {
+	OutagePending() (rows, units int64)
+	OutageRecorded() (redis, ledger int64)
+	OutageRefused() int64
+}
+
+// watchOutage adds the series of the usage fail-open admissions leave on
+// this node until Redis or the ledger records it, read from g when
+// scraped.
+func (m *Metrics) watchOutage(g outageGate) {
+	for _, c := range []prometheus.Collector{
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tollgate_failopen_pending_rows",
+			Help: "Rows (tenant, meter, hour) of fail-open usage this node holds, not yet recorded by Redis or the ledger.",
+		}, func() float64 { rows, _ := g.OutagePending(); return float64(rows) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tollgate_failopen_pending_units",
+			Help: "Units of fail-open usage this node holds, not yet recorded by Redis or the ledger.",
+		}, func() float64 { _, units := g.OutagePending(); return float64(units) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tollgate_failopen_recorded_units_total", Help: "Fail-open units recorded through Redis (store=redis) or the ledger directly (store=ledger).",
+			ConstLabels: prometheus.Labels{"store": "redis"},
+		}, func() float64 { n, _ := g.OutageRecorded(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tollgate_failopen_recorded_units_total", Help: "Fail-open units recorded through Redis (store=redis) or the ledger directly (store=ledger).",
+			ConstLabels: prometheus.Labels{"store": "ledger"},
+		}, func() float64 { _, n := g.OutageRecorded(); return float64(n) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tollgate_failopen_refused_total",
+			Help: "Fail-open requests refused because this node held all the fail-open usage it may.",
+		}, func() float64 { return float64(g.OutageRefused()) }),
+	} {
+		_ = m.Registry.Register(c)
+	}
+}

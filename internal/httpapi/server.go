@@ -125,6 +125,9 @@ func New(d Deps, opts Options) (*Server, error) {
 	if w, ok := d.Gate.(interface{ Waiters() int64 }); ok {
 		d.Metrics.watchWaiters(w.Waiters)
 	}
+	if g, ok := d.Gate.(outageGate); ok {
+		d.Metrics.watchOutage(g)
+	}
 	guard := httpx.NewGuard(opts.TrustedProxies, d.Now, d.Metrics.AuthFailures.Inc)
 	pg, err := pages.New(pages.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 		Alerts: d.Alerts, Usage: d.Usage, Sessions: d.Sessions, Guard: guard, Log: d.Log, Now: d.Now,
