@@ -34,8 +34,9 @@ const dayMicros = int64(24 * time.Hour / time.Microsecond)
 // Limiter decides on requests in process, per tenant, over the four limits
 // of quota.Limits: GCRA on requests, the token bucket on cost units, the
 // daily and the monthly quota. It keeps no idempotency records, no grants
-// and no pending usage: what it admits is not billed (see README, "Redis
-// outage"), and its quotas start from zero on this node.
+// and no pending usage (the caller holds the usage it admits until Redis
+// or the ledger records it: internal/admission), and its quotas start from
+// zero on this node.
 //
 // A Limiter is safe for concurrent use.
 type Limiter struct {
