@@ -267,9 +267,24 @@ func (o *outage) unsent(ob *outageBatch) {
 // without rows or batches, recovered overage older than outageRecent,
 // reservations past their window.
 func (o *outage) forgetIdle(now time.Time) {
-	if len(o.rows) == 0 && len(o.inflight) == 0 {
+	switch {
+	case len(o.rows) == 0 && len(o.inflight) == 0:
 		clear(o.limits)
 		o.rowsAny.Store(false)
+	case len(o.limits) > len(o.rows)+len(o.inflight):
+		// tenants without rows or a batch go once they outnumber the
+		// rows: the limits held stay bounded by the rows
+		keep := make(map[string]quota.Request, len(o.inflight))
+		for k := range o.rows {
+			keep[k.tenant] = o.limits[k.tenant]
+		}
+		for tenant := range o.inflight {
+			keep[tenant] = o.limits[tenant]
+		}
+		o.limits = keep
+	}
+	if len(o.recent) > maxOutageRows {
+		clear(o.recent) // later give-backs give back units only
 	}
 	for k, rec := range o.recent {
 		if now.Sub(rec.at) > outageRecent {

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -299,5 +300,81 @@ func TestFailOpenUsageBoundRefusesNewRows(t *testing.T) {
 	}
 	if got := g.OutageRefused(); got != 1 {
 		t.Fatalf("refused %d, want 1", got)
+	}
+}
+
+// TestFailOpenUsageUnderConcurrentFlushes: admissions and refunds racing
+// the flushes end up in Redis exactly: every unit admitted and not
+// refunded, every request.
+func TestFailOpenUsageUnderConcurrentFlushes(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	mustIntact(t, runner)
+	f := &flaky{Runner: runner}
+	f.calls.Store(1) // no failure
+	clk := &clock{t: time.Now()}
+	g := New(f, clk.now)
+	tenants := make([]quota.Request, 4)
+	for i := range tenants {
+		tenants[i] = failOpen()
+		tenants[i].Cost = 1
+		tenants[i].Limits.DailyQuota = quota.Ptr(int64(1000))
+	}
+	stop := make(chan struct{})
+	flushed := make(chan struct{})
+	go func() {
+		defer close(flushed)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			clk.add(breakerPause)
+			if err := g.FlushOutage(ctx, false); err != nil {
+				t.Error(err)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	var wg sync.WaitGroup
+	var refunds [4]atomic.Int64
+	for w := range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range 50 {
+				req := tenants[(w+i)%4]
+				d, err := g.Admit(ctx, req)
+				if err != nil || !d.Allowed {
+					t.Errorf("%+v, %v", d, err)
+					return
+				}
+				if i%5 == 0 {
+					if err := g.Refund(ctx, req, d); err != nil {
+						t.Error(err)
+					}
+					refunds[(w+i)%4].Add(1)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(stop)
+	<-flushed
+	clk.add(breakerPause)
+	if err := g.FlushOutage(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	for i, req := range tenants {
+		u, r := pendingUsage(t, runner, req.TenantID)
+		if want := 100 - refunds[i].Load(); u != want || r != 100 {
+			t.Errorf("tenant %d: pending %d units, %d requests; want %d and 100", i, u, r, want)
+		}
+	}
+	if rows, units := g.OutagePending(); rows != 0 || units != 0 {
+		t.Fatalf("still held: %d rows, %d units", rows, units)
 	}
 }
