@@ -2,8 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -144,5 +149,67 @@ func TestFailOpenUsageReachesTheLedgerAtShutdown(t *testing.T) {
 	}
 	if units != 20 || requests != 2 {
 		t.Fatalf("ledger after the shutdown: %d units, %d requests of report; want 20 and 2", units, requests)
+	}
+}
+
+// TestFailOpenRefundAndSettleRoutes: during an outage a fail-open request
+// on a refund route whose upstream fails is refunded, and one on a settle
+// route is settled to the cost its upstream reports; what reaches Redis
+// afterwards is what they finally cost.
+func TestFailOpenRefundAndSettleRoutes(t *testing.T) {
+	t.Parallel()
+	s, proc, rl, rc := outageStack(t)
+	ctx := context.Background()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		switch {
+		case strings.HasSuffix(r.URL.Path, "/fail"):
+			w.WriteHeader(http.StatusInternalServerError)
+		case strings.HasPrefix(r.URL.Path, "/gen/"):
+			w.Header().Set("Tollgate-Actual-Cost", "3")
+			w.WriteHeader(http.StatusOK)
+		default:
+			w.WriteHeader(http.StatusCreated)
+		}
+	}))
+	t.Cleanup(up.Close)
+	s.routes = filepath.Join(t.TempDir(), "routes.json")
+	table := fmt.Sprintf(`{"routes": [
+		{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": %q, "refund_on_5xx": true},
+		{"method": "*", "path": "/api/gen/", "meter": "gen", "cost": 10, "upstream": %q, "settle": true}
+	]}`, up.URL+"/up/", up.URL+"/gen/")
+	if err := os.WriteFile(s.routes, []byte(table), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := s.start()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))}, func(t *quota.Tier) { t.FailOpen = true })
+	tenant, key := s.tenant(tier.Slug)
+
+	proc.Stop()
+	if r := do(t, "GET", base+"/api/up/fail", key, ""); r.status != 500 || r.header.Get("Tollgate-Degraded") != "fail-open" ||
+		r.header.Get("Tollgate-Refunded") != "1" {
+		t.Fatalf("failed call during the outage: %d %v, want a refunded fail-open 500", r.status, r.header)
+	}
+	if r := do(t, "GET", base+"/api/up/ok", key, ""); r.status != 201 {
+		t.Fatalf("call during the outage: %d", r.status)
+	}
+	if r := do(t, "GET", base+"/api/gen/x", key, ""); r.status != 200 || r.header.Get("Tollgate-Settled-Cost") != "3" {
+		t.Fatalf("settle route during the outage: %d %v, want 200 settled to 3", r.status, r.header)
+	}
+
+	proc.Start()
+	if err := rc.Repair(ctx); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the outage's usage pending in Redis", func() bool {
+		rows, err := rl.Pending(ctx, tenant.ID)
+		return err == nil && len(rows) == 2
+	})
+	rows, _ := rl.Pending(ctx, tenant.ID)
+	got := map[string][2]int64{}
+	for _, r := range rows {
+		got[r.Meter] = [2]int64{r.Units, r.Requests}
+	}
+	if got["up"] != [2]int64{1, 2} || got["gen"] != [2]int64{3, 1} {
+		t.Fatalf("pending %v, want up: 1 unit of 2 requests (one refunded), gen: 3 units (settled) of 1", got)
 	}
 }

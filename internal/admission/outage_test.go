@@ -225,9 +225,6 @@ func TestFailOpenRefundAndSettleNetTheUsageHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	settled := admit()
-	if err := g.Reserve(ctx, "rid-"+testenv.RandomHex(4), req, settled); err != nil {
-		t.Fatal(err)
-	}
 	id := "rid-" + testenv.RandomHex(4)
 	if err := g.Reserve(ctx, id, req, settled); err != nil {
 		t.Fatal(err)
