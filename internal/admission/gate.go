@@ -550,7 +550,8 @@ func (g *Gate) Forget(tenantID string) {
 // Refund gives back the units of an admitted request whose upstream failed
 // (see ratelimit.Runner.Refund), releases its idempotency key so that a
 // retry runs again, and clears the tenant's deny entries on every node: the
-// refund may have made room.
+// refund may have made room. A fail-open admission's units are taken off
+// the usage this node holds for Redis (outage.go) instead.
 func (g *Gate) Refund(ctx context.Context, req quota.Request, d quota.Decision) error {
 	if d.Degraded {
 		// a fail-open admission: its units are taken off what the node
