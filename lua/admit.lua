@@ -77,8 +77,10 @@ ARGV
                    the meter's daily and monthly quotas (-1 = unlimited),
                    1 when its overage is billed, its price per 1,000
                    units, the tier's (0 unless the tier bills), and the
-                   spend cap in millicents (-1 = none); its key is the
-                   LAST of KEYS. A tier with a billed meter quota and a
+                   spend cap in millicents (-1 = none: with this argument
+                   the cap is checked in millicents, never ocap's units,
+                   so Go sends the tier's cap whenever it sends a meter's
+                   quota); its key is the LAST of KEYS. A tier with a billed meter quota and a
                    spend cap passes it on every request, "-1,-1,0,0,..."
                    for a meter without a quota, so that the cap sees the
                    meters' overage. A prepaid tenant's has five more,
