@@ -125,18 +125,27 @@ ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
   After an admission, remaining and reset describe the state after it; after
   a refusal, in dry-run refusals and in peek, the state as it is.
 
-Limit changes: clamp
-  GCRA and the bucket keep their state as a time (TAT, FULL) that does not
-  know the limits it was written under. A tenant moved from a slow tier
-  (T = 1000 s) to a fast one would otherwise wait out the old debt. So the
-  stored time is clamped to the most indebted state the CURRENT limits allow:
-  TAT <= now + B*T and FULL <= now + C*U. Under unchanged limits the clamp
-  never bites (admissions keep both below it), so it changes nothing there;
-  after any change of limits the next request waits at most one new
-  interval (T, or cost*U): the new limits' own worst case. A clamped time is
-  written back in admit mode even when the request is refused: it consumes
-  nothing (it is the state the old one means under the new limits), and
-  without it every later request would be clamped, and refused, anew.
+Limit changes: fresh or clamp
+  GCRA and the bucket keep their state as a time (TAT, FULL), and the v2
+  hash's field L = "T,B,U,C" (ARGV[7..10] as sent) names the limits it was
+  written under: one more field of the HMGET, and one string comparison
+  per call (L is written only when it changes). Under other limits than
+  L's, each of GCRA and the bucket whose new limits are each at least as
+  large (T <= L's T and B >= L's B; U <= L's U and C >= L's C; both
+  limited) starts fresh: its state is read as 0, no debt, so an upgrade
+  never leaves more waiting than the new limits allow. Any other change
+  (a move down, a faster rate with a smaller burst, a limit that was
+  unlimited, no L yet, the v1 keys) keeps the state, clamped to the most
+  indebted state the CURRENT limits allow: TAT <= now + B*T and FULL <=
+  now + C*U. Under unchanged limits the clamp never bites (admissions keep
+  both below it), so it changes nothing there; after a change of limits
+  the next request waits at most one new interval (T, or cost*U): the new
+  limits' own worst case. L is written with any write of the state in
+  admit mode. A clamped time is written back in admit mode even when the
+  request is refused: it consumes nothing (it is the state the old one
+  means under the new limits), and without it every later request would
+  be clamped, and refused, anew; a fresh start needs no write (it is read
+  again the same until an admission writes the state and L).
 
 GCRA (counts requests, 1 per request whatever the cost)
   tat = min(max(TAT, now), now + B*T); new = tat + T; allowed iff new - now <= B*T.
@@ -335,11 +344,15 @@ local hour = idiv(now, HOUR_US)
 -- the hour's "units,requests" field of the v2 hash (state.lua); an hour
 -- count is far below 1e14, where '..' prints an integer exactly
 local pk = 'p' .. hour .. '|' .. meter .. '|'
-local h
+-- lim: the burst limits the state was written under (field L; see "Limit
+-- changes")
+local h, lim
 if mode == 'admit' then
-  h = call('HMGET', KS, 't', 'q', 'c', pk)
+  h = call('HMGET', KS, 't', 'q', 'c', pk, 'L')
+  lim = h[5]
 else
-  h = call('HMGET', KS, 't', 'q', 'c')
+  h = call('HMGET', KS, 't', 'q', 'c', 'L')
+  lim, h[4] = h[4], false
 end
 local v2 = h[1] and true or false
 local g, b, d, du, dg, dov, m, mu, mg, mo, gn, x, mn
@@ -412,6 +425,23 @@ else
       m, mu, mg, mo, rolled = month, 0, 0, 0, true
     end
     mn, moved = mnext, true
+  end
+end
+
+-- limit changes (see "Limit changes"): sig names this call's burst
+-- limits; a state written under others starts fresh in each limit at
+-- least as large in rate and burst, and is clamped in the others
+local sig, relim
+if gT > 0 or bU > 0 then
+  sig = ARGV[7] .. ',' .. ARGV[8] .. ',' .. ARGV[9] .. ',' .. ARGV[10]
+  if lim ~= sig and (v2 or LAYOUT == 'v2') then
+    relim = true
+    local lT, lB, lU, lC = string.match(lim or '', '^(%d+),(%d+),(%d+),(%d+)$')
+    if lT then
+      lT, lB, lU, lC = lT + 0, lB + 0, lU + 0, lC + 0
+      if gT > 0 and lT > 0 and gT <= lT and gB >= lB then g = 0 end
+      if bU > 0 and lU > 0 and bU <= lU and bC >= lC then b = 0 end
+    end
   end
 end
 
@@ -677,7 +707,7 @@ if mode == 'admit' then
       end
     end
     if x ~= was then c = fmt(-idiv(-x, HOUR_US)) .. ',' .. mns end
-    if t and q and extra and not c then
+    if t and q and extra and not c and not relim then
       call('HSET', KS, 't', t, 'q', q, pk, pend)
     else
       local args = {}
@@ -685,6 +715,7 @@ if mode == 'admit' then
       if q then args[#args + 1] = 'q'; args[#args + 1] = q end
       if c then args[#args + 1] = 'c'; args[#args + 1] = c end
       if extra then args[#args + 1] = pk; args[#args + 1] = pend end
+      if relim then args[#args + 1] = 'L'; args[#args + 1] = sig end
       call('HSET', KS, unpack(args))
     end
     if c then call('PEXPIREAT', KS, pxat(x)) end
@@ -699,6 +730,10 @@ if mode == 'admit' then
     if wm then parts[#parts + 1] = 'm' end
     if extra then
       s[pk], xs = pend, {pk}
+    end
+    if relim then
+      s.L, xs = sig, xs or {}
+      xs[#xs + 1] = 'L'
     end
     save_state(s, need, xs, parts, pxat, now)
     v2 = s.v2
