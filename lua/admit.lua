@@ -100,7 +100,7 @@ Return: an error reply "CALENDAR <now us>" when ARGV[20]'s days do not
 reach the script's now (see "Calendars"), or "PREPAID <now us>" when the
 balance of ARGV[19] is of another period than now's (see "Prepaid"),
 written nothing; else a flat
-array of 22 integers, then 8 of the meter quota (when
+array of 22 integers, then 9 of the meter quota (when
 ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
 (none when np is 0; idempotency codes 2, 3 return the 22 alone)
   [1] allowed (1/0)
@@ -121,7 +121,9 @@ ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
   then for burst, bucket, daily, monthly (in this order) four integers:
       active (1/0), limit, remaining, reset (absolute us)
   [23..30] with a meter quota, the same four for the meter's daily and
-      monthly quotas
+      monthly quotas, and [31] the meter overage units admitted (past the
+      meter's billed monthly quota; not among [4]), which a refund or a
+      settlement gives back
   After an admission, remaining and reset describe the state after it; after
   a refusal, in dry-run refusals and in peek, the state as it is.
 
@@ -217,7 +219,10 @@ Meter quotas (ARGV[19] not '')
   the hash <prefix>:v1:{t:<id>}:mq (the last of KEYS), named by the meter:
   "d,du,m,mu,mo" (day id and units, month id, units and overage units, the
   ids as q's), and the field '$' = "m,mc": the millicents (1/1000 cent) of
-  all meters' overage of month m, for the spend cap. The periods are the
+  all meters' overage of month m, for the spend cap. When a meter's field,
+  or '$', moves on to a new month, the month that ends is kept beside it
+  ("<meter>|w" = "m,mu,mo", '$w' = "m,mc": meterq.lua), for refunds and
+  settlements of its requests that arrive after the roll. The periods are the
   tier-wide quotas' (d, m above). The daily quota is a hard cap (mask 128,
   retry as the tier's); the monthly one refuses (256) or, billed, admits
   past it: the units past it are the meter's overage ('|m' pending field),
@@ -389,7 +394,8 @@ end
 local cal = ARGV[20]
 if cal == '' then cal = nil end
 local day, dnext, month, mnext
-local moved, rolled = false, false
+-- was: the month that ends, kept as the month before (state.lua's field w)
+local moved, rolled, was = false, false, nil
 if cal then
   local _
   day, _, dnext, month, _, mnext = cal_at(cal, now)
@@ -401,6 +407,8 @@ if cal then
     d, du, dg, dov, moved = day, 0, 0, 0, true
   end
   if month ~= m then
+    -- (state.lua's month_roll, on the locals)
+    if m >= 0 and m < month then was = month_pack(m, mu, mg, mo) end
     m, mu, mg, mo, rolled, moved = month, 0, 0, 0, true, true
   end
   -- the stored mn is the default calendar's fast path: a calendar's state
@@ -422,6 +430,7 @@ else
     local _
     month, _, mnext = month_at(now)
     if month ~= m then
+      if m >= 0 and m < month then was = month_pack(m, mu, mg, mo) end
       m, mu, mg, mo, rolled = month, 0, 0, 0, true
     end
     mn, moved = mnext, true
@@ -514,7 +523,7 @@ if mq >= 0 and not replay then
 end
 -- the meter quota (see "Meter quotas")
 local KQ, qrow, qdq, qmq, qprice, qP, qcap
-local qd, qdu, qm, qmu, qmo, qmc, qfresh
+local qd, qdu, qm, qmu, qmo, qmc, qfresh, qw, qdw
 local qover = 0
 -- prepaid (see "Prepaid"): pbal nil for postpaid
 local pbal, pbid, pprev, plines, pexp, pm, pmc, ppm, ppmc, pfresh
@@ -542,11 +551,19 @@ if mqs then
   end
   if qrow[2] then
     local s1, s2 = string.match(qrow[2], '^(%-?%d+),(%-?%d+)$')
-    if s1 + 0 == month then qmc = s2 + 0 end
+    if s1 + 0 == month then
+      qmc = s2 + 0
+    elseif s1 + 0 < month then
+      qdw = qrow[2] -- an earlier month's: kept as '$w' when '$' moves on
+    end
   end
   if qd ~= day then qd, qdu = day, 0 end
   qfresh = qm ~= month -- the field's month changes: its expiry too
-  if qfresh then qm, qmu, qmo = month, 0, 0 end
+  if qfresh then
+    -- an earlier month's counters: kept as "<meter>|w" (meterq.lua)
+    if qm >= 0 and qm < month then qw = string.format('%d,%d,%d', qm, qmu, qmo) end
+    qm, qmu, qmo = month, 0, 0
+  end
   if qdq >= 0 and not replay and qdu + cost > qdq then
     local wait = dnext - now
     if cost > qdq then wait = -1 end
@@ -653,11 +670,18 @@ if mode == 'admit' then
   if ok and mqs and not replay and (qdq >= 0 or qmq >= 0) then
     local f = string.format('%d,%d,%d,%d,%d', qd, qdu + cost, qm, qmu + cost, qmo + qover)
     if qover > 0 and qcap >= 0 then
-      call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice))
+      if qdw then
+        call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice), '$w', qdw)
+      else
+        call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice))
+      end
     else
       call('HSET', KQ, meter, f)
     end
-    if qfresh then call('PEXPIREAT', KQ, pxat(mnext + (pbal and PREPAID_KEEP_US or HOUR_US))) end
+    if qfresh then
+      if qw then call('HSET', KQ, meter .. '|w', qw) end
+      call('PEXPIREAT', KQ, pxat(mnext + (pbal and PREPAID_KEEP_US or HOUR_US)))
+    end
   end
   if ok and padd > 0 and not replay then
     call('HSET', KQ, 'P', string.format('%d,%d,%d,%d', pm, pmc + padd, ppm, ppmc))
@@ -722,7 +746,7 @@ if mode == 'admit' then
   elseif dirty then
     -- a new day or month, or a state in the v1 keys: state.lua's save_state
     local s = {v2 = v2, rolled = rolled, x = x, g = g, b = b, d = d, du = du, dg = dg,
-      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal}
+      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal, w = was}
     local parts, xs = {}, nil
     if wg then parts[#parts + 1] = 'g' end
     if wb then parts[#parts + 1] = 'b' end
@@ -809,7 +833,7 @@ if mqs then
     a, l, r, z = 1, qmq, qmq - qmu - spent, mnext
     if r < 0 then r = 0 end
   end
-  res[27], res[28], res[29], res[30] = a, l, r, z
+  res[27], res[28], res[29], res[30], res[31] = a, l, r, z, qover
 end
 
 if ok and replay then
@@ -817,8 +841,9 @@ if ok and replay then
   -- of now
   for i = 1, 8 do replay[6 + i] = res[6 + i] end
   replay[5], replay[6] = now, 1
-  -- (the meter items as they are now; stored answers hold 22 values)
-  for i = 23, 30 do replay[i] = res[i] end
+  -- (the meter items as they are now, and no meter overage: stored
+  -- answers hold 22 values)
+  for i = 23, 31 do replay[i] = res[i] end
   if precs then policies_report(replay, precs, true) end
   return replay
 end

@@ -33,8 +33,9 @@ const (
 	// bitCredit is a prepaid tenant's refusal for want of credit
 	// (quota.LimitCredit)
 	bitCredit = 512
-	// meterLen is the length of the meter quota's items (after resultLen)
-	meterLen = 2 * perLimit
+	// meterLen is the length of the meter quota's items (after resultLen):
+	// its daily and monthly limits, then the meter overage units admitted
+	meterLen = 2*perLimit + 1
 )
 
 const (
@@ -283,6 +284,7 @@ func decode(r []int64, p params, cal quota.Calendar, b *calBounds) quota.Decisio
 		d.Violated = append(d.Violated, quota.LimitCredit)
 	}
 	if p.mq != "" && len(r) >= resultLen+meterLen {
+		d.MeterOverageUnits = r[resultLen+2*perLimit]
 		names := [2]quota.LimitName{quota.LimitName(p.mqMeter + ".daily"), quota.LimitName(p.mqMeter + ".monthly")}
 		bits := [2]int64{bitMeterDaily, bitMeterMonthly}
 		for i := range 2 {
