@@ -540,3 +540,87 @@ func TestAdjustingLastMonthLeavesThisMonthAlone(t *testing.T) {
 		})
 	}
 }
+
+// TestRefundAndSettleAfterTheTenantsPeriodRolled: the same in a tenant's
+// own calendar (anchor day 15, New York): its billing period ends at
+// 04:00 UTC on March 15. A (search, 10) at 03:55 fits the meter's quota
+// of 10; B (search, 5) at 03:58 is the meter's overage; the next period's
+// first search (04:01) rolls the counters. Refunding B and settling A to
+// 30 after it move the old period's numbers: its hour bills 30 units and
+// 20 of the meter's overage, and the new period holds its own unit only.
+func TestRefundAndSettleAfterTheTenantsPeriodRolled(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	cal := mustCalendar(t, "America/New_York", 15)
+	tenant := newTenant()
+	req := func(cost int64, at0 string) quota.Request {
+		return quota.Request{TenantID: tenant, Meter: "search", Cost: cost, Now: at(t, at0), Calendar: cal,
+			MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(10), Overage: quota.OverageBill, OveragePriceCentsPer1K: 2000}},
+			Limits:      quota.Limits{MonthlyQuota: i64(10)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
+	}
+	a, b := req(10, "2031-03-15T03:55:00Z"), req(5, "2031-03-15T03:58:00Z")
+	da, db := mustAdmit(t, r, a), mustAdmit(t, r, b)
+	if db.MeterOverageUnits != 5 || db.OverageUnits != 0 {
+		t.Fatalf("B: %s, meter overage %d; want 5 of the meter's overage only", fmtDecision(db), db.MeterOverageUnits)
+	}
+	if err := r.Reserve(ctx, "a-"+tenant, a, da); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustAdmit(t, r, req(1, "2031-03-15T04:01:00Z")); !d.Allowed || limitOf(t, d, "search.monthly").Remaining != 9 {
+		t.Fatalf("the new period's first search: %s", fmtDecision(d))
+	}
+	if err := r.RefundRequest(ctx, b, db); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := r.Settle(ctx, tenant, "a-"+tenant, 30); err != nil || s.Status != quota.SettleApplied {
+		t.Fatalf("settle: %+v %v", s, err)
+	}
+	old := at(t, "2031-03-15T03:00:00Z")
+	if u, m, o := pendingAt(t, r, tenant, old, "search", "u"), pendingAt(t, r, tenant, old, "search", "m"),
+		pendingAt(t, r, tenant, old, "search", "o"); u != 30 || m != 20 || o != 0 {
+		t.Errorf("the old period's hour: %d units, %d of the meter's overage, %d of the tier's; want 30, 20, 0", u, m, o)
+	}
+	if f := meterCounters(t, r, tenant, "search"); f[2] != 203103 || f[3] != 1 || f[4] != 0 {
+		t.Errorf("the new period's search counters %v, want its 1 unit", f)
+	}
+	if w, err := r.c.HGet(ctx, r.key(tenant, "mq"), "search|w").Result(); err != nil || w != "203102,30,20" {
+		t.Errorf("the old period's search counters %q (%v), want 30 units, 20 of overage", w, err)
+	}
+	if d := mustAdmit(t, r, req(1, "2031-03-15T04:02:00Z")); limitOf(t, d, "monthly").Remaining != 8 {
+		t.Errorf("the new period's quota: %s, want 8 left", fmtDecision(d))
+	}
+}
+
+// TestRefundAcrossADayLeavesTodayAlone: a request of yesterday refunded
+// today gives its units back to the month only: today's daily quotas (the
+// tier's and the meter's) keep today's usage.
+func TestRefundAcrossADayLeavesTodayAlone(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	tenant := newTenant()
+	req := func(at0 string) quota.Request {
+		return quota.Request{TenantID: tenant, Meter: "search", Cost: 5, Now: at(t, at0),
+			MeterQuotas: []quota.MeterQuota{{Meter: "search", DailyQuota: i64(10), MonthlyQuota: i64(100), Overage: quota.OverageBlock}},
+			Limits:      quota.Limits{DailyQuota: i64(10), MonthlyQuota: i64(100)}}
+	}
+	a := req("2031-03-10T23:30:00Z")
+	da := mustAdmit(t, r, a)
+	mustAdmit(t, r, req("2031-03-11T00:30:00Z"))
+	if err := r.RefundRequest(ctx, a, da); err != nil {
+		t.Fatal(err)
+	}
+	d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "search", Cost: 1, Now: at(t, "2031-03-11T00:40:00Z"), DryRun: true,
+		MeterQuotas: a.MeterQuotas, Limits: a.Limits})
+	for name, want := range map[quota.LimitName]int64{"daily": 4, "monthly": 94, "search.daily": 4, "search.monthly": 94} {
+		if l := limitOf(t, d, name); l.Remaining != want {
+			t.Errorf("%s: %d left, want %d", name, l.Remaining, want)
+		}
+	}
+	if u := pendingAt(t, r, tenant, a.Now, "search", "u"); u != 0 {
+		t.Errorf("yesterday's hour: %d units pending, want 0", u)
+	}
+}
