@@ -104,8 +104,11 @@ end
 -- charged (a settled cost past the admitted one: it may pass the balance,
 -- and later requests are then refused). A field holding neither the
 -- period nor the one before leaves nothing to give back; a charge of a
--- later period than the field's starts that period's count. While it holds
--- draws the hash lives at least as long as admit.lua keeps it.
+-- later period than the field's starts that period's count, and one of a
+-- period between the field's two (a period that drew nothing until its
+-- settlement arrived after the next one began) takes the earlier one's
+-- place, as admit.lua's draws do. While it holds draws the hash lives at
+-- least as long as admit.lua keeps it.
 local PREPAID_KEEP_MS = (31 + 40) * 86400 * 1000
 local function prepaid_adjust(key, month, dmc)
   if dmc == 0 then return end
@@ -121,6 +124,8 @@ local function prepaid_adjust(key, month, dmc)
     pmc = math.max(0, pmc + dmc)
   elseif dmc > 0 and month > m then
     m, mc, pm, pmc = month, dmc, m, mc
+  elseif dmc > 0 and month > pm then
+    pm, pmc = month, dmc
   else
     return
   end

@@ -624,3 +624,35 @@ func TestRefundAcrossADayLeavesTodayAlone(t *testing.T) {
 		t.Errorf("yesterday's hour: %d units pending, want 0", u)
 	}
 }
+
+// TestPrepaidSettlementAfterTheRollDrawsOnItsPeriod: a prepaid tenant
+// (10 units a month included, then a cent a unit from its credit) whose
+// March drew nothing: A (10 units, March 31 23:55) settled to 30 after
+// April drew its first cent bills 20 units of March's overage and draws
+// them on March's count, beside April's, where the balance check sees
+// them; before, the draw had no place and was lost to the balance.
+func TestPrepaidSettlementAfterTheRollDrawsOnItsPeriod(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	tenant := newTenant()
+	req := func(cost int64, at0 string, period, prev int) quota.Request {
+		return quota.Request{TenantID: tenant, Meter: "gen", Cost: cost, Now: at(t, at0),
+			Limits: quota.Limits{MonthlyQuota: i64(10)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
+			Prepaid: &quota.Prepaid{BalanceMillicents: 1_000_000, PeriodID: period, PrevID: prev}}
+	}
+	a := req(10, "2031-03-31T23:55:00Z", 203103, 0)
+	if err := r.Reserve(ctx, "a-"+tenant, a, mustAdmit(t, r, a)); err != nil {
+		t.Fatal(err)
+	}
+	if d := mustAdmit(t, r, req(11, "2031-04-01T00:01:00Z", 203104, 203103)); !d.Allowed || d.OverageUnits != 1 {
+		t.Fatalf("April: %s", fmtDecision(d))
+	}
+	if s, err := r.Settle(ctx, tenant, "a-"+tenant, 30); err != nil || s.OverageDelta != 20 {
+		t.Fatalf("settle: %+v %v, want 20 units of March's overage", s, err)
+	}
+	if p, err := r.c.HGet(ctx, r.key(tenant, "mq"), "P").Result(); err != nil || p != "203104,1000,203103,20000" {
+		t.Errorf("credit draws %q (%v), want April's 1,000 and March's 20,000 millicents", p, err)
+	}
+}
