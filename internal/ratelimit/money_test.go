@@ -550,8 +550,18 @@ func TestAdjustingLastMonthLeavesThisMonthAlone(t *testing.T) {
 // 20 of the meter's overage, and the new period holds its own unit only.
 func TestRefundAndSettleAfterTheTenantsPeriodRolled(t *testing.T) {
 	t.Parallel()
+	for _, layout := range []string{LayoutV2, LayoutV1} {
+		t.Run(layout, func(t *testing.T) {
+			t.Parallel()
+			refundAndSettleAfterThePeriodRolled(t, layout)
+		})
+	}
+}
+
+func refundAndSettleAfterThePeriodRolled(t *testing.T, layout string) {
 	c := testenv.Redis(t)
 	r, _ := mustRunner(t, c)
+	r.WithLayout(layout)
 	ctx := context.Background()
 	cal := mustCalendar(t, "America/New_York", 15)
 	tenant := newTenant()
@@ -590,6 +600,14 @@ func TestRefundAndSettleAfterTheTenantsPeriodRolled(t *testing.T) {
 	}
 	if d := mustAdmit(t, r, req(1, "2031-03-15T04:02:00Z")); limitOf(t, d, "monthly").Remaining != 8 {
 		t.Errorf("the new period's quota: %s, want 8 left", fmtDecision(d))
+	}
+	// the tier's old period: 15 units, less B's 5, plus A's 20
+	key, field := r.stateKeys(tenant)[0], "w"
+	if layout == LayoutV1 {
+		key = r.stateKeys(tenant)[4]
+	}
+	if w, err := r.c.HGet(ctx, key, field).Result(); err != nil || w != "203102,30,0,0" {
+		t.Errorf("the tier's old period %q (%v), want 30 units, none of the tier's overage (the meter's only)", w, err)
 	}
 }
 
@@ -654,5 +672,38 @@ func TestPrepaidSettlementAfterTheRollDrawsOnItsPeriod(t *testing.T) {
 	}
 	if p, err := r.c.HGet(ctx, r.key(tenant, "mq"), "P").Result(); err != nil || p != "203104,1000,203103,20000" {
 		t.Errorf("credit draws %q (%v), want April's 1,000 and March's 20,000 millicents", p, err)
+	}
+}
+
+// TestSettleReadsEntriesOfOlderNodes: a settle entry written by a node
+// before this version (a rolling upgrade: the meter's quota without the
+// overage it took or the spend cap) settles as those nodes settled it: up,
+// the charge past the meter's billed quota is its overage; down, the
+// meter's month gives back its overage first.
+func TestSettleReadsEntriesOfOlderNodes(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	tenant := newTenant()
+	now := at(t, "2031-03-10T10:30:00Z")
+	req := quota.Request{TenantID: tenant, Meter: "llm", Cost: 5, Now: now,
+		MeterQuotas: []quota.MeterQuota{{Meter: "llm", MonthlyQuota: i64(10), Overage: quota.OverageBill, OveragePriceCentsPer1K: 500}},
+		Limits:      quota.Limits{MonthlyQuota: i64(12)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 10}
+	for i, tc := range []struct {
+		actual, units, meterOver int64
+	}{{20, 20, 10}, {1, 21, 11}} {
+		rid := fmt.Sprintf("old-%d-%s", i, tenant)
+		d := mustAdmit(t, r, req)
+		entry := fmt.Sprintf("5|%d|%d|203103|%d|1|12|10,500,0|llm", now.Truncate(time.Hour).Unix(), now.Unix()/86400, d.OverageUnits)
+		if err := r.c.Set(ctx, r.settleKey(tenant, rid), entry, quota.SettleWindow).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if s, err := r.Settle(ctx, tenant, rid, tc.actual); err != nil || s.Status != quota.SettleApplied {
+			t.Fatalf("settle %s: %+v %v", entry, s, err)
+		}
+		if u, m := pendingAt(t, r, tenant, now, "llm", "u"), pendingAt(t, r, tenant, now, "llm", "m"); u != tc.units || m != tc.meterOver {
+			t.Errorf("after settling %s to %d: %d units, %d of the meter's overage pending; want %d and %d", entry, tc.actual, u, m, tc.units, tc.meterOver)
+		}
 	}
 }
