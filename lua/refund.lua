@@ -14,7 +14,8 @@ counted in "|r". GCRA and the token bucket are not refunded:
 they protect against load, and the failed call was load.
 
 The state's keys, layouts and shared functions are lua/state.lua's,
-prepended to this script. Units: integer units; times integer microseconds
+prepended to this script with meterq.lua and adjust.lua (the changes it
+shares with settle.lua). Units: integer units; times integer microseconds
 since the Unix epoch, UTC.
 
 KEYS
@@ -56,61 +57,21 @@ local function pxat(us)
   return fmt(-idiv(-(us + shift), 1000))
 end
 
-local day, month = tonumber(ARGV[2]), tonumber(ARGV[3])
-local cost = tonumber(ARGV[6])
-local over = tonumber(ARGV[7])
+local day, month, meter = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[5]
+local cost, over = tonumber(ARGV[6]), tonumber(ARGV[7])
 local s = load_state()
-local parts = {}
-if cost > 0 and s.d == day then
-  s.du = math.max(0, s.du - cost)
-  parts[#parts + 1] = 'd'
-end
--- the admission's month: the state's, or the month before it (state.lua)
-local c = (cost > 0 or over > 0) and month_load(s, month)
-if c then
-  c.mu = math.max(0, c.mu - cost)
-  c.mo = math.max(0, c.mo - over)
-  month_store(s, month, c, parts)
-end
-if #parts > 0 then
-  save_state(s, 0, nil, parts, pxat, now)
-end
-
-local f = ARGV[4] .. '|' .. ARGV[5] .. '|'
--- the meter quota (KEYS[7]; meterq.lua): what the request took, no more
-local mback = 0
+-- the admission's month: the state's, or the month before it (state.lua);
+-- the meter's likewise (meterq.lua): what the request took, no more
+local c = month_load(s, month)
+local q, mback, price, tpp, mpp = nil, 0, -1, nil, 0
 if KEYS[7] then
-  local price = tonumber(ARGV[8])
-  mback = tonumber(ARGV[10])
-  local q = meterq_month(KEYS[7], ARGV[5], day, month)
-  if q then
-    if q.today then q.du = math.max(0, q.du - cost) end
-    q.mu = math.max(0, q.mu - cost)
-    q.mo = math.max(0, q.mo - mback)
-    meterq_store(KEYS[7], ARGV[5], month, q)
-  end
-  if price >= 0 then meterq_spend(KEYS[7], month, -mback * price) end
+  q, mback, price = meterq_month(KEYS[7], meter, day, month), tonumber(ARGV[10]), tonumber(ARGV[8])
   if ARGV[9] ~= '' then
-    local tpp, mpp = string.match(ARGV[9], '^(%d+),(%d+)$')
-    prepaid_adjust(KEYS[7], month, -(over * tpp + mback * mpp))
+    local a, b = string.match(ARGV[9], '^(%d+),(%d+)$')
+    tpp, mpp = a + 0, b + 0
   end
 end
-if s.v2 then
-  -- the pending usage lives in the v2 hash (state.lua), which lives 14 days
-  -- after the admission refunded here
-  redis.call('HINCRBY', KS, 'p' .. f .. 'u', -cost)
-  if over > 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'o', -over) end
-  if mback > 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'm', -mback) end
-  return 1
-end
-redis.call('HINCRBY', KEYS[6], f .. 'u', -cost)
-if over > 0 then
-  redis.call('HINCRBY', KEYS[6], f .. 'o', -over)
-end
-if mback > 0 then
-  redis.call('HINCRBY', KEYS[6], f .. 'm', -mback)
-end
-if redis.call('PTTL', KEYS[6]) < 0 then
-  redis.call('PEXPIRE', KEYS[6], 14 * 86400 * 1000)
-end
+adjust_counters(s, c, q, KEYS[7], meter, day, month, -cost, -over, -mback, pxat, now)
+if KEYS[7] then adjust_money(KEYS[7], month, -over, -mback, price, tpp, mpp) end
+adjust_pending(s, KEYS[6], ARGV[4] .. '|' .. meter .. '|', -cost, -over, -mback)
 return 1

@@ -2,9 +2,11 @@
 the cost its upstream reported (the Tollgate-Actual-Cost response header or
 POST /v1/settle), exactly once.
 
-The admission wrote a settle entry (internal/ratelimit/settle.go) under the
-tenant's hash tag, living 10 minutes. This script reads it and, in the same
-atomic call, marks it settled (the value "done", keeping its expiry) and
+The state's keys, layouts and shared functions are lua/state.lua's,
+prepended to this script with meterq.lua and adjust.lua (the changes it
+shares with refund.lua). The admission wrote a settle entry
+(internal/ratelimit/settle.go) under the tenant's hash tag, living 10
+minutes. This script reads it and, in the same atomic call, marks it settled (the value "done", keeping its expiry) and
 applies the difference between the actual cost and the admitted cost, in
 the day, the month and the hour the request was admitted in:
   actual < cost: the difference is given back as refund.lua gives back a
@@ -112,37 +114,14 @@ local function pxat(us)
 end
 
 local s = load_state()
-local parts = {}
 -- the admission's month (state.lua) and its meter's counters (meterq.lua)
 local c = month_load(s, month)
 local q = hasq and meterq_month(KEYS[8], meter, day, month)
 -- ovd, mdov: the change of the tier's and the meter's overage units
-local ovd, mdov = 0, 0
+local ovd, mdov
 if diff < 0 then
-  local back = -diff
-  if took then
-    mdov = -math.min(back, took)
-  elseif q then
-    mdov = -math.min(back, q.mo)
-  end
-  ovd = -math.min(over, back + mdov)
-  if not took then ovd = -math.min(over, back) end
-  if s.d == day then
-    s.du = math.max(0, s.du - back)
-    parts[#parts + 1] = 'd'
-  end
-  if c then
-    c.mu, c.mo = math.max(0, c.mu - back), math.max(0, c.mo + ovd)
-  end
-  if q then
-    if q.today then q.du = math.max(0, q.du - back) end
-    q.mu, q.mo = math.max(0, q.mu - back), math.max(0, q.mo + mdov)
-  end
+  ovd, mdov = adjust_give_back(-diff, over, took, q and q.mo)
 else
-  if s.d == day then
-    s.du = s.du + diff
-    parts[#parts + 1] = 'd'
-  end
   -- the charged units past the quotas (admit.lua's order: the tier's
   -- first, then the meter's, which are the meter's overage only)
   local tov, mov = 0, 0
@@ -165,31 +144,9 @@ else
       mdov = math.min(mov, math.max(0, idiv(room, price)))
     end
   end
-  if c then c.mu, c.mo = c.mu + diff, c.mo + ovd end
-  if q then
-    if q.today then q.du = q.du + diff end
-    q.mu, q.mo = q.mu + diff, q.mo + mdov
-  end
 end
-if c then month_store(s, month, c, parts) end
-if #parts > 0 then
-  save_state(s, 0, nil, parts, pxat, now)
-end
-if q then meterq_store(KEYS[8], meter, month, q) end
-if capped and price >= 0 then meterq_spend(KEYS[8], month, mdov * price) end
-if tpp then prepaid_adjust(KEYS[8], month, ovd * tpp + mdov * mpp) end
-
-local f = hour .. '|' .. meter .. '|'
-if s.v2 then
-  redis.call('HINCRBY', KS, 'p' .. f .. 'u', diff)
-  if ovd ~= 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'o', ovd) end
-  if mdov ~= 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'm', mdov) end
-  return {1, diff, ovd}
-end
-redis.call('HINCRBY', KEYS[6], f .. 'u', diff)
-if ovd ~= 0 then redis.call('HINCRBY', KEYS[6], f .. 'o', ovd) end
-if mdov ~= 0 then redis.call('HINCRBY', KEYS[6], f .. 'm', mdov) end
-if redis.call('PTTL', KEYS[6]) < 0 then
-  redis.call('PEXPIRE', KEYS[6], 14 * 86400 * 1000)
-end
+adjust_counters(s, c, q, KEYS[8], meter, day, month, diff, ovd, mdov, pxat, now)
+if not capped then price = -1 end
+adjust_money(KEYS[8], month, ovd, mdov, price, tpp, mpp)
+adjust_pending(s, KEYS[6], hour .. '|' .. meter .. '|', diff, ovd, mdov)
 return {1, diff, ovd}

@@ -12,7 +12,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-var refundScript = script("state.lua", "meterq.lua", "refund.lua")
+var refundScript = script("state.lua", "meterq.lua", "adjust.lua", "refund.lua")
 
 // ParsePending turns a pending-usage hash ("<hour unix s>|<meter>|<kind>"
 // to counts; kind u units, r requests, x refused, o overage units, s shadow

@@ -13,7 +13,7 @@ import (
 )
 
 // settleScript settles a reservation exactly once: lua/settle.lua.
-var settleScript = script("state.lua", "meterq.lua", "settle.lua")
+var settleScript = script("state.lua", "meterq.lua", "adjust.lua", "settle.lua")
 
 // settleKey holds a reservation of a settle route, under the tenant's hash
 // tag (settle.lua reads it atomically with the tenant's state).
