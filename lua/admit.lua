@@ -80,8 +80,9 @@ ARGV
                    spend cap in millicents (-1 = none: with this argument
                    the cap is checked in millicents, never ocap's units,
                    so Go sends the tier's cap whenever it sends a meter's
-                   quota); its key is the LAST of KEYS. A tier with a billed meter quota and a
-                   spend cap passes it on every request, "-1,-1,0,0,..."
+                   quota); its key is the LAST of KEYS. A tier with a
+                   billed meter quota and a spend cap passes it on every
+                   request, "-1,-1,0,0,..."
                    for a meter without a quota, so that the cap sees the
                    meters' overage. A prepaid tenant's has five more,
                    ",bal,bid,prev,lines,pexp" (see "Prepaid"), and is passed on
@@ -394,8 +395,8 @@ end
 local cal = ARGV[20]
 if cal == '' then cal = nil end
 local day, dnext, month, mnext
--- was: the month that ends, kept as the month before (state.lua's field w)
-local moved, rolled, was = false, false, nil
+-- mprev: the month that ends, kept as the month before (state.lua's field w)
+local moved, rolled, mprev = false, false, nil
 if cal then
   local _
   day, _, dnext, month, _, mnext = cal_at(cal, now)
@@ -408,7 +409,7 @@ if cal then
   end
   if month ~= m then
     -- (state.lua's month_roll, on the locals)
-    if m >= 0 and m < month then was = month_pack(m, mu, mg, mo) end
+    if m >= 0 and m < month then mprev = month_pack(m, mu, mg, mo) end
     m, mu, mg, mo, rolled, moved = month, 0, 0, 0, true, true
   end
   -- the stored mn is the default calendar's fast path: a calendar's state
@@ -430,7 +431,7 @@ else
     local _
     month, _, mnext = month_at(now)
     if month ~= m then
-      if m >= 0 and m < month then was = month_pack(m, mu, mg, mo) end
+      if m >= 0 and m < month then mprev = month_pack(m, mu, mg, mo) end
       m, mu, mg, mo, rolled = month, 0, 0, 0, true
     end
     mn, moved = mnext, true
@@ -746,7 +747,7 @@ if mode == 'admit' then
   elseif dirty then
     -- a new day or month, or a state in the v1 keys: state.lua's save_state
     local s = {v2 = v2, rolled = rolled, x = x, g = g, b = b, d = d, du = du, dg = dg,
-      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal, w = was}
+      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal, w = mprev}
     local parts, xs = {}, nil
     if wg then parts[#parts + 1] = 'g' end
     if wb then parts[#parts + 1] = 'b' end
