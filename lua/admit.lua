@@ -77,9 +77,12 @@ ARGV
                    the meter's daily and monthly quotas (-1 = unlimited),
                    1 when its overage is billed, its price per 1,000
                    units, the tier's (0 unless the tier bills), and the
-                   spend cap in millicents (-1 = none); its key is the
-                   LAST of KEYS. A tier with a billed meter quota and a
-                   spend cap passes it on every request, "-1,-1,0,0,..."
+                   spend cap in millicents (-1 = none: with this argument
+                   the cap is checked in millicents, never ocap's units,
+                   so Go sends the tier's cap whenever it sends a meter's
+                   quota); its key is the LAST of KEYS. A tier with a
+                   billed meter quota and a spend cap passes it on every
+                   request, "-1,-1,0,0,..."
                    for a meter without a quota, so that the cap sees the
                    meters' overage. A prepaid tenant's has five more,
                    ",bal,bid,prev,lines,pexp" (see "Prepaid"), and is passed on
@@ -98,7 +101,7 @@ Return: an error reply "CALENDAR <now us>" when ARGV[20]'s days do not
 reach the script's now (see "Calendars"), or "PREPAID <now us>" when the
 balance of ARGV[19] is of another period than now's (see "Prepaid"),
 written nothing; else a flat
-array of 22 integers, then 8 of the meter quota (when
+array of 22 integers, then 9 of the meter quota (when
 ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
 (none when np is 0; idempotency codes 2, 3 return the 22 alone)
   [1] allowed (1/0)
@@ -119,22 +122,33 @@ ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
   then for burst, bucket, daily, monthly (in this order) four integers:
       active (1/0), limit, remaining, reset (absolute us)
   [23..30] with a meter quota, the same four for the meter's daily and
-      monthly quotas
+      monthly quotas, and [31] the meter overage units admitted (past the
+      meter's billed monthly quota; not among [4]), which a refund or a
+      settlement gives back
   After an admission, remaining and reset describe the state after it; after
   a refusal, in dry-run refusals and in peek, the state as it is.
 
-Limit changes: clamp
-  GCRA and the bucket keep their state as a time (TAT, FULL) that does not
-  know the limits it was written under. A tenant moved from a slow tier
-  (T = 1000 s) to a fast one would otherwise wait out the old debt. So the
-  stored time is clamped to the most indebted state the CURRENT limits allow:
-  TAT <= now + B*T and FULL <= now + C*U. Under unchanged limits the clamp
-  never bites (admissions keep both below it), so it changes nothing there;
-  after any change of limits the next request waits at most one new
-  interval (T, or cost*U): the new limits' own worst case. A clamped time is
-  written back in admit mode even when the request is refused: it consumes
-  nothing (it is the state the old one means under the new limits), and
-  without it every later request would be clamped, and refused, anew.
+Limit changes: fresh or clamp
+  GCRA and the bucket keep their state as a time (TAT, FULL), and the v2
+  hash's field L = "T,B,U,C" (ARGV[7..10] as sent) names the limits it was
+  written under: one more field of the HMGET, and one string comparison
+  per call (L is written only when it changes). Under other limits than
+  L's, each of GCRA and the bucket whose new limits are each at least as
+  large (T <= L's T and B >= L's B; U <= L's U and C >= L's C; both
+  limited) starts fresh: its state is read as 0, no debt, so an upgrade
+  never leaves more waiting than the new limits allow. Any other change
+  (a move down, a faster rate with a smaller burst, a limit that was
+  unlimited, no L yet, the v1 keys) keeps the state, clamped to the most
+  indebted state the CURRENT limits allow: TAT <= now + B*T and FULL <=
+  now + C*U. Under unchanged limits the clamp never bites (admissions keep
+  both below it), so it changes nothing there; after a change of limits
+  the next request waits at most one new interval (T, or cost*U): the new
+  limits' own worst case. L is written with any write of the state in
+  admit mode. A clamped time is written back in admit mode even when the
+  request is refused: it consumes nothing (it is the state the old one
+  means under the new limits), and without it every later request would
+  be clamped, and refused, anew; a fresh start needs no write (it is read
+  again the same until an admission writes the state and L).
 
 GCRA (counts requests, 1 per request whatever the cost)
   tat = min(max(TAT, now), now + B*T); new = tat + T; allowed iff new - now <= B*T.
@@ -206,7 +220,10 @@ Meter quotas (ARGV[19] not '')
   the hash <prefix>:v1:{t:<id>}:mq (the last of KEYS), named by the meter:
   "d,du,m,mu,mo" (day id and units, month id, units and overage units, the
   ids as q's), and the field '$' = "m,mc": the millicents (1/1000 cent) of
-  all meters' overage of month m, for the spend cap. The periods are the
+  all meters' overage of month m, for the spend cap. When a meter's field,
+  or '$', moves on to a new month, the month that ends is kept beside it
+  ("<meter>|w" = "m,mu,mo", '$w' = "m,mc": meterq.lua), for refunds and
+  settlements of its requests that arrive after the roll. The periods are the
   tier-wide quotas' (d, m above). The daily quota is a hard cap (mask 128,
   retry as the tier's); the monthly one refuses (256) or, billed, admits
   past it: the units past it are the meter's overage ('|m' pending field),
@@ -333,11 +350,15 @@ local hour = idiv(now, HOUR_US)
 -- the hour's "units,requests" field of the v2 hash (state.lua); an hour
 -- count is far below 1e14, where '..' prints an integer exactly
 local pk = 'p' .. hour .. '|' .. meter .. '|'
-local h
+-- lim: the burst limits the state was written under (field L; see "Limit
+-- changes")
+local h, lim
 if mode == 'admit' then
-  h = call('HMGET', KS, 't', 'q', 'c', pk)
+  h = call('HMGET', KS, 't', 'q', 'c', pk, 'L')
+  lim = h[5]
 else
-  h = call('HMGET', KS, 't', 'q', 'c')
+  h = call('HMGET', KS, 't', 'q', 'c', 'L')
+  lim, h[4] = h[4], false
 end
 local v2 = h[1] and true or false
 local g, b, d, du, dg, dov, m, mu, mg, mo, gn, x, mn
@@ -374,7 +395,8 @@ end
 local cal = ARGV[20]
 if cal == '' then cal = nil end
 local day, dnext, month, mnext
-local moved, rolled = false, false
+-- mprev: the month that ends, kept as the month before (state.lua's field w)
+local moved, rolled, mprev = false, false, nil
 if cal then
   local _
   day, _, dnext, month, _, mnext = cal_at(cal, now)
@@ -386,6 +408,8 @@ if cal then
     d, du, dg, dov, moved = day, 0, 0, 0, true
   end
   if month ~= m then
+    -- (state.lua's month_roll, on the locals)
+    if m >= 0 and m < month then mprev = month_pack(m, mu, mg, mo) end
     m, mu, mg, mo, rolled, moved = month, 0, 0, 0, true, true
   end
   -- the stored mn is the default calendar's fast path: a calendar's state
@@ -407,9 +431,27 @@ else
     local _
     month, _, mnext = month_at(now)
     if month ~= m then
+      if m >= 0 and m < month then mprev = month_pack(m, mu, mg, mo) end
       m, mu, mg, mo, rolled = month, 0, 0, 0, true
     end
     mn, moved = mnext, true
+  end
+end
+
+-- limit changes (see "Limit changes"): sig names this call's burst
+-- limits; a state written under others starts fresh in each limit at
+-- least as large in rate and burst, and is clamped in the others
+local sig, relim
+if gT > 0 or bU > 0 then
+  sig = ARGV[7] .. ',' .. ARGV[8] .. ',' .. ARGV[9] .. ',' .. ARGV[10]
+  if lim ~= sig and (v2 or LAYOUT == 'v2') then
+    relim = true
+    local lT, lB, lU, lC = string.match(lim or '', '^(%d+),(%d+),(%d+),(%d+)$')
+    if lT then
+      lT, lB, lU, lC = lT + 0, lB + 0, lU + 0, lC + 0
+      if gT > 0 and lT > 0 and gT <= lT and gB >= lB then g = 0 end
+      if bU > 0 and lU > 0 and bU <= lU and bC >= lC then b = 0 end
+    end
   end
 end
 
@@ -482,7 +524,7 @@ if mq >= 0 and not replay then
 end
 -- the meter quota (see "Meter quotas")
 local KQ, qrow, qdq, qmq, qprice, qP, qcap
-local qd, qdu, qm, qmu, qmo, qmc, qfresh
+local qd, qdu, qm, qmu, qmo, qmc, qfresh, qw, qdw
 local qover = 0
 -- prepaid (see "Prepaid"): pbal nil for postpaid
 local pbal, pbid, pprev, plines, pexp, pm, pmc, ppm, ppmc, pfresh
@@ -510,11 +552,19 @@ if mqs then
   end
   if qrow[2] then
     local s1, s2 = string.match(qrow[2], '^(%-?%d+),(%-?%d+)$')
-    if s1 + 0 == month then qmc = s2 + 0 end
+    if s1 + 0 == month then
+      qmc = s2 + 0
+    elseif s1 + 0 < month then
+      qdw = qrow[2] -- an earlier month's: kept as '$w' when '$' moves on
+    end
   end
   if qd ~= day then qd, qdu = day, 0 end
   qfresh = qm ~= month -- the field's month changes: its expiry too
-  if qfresh then qm, qmu, qmo = month, 0, 0 end
+  if qfresh then
+    -- an earlier month's counters: kept as "<meter>|w" (meterq.lua)
+    if qm >= 0 and qm < month then qw = string.format('%d,%d,%d', qm, qmu, qmo) end
+    qm, qmu, qmo = month, 0, 0
+  end
   if qdq >= 0 and not replay and qdu + cost > qdq then
     local wait = dnext - now
     if cost > qdq then wait = -1 end
@@ -621,11 +671,18 @@ if mode == 'admit' then
   if ok and mqs and not replay and (qdq >= 0 or qmq >= 0) then
     local f = string.format('%d,%d,%d,%d,%d', qd, qdu + cost, qm, qmu + cost, qmo + qover)
     if qover > 0 and qcap >= 0 then
-      call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice))
+      if qdw then
+        call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice), '$w', qdw)
+      else
+        call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice))
+      end
     else
       call('HSET', KQ, meter, f)
     end
-    if qfresh then call('PEXPIREAT', KQ, pxat(mnext + (pbal and PREPAID_KEEP_US or HOUR_US))) end
+    if qfresh then
+      if qw then call('HSET', KQ, meter .. '|w', qw) end
+      call('PEXPIREAT', KQ, pxat(mnext + (pbal and PREPAID_KEEP_US or HOUR_US)))
+    end
   end
   if ok and padd > 0 and not replay then
     call('HSET', KQ, 'P', string.format('%d,%d,%d,%d', pm, pmc + padd, ppm, ppmc))
@@ -675,7 +732,7 @@ if mode == 'admit' then
       end
     end
     if x ~= was then c = fmt(-idiv(-x, HOUR_US)) .. ',' .. mns end
-    if t and q and extra and not c then
+    if t and q and extra and not c and not relim then
       call('HSET', KS, 't', t, 'q', q, pk, pend)
     else
       local args = {}
@@ -683,13 +740,14 @@ if mode == 'admit' then
       if q then args[#args + 1] = 'q'; args[#args + 1] = q end
       if c then args[#args + 1] = 'c'; args[#args + 1] = c end
       if extra then args[#args + 1] = pk; args[#args + 1] = pend end
+      if relim then args[#args + 1] = 'L'; args[#args + 1] = sig end
       call('HSET', KS, unpack(args))
     end
     if c then call('PEXPIREAT', KS, pxat(x)) end
   elseif dirty then
     -- a new day or month, or a state in the v1 keys: state.lua's save_state
     local s = {v2 = v2, rolled = rolled, x = x, g = g, b = b, d = d, du = du, dg = dg,
-      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal}
+      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal, w = mprev}
     local parts, xs = {}, nil
     if wg then parts[#parts + 1] = 'g' end
     if wb then parts[#parts + 1] = 'b' end
@@ -697,6 +755,10 @@ if mode == 'admit' then
     if wm then parts[#parts + 1] = 'm' end
     if extra then
       s[pk], xs = pend, {pk}
+    end
+    if relim then
+      s.L, xs = sig, xs or {}
+      xs[#xs + 1] = 'L'
     end
     save_state(s, need, xs, parts, pxat, now)
     v2 = s.v2
@@ -772,7 +834,7 @@ if mqs then
     a, l, r, z = 1, qmq, qmq - qmu - spent, mnext
     if r < 0 then r = 0 end
   end
-  res[27], res[28], res[29], res[30] = a, l, r, z
+  res[27], res[28], res[29], res[30], res[31] = a, l, r, z, qover
 end
 
 if ok and replay then
@@ -780,8 +842,9 @@ if ok and replay then
   -- of now
   for i = 1, 8 do replay[6 + i] = res[6 + i] end
   replay[5], replay[6] = now, 1
-  -- (the meter items as they are now; stored answers hold 22 values)
-  for i = 23, 30 do replay[i] = res[i] end
+  -- (the meter items as they are now, and no meter overage: stored
+  -- answers hold 22 values)
+  for i = 23, 31 do replay[i] = res[i] end
   if precs then policies_report(replay, precs, true) end
   return replay
 end

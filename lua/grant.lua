@@ -59,7 +59,7 @@ if cal and cal ~= '' then
   day, _, dnext, month, _, mnext = cal_at(cal, now)
   if not day then return redis.error_reply('CALENDAR ' .. fmt(now)) end
   if day ~= s.d then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
-  if month ~= s.m then s.m, s.mu, s.mg, s.mo, s.rolled = month, 0, 0, 0, true end
+  if month ~= s.m then month_roll(s, month) end
   s.dn, s.mn, s.cal = dnext, mnext, true
 else
   day, dnext = day_of(s, now)

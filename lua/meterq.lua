@@ -6,6 +6,12 @@ hash of admit.lua ("Meter quotas"), one field per meter "d,du,m,mu,mo"
 "m,mc", the month's millicents of all meters' overage (the spend cap's);
 and a prepaid tenant's credit draws 'P' = "m,mc,pm,pmc" (admit.lua,
 "Prepaid").
+
+The month before: when a meter's field starts a new month, admit.lua keeps
+the month that ends in the field "<meter>|w" = "m,mu,mo" ('|' is in no
+meter name), and when '$' does, the month that ends in '$w' = "m,mc"; so
+that a refund or a settlement of a request admitted in that month, arriving
+after the roll, moves that month's numbers, never the new month's.
 ]]
 
 -- meterq_get reads a meter's field v: day id, day units, month id, month
@@ -22,41 +28,75 @@ local function meterq_put(key, meter, qd, qdu, qm, qmu, qmo)
   redis.call('HSET', key, meter, string.format('%d,%d,%d,%d,%d', qd, qdu, qm, qmu, qmo))
 end
 
--- meterq_adjust changes meter's counters in the hash key by delta units
--- (negative: given back) for an admission of day id day and month id month,
--- each period only while the field is still in it. Units given back are
--- the meter's overage first (they were the last admitted); units charged
--- past the monthly quota qmq (>= 0) are overage when billed (price >= 0).
--- With price >= 0 and capped true, '$' follows the overage at price.
--- Returns the change of the meter's overage units (0 without a field).
-local function meterq_adjust(key, meter, day, month, delta, qmq, price, capped)
-  local qd, qdu, qm, qmu, qmo = meterq_get(redis.call('HGET', key, meter))
-  if not qd then return 0 end
-  local dov = 0
-  if qd == day then qdu = math.max(0, qdu + delta) end
-  if qm == month then
-    if delta < 0 then
-      dov = -math.min(-delta, qmo)
-      qmu = math.max(0, qmu + delta)
+-- meterq_month returns meter's counters of the month id month in the hash
+-- key: {mu, mo} and, while the meter's field is still in that month, its
+-- field's {d, du, m} with today = (d == day); else those of the month
+-- before (field "<meter>|w", then prev = true); nil when the hash holds
+-- neither.
+local function meterq_month(key, meter, day, month)
+  local v = redis.call('HMGET', key, meter, meter .. '|w')
+  local qd, qdu, qm, qmu, qmo = meterq_get(v[1])
+  if qd and qm == month then
+    return {d = qd, du = qdu, m = qm, mu = qmu, mo = qmo, today = qd == day}
+  end
+  if v[2] then
+    local pm, pmu, pmo = string.match(v[2], '^(%-?%d+),(%-?%d+),(%-?%d+)$')
+    if pm and pm + 0 == month then return {mu = pmu + 0, mo = pmo + 0, prev = true} end
+  end
+  return nil
+end
+
+-- meterq_store writes back q, meterq_month's counters of meter for month.
+local function meterq_store(key, meter, month, q)
+  if q.prev then
+    redis.call('HSET', key, meter .. '|w', string.format('%d,%d,%d', month, q.mu, q.mo))
+  else
+    meterq_put(key, meter, q.d, q.du, q.m, q.mu, q.mo)
+  end
+end
+
+-- meterq_spent returns the millicents of the meters' overage of month
+-- ('$', or '$w' for the month before; 0 when neither holds it).
+local function meterq_spent(key, month)
+  local v = redis.call('HMGET', key, '$', '$w')
+  for i = 1, 2 do
+    if v[i] then
+      local m, mc = string.match(v[i], '^(%-?%d+),(%-?%d+)$')
+      if m and m + 0 == month then return mc + 0 end
+    end
+  end
+  return 0
+end
+
+-- meterq_spend adds dmc millicents (negative: given back, never below 0)
+-- to the meters' overage of month: in '$' or '$w', whichever holds it. A
+-- charge of a month neither holds takes the place of an earlier one ('$'
+-- when it is later than '$', which moves to '$w'; else '$w'); a month
+-- earlier than both, and a give-back of a month neither holds, change
+-- nothing: a later month's total is never written over.
+local function meterq_spend(key, month, dmc)
+  if dmc == 0 then return end
+  local v = redis.call('HMGET', key, '$', '$w')
+  local m, c = {-1, -1}, {0, 0}
+  for i = 1, 2 do
+    if v[i] then
+      local s1, s2 = string.match(v[i], '^(%-?%d+),(%-?%d+)$')
+      if s1 then m[i], c[i] = s1 + 0, s2 + 0 end
+    end
+  end
+  if m[1] == month then
+    redis.call('HSET', key, '$', string.format('%d,%d', month, math.max(0, c[1] + dmc)))
+  elseif m[2] == month then
+    redis.call('HSET', key, '$w', string.format('%d,%d', month, math.max(0, c[2] + dmc)))
+  elseif dmc > 0 and month > m[1] then
+    if v[1] then
+      redis.call('HSET', key, '$', string.format('%d,%d', month, dmc), '$w', v[1])
     else
-      if price >= 0 and qmq >= 0 and qmu + delta > qmq then
-        dov = math.min(delta, qmu + delta - qmq)
-      end
-      qmu = qmu + delta
+      redis.call('HSET', key, '$', string.format('%d,%d', month, dmc))
     end
-    qmo = qmo + dov
+  elseif dmc > 0 and month > m[2] then
+    redis.call('HSET', key, '$w', string.format('%d,%d', month, dmc))
   end
-  meterq_put(key, meter, qd, qdu, qm, qmu, qmo)
-  if dov ~= 0 and capped then
-    local c = redis.call('HGET', key, '$')
-    local cm, cv = month, 0
-    if c then
-      local s1, s2 = string.match(c, '^(%-?%d+),(%-?%d+)$')
-      if s1 + 0 == month then cv = s2 + 0 end
-    end
-    redis.call('HSET', key, '$', string.format('%d,%d', cm, math.max(0, cv + dov * price)))
-  end
-  return dov
 end
 
 -- prepaid_adjust changes a prepaid tenant's credit draws ('P') of the
@@ -64,8 +104,11 @@ end
 -- charged (a settled cost past the admitted one: it may pass the balance,
 -- and later requests are then refused). A field holding neither the
 -- period nor the one before leaves nothing to give back; a charge of a
--- later period than the field's starts that period's count. While it holds
--- draws the hash lives at least as long as admit.lua keeps it.
+-- later period than the field's starts that period's count, and one of a
+-- period between the field's two (a period that drew nothing until its
+-- settlement arrived after the next one began) takes the earlier one's
+-- place, as admit.lua's draws do. While it holds draws the hash lives at
+-- least as long as admit.lua keeps it.
 local PREPAID_KEEP_MS = (31 + 40) * 86400 * 1000
 local function prepaid_adjust(key, month, dmc)
   if dmc == 0 then return end
@@ -81,6 +124,8 @@ local function prepaid_adjust(key, month, dmc)
     pmc = math.max(0, pmc + dmc)
   elseif dmc > 0 and month > m then
     m, mc, pm, pmc = month, dmc, m, mc
+  elseif dmc > 0 and month > pm then
+    pm, pmc = month, dmc
   else
     return
   end

@@ -1,29 +1,36 @@
 --[[ refund.lua: give back the units of an admitted request whose upstream
 failed with a 5xx on a route that refunds.
 
-The daily and monthly quotas get the cost back, and the month its overage
-units, only while they are still in the period the request was admitted in
-(a refund after the period rolled over changes nothing there). The pending
-usage of the request's hour loses the units and overage units (the worker
-nets a negative pending count against the recorded usage); the request
-itself stays counted in "|r". GCRA and the token bucket are not refunded:
+It gives back exactly what the request took: the daily and monthly quotas
+get the cost back, and the month the overage units the request was
+admitted with, in the day and month the request was admitted in: the
+day only while the state is still in it, the month while it is the
+state's or the month before it (state.lua's month_load; a refund after
+the next month began moves the month it was admitted in, never the new
+one). The pending usage of the request's hour loses the units and overage
+units, whenever the refund arrives (the worker nets a negative pending
+count against the recorded usage of that hour); the request itself stays
+counted in "|r". GCRA and the token bucket are not refunded:
 they protect against load, and the failed call was load.
 
 The state's keys, layouts and shared functions are lua/state.lua's,
-prepended to this script. Units: integer units; times integer microseconds
+prepended to this script with meterq.lua and adjust.lua (the changes it
+shares with settle.lua). Units: integer units; times integer microseconds
 since the Unix epoch, UTC.
 
 KEYS
   KEYS[1..5] the state (state.lua)
   KEYS[6] <prefix>:v1:{t:<id>}:pending hash: "<hour start, unix s>|<meter>|u", "|o", ...
           (used while the state is in v1 keys; else the v2 hash's "p" fields)
-  KEYS[7] (when the meter has a quota) <prefix>:v1:{t:<id>}:mq, the meter
-          quotas' hash (admit.lua, "Meter quotas"): the meter's day and
-          month get the cost back the same way, its overage units first
-          (min(cost, the month's meter overage): the last units admitted
-          are the overage), with the pending "|m" of the admission's hour
-          and, when ARGV[8] >= 0, the month's millicents '$' (the spend
-          cap's) the overage's price
+  KEYS[7] (when the meter has a quota, or the tenant is prepaid)
+          <prefix>:v1:{t:<id>}:mq, the meter quotas' hash (admit.lua,
+          "Meter quotas"; meterq.lua): the meter's day and month get the
+          cost back the same way, and the month the meter overage units
+          the request took (ARGV[10], no more: a later request's overage
+          stays billed), with the pending "|m" of the admission's hour
+          and, when ARGV[8] >= 0, their price off the month's millicents
+          ('$' or '$w': the spend cap's of the admission's month, never a
+          later month's)
 
 ARGV
   [1] layout 'v2' | 'v1' (state.lua)
@@ -32,13 +39,15 @@ ARGV
   [4] hour start of the admission, unix seconds
   [5] meter
   [6] cost, units
-  [7] overage units of the admission
+  [7] the tier's overage units of the admission (quota.Decision.OverageUnits)
   [8] (with KEYS[7]) the meter's overage price per 1,000 units when the
       spend cap counts it, else -1
   [9] (with KEYS[7]) a prepaid tenant's "<tier's overage price>,<meter's
-      overage price, 0 when not billed>": the overage given back is given
-      back to its credit draws too (meterq.lua's prepaid_adjust); KEYS[7]
-      is then passed even when the meter has no quota
+      overage price, 0 when not billed>", else '': the overage given back
+      is given back to the admission month's credit draws too (meterq.lua's
+      prepaid_adjust)
+  [10] (with KEYS[7]) the meter overage units of the admission
+      (quota.Decision.MeterOverageUnits)
 
 Return: 1.
 ]]
@@ -48,50 +57,21 @@ local function pxat(us)
   return fmt(-idiv(-(us + shift), 1000))
 end
 
-local cost = tonumber(ARGV[6])
-local over = tonumber(ARGV[7])
+local day, month, meter = tonumber(ARGV[2]), tonumber(ARGV[3]), ARGV[5]
+local cost, over = tonumber(ARGV[6]), tonumber(ARGV[7])
 local s = load_state()
-local parts = {}
-if cost > 0 and s.d == tonumber(ARGV[2]) then
-  s.du = math.max(0, s.du - cost)
-  parts[#parts + 1] = 'd'
-end
-if s.m == tonumber(ARGV[3]) and (cost > 0 or over > 0) then
-  s.mu = math.max(0, s.mu - cost)
-  s.mo = math.max(0, s.mo - over)
-  parts[#parts + 1] = 'm'
-end
-if #parts > 0 then
-  save_state(s, 0, nil, parts, pxat, now)
-end
-
-local f = ARGV[4] .. '|' .. ARGV[5] .. '|'
--- the meter quota (KEYS[7]; meterq.lua)
-local mback = 0
+-- the admission's month: the state's, or the month before it (state.lua);
+-- the meter's likewise (meterq.lua): what the request took, no more
+local c = month_load(s, month)
+local q, mback, price, tpp, mpp = nil, 0, -1, nil, 0
 if KEYS[7] then
-  local price = tonumber(ARGV[8])
-  mback = -meterq_adjust(KEYS[7], ARGV[5], tonumber(ARGV[2]), tonumber(ARGV[3]), -cost, -1, price, price >= 0)
-  if ARGV[9] then
-    local tpp, mpp = string.match(ARGV[9], '^(%d+),(%d+)$')
-    prepaid_adjust(KEYS[7], tonumber(ARGV[3]), -(over * tpp + mback * mpp))
+  q, mback, price = meterq_month(KEYS[7], meter, day, month), tonumber(ARGV[10]), tonumber(ARGV[8])
+  if ARGV[9] ~= '' then
+    local a, b = string.match(ARGV[9], '^(%d+),(%d+)$')
+    tpp, mpp = a + 0, b + 0
   end
 end
-if s.v2 then
-  -- the pending usage lives in the v2 hash (state.lua), which lives 14 days
-  -- after the admission refunded here
-  redis.call('HINCRBY', KS, 'p' .. f .. 'u', -cost)
-  if over > 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'o', -over) end
-  if mback > 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'm', -mback) end
-  return 1
-end
-redis.call('HINCRBY', KEYS[6], f .. 'u', -cost)
-if over > 0 then
-  redis.call('HINCRBY', KEYS[6], f .. 'o', -over)
-end
-if mback > 0 then
-  redis.call('HINCRBY', KEYS[6], f .. 'm', -mback)
-end
-if redis.call('PTTL', KEYS[6]) < 0 then
-  redis.call('PEXPIRE', KEYS[6], 14 * 86400 * 1000)
-end
+adjust_counters(s, c, q, KEYS[7], meter, day, month, -cost, -over, -mback, pxat, now)
+if KEYS[7] then adjust_money(KEYS[7], month, -over, -mback, price, tpp, mpp) end
+adjust_pending(s, KEYS[6], ARGV[4] .. '|' .. meter .. '|', -cost, -over, -mback)
 return 1

@@ -2,12 +2,15 @@
 with quota "reset" (PATCH /admin/v1/tenants/{id}, or the worker applying a
 pending change).
 
-Sets the used units of the day and the used units and overage of the month
-to 0, when the state's day and month are those of the change (ARGV[4],
-ARGV[5]): a state already in a later period started again from 0 by
-itself, and is left alone. Grants (dg, mg) stay: they were given for the
-period, whatever the tier. The GCRA and token bucket are left as they are;
-so is the pending usage, which is real usage to flush and bill.
+Sets the used units of the day and of the month to 0, when the state's
+day and month are those of the change (ARGV[4], ARGV[5]): a state already
+in a later period started again from 0 by itself, and is left alone.
+Grants (dg, mg) stay: they were given for the period, whatever the tier.
+So does the month's overage, and the meters' overage and its millicents
+('$'): they are billed, and the spend cap bounds the month's overage
+whatever resets happen in it (a reset gives a fresh quota, not a fresh
+cap). The GCRA and token bucket are left as they are; so is the pending
+usage, which is real usage to flush and bill.
 
 Applied once per reset: the reset's stamp (ARGV[3], the change's time in us)
 is kept in field rs of the v2 hash (of the v1 month hash in layout v1), and
@@ -21,9 +24,9 @@ prepended to this script. Units, epoch, precision: as in admit.lua.
 
 KEYS[1..5] the state (state.lua)
 KEYS[6] the meter quotas' hash (admit.lua, "Meter quotas"), optional: each
-        meter's used units of the day, and used and overage units of the
-        month, are emptied the same way (while they are the change's day
-        and month), and the month's overage millicents '$'
+        meter's used units of the day and of the month are emptied the
+        same way (while they are the change's day and month); its overage
+        units and '$' stay
 
 ARGV
   [1] layout  'v2' | 'v1' (state.lua)
@@ -58,21 +61,17 @@ if not s.v2 and s.d < 0 and s.m < 0 then
   return {-1, 0, 0, 0}
 end
 
--- the meter quotas' counters of the change's day and month
+-- the meter quotas' used units of the change's day and month (their
+-- overage and '$' stay)
 if KEYS[6] then
   local h = redis.call('HGETALL', KEYS[6])
   for i = 1, #h, 2 do
     local k, v = h[i], h[i + 1]
-    if k == '$' then
-      local cm = string.match(v, '^(%-?%d+),')
-      if cm and cm + 0 == month then redis.call('HSET', KEYS[6], '$', fmt(month) .. ',0') end
-    else
-      local qd, qdu, qm, qmu, qmo = meterq_get(v)
-      if qd then
-        if qd == day then qdu = 0 end
-        if qm == month then qmu, qmo = 0, 0 end
-        meterq_put(KEYS[6], k, qd, qdu, qm, qmu, qmo)
-      end
+    local qd, qdu, qm, qmu, qmo = meterq_get(v)
+    if qd then
+      if qd == day then qdu = 0 end
+      if qm == month then qmu = 0 end
+      meterq_put(KEYS[6], k, qd, qdu, qm, qmu, qmo)
     end
   end
 end
@@ -83,7 +82,7 @@ if s.d == day then
   parts[#parts + 1] = 'd'
 end
 if s.m == month then
-  s.mu, s.mo = 0, 0
+  s.mu = 0
   parts[#parts + 1] = 'm'
 end
 if #parts == 0 then

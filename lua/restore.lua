@@ -56,7 +56,7 @@ s.dg = math.max(s.dg, tonumber(ARGV[8]))
 local mstart = tonumber(ARGV[5]) * US
 local _, _, nxt = month_at(mstart)
 if ARGV[11] then nxt = tonumber(ARGV[11]) * US end
-if s.m ~= month then s.m, s.mu, s.mg, s.mo, s.rolled = month, 0, 0, 0, true end
+if s.m ~= month then month_roll(s, month) end
 s.mn = nxt
 s.mu = math.max(s.mu, mused)
 s.mg = math.max(s.mg, tonumber(ARGV[9]))

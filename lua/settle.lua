@@ -2,19 +2,39 @@
 the cost its upstream reported (the Tollgate-Actual-Cost response header or
 POST /v1/settle), exactly once.
 
-The admission wrote a settle entry (internal/ratelimit/settle.go) under the
-tenant's hash tag, living 10 minutes. This script reads it and, in the same
-atomic call, marks it settled (the value "done", keeping its expiry) and
-applies the difference between the actual cost and the admitted cost:
-  actual < cost: the difference is given back exactly as refund.lua gives
-    back a failed request (day and month counters while still in the
-    admission's periods, pending usage of the admission's hour), the
-    overage units among it first (they were the last units admitted);
+The state's keys, layouts and shared functions are lua/state.lua's,
+prepended to this script with meterq.lua and adjust.lua (the changes it
+shares with refund.lua). The admission wrote a settle entry
+(internal/ratelimit/settle.go) under the tenant's hash tag, living 10
+minutes. This script reads it and, in the same atomic call, marks it settled (the value "done", keeping its expiry) and
+applies the difference between the actual cost and the admitted cost, in
+the day, the month and the hour the request was admitted in:
+  actual < cost: the difference is given back as refund.lua gives back a
+    failed request, its last units first: of those, the meter's overage
+    the request took, then the tier's (a request's units past both
+    monthly quotas are its last ones, and the meter's overage only),
+    never more overage than the request took;
   actual > cost: the difference is added to the day and month counters
-    (while still in the admission's periods) and to the pending usage,
-    unconditionally: a charge may pass the quota, and later requests are
-    refused. On a bill tier the units past the month's quota + grants are
-    overage, as admit.lua counts them (month counter and pending "|o").
+    and to the pending usage, unconditionally: a charge may pass the
+    quota, and later requests are refused. On a bill tier the units past
+    the month's quota + grants are overage, as admit.lua counts them (a
+    unit past a billed meter quota too is the meter's overage only), but
+    a month never bills more overage than its spend cap: the overage is
+    billed, in the order the units were charged (the tier's, then the
+    meter's, as admit.lua orders them), while the cap's room in the
+    admission's month lasts (capm less the month's overage at its
+    prices: the tier's units at tprice, the meters' millicents '$');
+    the units past it count as usage, not as overage.
+The admission's month is the state's, or, after the next month began (an
+admission there rolled the counters: this arrives within the entry's 10
+minutes), the month before, which the state keeps beside it (state.lua's
+field w, meterq.lua's "<meter>|w" and '$w') and this moves instead. So a
+settlement after the roll rates the overage exactly as it would have
+before it: several requests of the month before, settled in any order
+after the roll, bill what they would have settled before it, and the new
+month's counters and spend cap are never touched. A day or month that
+Redis no longer holds (a data loss) changes nothing there; the charge is
+then counted as usage without overage.
 A second settle of the entry finds "done" and changes nothing; an entry
 that expired is gone: both change nothing.
 
@@ -22,20 +42,23 @@ KEYS
   KEYS[1..5] the state (state.lua)
   KEYS[6] <prefix>:v1:{t:<id>}:pending (v1 layout, as refund.lua)
   KEYS[7] <prefix>:v1:{t:<id>}:settle:<request id>, the entry:
-          "<cost>|<hour start unix s>|<day id>|<month id>|<overage>|<bill 0/1>|<monthly quota, -1 none>|<mq>|<meter>"
-          where mq is the meter's quota, '-' for none, or "<monthly quota,
-          -1 none>,<overage price per 1,000, -1 not billed>,<1 when the
-          spend cap counts the meters' overage, else 0>" (an entry without
-          it, from a node before meter quotas, is read as '-'); a
-          prepaid tenant's has a fourth, ",<the tier's overage price>"
-          ("-1,-1,0,<price>" when the meter has no quota), and the
-          difference's overage (the tier's at that price, the meter's at
-          its own) is charged to or given back from its credit draws
-          (meterq.lua's prepaid_adjust)
-  KEYS[8] <prefix>:v1:{t:<id>}:mq, the meter quotas' hash: the meter's
-          counters change as the tier's do (meterq.lua), its overage units
-          first when given back; a charged unit past both monthly quotas is
-          the meter's overage only (pending "|m")
+          "<cost>|<hour start unix s>|<day id>|<month id>|<overage>|<bill 0/1>|<monthly quota, -1 none>|<money>|<meter>"
+          where money is '-' when the meter has no quota, the tenant is
+          postpaid and its tier has no spend cap, else
+          "<q>,<mq>,<price>,<capped>,<mover>,<tpp>,<capm>,<tprice>": q 1
+          when the meter has a quota; its monthly quota (-1 none), its
+          overage price per 1,000 (-1 not billed), capped 1 when the spend
+          cap counts the meters' overage ('$'), mover the meter overage
+          units of the admission; tpp a prepaid tenant's tier overage
+          price (-1: postpaid), whose credit draws the difference's
+          overage too (the tier's at tpp, the meter's at its price:
+          meterq.lua's prepaid_adjust); capm the spend cap in millicents
+          (-1 none) and tprice the tier's overage price (0 unless it
+          bills). Entries of a node before these (a rolling upgrade: "-" or
+          "<mq>,<price>,<capped>[,<tpp>]") are read as they were written:
+          without mover the meter gives back its month's overage first, as
+          those nodes did, and without capm no cap bounds a charge
+  KEYS[8] <prefix>:v1:{t:<id>}:mq, the meter quotas' hash (meterq.lua)
 
 ARGV
   [1] layout 'v2' | 'v1' (state.lua)
@@ -43,7 +66,8 @@ ARGV
 
 Return: {status, delta, overage delta}: status 1 applied, 0 no entry
 (unknown or expired), -1 settled before; delta = actual - cost (negative
-for a refund); overage delta the change of the month's overage units.
+for a refund); overage delta the change of the month's (tier's) overage
+units.
 ]]
 
 local e = redis.call('GET', KEYS[7])
@@ -61,76 +85,68 @@ if not cost then
 end
 if not cost then return redis.error_reply('settle: bad entry') end
 cost, over, mq = tonumber(cost), tonumber(over), tonumber(mq)
+day, month = tonumber(day), tonumber(month)
 local actual = tonumber(ARGV[2])
 local diff = actual - cost
 if diff == 0 then return {1, 0, 0} end
+
+-- the money of the entry: hasq, the meter's quota and price, capped, the
+-- meter overage taken (nil: unknown, an older entry), the prepaid tier
+-- price (nil: postpaid), the spend cap and the tier's price
+local hasq, qmq, price, capped, took, tpp, capm, tprice = false, -1, -1, false, nil, nil, -1, 0
+if mspec ~= '-' then
+  local a = {}
+  for v in string.gmatch(mspec, '[^,]+') do a[#a + 1] = v end
+  if #a == 8 then
+    hasq, qmq, price, capped, took = a[1] == '1', a[2] + 0, a[3] + 0, a[4] == '1', a[5] + 0
+    if a[6] + 0 >= 0 then tpp = a[6] + 0 end
+    capm, tprice = a[7] + 0, a[8] + 0
+  elseif #a == 3 or #a == 4 then
+    hasq, qmq, price, capped = true, a[1] + 0, a[2] + 0, a[3] == '1'
+    if a[4] and a[4] ~= '' then tpp = a[4] + 0 end
+  end
+end
+local mpp = math.max(price, 0)
 
 local now, shift = clock(0)
 local function pxat(us)
   return fmt(-idiv(-(us + shift), 1000))
 end
 
--- the meter quota's counters first (meterq.lua): a charged unit past both
--- monthly quotas is the meter's overage only, as admit.lua counts it
-local mdov = 0
-local tpp, mpp -- prepaid: the tier's and the meter's overage prices
-if mspec ~= '-' and KEYS[8] then
-  local a1, a2, a3, a4 = string.match(mspec, '^(%-?%d+),(%-?%d+),([01]),?(%-?%d*)$')
-  if a1 then
-    mdov = meterq_adjust(KEYS[8], meter, tonumber(day), tonumber(month), diff, a1 + 0, a2 + 0, a3 == '1')
-    if a4 ~= '' then tpp, mpp = a4 + 0, math.max(a2 + 0, 0) end
-  end
-end
-
 local s = load_state()
-local parts = {}
-local units, ovd = diff, 0
+-- the admission's month (state.lua) and its meter's counters (meterq.lua)
+local c = month_load(s, month)
+local q = hasq and meterq_month(KEYS[8], meter, day, month)
+-- ovd, mdov: the change of the tier's and the meter's overage units
+local ovd, mdov
 if diff < 0 then
-  local back = -diff
-  ovd = -math.min(over, back)
-  if s.d == tonumber(day) then
-    s.du = math.max(0, s.du - back)
-    parts[#parts + 1] = 'd'
-  end
-  if s.m == tonumber(month) then
-    s.mu = math.max(0, s.mu - back)
-    s.mo = math.max(0, s.mo + ovd)
-    parts[#parts + 1] = 'm'
-  end
+  ovd, mdov = adjust_give_back(-diff, over, took, q and q.mo)
 else
-  if s.d == tonumber(day) then
-    s.du = s.du + diff
-    parts[#parts + 1] = 'd'
+  -- the charged units past the quotas (admit.lua's order: the tier's
+  -- first, then the meter's, which are the meter's overage only)
+  local tov, mov = 0, 0
+  if c and bill == '1' and mq >= 0 and c.mu + diff > mq + c.mg then
+    tov = math.min(diff, c.mu + diff - (mq + c.mg))
   end
-  if s.m == tonumber(month) then
-    if bill == '1' and mq >= 0 then
-      local limit = mq + s.mg
-      if s.mu + diff > limit then
-        ovd = math.min(diff, s.mu + diff - limit)
-      end
+  if q and price >= 0 and qmq >= 0 and q.mu + diff > qmq then
+    mov = math.min(diff, q.mu + diff - qmq)
+  end
+  tov = tov - math.min(tov, mov)
+  ovd, mdov = tov, mov
+  if capm >= 0 and (tov > 0 or mov > 0) then
+    -- billed while the cap's room in the admission's month lasts
+    local room = capm - (c and c.mo or 0) * tprice - meterq_spent(KEYS[8], month)
+    if tprice > 0 then ovd = math.min(tov, math.max(0, idiv(room, tprice))) end
+    room = room - ovd * tprice
+    if ovd < tov then
+      mdov = 0
+    elseif price > 0 then
+      mdov = math.min(mov, math.max(0, idiv(room, price)))
     end
-    if mdov > 0 then ovd = ovd - math.min(ovd, mdov) end
-    s.mu = s.mu + diff
-    s.mo = s.mo + ovd
-    parts[#parts + 1] = 'm'
   end
 end
-if #parts > 0 then
-  save_state(s, 0, nil, parts, pxat, now)
-end
-if tpp then prepaid_adjust(KEYS[8], tonumber(month), ovd * tpp + mdov * mpp) end
-
-local f = hour .. '|' .. meter .. '|'
-if s.v2 then
-  redis.call('HINCRBY', KS, 'p' .. f .. 'u', units)
-  if ovd ~= 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'o', ovd) end
-  if mdov ~= 0 then redis.call('HINCRBY', KS, 'p' .. f .. 'm', mdov) end
-  return {1, diff, ovd}
-end
-redis.call('HINCRBY', KEYS[6], f .. 'u', units)
-if ovd ~= 0 then redis.call('HINCRBY', KEYS[6], f .. 'o', ovd) end
-if mdov ~= 0 then redis.call('HINCRBY', KEYS[6], f .. 'm', mdov) end
-if redis.call('PTTL', KEYS[6]) < 0 then
-  redis.call('PEXPIRE', KEYS[6], 14 * 86400 * 1000)
-end
+adjust_counters(s, c, q, KEYS[8], meter, day, month, diff, ovd, mdov, pxat, now)
+if not capped then price = -1 end
+adjust_money(KEYS[8], month, ovd, mdov, price, tpp, mpp)
+adjust_pending(s, KEYS[6], hour .. '|' .. meter .. '|', diff, ovd, mdov)
 return {1, diff, ovd}

@@ -22,6 +22,13 @@ Layouts
                 every call; 0 for a tenant with a billing calendar (its
                 day and month ids are those of its calendar, from
                 calendar.lua: see admit.lua, "Calendars")
+      w = m,mu,mg,mo  the month before: its id, used, grant and overage
+          units as they stood when the next month began (written with
+          the state that starts it), so that a refund or a settlement of
+          a request admitted in it, arriving after the roll, moves that
+          month's counters and rates its overage (month_load)
+      L = T,B,U,C  the burst limits the state was written under (admit.lua,
+          "Limit changes")
       g:<grant id>  grants already applied (grant.lua)
       p<hours since the epoch>|<meter>|  the pending usage not yet flushed
           of an hour and meter, "units,requests" (one field, written by
@@ -35,7 +42,8 @@ Layouts
     bound, as the v1 pending hash had), at least to the end of its month +
     1 h.
   v1 (before): four keys, <prefix>:v1:{t:<id>}:gcra and :bucket (strings),
-    :day and :month (hashes: period, used, grant, overage, g:<grant id>).
+    :day and :month (hashes: period, used, grant, overage, g:<grant id>;
+    the month's also w, the month before, as the v2 hash's).
 
   ARGV[1] of every state script names the layout this node writes:
     'v2'  state found in v1 keys is carried over into the v2 hash (grant
@@ -171,6 +179,48 @@ local function load_state(pk, h)
   return s
 end
 
+-- month_pack is the field w of a month's counters (see the layout).
+local function month_pack(m, mu, mg, mo)
+  return string.format('%d,%d,%d,%d', m, mu, mg, mo)
+end
+
+-- month_roll starts the state s's month id, empty; the month it held, when
+-- earlier, becomes the month before (s.w, written by save_state).
+local function month_roll(s, id)
+  if s.m >= 0 and s.m < id then s.w = month_pack(s.m, s.mu, s.mg, s.mo) end
+  s.m, s.mu, s.mg, s.mo, s.rolled = id, 0, 0, 0, true
+end
+
+-- month_load returns the counters of the month id that the state s holds:
+-- {mu, mg, mo} of its own month, or of the month before it (field w, then
+-- with w = true); nil when it holds neither (a Redis data loss, or a state
+-- two months on).
+local function month_load(s, id)
+  if s.m == id then return {mu = s.mu, mg = s.mg, mo = s.mo} end
+  local key = KS
+  if not s.v2 then key = KM end
+  local v = redis.call('HGET', key, 'w')
+  if not v then return nil end
+  local m, mu, mg, mo = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+  if not m or m + 0 ~= id then return nil end
+  return {mu = mu + 0, mg = mg + 0, mo = mo + 0, w = true}
+end
+
+-- month_store writes back c, month_load's counters of the month id: the
+-- month before at once (field w, before any save_state, which carries it
+-- from the v1 keys into the v2 hash), the state's own month into s, with
+-- 'm' added to parts for save_state.
+local function month_store(s, id, c, parts)
+  if c.w then
+    local key = KS
+    if not s.v2 then key = KM end
+    redis.call('HSET', key, 'w', month_pack(id, c.mu, c.mg, c.mo))
+    return
+  end
+  s.mu, s.mg, s.mo = c.mu, c.mg, c.mo
+  parts[#parts + 1] = 'm'
+end
+
 -- month_of returns the month id and the next month's start for now, from
 -- the state's cached bounds when now is inside them (the calendar runs
 -- only when it is not), and caches the bounds of the month of now.
@@ -181,9 +231,7 @@ local function month_of(s, now)
     return s.m, s.mn
   end
   local id, _, nxt = month_at(now)
-  if id ~= s.m then
-    s.m, s.mu, s.mg, s.mo, s.rolled = id, 0, 0, 0, true
-  end
+  if id ~= s.m then month_roll(s, id) end
   s.mn = nxt
   return id, nxt
 end
@@ -256,6 +304,7 @@ local function save_state(s, need, extra, parts, pxat, now)
         if s.dn then redis.call('PEXPIREAT', KD, pxat(s.dn + HOUR_US)) end
       elseif p == 'm' then
         redis.call('HSET', KM, 'period', fmt(s.m), 'used', fmt(s.mu), 'grant', fmt(s.mg), 'overage', fmt(s.mo))
+        if s.w then redis.call('HSET', KM, 'w', s.w) end
         -- (without mn, the month is one the key holds: its expiry stays)
         if s.mn > 0 then redis.call('PEXPIREAT', KM, pxat(s.mn + HOUR_US)) end
       end
@@ -282,8 +331,13 @@ local function save_state(s, need, extra, parts, pxat, now)
       args[#args + 1] = s[f]
     end
   end
+  if s.w then
+    args[#args + 1] = 'w'
+    args[#args + 1] = s.w
+  end
   if not s.v2 then
-    -- carried over from v1: the grant marks come along, the v1 keys go
+    -- carried over from v1: the grant marks and the month before come
+    -- along, the v1 keys go
     local sn = state_need(s, now)
     if sn > need then need = sn end
     for _, k in ipairs({KD, KM}) do
@@ -293,6 +347,9 @@ local function save_state(s, need, extra, parts, pxat, now)
           args[#args + 1] = h[i]
           args[#args + 1] = h[i + 1]
           s.gn = s.gn + 1
+        elseif h[i] == 'w' and k == KM and not s.w then
+          args[#args + 1] = 'w'
+          args[#args + 1] = h[i + 1]
         end
       end
     end

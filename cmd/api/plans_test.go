@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -205,5 +206,63 @@ func TestAdminQuotaResetInTheTenantsCalendar(t *testing.T) {
 	}
 	if got := remaining(t, do(t, "GET", base+"/api/demo/echo", key, "").header); got["daily"] != 50_000-1 || got["monthly"] != 1_000_000-1 {
 		t.Fatalf("after the reset: %v, want daily 49999 and monthly 999999", got)
+	}
+}
+
+// TestUpgradeStartsTheBurstLimitsFresh: a tenant moved to a tier whose
+// burst limits are each at least as large (a higher rate and a larger
+// burst, for GCRA and the token bucket) is admitted at once, with the new
+// tier's whole burst: the old tier's debt (a request per 1,000 s) is not
+// carried. A move down still clamps the debt to the new limits' worst
+// case: from 3 requests per 300 s spent to 1 per 100 s, the next request
+// waits one new interval (100 s), not the old debt.
+func TestUpgradeStartsTheBurstLimitsFresh(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	burst := func(rate float64, n int64) quota.Limits {
+		return quota.Limits{BurstRate: &rate, Burst: &n, BucketCapacity: &n, BucketRefillPerSec: &rate}
+	}
+	slow, fast := s.tier(8101, burst(0.001, 1)), s.tier(8102, burst(100, 100))
+	big, small := s.tier(8103, burst(0.01, 3)), s.tier(8100, burst(0.01, 1))
+	call := func(key string) reply {
+		t.Helper()
+		return do(t, "GET", base+"/api/demo/echo", key, "")
+	}
+	move := func(tenant quota.Tenant, tier quota.Tier) {
+		t.Helper()
+		if r := admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"tier": "`+tier.Slug+`", "effective": "now"}`); r.status != 200 || tenantOf(t, r).Tier != tier.Slug {
+			t.Fatalf("move to %s: %d %s", tier.Slug, r.status, r.body)
+		}
+	}
+
+	up, upKey := s.tenant(slow.Slug)
+	if r := call(upKey); r.status != 200 {
+		t.Fatalf("first request: %d %s", r.status, r.body)
+	}
+	if r := call(upKey); r.status != 429 {
+		t.Fatalf("second request on a tier of one request per 1,000 s: %d, want 429", r.status)
+	}
+	move(up, fast)
+	r := call(upKey)
+	if r.status != 200 {
+		t.Fatalf("after the upgrade: %d (Retry-After %q) %s, want 200", r.status, r.header.Get("Retry-After"), r.body)
+	}
+	if got := remaining(t, r.header); got["burst"] != 99 || got["bucket"] != 99 {
+		t.Fatalf("after the upgrade: %v, want the new tier's burst and bucket, less this request (99 each)", got)
+	}
+
+	down, downKey := s.tenant(big.Slug)
+	for i := range 3 {
+		if r := call(downKey); r.status != 200 {
+			t.Fatalf("request %d of a burst of 3: %d %s", i, r.status, r.body)
+		}
+	}
+	move(down, small)
+	r = call(downKey)
+	ra, err := strconv.Atoi(r.header.Get("Retry-After"))
+	if r.status != 429 || err != nil || ra < 99 || ra > 100 {
+		t.Fatalf("after a move down: %d, Retry-After %q; want 429 waiting one new interval (100 s), not the old debt (300 s)",
+			r.status, r.header.Get("Retry-After"))
 	}
 }

@@ -226,3 +226,112 @@ func TestConsoleTierEditorCarriesTheSpendCap(t *testing.T) {
 		t.Fatalf("after emptying the field: max_overage_cents %d, want null", *got)
 	}
 }
+
+// TestSpendCapBindsAMeterWithItsOwnQuota: a bill tier of 10 units a
+// month, a cent a unit past them, capped at 5 cents, with a quota of its
+// own for the demo meter that bills nothing (1,000 a day, blocked past
+// it): of 40 echo calls 15 are admitted (10 of quota, 5 of overage), the
+// rest are 429s naming spend_cap, exactly as the same tier without the
+// meter quota answers; the invoice bills 5 cents of overage.
+func TestSpendCapBindsAMeterWithItsOwnQuota(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	if quota.MonthStart(now).AddDate(0, 1, 0).Sub(now) < 2*time.Minute {
+		t.Skip("too close to the month's end: the quota would roll over during the test")
+	}
+	s := mustStack(t)
+	base := s.start()
+	tier := func(rank int, meterQuotas string) string {
+		slug := "capped-" + testenv.RandomHex(3)
+		body := `{"slug": "` + slug + `", "name": "Capped", "rank": ` + strconv.Itoa(rank) + `, "price_cents": 0, "burst_rate": null,
+		"burst": null, "bucket_capacity": null, "bucket_refill_per_sec": null, "daily_quota": null, "monthly_quota": 10,
+		"overage": "bill", "overage_price_cents_per_1k": 1000, "fail_open": false, "upgrade_url": "", "max_overage_cents": 5,
+		"meter_quotas": ` + meterQuotas + `}`
+		if r := admin(t, "POST", base+"/admin/v1/tiers", body); r.status != 201 {
+			t.Fatalf("create: %d %s", r.status, r.body)
+		}
+		return slug
+	}
+	for i, mq := range []string{`[]`, `[{"meter": "demo", "daily_quota": 1000, "monthly_quota": null, "overage": "block", "overage_price_cents_per_1k": 0}]`} {
+		tenant, key := s.tenant(tier(78+i, mq))
+		admitted := 0
+		for range 40 {
+			switch r := do(t, "GET", base+"/api/demo/echo", key, ""); r.status {
+			case 200:
+				admitted++
+			case 429:
+				if v, _ := r.json(t)["violated-policies"].([]any); len(v) != 1 || v[0] != "spend_cap" {
+					t.Fatalf("meter quotas %s: refusal %s, want [spend_cap]", mq, r.body)
+				}
+			default:
+				t.Fatalf("status %d: %s", r.status, r.body)
+			}
+		}
+		if admitted != 15 {
+			t.Fatalf("meter quotas %s: %d of 40 admitted, want 15 (10 of quota, 5 cents of overage)", mq, admitted)
+		}
+		s.flushAndInvoice()
+		var qty, amount int64
+		err := s.pool.QueryRow(context.Background(), `SELECT l.quantity, l.amount_cents FROM invoice_lines l JOIN invoices i ON i.id = l.invoice_id
+			WHERE i.tenant_id = $1 AND i.period = $2 AND l.kind = 'overage'`, tenant.ID, quota.MonthStart(now)).Scan(&qty, &amount)
+		if err != nil || qty != 5 || amount != 5 {
+			t.Fatalf("meter quotas %s: overage line %d units, %d cents (%v); want 5 and 5", mq, qty, amount, err)
+		}
+	}
+}
+
+// TestQuotaResetKeepsTheSpendCap: a tier change with quota "reset" gives
+// the tenant a fresh quota, not a fresh spend cap. On a tier of 10 units a
+// month, a cent a unit past them, capped at 5 cents, 15 of 20 calls are
+// admitted; moved to another such tier with a reset, 10 more fit the
+// quota and the next are refused naming spend_cap: the month's invoice
+// bills 5 cents of overage, never more than the cap.
+func TestQuotaResetKeepsTheSpendCap(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	if quota.MonthStart(now).AddDate(0, 1, 0).Sub(now) < 2*time.Minute {
+		t.Skip("too close to the month's end: the quota would roll over during the test")
+	}
+	s := mustStack(t)
+	base := s.start()
+	capped := func(rank int) quota.Tier {
+		return s.tier(rank, quota.Limits{MonthlyQuota: quota.Ptr(int64(10)), MaxOverageCents: quota.Ptr(int64(5))}, func(t *quota.Tier) {
+			t.Overage, t.OveragePriceCentsPer1K = quota.OverageBill, 1000
+		})
+	}
+	from, to := capped(8201), capped(8202)
+	tenant, key := s.tenant(from.Slug)
+	calls := func(n int) (admitted int) {
+		t.Helper()
+		for range n {
+			switch r := do(t, "GET", base+"/api/demo/echo", key, ""); r.status {
+			case 200:
+				admitted++
+			case 429:
+				if v, _ := r.json(t)["violated-policies"].([]any); len(v) != 1 || v[0] != "spend_cap" {
+					t.Fatalf("refusal %s, want [spend_cap]", r.body)
+				}
+			default:
+				t.Fatalf("status %d: %s", r.status, r.body)
+			}
+		}
+		return admitted
+	}
+	if n := calls(20); n != 15 {
+		t.Fatalf("before the change: %d of 20 admitted, want 15", n)
+	}
+	r := admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"tier": "`+to.Slug+`", "quota": "reset"}`)
+	if r.status != 200 || r.header.Get("Tollgate-Quota-Reset") != "applied" {
+		t.Fatalf("change with reset: %d %s, Tollgate-Quota-Reset %q", r.status, r.body, r.header.Get("Tollgate-Quota-Reset"))
+	}
+	if n := calls(20); n != 10 {
+		t.Fatalf("after the reset: %d of 20 admitted, want 10 (a fresh quota, the cap spent)", n)
+	}
+	s.flushAndInvoice()
+	var qty, amount int64
+	err := s.pool.QueryRow(context.Background(), `SELECT sum(l.quantity), sum(l.amount_cents) FROM invoice_lines l JOIN invoices i ON i.id = l.invoice_id
+		WHERE i.tenant_id = $1 AND i.period = $2 AND l.kind = 'overage'`, tenant.ID, quota.MonthStart(now)).Scan(&qty, &amount)
+	if err != nil || qty != 5 || amount != 5 {
+		t.Fatalf("overage lines: %d units, %d cents (%v); want 5 and 5", qty, amount, err)
+	}
+}

@@ -101,6 +101,10 @@ type Decision struct {
 	RetryAfter time.Duration
 	// OverageUnits are the admitted units past the monthly quota (bill tiers).
 	OverageUnits int64
+	// MeterOverageUnits are the admitted units past the request's meter
+	// quota (a billed one): billed at the meter's price, not among
+	// OverageUnits. A refund or a settlement gives back these, no more.
+	MeterOverageUnits int64
 	// Idem is what the idempotency key made of the request (Replayed).
 	Idem IdemOutcome
 	// Degraded is true when Redis was unreachable and an in-process limiter

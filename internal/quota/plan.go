@@ -55,8 +55,9 @@ type QuotaMode string
 const (
 	// QuotaCarry keeps it: the new tier's quotas count it.
 	QuotaCarry QuotaMode = "carry"
-	// QuotaReset empties the day's and the month's used units and overage
-	// (grants stay) when the tier changes.
+	// QuotaReset empties the day's and the month's used units when the tier
+	// changes; grants stay, and so does the month's overage, billed and
+	// still counted against the spend cap.
 	QuotaReset QuotaMode = "reset"
 )
 

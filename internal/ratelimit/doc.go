@@ -12,7 +12,8 @@
 // script call touches one Redis Cluster slot, and a state-format version, so
 // that a change of format bumps the prefix instead of migrating Redis:
 //
-//	<prefix>:v2:{t:<id>}              the limit state (GCRA, bucket, day, month, grant marks) and
+//	<prefix>:v2:{t:<id>}              the limit state (GCRA, bucket and their limits, day, month
+//	                                  and the month before, grant marks) and
 //	                                  the pending usage ("p" fields), one hash (lua/state.lua);
 //	                                  14 days after the last admission, at least to the month's end + 1 h
 //	<prefix>:v1:{t:<id>}:pending      pending usage while the state is in v1 keys, and the deny
@@ -53,8 +54,19 @@
 //     limits; a repeat while the first is in flight, or another request
 //     under the key, decides nothing (IdemInFlight, IdemMismatch). Dry runs
 //     and Peek ignore idempotency keys.
-//   - A change of limits clamps GCRA and bucket state to the worst the new
-//     limits allow, so an upgrade never leaves an old tier's debt behind.
+//   - A change of limits starts GCRA and the bucket fresh where the new
+//     rate and burst are each at least as large as those the state was
+//     written under (kept beside it), and clamps the state to the worst
+//     the new limits allow otherwise, so an upgrade never leaves an old
+//     tier's debt behind and a move down waits at most one new interval.
+//   - A spend cap bounds every unit billed as overage, whichever limit made
+//     it overage (the tier's monthly quota or a billed meter quota), and a
+//     quota reset empties used units only: a month never bills more
+//     overage than its cap.
+//   - Refunds and settlements move exactly what the request moved (its
+//     units, its tier and meter overage, their money) in the hour, day and
+//     month it was admitted in, also after the next month began (the state
+//     keeps the month before beside the new one).
 //   - A Redis failure is an error, never a refusal: the tier's fail-open or
 //     fail-closed policy belongs to the caller.
 //   - The daily and monthly quotas count the days and billing months of

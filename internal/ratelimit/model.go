@@ -1,6 +1,7 @@
 package ratelimit
 
 import (
+	"fmt"
 	"strconv"
 	"time"
 
@@ -24,8 +25,12 @@ import (
 // 24 h but stay in memory, and Pending only grows; a long-lived Model (an
 // in-process limiter) should use no idempotency keys and clear Pending.
 type Model struct {
-	TAT   int64 // GCRA theoretical arrival time, us (the gcra key)
-	Full  int64 // time the token bucket is full again, us (the bucket key)
+	TAT  int64 // GCRA theoretical arrival time, us (the gcra key)
+	Full int64 // time the token bucket is full again, us (the bucket key)
+	// Under names the burst limits TAT and Full were written under (the v2
+	// hash's field L: "T,B,U,C"), "" before any; see "Limit changes" in
+	// lua/admit.lua.
+	Under string
 	Day   Period
 	Month Period
 	// Pending mirrors the pending usage hash: "<hour unix s>|<meter>|u", "|r",
@@ -177,12 +182,32 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 		}
 	}
 
+	// A change of the burst limits (see "Limit changes" in lua/admit.lua):
+	// each limit at least as large in rate and burst as those the state
+	// was written under starts fresh; the others are clamped below.
+	tat, full := m.TAT, m.Full
+	sig, relim := "", false
+	if p.gcraT > 0 || p.bucketU > 0 {
+		sig = fmt.Sprintf("%d,%d,%d,%d", p.gcraT, p.burst, p.bucketU, p.capacity)
+		if m.Under != sig {
+			relim = true
+			var lT, lB, lU, lC int64
+			if n, _ := fmt.Sscanf(m.Under, "%d,%d,%d,%d", &lT, &lB, &lU, &lC); n == 4 {
+				if p.gcraT > 0 && lT > 0 && p.gcraT <= lT && p.burst >= lB {
+					tat = 0
+				}
+				if p.bucketU > 0 && lU > 0 && p.bucketU <= lU && p.capacity >= lC {
+					full = 0
+				}
+			}
+		}
+	}
+
 	// GCRA: one emission interval T per request, burst B.
 	var gtat, gnew int64
 	if p.gcraT > 0 {
-		// Clamped to the most indebted state the current limits allow
-		// (see "Limit changes" in lua/admit.lua).
-		gtat = min(max(m.TAT, now), now+p.burst*p.gcraT)
+		// Clamped to the most indebted state the current limits allow.
+		gtat = min(max(tat, now), now+p.burst*p.gcraT)
 		gnew = gtat + p.gcraT
 		if gnew-now > p.burst*p.gcraT {
 			refuse(bitBurst, gnew-p.burst*p.gcraT-now)
@@ -192,7 +217,7 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 	// Token bucket: U per unit, capacity C, state = time full again.
 	var bf, bnew int64
 	if p.bucketU > 0 {
-		bf = min(max(m.Full, now), now+p.capacity*p.bucketU)
+		bf = min(max(full, now), now+p.capacity*p.bucketU)
 		if cost > p.capacity {
 			refuse(bitBucket, -1)
 		} else {
@@ -237,11 +262,15 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 	}
 
 	if ok && mode == "admit" {
+		m.TAT, m.Full = tat, full
 		if p.gcraT > 0 {
 			m.TAT = gnew
 		}
 		if p.bucketU > 0 {
 			m.Full = bnew
+		}
+		if relim {
+			m.Under = sig
 		}
 		if p.daily >= 0 && replay == nil {
 			m.Day = Period{ID: day, Used: d.Used + cost, Grant: d.Grant, Overage: d.Overage}
@@ -251,12 +280,21 @@ func (m *Model) run(now int64, mode string, cost int64, meter string, bill bool,
 		}
 	}
 	if !ok && mode == "admit" {
-		// A clamp is kept even on a refusal: it consumes nothing.
-		if p.gcraT > 0 && m.TAT > gtat {
-			m.TAT = gtat
-		}
-		if p.bucketU > 0 && m.Full > bf {
-			m.Full = bf
+		// A clamp is kept even on a refusal: it consumes nothing. The state
+		// is then written whole, as read (a fresh start included), with
+		// the limits it now stands for.
+		gclamp, bclamp := p.gcraT > 0 && tat > gtat, p.bucketU > 0 && full > bf
+		if gclamp || bclamp {
+			m.TAT, m.Full = tat, full
+			if gclamp {
+				m.TAT = gtat
+			}
+			if bclamp {
+				m.Full = bf
+			}
+			if relim {
+				m.Under = sig
+			}
 		}
 	}
 	if mode == "admit" && !(ok && replay != nil) {

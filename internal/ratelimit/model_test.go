@@ -288,18 +288,43 @@ var tableCases = []tableCase{
 		},
 	},
 	{
-		name:   "a change of limits clamps the old debt to the new limits' worst case",
+		name:   "an upgrade of the burst limits starts them fresh; a move back down clamps",
 		limits: quota.Limits{BurstRate: f64(0.001), Burst: i64(1), BucketCapacity: i64(1), BucketRefillPerSec: f64(0.001)},
 		steps: []step{
 			{at: "2030-06-10T12:00:00Z", cost: 1, allowed: true},
 			{at: "2030-06-10T12:00:01Z", cost: 1, violated: []quota.LimitName{burst, bucket}, retry: 999 * time.Second},
-			// upgraded: 100/s, burst 10; bucket 100 units refilled at 100/s
+			// upgraded: 100/s, burst 10; bucket 100 units refilled at 100/s:
+			// each at least as large, so the old debt is not carried
 			{at: "2030-06-10T12:00:01Z", cost: 1, limits: &quota.Limits{BurstRate: f64(100), Burst: i64(10),
 				BucketCapacity: i64(100), BucketRefillPerSec: f64(100)},
+				allowed: true, remaining: rem{burst: 9, bucket: 99}},
+			{at: "2030-06-10T12:00:01Z", cost: 2, allowed: true, remaining: rem{burst: 8, bucket: 97}},
+			// a dry run and a peek see the same; then back down: the debt
+			// of the fast tier (30 ms) is carried, clamped (it fits)
+			{at: "2030-06-10T12:00:01Z", cost: 1, limits: &quota.Limits{BurstRate: f64(0.001), Burst: i64(1),
+				BucketCapacity: i64(1), BucketRefillPerSec: f64(0.001)},
+				violated: []quota.LimitName{burst, bucket}, retry: 30 * time.Millisecond, remaining: rem{burst: 0, bucket: 0}},
+			{at: "2030-06-10T12:00:01.03Z", cost: 1, allowed: true, remaining: rem{burst: 0, bucket: 0}},
+		},
+	},
+	{
+		name:   "a change of limits that is not larger in each clamps the old debt to the new limits' worst case",
+		limits: quota.Limits{BurstRate: f64(0.001), Burst: i64(2), BucketCapacity: i64(2), BucketRefillPerSec: f64(0.001)},
+		steps: []step{
+			{at: "2030-06-10T12:00:00Z", cost: 1, allowed: true},
+			{at: "2030-06-10T12:00:00Z", cost: 1, allowed: true},
+			{at: "2030-06-10T12:00:01Z", cost: 1, violated: []quota.LimitName{burst, bucket}, retry: 999 * time.Second},
+			// a faster rate but a smaller burst (and bucket): 100/s, 1
+			{at: "2030-06-10T12:00:01Z", cost: 1, limits: &quota.Limits{BurstRate: f64(100), Burst: i64(1),
+				BucketCapacity: i64(1), BucketRefillPerSec: f64(100)},
 				violated: []quota.LimitName{burst, bucket}, retry: 10 * time.Millisecond,
 				remaining: rem{burst: 0, bucket: 0}},
 			{at: "2030-06-10T12:00:01.01Z", cost: 1, allowed: true, remaining: rem{burst: 0, bucket: 0}},
-			{at: "2030-06-10T12:00:02.01Z", cost: 1, allowed: true, remaining: rem{burst: 9, bucket: 99}},
+			{at: "2030-06-10T12:00:02.01Z", cost: 1, allowed: true, remaining: rem{burst: 0, bucket: 0}},
+			// a larger burst but a slower rate: clamped too (the debt fits)
+			{at: "2030-06-10T12:00:02.01Z", cost: 1, limits: &quota.Limits{BurstRate: f64(50), Burst: i64(5),
+				BucketCapacity: i64(5), BucketRefillPerSec: f64(50)},
+				allowed: true, remaining: rem{burst: 3, bucket: 3}},
 		},
 	},
 	{

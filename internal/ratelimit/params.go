@@ -33,8 +33,9 @@ const (
 	// bitCredit is a prepaid tenant's refusal for want of credit
 	// (quota.LimitCredit)
 	bitCredit = 512
-	// meterLen is the length of the meter quota's items (after resultLen)
-	meterLen = 2 * perLimit
+	// meterLen is the length of the meter quota's items (after resultLen):
+	// its daily and monthly limits, then the meter overage units admitted
+	meterLen = 2*perLimit + 1
 )
 
 const (
@@ -96,10 +97,16 @@ func requestParams(req quota.Request) (params, error) {
 // meterArg is admit.lua's ARGV[19] for req: the quota of its meter, the
 // spend cap in millicents when some meter quota of the tier bills its
 // overage (which the cap then bounds with the tier's) or the tenant is
-// prepaid, and a prepaid tenant's balance; "" when none of them.
+// prepaid, and a prepaid tenant's balance; "" when none of them. With
+// this argument the script checks the cap in millicents, not ocap's
+// units: whenever it is sent it carries the tier's cap, so that a meter
+// quota that bills nothing leaves the cap binding the tier's overage.
 func meterArg(req quota.Request) string {
 	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
 	capm, tprice := spendCapMillicents(req), int64(0)
+	if q != nil {
+		capm = capMillicents(req)
+	}
 	if req.Overage == quota.OverageBill {
 		tprice = req.OveragePriceCentsPer1K
 	}
@@ -133,7 +140,16 @@ func meterArg(req quota.Request) string {
 // bills) or the tenant is prepaid (the script then checks every cap in
 // millicents), else -1.
 func spendCapMillicents(req quota.Request) int64 {
-	if c := req.Limits.MaxOverageCents; c != nil && (req.Prepaid != nil || slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills)) {
+	if req.Prepaid != nil || slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills) {
+		return capMillicents(req)
+	}
+	return -1
+}
+
+// capMillicents is req's spend cap (max_overage_cents) in millicents, or
+// -1 for none.
+func capMillicents(req quota.Request) int64 {
+	if c := req.Limits.MaxOverageCents; c != nil {
 		return *c * 1000
 	}
 	return -1
@@ -268,6 +284,7 @@ func decode(r []int64, p params, cal quota.Calendar, b *calBounds) quota.Decisio
 		d.Violated = append(d.Violated, quota.LimitCredit)
 	}
 	if p.mq != "" && len(r) >= resultLen+meterLen {
+		d.MeterOverageUnits = r[resultLen+2*perLimit]
 		names := [2]quota.LimitName{quota.LimitName(p.mqMeter + ".daily"), quota.LimitName(p.mqMeter + ".monthly")}
 		bits := [2]int64{bitMeterDaily, bitMeterMonthly}
 		for i := range 2 {

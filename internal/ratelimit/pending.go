@@ -12,7 +12,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-var refundScript = script("state.lua", "meterq.lua", "refund.lua")
+var refundScript = script("state.lua", "meterq.lua", "adjust.lua", "refund.lua")
 
 // ParsePending turns a pending-usage hash ("<hour unix s>|<meter>|<kind>"
 // to counts; kind u units, r requests, x refused, o overage units, s shadow
@@ -158,12 +158,13 @@ func (r *Runner) RefundIn(ctx context.Context, tenantID, meter string, cal quota
 	if err := checkTenant(tenantID); err != nil {
 		return err
 	}
-	return r.refund(ctx, tenantID, meter, cal, cost, overage, at, nil, -1, "")
+	return r.refund(ctx, tenantID, meter, cal, cost, overage, at, nil, -1, "", 0)
 }
 
 // RefundRequest gives back the units of req, admitted by d, whose upstream
 // failed: RefundIn with req's calendar, and, when req's meter has a quota
-// (quota.MeterQuota), that quota's units too (see lua/refund.lua).
+// (quota.MeterQuota), that quota's units too, with the meter overage d
+// admitted (see lua/refund.lua).
 func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error {
 	if err := checkTenant(req.TenantID); err != nil {
 		return err
@@ -181,22 +182,21 @@ func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.D
 		}
 		pp = strconv.FormatInt(req.OveragePriceCentsPer1K, 10) + "," + strconv.FormatInt(mp, 10)
 	}
-	return r.refund(ctx, req.TenantID, req.Meter, req.Calendar, req.Cost, d.OverageUnits, d.Now, q, price, pp)
+	return r.refund(ctx, req.TenantID, req.Meter, req.Calendar, req.Cost, d.OverageUnits, d.Now, q, price, pp, d.MeterOverageUnits)
 }
 
 // refund runs refund.lua; q, when not nil, is the meter's quota, and
 // price its overage price when the spend cap counts it (else -1); pp, for
-// a prepaid tenant, the tier's and the meter's overage prices (ARGV[9]).
-func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time, q *quota.MeterQuota, price int64, pp string) error {
+// a prepaid tenant, the tier's and the meter's overage prices (ARGV[9]);
+// mover the meter overage units the admission took.
+func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time,
+	q *quota.MeterQuota, price int64, pp string, mover int64) error {
 	day, month := periodIDs(cal, at)
 	keys := r.stateKeys(tenantID, "pending")
 	args := []any{r.layout, day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage}
 	if q != nil || pp != "" {
 		keys = append(keys, r.key(tenantID, "mq"))
-		args = append(args, price)
-	}
-	if pp != "" {
-		args = append(args, pp)
+		args = append(args, price, pp, mover)
 	}
 	if err := refundScript.Run(ctx, r.c, keys, args...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)

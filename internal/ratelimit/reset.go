@@ -10,8 +10,9 @@ import (
 
 var resetScript = script("state.lua", "meterq.lua", "reset.lua")
 
-// ResetQuotas empties the tenant's day and month counters (used units and
-// the month's overage; grants stay) for a tier change with quota reset
+// ResetQuotas empties the tenant's day and month counters (their used
+// units; grants stay, and so does the month's overage, which the spend
+// cap keeps bounding) for a tier change with quota reset
 // made at at, which names the reset: the day and month of at are emptied
 // if they are still the counters' current ones, and a reset is applied
 // once however often it is sent (lua/reset.lua keeps the latest stamp), so

@@ -13,7 +13,7 @@ import (
 )
 
 // settleScript settles a reservation exactly once: lua/settle.lua.
-var settleScript = script("state.lua", "meterq.lua", "settle.lua")
+var settleScript = script("state.lua", "meterq.lua", "adjust.lua", "settle.lua")
 
 // settleKey holds a reservation of a settle route, under the tenant's hash
 // tag (settle.lua reads it atomically with the tenant's state).
@@ -67,7 +67,7 @@ func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Reques
 	entry := strconv.FormatInt(req.Cost, 10) + "|" + strconv.FormatInt(at.Truncate(time.Hour).Unix(), 10) + "|" +
 		strconv.FormatInt(day, 10) + "|" + strconv.FormatInt(month, 10) + "|" +
 		strconv.FormatInt(d.OverageUnits, 10) + "|" + strconv.Itoa(bill) + "|" + strconv.FormatInt(mq, 10) + "|" +
-		settleMeterSpec(req) + "|" + req.Meter
+		settleMoney(req, d) + "|" + req.Meter
 	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, r.settleKey(req.TenantID, requestID), entry, quota.SettleWindow)
 		p.Set(ctx, r.settleIndexKey(requestID), req.TenantID, quota.SettleWindow)
@@ -95,32 +95,42 @@ func (r *Runner) SettleTenant(ctx context.Context, requestID string) (string, er
 	return t, nil
 }
 
-// settleMeterSpec is the settle entry's meter quota (lua/settle.lua): "-"
-// when req's meter has none; a prepaid tenant's also carries the tier's
-// overage price, so that the difference is drawn on its credit too.
-func settleMeterSpec(req quota.Request) string {
+// settleMoney is the settle entry's money (lua/settle.lua): "-" when
+// req's meter has no quota, the tenant is postpaid and the tier has no
+// spend cap; else its meter's quota, price and whether the cap counts the
+// meters' overage, the meter overage units d admitted, a prepaid tenant's
+// tier overage price (whose credit draws the difference's overage too),
+// and the spend cap in millicents with the tier's overage price (a
+// charge's overage is billed within the cap's room).
+func settleMoney(req quota.Request, d quota.Decision) string {
 	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
-	tail := "" // a prepaid tenant's: the tier's overage price
-	if req.Prepaid != nil && req.Overage == quota.OverageBill {
-		tail = "," + strconv.FormatInt(req.OveragePriceCentsPer1K, 10)
-	}
-	if q == nil {
-		if tail != "" {
-			return "-1,-1,0" + tail
-		}
+	capm := capMillicents(req)
+	if q == nil && req.Prepaid == nil && capm < 0 {
 		return "-"
 	}
-	mq, price, capped := int64(-1), int64(-1), "0"
-	if q.MonthlyQuota != nil {
-		mq = *q.MonthlyQuota
-	}
-	if q.Bills() {
-		price = q.OveragePriceCentsPer1K
-		if spendCapMillicents(req) >= 0 {
-			capped = "1"
+	hasq, mq, price, capped := "0", int64(-1), int64(-1), "0"
+	if q != nil {
+		hasq = "1"
+		if q.MonthlyQuota != nil {
+			mq = *q.MonthlyQuota
+		}
+		if q.Bills() {
+			price = q.OveragePriceCentsPer1K
+			if spendCapMillicents(req) >= 0 {
+				capped = "1"
+			}
 		}
 	}
-	return strconv.FormatInt(mq, 10) + "," + strconv.FormatInt(price, 10) + "," + capped + tail
+	tpp, tprice := int64(-1), int64(0)
+	if req.Overage == quota.OverageBill {
+		tprice = req.OveragePriceCentsPer1K
+		if req.Prepaid != nil {
+			tpp = tprice
+		}
+	}
+	return hasq + "," + strconv.FormatInt(mq, 10) + "," + strconv.FormatInt(price, 10) + "," + capped + "," +
+		strconv.FormatInt(d.MeterOverageUnits, 10) + "," + strconv.FormatInt(tpp, 10) + "," +
+		strconv.FormatInt(capm, 10) + "," + strconv.FormatInt(tprice, 10)
 }
 
 // Settle settles the reservation under requestID to actual units

@@ -1,0 +1,70 @@
+--[[ adjust.lua: the prelude of the scripts that change an admitted
+request's numbers after its admission (refund.lua, settle.lua), after
+state.lua and meterq.lua: one way to move a request's units, overage and
+money in the day, month and hour it was admitted in, whenever the change
+arrives. The month is the state's or the month before it (state.lua's
+month_load, meterq.lua's meterq_month), never a later one; the pending
+usage is that of the admission's hour.
+]]
+
+-- adjust_give_back returns what giving back back of the units of a request
+-- that took over units of the tier's overage and took of the meter's
+-- (nil: unknown, then the meter's month overage mo stands in, as nodes
+-- before this one gave back) gives back of each: the request's last units
+-- first, which are its meter's overage, then the tier's (admit.lua counts
+-- a unit past both monthly quotas as the meter's only). Both negative.
+local function adjust_give_back(back, over, took, mo)
+  if not took then
+    return -math.min(over, back), -math.min(back, mo or 0)
+  end
+  local mback = math.min(back, took)
+  return -math.min(over, back - mback), -mback
+end
+
+-- adjust_counters adds units (negative: given back) to the state s's day
+-- day while it is the state's, and to c, the state's counters of month
+-- (month_load), with ovd to its overage; the same to q, the meter's
+-- counters of month (meterq_month, in the hash mkey), with mdov to its
+-- overage; nothing goes below 0. It writes them back.
+local function adjust_counters(s, c, q, mkey, meter, day, month, units, ovd, mdov, pxat, now)
+  local parts = {}
+  if s.d == day and units ~= 0 then
+    s.du = math.max(0, s.du + units)
+    parts[#parts + 1] = 'd'
+  end
+  if c and (units ~= 0 or ovd ~= 0) then
+    c.mu, c.mo = math.max(0, c.mu + units), math.max(0, c.mo + ovd)
+    month_store(s, month, c, parts)
+  end
+  if #parts > 0 then save_state(s, 0, nil, parts, pxat, now) end
+  if q then
+    if q.today then q.du = math.max(0, q.du + units) end
+    q.mu, q.mo = math.max(0, q.mu + units), math.max(0, q.mo + mdov)
+    meterq_store(mkey, meter, month, q)
+  end
+end
+
+-- adjust_money moves the money of ovd and mdov units of month's overage
+-- (the tier's and the meter's): the meter's at price into the spend cap's
+-- millicents (when price >= 0: the cap counts the meters' overage), and,
+-- for a prepaid tenant (tpp: the tier's price, mpp: the meter's, 0 when
+-- not billed), both into its credit draws.
+local function adjust_money(mkey, month, ovd, mdov, price, tpp, mpp)
+  if price >= 0 then meterq_spend(mkey, month, mdov * price) end
+  if tpp then prepaid_adjust(mkey, month, ovd * tpp + mdov * mpp) end
+end
+
+-- adjust_pending adds units, ovd and mdov to the pending usage of f
+-- ("<hour start, unix s>|<meter>|"): "u", "o" and "m", in the v2 hash
+-- when the state lives there (it lives 14 days after an admission), else
+-- in the v1 pending hash kp.
+local function adjust_pending(s, kp, f, units, ovd, mdov)
+  local key, pre = kp, ''
+  if s.v2 then key, pre = KS, 'p' end
+  redis.call('HINCRBY', key, pre .. f .. 'u', units)
+  if ovd ~= 0 then redis.call('HINCRBY', key, pre .. f .. 'o', ovd) end
+  if mdov ~= 0 then redis.call('HINCRBY', key, pre .. f .. 'm', mdov) end
+  if not s.v2 and redis.call('PTTL', kp) < 0 then
+    redis.call('PEXPIRE', kp, 14 * 86400 * 1000)
+  end
+end
