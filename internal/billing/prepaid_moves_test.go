@@ -95,17 +95,30 @@ func (w *prepaidWorld) balance(at time.Time) quota.Prepaid {
 // how many passed before the first refusal.
 func (w *prepaidWorld) admit(meter string, n int) int {
 	w.tb.Helper()
+	got, _ := w.admitDrawing(meter, n)
+	return got
+}
+
+// admitDrawing is admit, and says whether an admission drew credit (what
+// Redis counts grew).
+func (w *prepaidWorld) admitDrawing(meter string, n int) (got int, drew bool) {
+	w.tb.Helper()
+	ctx := context.Background()
 	tier := w.tiers[w.tier]
-	got := 0
 	for range n {
 		at := w.now()
 		req := quota.Request{TenantID: w.tenant, Meter: meter, Cost: 1, Now: at, Limits: tier.Limits, Overage: tier.Overage,
 			OveragePriceCentsPer1K: tier.OveragePriceCentsPer1K, MeterQuotas: tier.MeterQuotas, Calendar: w.cal}
+		var before int64
 		if tier.IsPrepaid() {
 			pp := w.balance(at)
 			req.Prepaid = &pp
+			var err error
+			if before, err = w.r.rl.PrepaidDrawn(ctx, w.tenant, pp); err != nil {
+				w.tb.Fatal(err)
+			}
 		}
-		d, err := w.r.rl.Admit(context.Background(), req)
+		d, err := w.r.rl.Admit(ctx, req)
 		if err != nil {
 			w.tb.Fatal(err)
 		}
@@ -113,11 +126,18 @@ func (w *prepaidWorld) admit(meter string, n int) int {
 			break
 		}
 		got++
+		if req.Prepaid != nil {
+			after, err := w.r.rl.PrepaidDrawn(ctx, w.tenant, *req.Prepaid)
+			if err != nil {
+				w.tb.Fatal(err)
+			}
+			drew = drew || after > before
+		}
 	}
-	if err := w.r.rl.ReportActive(context.Background()); err != nil {
+	if err := w.r.rl.ReportActive(ctx); err != nil {
 		w.tb.Fatal(err)
 	}
-	return got
+	return got, drew
 }
 
 // invoice returns the tenant's invoice labelled period (YYYY-MM).
@@ -247,4 +267,60 @@ func creditLines(in Invoice) []string {
 		}
 	}
 	return out
+}
+
+// TestPrepaidHoldsAMetersOverageFromBeforeTheMove: a meter's overage that
+// a postpaid plan billed in a period is on the period's invoice, and no
+// prepaid draw counted it (admission draws the tier's overage from before
+// a move, not a meter's): a tenant with 30 cents of it and a 50-cent
+// credit, moved onto a prepaid tier, may draw 20 cents.
+func TestPrepaidHoldsAMetersOverageFromBeforeTheMove(t *testing.T) {
+	t.Parallel()
+	april := time.Date(2031, 4, 1, 0, 0, 0, 0, time.UTC)
+	metered := quota.Tier{Slug: "metered", Name: "Metered", Rank: 4323, Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(1000))},
+		Overage: quota.OverageBlock, MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: quota.Ptr(int64(0)),
+			Overage: quota.OverageBill, OveragePriceCentsPer1K: 10_000}}}
+	w := newPrepaidWorld(t, april, metered, payAsYouGoTier)
+	w.credit(50, nil)
+	w.set(april.AddDate(0, 0, 9))
+	if got := w.admit("search", 3); got != 3 {
+		t.Fatalf("postpaid searches: %d of 3", got)
+	}
+	w.set(april.AddDate(0, 0, 9).Add(12 * time.Hour))
+	w.move("payg")
+	w.step()
+	if got := w.admit("demo", 100); got != 20 {
+		t.Fatalf("admitted %d units at a cent on a 50-cent credit after 30 cents of a meter's postpaid overage, want 20", got)
+	}
+	w.set(april.AddDate(0, 1, 0).Add(2 * time.Hour))
+	w.step()
+	w.mustFinal("2031-04")
+}
+
+// TestPrepaidHoldsAPriceRiseOnTheUnitsDrawnBefore: an invoice rates the
+// period's overage at the price in force at its end, and admission drew
+// each unit at the price then: a tenant that drew 40 cents at a cent a
+// unit, moved in the middle of the period to a prepaid tier at 2 cents,
+// will be charged 80 cents for them, so of a dollar of credit it may
+// draw 20 cents more: 10 units.
+func TestPrepaidHoldsAPriceRiseOnTheUnitsDrawnBefore(t *testing.T) {
+	t.Parallel()
+	april := time.Date(2031, 4, 1, 0, 0, 0, 0, time.UTC)
+	dear := payAsYouGoTier
+	dear.Slug, dear.Name, dear.Rank, dear.OveragePriceCentsPer1K = "dear", "Dear", 4324, 2000
+	w := newPrepaidWorld(t, april, payAsYouGoTier, dear)
+	w.credit(100, nil)
+	w.set(april.AddDate(0, 0, 4))
+	if got := w.admit("demo", 40); got != 40 {
+		t.Fatalf("at a cent: %d of 40", got)
+	}
+	w.set(april.AddDate(0, 0, 14))
+	w.move("dear")
+	w.step()
+	if got := w.admit("demo", 100); got != 10 {
+		t.Fatalf("admitted %d units at 2 cents after 40 drawn at a cent, which the invoice rates at 2, on a dollar; want 10", got)
+	}
+	w.set(april.AddDate(0, 1, 0).Add(2 * time.Hour))
+	w.step()
+	w.mustFinal("2031-04")
 }
