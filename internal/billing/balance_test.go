@@ -81,3 +81,71 @@ func TestPrepaidBalance(t *testing.T) {
 		t.Fatalf("unknown tenant: %v, want CodeNotFound", err)
 	}
 }
+
+// TestPrepaidsOfManyTenants: the balances of many tenants read at once,
+// in the same statements, are each what it reads alone, whatever their
+// calendars, moves, drafts and credits; one that does not exist gets a
+// balance of nothing.
+func TestPrepaidsOfManyTenants(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	store := postgres.NewStore(db)
+	tier, err := store.CreateTier(ctx, "test", payAsYouGoTier)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := store.CreateTier(ctx, "test", postpaidTier); err != nil {
+		t.Fatal(err)
+	}
+	march := time.Date(2031, 3, 1, 0, 0, 0, 0, time.UTC)
+	now := time.Date(2031, 5, 15, 12, 0, 0, 0, time.UTC)
+	ny := quota.Tenant{BillingAnchorDay: 15, TimeZone: "America/New_York"}.Calendar()
+	var ofs []quota.PrepaidOf
+	for k := range 6 {
+		id := invTenant(t, db, "payg", march)
+		cal := quota.Calendar{}
+		switch k {
+		case 1: // moved from the postpaid plan in the middle of this period, with overage on both
+			invExec(t, db, `UPDATE tenant_tier_history SET tier = 'basic', valid_to = '2031-05-10T10:30:00Z' WHERE tenant_id = $1`, id)
+			invExec(t, db, `INSERT INTO tenant_tier_history (tenant_id, tier, valid_from) VALUES ($1, 'payg', '2031-05-10T10:30:00Z')`, id)
+		case 2: // anchored in New York
+			invExec(t, db, `UPDATE tenants SET billing_anchor_day = 15, time_zone = 'America/New_York' WHERE id = $1`, id)
+			cal = ny
+		case 3: // a draft of March, April final
+			invExec(t, db, `INSERT INTO invoices (tenant_id, period, period_start, period_end) VALUES ($1, '2031-03-01', '2031-03-01T00:00:00Z', '2031-04-01T00:00:00Z')`, id)
+			invExec(t, db, `INSERT INTO invoices (tenant_id, period, status, finalized_at, period_start, period_end)
+				VALUES ($1, '2031-04-01', 'final', $2, '2031-04-01T00:00:00Z', '2031-05-01T00:00:00Z')`, id, now)
+		}
+		for h, units := range []int64{7, 11, 13} { // March, April, May
+			invExec(t, db, `INSERT INTO usage (tenant_id, hour, meter, units, requests, overage_units) VALUES ($1, $2, 'demo', $3, $3, $3)`,
+				id, march.AddDate(0, h, 9).Add(time.Duration(k)*time.Hour), units*int64(k+1))
+		}
+		invExec(t, db, `INSERT INTO credits (tenant_id, amount_cents, reason, expires_at, created_at) VALUES ($1, 500, 'r', NULL, $2), ($1, 40, 'r', '2031-05-20T00:00:00Z', $2)`,
+			id, march.Add(time.Duration(k)*time.Hour))
+		ofs = append(ofs, quota.PrepaidOf{TenantID: id, Tier: tier, Calendar: cal})
+	}
+	ofs = append(ofs, quota.PrepaidOf{TenantID: "00000000-0000-0000-0000-000000000001", Tier: tier})
+	l := NewLedger(db)
+	got, err := l.Prepaids(ctx, ofs, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k, of := range ofs[:len(ofs)-1] {
+		want, err := l.Prepaid(ctx, of.TenantID, of.Tier, of.Calendar, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got[k] != want {
+			t.Errorf("tenant %d: %+v among many, %+v alone", k, got[k], want)
+		}
+	}
+	if g := got[len(ofs)-1]; g.BalanceMillicents != 0 || g.CreditCents != 0 || g.PrevID != 0 {
+		t.Errorf("an unknown tenant: %+v, want a balance of nothing", g)
+	}
+	// and what they are: the first's April (11 cents, its invoice a
+	// draft) draws on the 40 that pays April only, leaving May the 500
+	if g := got[0]; g.BalanceMillicents != 500_000 || g.CreditCents != 500 || g.ExpiringMillicents != 40_000 || g.PrevID != 203104 {
+		t.Errorf("tenant 0: %+v", g)
+	}
+}

@@ -366,6 +366,7 @@ type ratedTenant struct {
 	current       TierSegment // the tenant's current tier, if history is missing
 	in            RatingInput
 	oldLines      []InvoiceLine
+	lines         []InvoiceLine // rated (the prepaid balance's)
 	oldTotal      int64
 	oldStart      time.Time // the period stored on the invoice
 	oldEnd        time.Time

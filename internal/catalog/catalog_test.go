@@ -42,9 +42,9 @@ func (s *countingSource) Tiers(ctx context.Context) ([]quota.Tier, error) {
 	return s.Store.Tiers(ctx)
 }
 
-func (s *countingSource) Prepaid(ctx context.Context, tenantID string, tier quota.Tier, cal quota.Calendar, now time.Time) (quota.Prepaid, error) {
+func (s *countingSource) Prepaids(ctx context.Context, ts []quota.PrepaidOf, now time.Time) ([]quota.Prepaid, error) {
 	s.reads.Add(1)
-	return s.ledger.Prepaid(ctx, tenantID, tier, cal, now)
+	return s.ledger.Prepaids(ctx, ts, now)
 }
 
 // mustNodes starts n catalogs sharing pool's database and one Redis, as n

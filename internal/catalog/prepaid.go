@@ -9,12 +9,15 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// balances computes prepaid tenants' balances (billing.Ledger.Prepaid: the
-// credit left after every charge the invoices not final yet will take,
-// which the invoicing rules decide).
+// balances computes prepaid tenants' balances, many at once
+// (billing.Ledger.Prepaids: the credit left after every charge the
+// invoices not final yet will take, which the invoicing rules decide).
 type balances interface {
-	Prepaid(ctx context.Context, tenantID string, tier quota.Tier, cal quota.Calendar, now time.Time) (quota.Prepaid, error)
+	Prepaids(ctx context.Context, ts []quota.PrepaidOf, now time.Time) ([]quota.Prepaid, error)
 }
+
+// balanceBatch bounds the balances one refresh reads at once.
+const balanceBatch = 500
 
 // WithBalances sets where the catalog reads prepaid tenants' balances and
 // returns c. Without it, a prepaid tenant's balance is an error.
@@ -23,12 +26,21 @@ func (c *Catalog) WithBalances(b balances) *Catalog {
 	return c
 }
 
-// readBalance reads a balance from the source WithBalances set.
-func (c *Catalog) readBalance(ctx context.Context, tenantID string, tier quota.Tier, cal quota.Calendar, at time.Time) (quota.Prepaid, error) {
+// readBalances reads balances from the source WithBalances set.
+func (c *Catalog) readBalances(ctx context.Context, ts []quota.PrepaidOf, at time.Time) ([]quota.Prepaid, error) {
 	if c.balances == nil {
-		return quota.Prepaid{}, errors.New("catalog: no source of prepaid balances (WithBalances)")
+		return nil, errors.New("catalog: no source of prepaid balances (WithBalances)")
 	}
-	return c.balances.Prepaid(ctx, tenantID, tier, cal, at)
+	return c.balances.Prepaids(ctx, ts, at)
+}
+
+// readBalance reads p's balance at at.
+func (c *Catalog) readBalance(ctx context.Context, p Principal, at time.Time) (quota.Prepaid, error) {
+	ps, err := c.readBalances(ctx, []quota.PrepaidOf{{TenantID: p.Tenant.ID, Tier: p.Tier, Calendar: p.Calendar}}, at)
+	if err != nil {
+		return quota.Prepaid{}, err
+	}
+	return ps[0], nil
 }
 
 // prepaidEntry is a prepaid tenant's cached balance, with the principal it
@@ -109,7 +121,7 @@ func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*qu
 	var got *quota.Prepaid
 	err := c.shared(ctx, "pp:"+p.Tenant.ID, func(ctx context.Context) error {
 		_, gen, _ := c.prepaid.get(p.Tenant.ID)
-		pp, err := c.readBalance(ctx, p.Tenant.ID, p.Tier, p.Calendar, at)
+		pp, err := c.readBalance(ctx, p, at)
 		if err != nil {
 			return err
 		}
@@ -124,7 +136,7 @@ func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*qu
 	if e, _, ok := c.prepaid.get(p.Tenant.ID); ok && at.Before(e.p.Until) && e.p.PeriodID == p.Calendar.PeriodID(at) {
 		return &e.p, nil
 	}
-	pp, err := c.readBalance(ctx, p.Tenant.ID, p.Tier, p.Calendar, at)
+	pp, err := c.readBalance(ctx, p, at)
 	if err != nil {
 		return nil, err
 	}
@@ -132,23 +144,25 @@ func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*qu
 }
 
 // refreshPrepaid reads every cached balance again at now, off the request
-// path (Refresh); one dropped meanwhile is left to the next request.
+// path (Refresh), balanceBatch at a time; one dropped meanwhile is left to
+// the next request.
 func (c *Catalog) refreshPrepaid(ctx context.Context, now time.Time) error {
 	c.prepaid.mu.Lock()
-	entries := make([]prepaidEntry, 0, len(c.prepaid.m))
-	ids := make([]string, 0, len(c.prepaid.m))
+	ts := make([]quota.PrepaidOf, 0, len(c.prepaid.m))
 	for id, e := range c.prepaid.m {
-		entries, ids = append(entries, e), append(ids, id)
+		ts = append(ts, quota.PrepaidOf{TenantID: id, Tier: e.tier, Calendar: e.cal})
 	}
 	gen := c.prepaid.gen
 	c.prepaid.mu.Unlock()
-	for k, e := range entries {
-		p := Principal{Tenant: quota.Tenant{ID: ids[k]}, Tier: e.tier, Calendar: e.cal}
-		pp, err := c.readBalance(ctx, ids[k], e.tier, e.cal, now)
+	for start := 0; start < len(ts); start += balanceBatch {
+		batch := ts[start:min(start+balanceBatch, len(ts))]
+		ps, err := c.readBalances(ctx, batch, now)
 		if err != nil {
 			return err
 		}
-		c.prepaid.store(p, pp, gen)
+		for k, of := range batch {
+			c.prepaid.store(Principal{Tenant: quota.Tenant{ID: of.TenantID}, Tier: of.Tier, Calendar: of.Calendar}, ps[k], gen)
+		}
 	}
 	return nil
 }

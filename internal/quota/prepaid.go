@@ -123,6 +123,14 @@ type Prepaid struct {
 	HeldCents int64
 }
 
+// PrepaidOf is a prepaid tenant whose balance is asked for, with the tier
+// and the billing calendar its admissions run under.
+type PrepaidOf struct {
+	TenantID string
+	Tier     Tier
+	Calendar Calendar
+}
+
 // PrepaidStaleError says that an admission was asked with a Prepaid of
 // another billing period than the one of the quota store's clock: nothing
 // was decided or written. The caller reads the balance of the period
