@@ -45,13 +45,18 @@ import (
 //     period. With X = U - E, the balance holds H = max(0, X + L) and
 //     sends ExpiringMillicents = max(-X, L): the script's
 //     H + max(0, R - ExpiringMillicents) is then max(0, X + L, X + R),
-//     whether Redis has R or not, and whatever of the period's usage the
-//     ledger has yet.
+//     whether Redis has R or not: while the ledger lacks the period's
+//     last usage, R covers what of it admission drew. That invoice takes
+//     no more than the credit it shares with this period's (S: a credit
+//     granted after its period ended is not of it): when X + L >= S, it
+//     takes all of S whatever R is, so H = S and ExpiringMillicents is
+//     unboundedMillicents, which no draws reach.
 //
 // The ledger gets usage a flush after Redis counted it: a balance read
-// before the usage a postpaid stretch admitted is flushed (in the
-// seconds after a move onto a prepaid tier) holds back too little of it
-// until the catalog reads the balance again (its refresh loop).
+// before the usage a postpaid stretch admitted is flushed (the seconds
+// after a move onto a prepaid tier, or after a postpaid period's end)
+// holds back too little of it until the catalog reads the balance again
+// (its refresh loop).
 
 // Prepaid returns what the admissions of the prepaid tenant tenantID on
 // tier may draw on in the billing period of cal containing now (see
@@ -79,6 +84,11 @@ type balanceOf struct {
 	rated                 map[int]*ratedTenant
 	buckets               []overageBucket // this period's overage, by hour
 }
+
+// unboundedMillicents is an ExpiringMillicents no draws of a period reach
+// (a period's credit is at most 2^40 cents, 2^50 millicents), and which
+// the admission script's numbers (doubles) hold exactly.
+const unboundedMillicents = 1 << 53
 
 // The rated periods of a balanceOf, besides older[k] at k.
 const (
@@ -318,8 +328,13 @@ func (b *balanceOf) balance(pool creditPool, now time.Time) quota.Prepaid {
 	if t := b.rated[ratedPrev]; t != nil {
 		u, l := splitOverage(t.lines)
 		x := u - pool.left(t.in.End, b.end)
-		held = 1000 * max(0, x+l)
-		p.PrevID, p.ExpiringMillicents = cal.PeriodID(b.prevStart), 1000*max(-x, l)
+		shared := pool.left(b.end, time.Time{}) - pool.left(b.end, t.in.End) // what pays both invoices
+		p.PrevID = cal.PeriodID(b.prevStart)
+		if x+l >= shared { // it takes all of it, however much it drew
+			held, p.ExpiringMillicents = 1000*shared, unboundedMillicents
+		} else {
+			held, p.ExpiringMillicents = 1000*max(0, x+l), 1000*max(-x, l)
+		}
 	}
 	if t := b.rated[ratedCur]; t != nil {
 		u, _ := splitOverage(t.lines)

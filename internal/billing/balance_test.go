@@ -53,12 +53,12 @@ func TestPrepaidBalance(t *testing.T) {
 	}
 
 	// 700 and 200 (valid at May's end, June 1) granted on May 15: May's
-	// invoice may draw them, April's none; 100 expiring on May 31 pays
-	// no invoice
+	// invoice may draw them, April's none (so whatever April drew takes
+	// nothing of them); 100 expiring on May 31 pays no invoice
 	credit(700, "", now.Add(-time.Hour))
 	credit(200, "2031-06-01T00:00:00Z", now.Add(-time.Hour))
 	credit(100, "2031-05-31T23:59:59Z", now.Add(-time.Hour))
-	check("granted in May", quota.Prepaid{BalanceMillicents: 900_000, CreditCents: 900, PrevID: 203104})
+	check("granted in May", quota.Prepaid{BalanceMillicents: 900_000, CreditCents: 900, PrevID: 203104, ExpiringMillicents: unboundedMillicents})
 
 	// the same granted in March: April's invoice, not final yet, may
 	// draw the 100 expiring on May 31 first

@@ -324,3 +324,34 @@ func TestPrepaidHoldsAPriceRiseOnTheUnitsDrawnBefore(t *testing.T) {
 	w.step()
 	w.mustFinal("2031-04")
 }
+
+// TestPrepaidCreditGrantedInTheGraceIsNotHeldForThePeriodBefore: a credit
+// granted after a period ended cannot pay that period's invoice, so what
+// that invoice owes beyond its own credits takes nothing of it: a tenant
+// that owes its 30-cent postpaid April (no credit then), moved onto a
+// prepaid tier on May 1 and granted 50 cents at 00:10, may draw all 50 in
+// May while April's invoice waits for its grace.
+func TestPrepaidCreditGrantedInTheGraceIsNotHeldForThePeriodBefore(t *testing.T) {
+	t.Parallel()
+	april := time.Date(2031, 4, 1, 0, 0, 0, 0, time.UTC)
+	may := april.AddDate(0, 1, 0)
+	w := newPrepaidWorld(t, april, postpaidTier, payAsYouGoTier)
+	w.step()
+	w.set(may)
+	w.move("payg")
+	w.set(may.Add(10 * time.Minute))
+	w.credit(50, nil)
+	w.set(may.Add(30 * time.Minute))
+	w.step()
+	if got := w.admit("demo", 100); got != 50 {
+		t.Fatalf("may admitted %d units on a 50-cent credit granted in May, want 50: April's invoice cannot draw it", got)
+	}
+	w.set(may.Add(2 * time.Hour))
+	w.step()
+	if in := w.invoice("2031-04"); in.Status != "final" || in.TotalCents != 30 {
+		t.Fatalf("april's invoice: %s owing %d, want final owing its 30 cents", in.Status, in.TotalCents)
+	}
+	w.set(may.AddDate(0, 1, 0).Add(2 * time.Hour))
+	w.step()
+	w.mustFinal("2031-05")
+}

@@ -116,7 +116,9 @@ type Prepaid struct {
 	// pay this period's (it expires before this period's end), less its
 	// charges that are not drawn at admission; or its overage charges as
 	// the ledger has them, when more (the balance already holds those
-	// back: that invoice takes the more of them and of what Redis counts).
+	// back: that invoice takes the more of them and of what Redis counts);
+	// or more than any draws reach, when that invoice takes all the credit
+	// it shares with this period's whatever it drew.
 	ExpiringMillicents int64
 	// HeldCents is what the invoices not final yet take off CreditCents
 	// besides the draws Redis counts: CreditCents - BalanceMillicents/1000.
