@@ -67,7 +67,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	metrics := httpapi.NewMetrics()
 	store := postgres.NewStore(db)
-	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
+	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now).WithBalances(billing.NewLedger(db))
 	cat.Hits = metrics.CacheLookups.WithLabelValues("hit").Inc
 	cat.Misses = metrics.CacheLookups.WithLabelValues("miss").Inc
 	runner := ratelimit.New(rdb, cfg.RedisPrefix).WithLayout(cfg.KeyLayout)

@@ -143,6 +143,74 @@ func TestPrepaidThroughTwoInstances(t *testing.T) {
 	}
 }
 
+// TestPrepaidAfterAMoveHoldsThePostpaidPrice: a tenant on a postpaid plan
+// since the month began, moved onto a prepaid tier through the admin API,
+// may draw only what the plan's price up to the move (its invoice's
+// subscription line) leaves of its credit: its included units, then 25
+// cents, then 402; the draft invoice nets to zero.
+func TestPrepaidAfterAMoveHoldsThePostpaidPrice(t *testing.T) {
+	t.Parallel()
+	now := time.Now().UTC()
+	month := quota.MonthStart(now)
+	if month.AddDate(0, 1, 0).Sub(now) < 2*time.Minute {
+		t.Skip("too close to the month's end: the period would roll over during the test")
+	}
+	s := mustStack(t)
+	base := s.start()
+	ctx := context.Background()
+	rank := 100_000 + rand.IntN(800_000)
+	post, pre := "post-"+testenv.RandomHex(3), "pp-"+testenv.RandomHex(3)
+	if r := admin(t, "POST", base+"/admin/v1/tiers", `{"slug": "`+post+`", "name": "Monthly", "rank": `+strconv.Itoa(rank)+`,
+		"price_cents": 3000, "monthly_quota": 1000, "overage": "block"}`); r.status != 201 {
+		t.Fatalf("postpaid tier: %d %s", r.status, r.body)
+	}
+	if r := admin(t, "POST", base+"/admin/v1/tiers", prepaidTier(pre, rank+1)); r.status != 201 {
+		t.Fatalf("prepaid tier: %d %s", r.status, r.body)
+	}
+	tenant, key := s.tenant(post)
+	for _, sql := range []string{`UPDATE tenants SET created_at = $2 WHERE id = $1`, `UPDATE tenant_tier_history SET valid_from = $2 WHERE tenant_id = $1`} {
+		if _, err := s.pool.Exec(ctx, sql, tenant.ID, month); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if r := admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"tier": "`+pre+`"}`); r.status != 200 {
+		t.Fatalf("move: %d %s", r.status, r.body)
+	}
+	// the subscription line of the postpaid stretch, as the invoice rates
+	// it: 30 dollars a month prorated by seconds, rounded half up
+	var moved time.Time
+	if err := s.pool.QueryRow(ctx, `SELECT valid_from FROM tenant_tier_history WHERE tenant_id = $1 AND tier = $2`, tenant.ID, pre).Scan(&moved); err != nil {
+		t.Fatal(err)
+	}
+	secs, monthSecs := moved.Unix()-month.Unix(), month.AddDate(0, 1, 0).Unix()-month.Unix()
+	price := (3000*2*secs + monthSecs) / (2 * monthSecs)
+	if r := admin(t, "POST", base+"/admin/v1/tenants/"+tenant.ID+"/credits", `{"amount_cents": `+strconv.FormatInt(price+25, 10)+`, "reason": "top-up"}`); r.status != 201 {
+		t.Fatalf("credit: %d %s", r.status, r.body)
+	}
+	admitted := 0
+	for ; admitted < 100; admitted++ {
+		r := do(t, "GET", base+"/api/demo/echo", key, "")
+		if r.status == 402 {
+			break
+		}
+		if r.status != 200 {
+			t.Fatalf("request %d: %d %s", admitted+1, r.status, r.body)
+		}
+	}
+	if admitted != 10+25 {
+		t.Fatalf("admitted %d on a credit of %d cents after %d cents of postpaid plan, want the 10 included and 25 at a cent", admitted, price+25, price)
+	}
+	s.flushAndInvoice()
+	var total, subscription int64
+	if err := s.pool.QueryRow(ctx, `SELECT i.total_cents, coalesce(sum(l.amount_cents) FILTER (WHERE l.kind = 'subscription'), 0)::bigint
+		FROM invoices i JOIN invoice_lines l ON l.invoice_id = i.id WHERE i.tenant_id = $1 GROUP BY i.id`, tenant.ID).Scan(&total, &subscription); err != nil {
+		t.Fatal(err)
+	}
+	if total != 0 || subscription != price {
+		t.Fatalf("the invoice owes %d cents with a subscription of %d, want 0 and %d", total, subscription, price)
+	}
+}
+
 // TestPrepaidTierValidation: what a prepaid tier needs is checked with the
 // field named, and nothing is stored.
 func TestPrepaidTierValidation(t *testing.T) {

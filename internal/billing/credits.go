@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode"
@@ -26,11 +27,16 @@ import (
 //   - A credit pays the invoice of a billing period (the tenant's own:
 //     see Invoicer) it was valid at the end of: created before the
 //     period's end and not expired before it (expires_at >= end). Credit
-//     that expired earlier is never drawn.
+//     that expired earlier is never drawn; credit granted after the end
+//     (in the invoice's grace) pays later periods only. One Go function
+//     says so (availableCredit.pays), for the invoices and for the
+//     prepaid balance (Ledger.Prepaid), which must agree on it.
 //   - The credits a month may draw are taken oldest-expiring first (those
-//     that never expire last; then oldest first), each for as much as is
-//     left of it, until the invoice's total is paid: an invoice never goes
-//     below zero. Each draw is a negative line "Credit: <reason>".
+//     that never expire last; then oldest first: drawOrder), each for as
+//     much as is left of it, until the invoice's total is paid: an invoice
+//     never goes below zero. Each draw is a negative line "Credit:
+//     <reason>". Invoices become final oldest period first, each drawing
+//     what the ones before it left (creditPool).
 //   - A draft shows the draws it would make from what is left of each
 //     credit now, recomputed on every refresh and recorded nowhere: while
 //     last month waits for its grace, its draft and this month's may both
@@ -283,10 +289,56 @@ func (l *Ledger) Credits(ctx context.Context, tenantID string, now time.Time, p 
 	return out, err
 }
 
-// availableCredit is a credit an invoice may draw on, with what is left of it.
+// availableCredit is a tenant's credit that is not drawn in full, with
+// what is left of it.
 type availableCredit struct {
 	id, reason string
 	leftCents  int64
+	createdAt  time.Time
+	expiresAt  *time.Time // nil: never
+}
+
+// pays reports whether c may pay the invoice of the billing period ending
+// at end: it was granted before the period ended and had not expired
+// before it did (valid at the period's end). This is the one rule of which
+// credit pays which invoice: the invoices draw by it, and the prepaid
+// balance (Ledger.Prepaid) counts by it what each invoice not final yet
+// will draw. A credit granted after a period ended (in its invoice's
+// grace) pays later periods only; one that expires before the period it
+// was granted in ends pays none.
+func (c availableCredit) pays(end time.Time) bool {
+	return c.createdAt.Before(end) && (c.expiresAt == nil || !c.expiresAt.Before(end))
+}
+
+// drawOrder is the order in which an invoice draws the credits that pay
+// it: soonest expiring first, those that never expire last, then the
+// oldest granted first (then by id, for a total order).
+func drawOrder(a, b availableCredit) int {
+	switch {
+	case a.expiresAt == nil && b.expiresAt != nil:
+		return 1
+	case a.expiresAt != nil && b.expiresAt == nil:
+		return -1
+	case a.expiresAt != nil:
+		if c := a.expiresAt.Compare(*b.expiresAt); c != 0 {
+			return c
+		}
+	}
+	if c := a.createdAt.Compare(b.createdAt); c != 0 {
+		return c
+	}
+	return strings.Compare(a.id, b.id)
+}
+
+// creditPool is what is left of one tenant's credits, in drawOrder, as
+// its invoices draw on them one after another, oldest period first (the
+// order they become final in).
+type creditPool []availableCredit
+
+// newCreditPool returns the pool of cs (which it sorts).
+func newCreditPool(cs []availableCredit) creditPool {
+	slices.SortFunc(cs, drawOrder)
+	return cs
 }
 
 // creditDraw is the part of one credit an invoice draws.
@@ -295,23 +347,39 @@ type creditDraw struct {
 	cents            int64
 }
 
-// drawCredits returns the draws that pay total from credits, taken in the
-// order given, each at most what is left of its credit, together at most
-// total (nothing when total is not positive).
-func drawCredits(total int64, credits []availableCredit) []creditDraw {
+// draw takes from the pool the draws that pay total on the invoice of the
+// period ending at end: the credits that pay it (availableCredit.pays), in
+// drawOrder, each for at most what is left of it, together at most total
+// (nothing when total is not positive).
+func (p creditPool) draw(total int64, end time.Time) []creditDraw {
 	var draws []creditDraw
-	for _, c := range credits {
+	for k := range p {
+		c := &p[k]
 		if total <= 0 {
 			break
 		}
 		n := min(c.leftCents, total)
-		if n <= 0 {
+		if n <= 0 || !c.pays(end) {
 			continue
 		}
 		draws = append(draws, creditDraw{creditID: c.id, reason: c.reason, cents: n})
+		c.leftCents -= n
 		total -= n
 	}
 	return draws
+}
+
+// left returns what is left of the credits that pay the invoice of the
+// period ending at end, and not that of the period ending at not (zero
+// Time: no such condition), in cents.
+func (p creditPool) left(end, not time.Time) int64 {
+	var n int64
+	for _, c := range p {
+		if c.pays(end) && (not.IsZero() || !c.pays(not)) {
+			n += c.leftCents
+		}
+	}
+	return n
 }
 
 // creditLine is the invoice line of a draw.
@@ -319,46 +387,58 @@ func creditLine(d creditDraw) InvoiceLine {
 	return InvoiceLine{Kind: "credit", Description: "Credit: " + d.reason, Quantity: 1, AmountCents: -d.cents}
 }
 
-// loadCredits fills the credits each tenant of ts (also indexed by id) may
-// draw on its invoice of the period ending at its in.End (its own billing
-// period's end), in the order they are drawn. With lock, the credit rows
-// are locked FOR UPDATE, in that order for every caller, so that
-// finalizers take turns on a tenant's credits; a row another finalizer
-// changed meanwhile is read as it committed it.
+// loadCredits fills the pool of credits of each tenant of ts (also
+// indexed by id): every credit of the tenant not drawn in full, whichever
+// period it pays (availableCredit.pays decides, as the pool draws). With
+// lock, the credit rows are locked FOR UPDATE, in one order for every
+// caller, so that finalizers take turns on a tenant's credits; a row
+// another finalizer changed meanwhile is read as it committed it.
 func loadCredits(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID map[string]*ratedTenant, lock bool) error {
 	if len(ts) == 0 {
 		return nil
 	}
 	ids := make([]string, len(ts))
-	ends := make([]time.Time, len(ts))
 	for k, t := range ts {
-		ids[k], ends[k] = t.id, t.in.End
+		ids[k] = t.id
 	}
-	sql := `
-		SELECT c.tenant_id::text, c.id::text, c.reason, c.amount_cents - c.drawn_cents
-		FROM unnest($1::uuid[], $2::timestamptz[]) AS b(tenant_id, pe)
-		JOIN credits c ON c.tenant_id = b.tenant_id AND c.created_at < b.pe AND (c.expires_at IS NULL OR c.expires_at >= b.pe)
-		  AND c.drawn_cents < c.amount_cents
-		WHERE c.tenant_id = ANY($1::uuid[])
-		ORDER BY c.tenant_id, c.expires_at ASC NULLS LAST, c.created_at, c.id`
-	if lock {
-		sql += ` FOR UPDATE OF c`
-	}
-	rows, err := tx.Query(ctx, sql, ids, ends)
+	pools, err := creditPools(ctx, tx, ids, lock)
 	if err != nil {
-		return fmt.Errorf("billing: credits: %w", err)
+		return err
 	}
+	for id, p := range pools {
+		byID[id].credits = p
+	}
+	return nil
+}
+
+// creditPools returns the pools of credits of the tenants ids, locked FOR
+// UPDATE with lock (see loadCredits). Tenants without credit have none.
+func creditPools(ctx context.Context, tx pgx.Tx, ids []string, lock bool) (map[string]creditPool, error) {
+	sql := `
+		SELECT tenant_id::text, id::text, reason, amount_cents - drawn_cents, created_at, expires_at
+		FROM credits WHERE tenant_id = ANY($1::uuid[]) AND drawn_cents < amount_cents
+		ORDER BY tenant_id, id`
+	if lock {
+		sql += ` FOR UPDATE`
+	}
+	rows, err := tx.Query(ctx, sql, ids)
+	if err != nil {
+		return nil, fmt.Errorf("billing: credits: %w", err)
+	}
+	out := map[string]creditPool{}
 	var tenantID string
 	var c availableCredit
-	_, err = pgx.ForEachRow(rows, []any{&tenantID, &c.id, &c.reason, &c.leftCents}, func() error {
-		t := byID[tenantID]
-		t.credits = append(t.credits, c)
+	_, err = pgx.ForEachRow(rows, []any{&tenantID, &c.id, &c.reason, &c.leftCents, &c.createdAt, &c.expiresAt}, func() error {
+		out[tenantID] = append(out[tenantID], c)
 		return nil
 	})
 	if err != nil {
-		return fmt.Errorf("billing: credits: %w", err)
+		return nil, fmt.Errorf("billing: credits: %w", err)
 	}
-	return nil
+	for id, p := range out {
+		out[id] = newCreditPool(p)
+	}
+	return out, nil
 }
 
 // recordDraws records the draws of final invoices (invoiceIDs[k] draws

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/url"
 	"reflect"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -427,9 +428,15 @@ func TestConcurrentFinalizersDrawOnce(t *testing.T) {
 	})
 }
 
+// TestDrawCredits: an invoice draws the credits that pay it in order, each
+// for at most what is left of it, together at most its total; what it
+// drew is no longer left for the next one.
 func TestDrawCredits(t *testing.T) {
 	t.Parallel()
-	cs := []availableCredit{{"a", "A", 300}, {"b", "B", 0}, {"c", "C", 500}}
+	end := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	pool := func() creditPool {
+		return newCreditPool([]availableCredit{{id: "c", reason: "C", leftCents: 500}, {id: "a", reason: "A", leftCents: 300}, {id: "b", reason: "B"}})
+	}
 	for _, tt := range []struct {
 		total int64
 		want  []creditDraw
@@ -442,9 +449,60 @@ func TestDrawCredits(t *testing.T) {
 		{800, []creditDraw{{"a", "A", 300}, {"c", "C", 500}}},
 		{10_000, []creditDraw{{"a", "A", 300}, {"c", "C", 500}}},
 	} {
-		if got := drawCredits(tt.total, cs); !reflect.DeepEqual(got, tt.want) {
-			t.Errorf("drawCredits(%d): got %v, want %v", tt.total, got, tt.want)
+		p := pool()
+		if got := p.draw(tt.total, end); !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("draw(%d): got %v, want %v", tt.total, got, tt.want)
 		}
+		var drawn int64
+		for _, d := range tt.want {
+			drawn += d.cents
+		}
+		if left := p.left(end, time.Time{}); left != 800-drawn {
+			t.Errorf("after draw(%d): %d cents left, want %d", tt.total, left, 800-drawn)
+		}
+	}
+}
+
+// TestCreditPaysAndDrawOrder: a credit pays the invoice of a period it was
+// granted before the end of and had not expired before (expiring at the
+// very end is in time); the soonest expiring is drawn first, those that
+// never expire last, then the oldest granted.
+func TestCreditPaysAndDrawOrder(t *testing.T) {
+	t.Parallel()
+	end := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) *time.Time { x := end.Add(d); return &x }
+	for _, tt := range []struct {
+		name string
+		c    availableCredit
+		want bool
+	}{
+		{"granted before, never expires", availableCredit{createdAt: end.Add(-time.Hour)}, true},
+		{"granted at the end", availableCredit{createdAt: end}, false},
+		{"granted after, in the grace", availableCredit{createdAt: end.Add(10 * time.Minute)}, false},
+		{"expires at the end", availableCredit{createdAt: end.Add(-time.Hour), expiresAt: at(0)}, true},
+		{"expired just before the end", availableCredit{createdAt: end.Add(-time.Hour), expiresAt: at(-time.Microsecond)}, false},
+		{"expires after the end", availableCredit{createdAt: end.Add(-time.Hour), expiresAt: at(time.Hour)}, true},
+	} {
+		if got := tt.c.pays(end); got != tt.want {
+			t.Errorf("%s: pays = %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	old, young := end.Add(-48*time.Hour), end.Add(-time.Hour)
+	p := newCreditPool([]availableCredit{
+		{id: "never-young", createdAt: young, leftCents: 1}, {id: "never-old", createdAt: old, leftCents: 1},
+		{id: "late", createdAt: young, expiresAt: at(2 * time.Hour), leftCents: 1},
+		{id: "soon-young", createdAt: young, expiresAt: at(time.Hour), leftCents: 1}, {id: "soon-old", createdAt: old, expiresAt: at(time.Hour), leftCents: 1},
+		{id: "too-late", createdAt: end.Add(time.Minute), leftCents: 1}, {id: "expired", createdAt: old, expiresAt: at(-time.Hour), leftCents: 1},
+	})
+	var got []string
+	for _, d := range p.draw(100, end) {
+		got = append(got, d.creditID)
+	}
+	if want := []string{"soon-old", "soon-young", "late", "never-old", "never-young"}; !slices.Equal(got, want) {
+		t.Errorf("drawn %q, want %q", got, want)
+	}
+	if left := p.left(end.AddDate(0, 1, 0), end); left != 1 {
+		t.Errorf("left for the next period only: %d cents, want 1 (the credit granted after the end)", left)
 	}
 }
 

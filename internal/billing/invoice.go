@@ -88,10 +88,12 @@ import (
 //     at month end, after the tenant's overrides (overrides have no history
 //     either: the current ones are used).
 //   - Grants are listed at amount 0: shown, not charged.
-//   - Credits: prepaid credit valid at the month's end is drawn, oldest
-//     expiring first, as negative "Credit: <reason>" lines after the others,
-//     never below a total of zero; drafts show the draws they would make,
-//     finalization records them, exactly once (see CreditEntry).
+//   - Credits: prepaid credit valid at the month's end (granted before it,
+//     not expired before it) is drawn, oldest expiring first, as negative
+//     "Credit: <reason>" lines after the others, never below a total of
+//     zero; drafts show the draws they would make, finalization records
+//     them, exactly once (see CreditEntry). A prepaid tenant's balance is
+//     computed by the same rating and the same draws (Ledger.Prepaid).
 //
 // Run is one idempotent step of the worker; Generate recomputes one invoice.
 type Invoicer struct {
@@ -364,10 +366,11 @@ type ratedTenant struct {
 	current       TierSegment // the tenant's current tier, if history is missing
 	in            RatingInput
 	oldLines      []InvoiceLine
+	lines         []InvoiceLine // rated (the prepaid balance's)
 	oldTotal      int64
 	oldStart      time.Time // the period stored on the invoice
 	oldEnd        time.Time
-	credits       []availableCredit // in the order they are drawn
+	credits       creditPool
 }
 
 // generateTx regenerates the invoices labelled label of the tenants ids
@@ -430,7 +433,7 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 
 	rows, err := tx.Query(ctx, `
 		SELECT i.id::text, t.id::text, i.total_cents, i.period_start, i.period_end, t.created_at, t.overrides,
-		       tr.slug, tr.name, tr.price_cents, tr.monthly_quota, tr.overage, tr.overage_price_cents_per_1k
+		       tr.slug, tr.name, tr.price_cents, tr.monthly_quota, tr.overage, tr.overage_price_cents_per_1k, tr.billing
 		FROM invoices i JOIN tenants t ON t.id = i.tenant_id JOIN tiers tr ON tr.slug = t.tier
 		WHERE i.tenant_id = ANY($1::uuid[]) AND i.period = $2 AND i.status = 'draft'
 		ORDER BY i.tenant_id FOR UPDATE OF i`, keep, label)
@@ -443,7 +446,7 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 		t := &ratedTenant{}
 		c := &t.current
 		if err := rows.Scan(&t.invoiceID, &t.id, &t.oldTotal, &t.oldStart, &t.oldEnd, &t.created, &t.overrides,
-			&c.Tier, &c.Name, &c.PriceCents, &c.MonthlyQuota, &c.Overage, &c.OveragePriceCentsPer1K); err != nil {
+			&c.Tier, &c.Name, &c.PriceCents, &c.MonthlyQuota, &c.Overage, &c.OveragePriceCentsPer1K, &c.Billing); err != nil {
 			rows.Close()
 			return fmt.Errorf("billing: lock invoices: %w", err)
 		}
@@ -461,6 +464,9 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 		return nil
 	}
 	if err := loadRatingInputs(ctx, tx, ts, byID); err != nil {
+		return err
+	}
+	if err := loadInvoiceLines(ctx, tx, ts); err != nil {
 		return err
 	}
 	// Credits: the finalized tenants' rows locked (in tenant order, after
@@ -499,18 +505,8 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 	)
 	for _, t := range ts {
 		start, end := t.in.Start, t.in.End
-		t.in.Segments = clipToLifetime(t.in.Segments, t.created, start, end)
-		if len(t.in.Segments) == 0 { // no history: the current tier since creation
-			c := t.current
-			c.From, c.To = t.created, end
-			t.in.Segments = clipToLifetime([]TierSegment{c}, t.created, start, end)
-		}
-		for k := range t.in.Segments {
-			s := &t.in.Segments[k]
-			s.MonthlyQuota = t.overrides.Apply(quota.Limits{MonthlyQuota: s.MonthlyQuota}).MonthlyQuota
-		}
-		got := Rate(t.in)
-		drawn := drawCredits(TotalCents(got), t.credits)
+		got := t.rate()
+		drawn := t.credits.draw(TotalCents(got), end)
 		for _, d := range drawn {
 			got = append(got, creditLine(d))
 		}
@@ -565,9 +561,26 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 	return recordDraws(ctx, tx, now, drawInvoices, draws)
 }
 
+// rate returns the lines of t's invoice before credits: its rating input
+// with the segments clipped to its lifetime (the current tier since its
+// creation when it has no tier history) and its overrides applied, rated.
+func (t *ratedTenant) rate() []InvoiceLine {
+	start, end := t.in.Start, t.in.End
+	t.in.Segments = clipToLifetime(t.in.Segments, t.created, start, end)
+	if len(t.in.Segments) == 0 { // no history: the current tier since creation
+		c := t.current
+		c.From, c.To = t.created, end
+		t.in.Segments = clipToLifetime([]TierSegment{c}, t.created, start, end)
+	}
+	for k := range t.in.Segments {
+		s := &t.in.Segments[k]
+		s.MonthlyQuota = t.overrides.Apply(quota.Limits{MonthlyQuota: s.MonthlyQuota}).MonthlyQuota
+	}
+	return Rate(t.in)
+}
+
 // loadRatingInputs fills the rating inputs of the tenants ts (also indexed
-// by id), each for its period [in.Start, in.End), and their invoices'
-// current lines. Every statement takes the tenants' bounds as arrays beside
+// by id), each for its period [in.Start, in.End). Every statement takes the tenants' bounds as arrays beside
 // their ids, so one batch needs the same statements whatever its calendars.
 //
 // Usage is kept in hourly UTC buckets (usage.hour): a bucket counts in the
@@ -580,21 +593,18 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 // in Redis counts the exact periods; the ledger cannot split an hour).
 func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID map[string]*ratedTenant) error {
 	ids := make([]string, len(ts))
-	invIDs := make([]string, len(ts))
 	starts := make([]time.Time, len(ts))
 	ends := make([]time.Time, len(ts))
 	dayFrom := make([]time.Time, len(ts)) // the periods' first and next local dates, for grants
 	dayTo := make([]time.Time, len(ts))
-	byInvoice := make(map[string]*ratedTenant, len(ts))
 	// The batch's overall bounds, [first, last), repeat the filters on the
 	// plain columns so that the planner scans the indexes by tenant and
 	// time, as for one shared period; the join then keeps each tenant's.
 	first, last := ts[0].in.Start, ts[0].in.End
 	for k, t := range ts {
-		ids[k], invIDs[k] = t.id, t.invoiceID
+		ids[k] = t.id
 		starts[k], ends[k] = t.in.Start, t.in.End
 		dayFrom[k], dayTo[k] = localDate(t.cal, t.in.Start), localDate(t.cal, t.in.End)
-		byInvoice[t.invoiceID] = t
 		first, last = minTime(first, t.in.Start), maxTime(last, t.in.End)
 	}
 
@@ -607,7 +617,7 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		SELECT h.tenant_id::text, tr.slug, tr.name, coalesce(p.price_cents, tr.price_cents), tr.monthly_quota, tr.overage,
 		       coalesce(p.overage_price_cents_per_1k, tr.overage_price_cents_per_1k),
 		       greatest(h.valid_from, coalesce(p.valid_from, h.valid_from)),
-		       least(coalesce(h.valid_to, b.pe), coalesce(p.valid_to, b.pe), b.pe), tr.meter_quotas
+		       least(coalesce(h.valid_to, b.pe), coalesce(p.valid_to, b.pe), b.pe), tr.meter_quotas, tr.billing
 		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, ps, pe)
 		JOIN tenant_tier_history h ON h.tenant_id = b.tenant_id
 		JOIN tiers tr ON tr.slug = h.tier
@@ -620,7 +630,7 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		return fmt.Errorf("billing: tier history: %w", err)
 	}
 	_, err = pgx.ForEachRow(rows, []any{&tenantID, &s.Tier, &s.Name, &s.PriceCents, &s.MonthlyQuota, &s.Overage,
-		&s.OveragePriceCentsPer1K, &s.From, &s.To, &s.MeterQuotas}, func() error {
+		&s.OveragePriceCentsPer1K, &s.From, &s.To, &s.MeterQuotas, &s.Billing}, func() error {
 		t := byID[tenantID]
 		t.in.Segments = append(t.in.Segments, s)
 		s.MeterQuotas = nil // (a scan into the same slice would overwrite this one's)
@@ -673,9 +683,20 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		return fmt.Errorf("billing: grants: %w", err)
 	}
 
+	return nil
+}
+
+// loadInvoiceLines reads the current lines of the invoices of ts.
+func loadInvoiceLines(ctx context.Context, tx pgx.Tx, ts []*ratedTenant) error {
+	invIDs := make([]string, len(ts))
+	byInvoice := make(map[string]*ratedTenant, len(ts))
+	for k, t := range ts {
+		invIDs[k] = t.invoiceID
+		byInvoice[t.invoiceID] = t
+	}
 	var invoiceID string
 	var l InvoiceLine
-	rows, err = tx.Query(ctx, `
+	rows, err := tx.Query(ctx, `
 		SELECT invoice_id::text, kind, description, quantity, amount_cents FROM invoice_lines
 		WHERE invoice_id = ANY($1::uuid[]) ORDER BY invoice_id, line_no`, invIDs)
 	if err != nil {
@@ -729,6 +750,9 @@ type TierSegment struct {
 	// MeterQuotas are the tier's meter quotas (current settings: they have
 	// no history), for rating the meters' overage.
 	MeterQuotas []quota.MeterQuota
+	// Billing is how the tier's tenants pay (its current setting: it has
+	// no history either); the prepaid balance reads what admission drew.
+	Billing quota.Billing
 }
 
 // InvoiceGrant is extra units granted for a day or for the month.
@@ -825,16 +849,7 @@ func Rate(in RatingInput) []InvoiceLine {
 	lines = append(lines, included)
 
 	if in.OverageUnits > 0 {
-		var price int64
-		name := "no plan"
-		for k := len(segs) - 1; k >= 0; k-- {
-			if k == len(segs)-1 || segs[k].Overage == quota.OverageBill {
-				price, name = segs[k].OveragePriceCentsPer1K, segs[k].Name
-			}
-			if segs[k].Overage == quota.OverageBill {
-				break
-			}
-		}
+		price, name := overageRate(segs)
 		lines = append(lines, InvoiceLine{
 			Kind:        "overage",
 			Description: fmt.Sprintf("Overage: %s units at %s per 1,000 (%s plan)", lineUnits(in.OverageUnits), lineMoney(price), name),
@@ -875,6 +890,23 @@ func Rate(in RatingInput) []InvoiceLine {
 		})
 	}
 	return lines
+}
+
+// overageRate returns the price per 1,000 units that rates a period's
+// tier overage, of the segments segs (in order), and its plan's name: the
+// last segment's, or when its tier does not bill overage, the latest
+// billing one's.
+func overageRate(segs []TierSegment) (price int64, name string) {
+	name = "no plan"
+	for k := len(segs) - 1; k >= 0; k-- {
+		if k == len(segs)-1 || segs[k].Overage == quota.OverageBill {
+			price, name = segs[k].OveragePriceCentsPer1K, segs[k].Name
+		}
+		if segs[k].Overage == quota.OverageBill {
+			break
+		}
+	}
+	return price, name
 }
 
 // TotalCents returns the sum of the lines' amounts, saturating at the

@@ -37,13 +37,7 @@ func meterOverageLines(segs []TierSegment, over []MeterOverage) []InvoiceLine {
 		if o.Units <= 0 {
 			continue
 		}
-		var q *quota.MeterQuota
-		name := ""
-		for k := len(segs) - 1; k >= 0 && q == nil; k-- {
-			if mq := quota.MeterQuotaFor(segs[k].MeterQuotas, o.Meter); mq != nil && mq.Bills() {
-				q, name = mq, segs[k].Name
-			}
-		}
+		q, name := meterRate(segs, o.Meter)
 		if q == nil {
 			lines = append(lines, InvoiceLine{
 				Kind:        "overage",
@@ -61,6 +55,19 @@ func meterOverageLines(segs []TierSegment, over []MeterOverage) []InvoiceLine {
 		})
 	}
 	return lines
+}
+
+// meterRate returns the meter quota whose price rates the meter's
+// overage in a period of the segments segs (in order), and its plan's
+// name: the latest segment's whose tier bills the meter's overage; nil
+// when none does.
+func meterRate(segs []TierSegment, meter string) (*quota.MeterQuota, string) {
+	for k := len(segs) - 1; k >= 0; k-- {
+		if mq := quota.MeterQuotaFor(segs[k].MeterQuotas, meter); mq != nil && mq.Bills() {
+			return mq, segs[k].Name
+		}
+	}
+	return nil, ""
 }
 
 // loadMeterOverage reads the meter overage of the tenants ids, each over

@@ -81,7 +81,7 @@ func TestPrepaidInvoicesToTheCent(t *testing.T) {
 		got := 0
 		for range n {
 			at := now()
-			pp, err := store.Prepaid(ctx, tn.ID, tier, quota.Calendar{}, at)
+			pp, err := ledger.Prepaid(ctx, tn.ID, tier, quota.Calendar{}, at)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -193,7 +193,7 @@ func TestRepairRestoresPrepaidDraws(t *testing.T) {
 		t.Helper()
 		got := 0
 		for range n {
-			pp, err := store.Prepaid(ctx, tn.ID, tier, quota.Calendar{}, time.Now())
+			pp, err := NewLedger(r.db).Prepaid(ctx, tn.ID, tier, quota.Calendar{}, time.Now())
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -40,7 +40,6 @@ type source interface {
 	Tiers(ctx context.Context) ([]quota.Tier, error)
 	Policies(ctx context.Context) ([]quota.Policy, error)
 	TouchKeys(ctx context.Context, used map[string]time.Time) error
-	Prepaid(ctx context.Context, tenantID string, tier quota.Tier, cal quota.Calendar, now time.Time) (quota.Prepaid, error)
 }
 
 // Principal is what a valid API key resolves to: its tenant, the tenant's
@@ -81,6 +80,7 @@ type Catalog struct {
 	tierList []quota.Tier
 	pol      policyCache  // policies.go
 	prepaid  prepaidCache // prepaid.go
+	balances balances     // prepaid.go; nil: WithBalances not called
 	negative int
 
 	usedMu sync.Mutex

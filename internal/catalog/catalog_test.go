@@ -13,16 +13,18 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-// countingSource wraps the real store and counts the reads, to prove that a
-// cached lookup makes no Postgres query.
+// countingSource wraps the real store (and the ledger's balances) and
+// counts the reads, to prove that a cached lookup makes no Postgres query.
 type countingSource struct {
 	*postgres.Store
-	reads atomic.Int64
+	ledger *billing.Ledger
+	reads  atomic.Int64
 }
 
 func (s *countingSource) KeyByPrefix(ctx context.Context, p string) (quota.KeyRecord, error) {
@@ -40,9 +42,9 @@ func (s *countingSource) Tiers(ctx context.Context) ([]quota.Tier, error) {
 	return s.Store.Tiers(ctx)
 }
 
-func (s *countingSource) Prepaid(ctx context.Context, tenantID string, tier quota.Tier, cal quota.Calendar, now time.Time) (quota.Prepaid, error) {
+func (s *countingSource) Prepaids(ctx context.Context, ts []quota.PrepaidOf, now time.Time) ([]quota.Prepaid, error) {
 	s.reads.Add(1)
-	return s.Store.Prepaid(ctx, tenantID, tier, cal, now)
+	return s.ledger.Prepaids(ctx, ts, now)
 }
 
 // mustNodes starts n catalogs sharing pool's database and one Redis, as n
@@ -59,8 +61,8 @@ func mustNodes(tb testing.TB, pool *pgxpool.Pool, n int) (*postgres.Store, []*Ca
 	var nodes []*Catalog
 	var srcs []*countingSource
 	for range n {
-		src := &countingSource{Store: store}
-		c := New(src, rdb, prefix, log, time.Now)
+		src := &countingSource{Store: store, ledger: billing.NewLedger(pool)}
+		c := New(src, rdb, prefix, log, time.Now).WithBalances(src)
 		ready := make(chan struct{})
 		wg.Add(1)
 		go func() { defer wg.Done(); c.Run(ctx, time.Hour, ready) }()

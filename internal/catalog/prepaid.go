@@ -2,11 +2,46 @@ package catalog
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
+
+// balances computes prepaid tenants' balances, many at once
+// (billing.Ledger.Prepaids: the credit left after every charge the
+// invoices not final yet will take, which the invoicing rules decide).
+type balances interface {
+	Prepaids(ctx context.Context, ts []quota.PrepaidOf, now time.Time) ([]quota.Prepaid, error)
+}
+
+// balanceBatch bounds the balances one refresh reads at once.
+const balanceBatch = 500
+
+// WithBalances sets where the catalog reads prepaid tenants' balances and
+// returns c. Without it, a prepaid tenant's balance is an error.
+func (c *Catalog) WithBalances(b balances) *Catalog {
+	c.balances = b
+	return c
+}
+
+// readBalances reads balances from the source WithBalances set.
+func (c *Catalog) readBalances(ctx context.Context, ts []quota.PrepaidOf, at time.Time) ([]quota.Prepaid, error) {
+	if c.balances == nil {
+		return nil, errors.New("catalog: no source of prepaid balances (WithBalances)")
+	}
+	return c.balances.Prepaids(ctx, ts, at)
+}
+
+// readBalance reads p's balance at at.
+func (c *Catalog) readBalance(ctx context.Context, p Principal, at time.Time) (quota.Prepaid, error) {
+	ps, err := c.readBalances(ctx, []quota.PrepaidOf{{TenantID: p.Tenant.ID, Tier: p.Tier, Calendar: p.Calendar}}, at)
+	if err != nil {
+		return quota.Prepaid{}, err
+	}
+	return ps[0], nil
+}
 
 // prepaidEntry is a prepaid tenant's cached balance, with the principal it
 // was read for (Refresh reads it again with them).
@@ -22,11 +57,13 @@ type prepaidEntry struct {
 // each until its billing period ends. The metered request never waits for
 // Postgres while its entry holds: the catalog's refresh loop reads the
 // entries again (Refresh), invalidations drop them (a credit grant,
-// KindRoom; a tenant or tier change). A stale balance never over-spends:
-// within a period it only grows by a credit grant, which invalidates it,
-// and shrinks by an invoice's draws of what the admission script already
-// counts (see quota.Prepaid); reading it again only lets go what an older
-// view holds back (a draft that became final).
+// KindRoom; a tenant or tier change). Within a period a balance grows by
+// a credit grant, which invalidates it, and shrinks by an invoice's draws
+// of what the admission script already counts (see quota.Prepaid), by a
+// tier change, which invalidates it, and by the ledger's late news of
+// usage admission did not draw for (a postpaid stretch's last seconds,
+// flushed after the move that made the tenant prepaid): that one only
+// reaches the entry at the next refresh.
 type prepaidCache struct {
 	mu  sync.Mutex
 	m   map[string]prepaidEntry
@@ -84,7 +121,7 @@ func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*qu
 	var got *quota.Prepaid
 	err := c.shared(ctx, "pp:"+p.Tenant.ID, func(ctx context.Context) error {
 		_, gen, _ := c.prepaid.get(p.Tenant.ID)
-		pp, err := c.src.Prepaid(ctx, p.Tenant.ID, p.Tier, p.Calendar, at)
+		pp, err := c.readBalance(ctx, p, at)
 		if err != nil {
 			return err
 		}
@@ -99,7 +136,7 @@ func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*qu
 	if e, _, ok := c.prepaid.get(p.Tenant.ID); ok && at.Before(e.p.Until) && e.p.PeriodID == p.Calendar.PeriodID(at) {
 		return &e.p, nil
 	}
-	pp, err := c.src.Prepaid(ctx, p.Tenant.ID, p.Tier, p.Calendar, at)
+	pp, err := c.readBalance(ctx, p, at)
 	if err != nil {
 		return nil, err
 	}
@@ -107,23 +144,25 @@ func (c *Catalog) PrepaidAt(ctx context.Context, p Principal, at time.Time) (*qu
 }
 
 // refreshPrepaid reads every cached balance again at now, off the request
-// path (Refresh); one dropped meanwhile is left to the next request.
+// path (Refresh), balanceBatch at a time; one dropped meanwhile is left to
+// the next request.
 func (c *Catalog) refreshPrepaid(ctx context.Context, now time.Time) error {
 	c.prepaid.mu.Lock()
-	entries := make([]prepaidEntry, 0, len(c.prepaid.m))
-	ids := make([]string, 0, len(c.prepaid.m))
+	ts := make([]quota.PrepaidOf, 0, len(c.prepaid.m))
 	for id, e := range c.prepaid.m {
-		entries, ids = append(entries, e), append(ids, id)
+		ts = append(ts, quota.PrepaidOf{TenantID: id, Tier: e.tier, Calendar: e.cal})
 	}
 	gen := c.prepaid.gen
 	c.prepaid.mu.Unlock()
-	for k, e := range entries {
-		p := Principal{Tenant: quota.Tenant{ID: ids[k]}, Tier: e.tier, Calendar: e.cal}
-		pp, err := c.src.Prepaid(ctx, ids[k], e.tier, e.cal, now)
+	for start := 0; start < len(ts); start += balanceBatch {
+		batch := ts[start:min(start+balanceBatch, len(ts))]
+		ps, err := c.readBalances(ctx, batch, now)
 		if err != nil {
 			return err
 		}
-		c.prepaid.store(p, pp, gen)
+		for k, of := range batch {
+			c.prepaid.store(Principal{Tenant: quota.Tenant{ID: of.TenantID}, Tier: of.Tier, Calendar: of.Calendar}, ps[k], gen)
+		}
 	}
 	return nil
 }

@@ -84,12 +84,16 @@ func (t Tier) CheckOverrides(o Overrides) error {
 // then its draws are on the ledger, out of the credit; while it is set,
 // drawn(PrevID) counts only past ExpiringMillicents), and lines the
 // invoice lines that may round up: Lines, twice when the previous period
-// drew anything.
+// drew anything. The invoicing side (billing.Ledger.Prepaid) computes the
+// fields by the rules its invoices draw credits by.
 type Prepaid struct {
-	// BalanceMillicents is the credit valid at the end of the period
-	// (created before it and not expired before its end: what its invoice
-	// may draw), in millicents, less what older invoices that are not
-	// final yet will draw.
+	// BalanceMillicents is what the period's invoice will be able to draw
+	// (the credit that pays it: granted before the period's end and not
+	// expired before it), in millicents, once every invoice not final yet
+	// has drawn its share, less the charges of the period's own invoice
+	// that admissions do not draw (a postpaid plan's price before a move
+	// onto the tier, say). What the admissions of this period and the
+	// previous one drew is Redis's, and not in it. It may be negative.
 	BalanceMillicents int64
 	// Lines is how many invoice lines of a period the draws are rated on:
 	// the tier's overage and each billed meter quota's. Each is rounded up
@@ -97,7 +101,8 @@ type Prepaid struct {
 	// the first that the current and the previous period may have: a
 	// balance that admits never leaves an invoice more than its credit.
 	Lines int
-	// CreditCents is that credit, in cents, before the deductions.
+	// CreditCents is the credit that pays the period's invoice, in cents,
+	// left by the final invoices, before the deductions.
 	CreditCents int64
 	// PeriodID is the billing period the balance is for (Calendar.PeriodID)
 	// and Until its end: the balance is stale from then.
@@ -105,14 +110,27 @@ type Prepaid struct {
 	Until    time.Time
 	// PrevID is the previous period while its invoice is not final, else 0.
 	PrevID int
-	// ExpiringMillicents, while PrevID is set, is the credit the previous
-	// period's invoice may draw that is not in the balance (it expires
-	// before this period's end), in millicents: that invoice draws it
-	// first (oldest expiring first), so the previous period's draws take
-	// only what they pass it by from the balance.
+	// ExpiringMillicents, while PrevID is set, is what the previous
+	// period's draws may reach before they take anything off the balance,
+	// in millicents: the credit that invoice draws first, which does not
+	// pay this period's (it expires before this period's end), less its
+	// charges that are not drawn at admission; or its overage charges as
+	// the ledger has them, when more (the balance already holds those
+	// back: that invoice takes the more of them and of what Redis counts);
+	// or more than any draws reach, when that invoice takes all the credit
+	// it shares with this period's whatever it drew.
 	ExpiringMillicents int64
-	// HeldCents is the older invoices' draws taken off the balance.
+	// HeldCents is what the invoices not final yet take off CreditCents
+	// besides the draws Redis counts: CreditCents - BalanceMillicents/1000.
 	HeldCents int64
+}
+
+// PrepaidOf is a prepaid tenant whose balance is asked for, with the tier
+// and the billing calendar its admissions run under.
+type PrepaidOf struct {
+	TenantID string
+	Tier     Tier
+	Calendar Calendar
 }
 
 // PrepaidStaleError says that an admission was asked with a Prepaid of
