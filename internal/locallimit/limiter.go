@@ -53,7 +53,13 @@ type tenant struct {
 	full  int64 // time the token bucket is full again, us
 	day   period
 	month period
+	// under are the burst limits tat and full were written under (zero:
+	// none yet), for the fresh start of an upgrade (see admit)
+	under burstLimits
 }
+
+// burstLimits are the GCRA's and the bucket's parameters, in params' units.
+type burstLimits struct{ gcraT, burst, bucketU, capacity int64 }
 
 // period is a quota period's usage. id is the day since the epoch or
 // year*100+month; a period whose id is not the current one counts as empty.
@@ -178,12 +184,28 @@ func (t *tenant) admit(p params, cost int64, bill, dry bool, now int64) quota.De
 		}
 	}
 
+	// A change of the burst limits (lua/admit.lua, "Limit changes"): a
+	// limit at least as large in rate and burst as the one the state was
+	// written under starts fresh; any other is clamped below.
+	tat, full := t.tat, t.full
+	newLim := burstLimits{p.gcraT, p.burst, p.bucketU, p.capacity}
+	relim := (p.gcraT > 0 || p.bucketU > 0) && t.under != newLim
+	if relim && t.under != (burstLimits{}) {
+		u := t.under
+		if p.gcraT > 0 && u.gcraT > 0 && p.gcraT <= u.gcraT && p.burst >= u.burst {
+			tat = 0
+		}
+		if p.bucketU > 0 && u.bucketU > 0 && p.bucketU <= u.bucketU && p.capacity >= u.capacity {
+			full = 0
+		}
+	}
+
 	// GCRA: one emission interval T per request, burst B; the state is
 	// clamped to the most indebted one the current limits allow, so that
 	// lowering a limit never leaves a tenant waiting longer than it allows.
 	var gtat, gnew int64
 	if p.gcraT > 0 {
-		gtat = min(max(t.tat, now), now+p.burst*p.gcraT)
+		gtat = min(max(tat, now), now+p.burst*p.gcraT)
 		gnew = gtat + p.gcraT
 		if gnew-now > p.burst*p.gcraT {
 			refuse(quota.LimitBurst, gnew-p.burst*p.gcraT-now)
@@ -193,7 +215,7 @@ func (t *tenant) admit(p params, cost int64, bill, dry bool, now int64) quota.De
 	// Token bucket: U per unit, capacity C; the state is when it is full.
 	var bf, bnew int64
 	if p.bucketU > 0 {
-		bf = min(max(t.full, now), now+p.capacity*p.bucketU)
+		bf = min(max(full, now), now+p.capacity*p.bucketU)
 		if cost > p.capacity {
 			refuse(quota.LimitBucket, -1)
 		} else {
@@ -241,11 +263,15 @@ func (t *tenant) admit(p params, cost int64, bill, dry bool, now int64) quota.De
 
 	switch {
 	case ok && !dry:
+		t.tat, t.full = tat, full
 		if p.gcraT > 0 {
 			t.tat = gnew
 		}
 		if p.bucketU > 0 {
 			t.full = bnew
+		}
+		if relim {
+			t.under = newLim
 		}
 		if p.daily >= 0 {
 			t.day = period{id: dayID, used: d.used + cost}
@@ -254,12 +280,21 @@ func (t *tenant) admit(p params, cost int64, bill, dry bool, now int64) quota.De
 			t.month = period{id: monthID, used: mo.used + cost, over: mo.over + overage}
 		}
 	case !ok && !dry:
-		// A clamp is kept even on a refusal: it consumes nothing.
-		if p.gcraT > 0 && t.tat > gtat {
-			t.tat = gtat
-		}
-		if p.bucketU > 0 && t.full > bf {
-			t.full = bf
+		// A clamp is kept even on a refusal: it consumes nothing. The
+		// state is then written whole, as read (a fresh start included),
+		// with the limits it now stands for.
+		gclamp, bclamp := p.gcraT > 0 && tat > gtat, p.bucketU > 0 && full > bf
+		if gclamp || bclamp {
+			t.tat, t.full = tat, full
+			if gclamp {
+				t.tat = gtat
+			}
+			if bclamp {
+				t.full = bf
+			}
+			if relim {
+				t.under = newLim
+			}
 		}
 	}
 
