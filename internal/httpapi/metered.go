@@ -26,12 +26,9 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	route := s.routes.Match(c.Method(), proxyPath(c))
-	if route == nil {
-		if !routes.Acceptable(proxyPath(c)) {
-			return quota.FieldError("path", "must be a plain path: no dot segments (. or .., escaped or not), bad escapes or control characters")
-		}
-		return quota.Errorf(quota.CodeNotFound, "no metered route for %s %s", c.Method(), c.Path())
+	route, err := s.resolveRoute(c)
+	if err != nil {
+		return err
 	}
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: route.Meter, Cost: route.Cost, Limits: p.Limits,
