@@ -95,9 +95,6 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	// round trip, for those routes only) under the process-unique id, which
 	// the upstream gets and the client is answered in Tollgate-Request-Id.
 	settleID := ""
-	if route.Settle {
-		c.Request().Header.Del(hdrSettleID) // never a client's
-	}
 	if route.Settle && !d.Degraded {
 		settleID = httpx.UniqueID(c)
 		rctx, cancel := detached(c)
@@ -106,12 +103,9 @@ func (s *Server) metered(c *fiber.Ctx) error {
 			settleID = ""
 		}
 		cancel()
-		if settleID != "" {
-			c.Request().Header.Set(hdrSettleID, settleID)
-		}
 	}
 	if route.UpstreamURL() != nil {
-		err = s.forward(c, route, p.Tenant.ID)
+		err = s.forward(c, route, p.Tenant.ID, settleID)
 	} else {
 		err = s.builtin(c, route, p.Tenant.ID, p.Tier.Slug, d)
 	}
@@ -191,17 +185,24 @@ var upstreamClient = &fasthttp.Client{
 }
 
 // forward proxies the request to the route's upstream. The tenant's key is
-// not forwarded; the upstream learns the tenant from X-Tollgate-Tenant-Id.
-func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID string) error {
+// not forwarded; the upstream learns the tenant from X-Tollgate-Tenant-Id,
+// and a settle route's request id from Tollgate-Request-Id (settleID, when
+// reserved), after every header of a client's that would pass for one of
+// these is removed; the answer loses those that would speak for Tollgate
+// (proxyheaders.go).
+func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID, settleID string) error {
 	h := &c.Request().Header
-	h.Del(fiber.HeaderAuthorization)
-	h.Del("X-API-Key")
+	stripRequestHeaders(h)
 	h.Set("X-Tollgate-Tenant-Id", tenantID)
 	h.Set(fiber.HeaderXForwardedFor, s.guard.ClientIP(c).String())
+	if settleID != "" {
+		h.Set(hdrSettleID, settleID)
+	}
 	h.SetHost(route.UpstreamURL().Host)
 	err := proxy.DoTimeout(c, proxyTarget(c, route), route.UpstreamTimeout(), upstreamClient)
 	if err == nil {
 		c.Response().Header.Del(fiber.HeaderServer)
+		stripAnswerHeaders(&c.Response().Header, settleID != "")
 		return nil
 	}
 	c.Response().Reset()

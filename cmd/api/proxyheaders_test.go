@@ -1,0 +1,130 @@
+package main
+
+// The headers across the proxy: those that carry Tollgate's word, to the
+// upstream and back to the client, are Tollgate's alone.
+
+import (
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// TestProxyStripsHeadersThatImpersonateTollgate: a client's header whose
+// name, in any case and with _ read as -, is one Tollgate sets for the
+// upstream (its namespace X-Tollgate-* and Tollgate-*, X-Forwarded-For) or
+// takes away (the credentials) never reaches the upstream; Tollgate's own
+// are there once. Other headers pass, underscores and all.
+func TestProxyStripsHeadersThatImpersonateTollgate(t *testing.T) {
+	t.Parallel()
+	up := newSeeingUpstream(t, nil)
+	s := mustStack(t)
+	s.writeRoutes(t, `
+		{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "%[1]s/v1/"},
+		{"method": "*", "path": "/api/gen/", "meter": "gen", "cost": 1, "upstream": "%[1]s/v1/", "settle": true}`, up.srv.URL)
+	base := s.start()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
+	tenant, key := s.tenant(tier.Slug)
+	for _, route := range []string{"/api/up/x", "/api/gen/x"} {
+		r := raw(t, base, "GET "+route+" HTTP/1.1", "Authorization: Bearer "+key,
+			"X_Tollgate_Tenant_Id: evil-1",
+			"x-tollgate-tenant-id: evil-2",
+			"X-TOLLGATE-TENANT-ID: evil-3",
+			"X-Tollgate-Tenant-Id: evil-4",
+			"x_TOLLGATE-tenant_ID: evil-5",
+			"X_Tollgate_Tenant_Id: evil-6",
+			"X-Tollgate-Plan: gold",
+			"X_Tollgate_Plan: gold",
+			"Tollgate-Request-Id: fake",
+			"Tollgate_Request_Id: fake",
+			"TOLLGATE_ACTUAL_COST: 0",
+			"X_Forwarded_For: 6.6.6.6",
+			"X-Forwarded-For: 7.7.7.7",
+			"X_API_Key: "+key,
+			"X_Api_key: "+key,
+			"X-Custom_Thing: kept",
+			"X-Tollgatex: kept",
+		)
+		got := up.take()
+		if r.status != 200 || len(got) != 1 {
+			t.Fatalf("GET %s: status %d, %d upstream requests; want 200 and 1 (%s)", route, r.status, len(got), r.body)
+		}
+		h := got[0].header
+		for name, values := range h {
+			n := strings.ToLower(strings.ReplaceAll(name, "_", "-"))
+			switch {
+			case n == "x-tollgate-tenant-id":
+				if name != "X-Tollgate-Tenant-Id" || len(values) != 1 || values[0] != tenant.ID {
+					t.Errorf("GET %s: the upstream got %s: %q, want only X-Tollgate-Tenant-Id: %s", route, name, values, tenant.ID)
+				}
+			case n == "tollgate-request-id" && route == "/api/gen/x":
+				if name != "Tollgate-Request-Id" || len(values) != 1 || values[0] == "fake" {
+					t.Errorf("GET %s: the upstream got %s: %q, want only Tollgate's own Tollgate-Request-Id", route, name, values)
+				}
+			case strings.HasPrefix(n, "x-tollgate-") || strings.HasPrefix(n, "tollgate-"):
+				t.Errorf("GET %s: the upstream got %s: %q, a header of Tollgate's from the client", route, name, values)
+			case n == "x-forwarded-for":
+				if name != "X-Forwarded-For" || len(values) != 1 || values[0] != "127.0.0.1" {
+					t.Errorf("GET %s: the upstream got %s: %q, want only X-Forwarded-For: 127.0.0.1", route, name, values)
+				}
+			case n == "x-api-key" || n == "authorization":
+				t.Errorf("GET %s: the upstream got %s: %q, the tenant's credentials", route, name, values)
+			}
+		}
+		for _, name := range []string{"X-Tollgate-Tenant-Id", "X-Forwarded-For", "X-Custom_thing", "X-Tollgatex"} {
+			if len(h[name]) != 1 {
+				t.Errorf("GET %s: the upstream got %s: %q, want one value (headers: %v)", route, name, h[name], h)
+			}
+		}
+		if route == "/api/gen/x" && len(h["Tollgate-Request-Id"]) != 1 {
+			t.Errorf("GET %s: the upstream got Tollgate-Request-Id %q, want Tollgate's own", route, h["Tollgate-Request-Id"])
+		}
+	}
+}
+
+// TestProxyAnswerCarriesOnlyTollgatesWord: an upstream's answer headers
+// that would speak for Tollgate (its namespace, the rate-limit headers, the
+// replay marker) do not reach the client: what the client reads there is
+// Tollgate's.
+func TestProxyAnswerCarriesOnlyTollgatesWord(t *testing.T) {
+	t.Parallel()
+	up := newSeeingUpstream(t, func(w http.ResponseWriter) {
+		h := w.Header()
+		for _, kv := range [][2]string{
+			{"Tollgate-Refunded", "5"}, {"Tollgate-Actual-Cost", "0"}, {"Tollgate-Settled-Cost", "0"},
+			{"Tollgate-Degraded", "fail-open"}, {"Tollgate-Request-Id", "upstream-made"}, {"X-Tollgate-Tenant-Id", "other"},
+			{"Idempotent-Replayed", "true"}, {"RateLimit", `"daily";r=999999;t=1`}, {"RateLimit-Policy", `"daily";q=999999`},
+			{"X-RateLimit-Limit", "999999"}, {"X-RateLimit-Remaining", "999999"}, {"X-RateLimit-Reset", "1"},
+			{"Ratelimit-Shadow-Refused", "x"}, {"X-Upstream", "kept"},
+		} {
+			h[kv[0]] = []string{kv[1]}
+		}
+		h["Tollgate_Refunded"] = []string{"7"}
+	})
+	s := mustStack(t)
+	s.writeRoutes(t, `{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "%[1]s/v1/"}`, up.srv.URL)
+	base := s.start()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
+	_, key := s.tenant(tier.Slug)
+	r := rawGet(t, base, "/api/up/x", key)
+	if r.status != 200 || r.header.Get("X-Upstream") != "kept" {
+		t.Fatalf("status %d, X-Upstream %q; want 200 and the upstream's own header (%s)", r.status, r.header.Get("X-Upstream"), r.body)
+	}
+	for name, values := range r.header {
+		n := strings.ToLower(strings.ReplaceAll(name, "_", "-"))
+		if strings.HasPrefix(n, "tollgate-") || strings.HasPrefix(n, "x-tollgate-") || n == "idempotent-replayed" {
+			t.Errorf("the client got %s: %q from the upstream", name, values)
+		}
+	}
+	if got := remaining(t, r.header)["daily"]; got != 999 || r.header.Get("X-RateLimit-Remaining") != "999" || r.header.Get("X-RateLimit-Limit") != "1000" {
+		t.Errorf("RateLimit %q, X-RateLimit-Limit %q, X-RateLimit-Remaining %q: want Tollgate's (1000, 999 left)",
+			r.header.Get("RateLimit"), r.header.Get("X-RateLimit-Limit"), r.header.Get("X-RateLimit-Remaining"))
+	}
+	if v := r.header.Values("Ratelimit-Policy"); len(v) != 1 || strings.Contains(v[0], "999999") {
+		t.Errorf("RateLimit-Policy %q, want Tollgate's alone", v)
+	}
+	if v := r.header.Values("Ratelimit-Shadow-Refused"); len(v) != 0 {
+		t.Errorf("RateLimit-Shadow-Refused %q from the upstream, want none", v)
+	}
+}
