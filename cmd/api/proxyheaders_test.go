@@ -4,9 +4,15 @@ package main
 // upstream and back to the client, are Tollgate's alone.
 
 import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -126,5 +132,90 @@ func TestProxyAnswerCarriesOnlyTollgatesWord(t *testing.T) {
 	}
 	if v := r.header.Values("Ratelimit-Shadow-Refused"); len(v) != 0 {
 		t.Errorf("RateLimit-Shadow-Refused %q from the upstream, want none", v)
+	}
+}
+
+// TestProxyRequestFramingAndHopByHop: what reaches the upstream is one
+// well-framed request: a chunked body arrives with its Content-Length, a
+// request framed twice is not forwarded as sent, a body past
+// TOLLGATE_BODY_LIMIT is refused; and the headers of the client's
+// connection (hop-by-hop, those Connection names) and its own statements of
+// its address (Forwarded, X-Real-IP) stay behind.
+func TestProxyRequestFramingAndHopByHop(t *testing.T) {
+	t.Parallel()
+	var mu sync.Mutex
+	var bodies []string
+	up := newSeeingUpstream(t, nil)
+	inner := up.srv.Config.Handler
+	up.srv.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		bodies = append(bodies, fmt.Sprintf("%d %q %q", r.ContentLength, r.TransferEncoding, b))
+		mu.Unlock()
+		inner.ServeHTTP(w, r)
+	})
+	s := mustStack(t)
+	s.writeRoutes(t, `{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "%[1]s/v1/"}`, up.srv.URL)
+	base := s.start()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
+	_, key := s.tenant(tier.Slug)
+	send := func(request string) (int, []seen, []string) {
+		t.Helper()
+		conn, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
+		if _, err := io.WriteString(conn, strings.ReplaceAll(request, "KEY", key)); err != nil {
+			t.Fatal(err)
+		}
+		status := 0
+		if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
+			_, _ = io.Copy(io.Discard, resp.Body)
+			status = resp.StatusCode
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		got := bodies
+		bodies = nil
+		return status, up.take(), got
+	}
+
+	status, got, b := send("POST /api/up/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer KEY\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+	if status != 200 || len(got) != 1 || len(b) != 1 || b[0] != `5 [] "hello"` {
+		t.Errorf("a chunked body: status %d, the upstream got %v; want 200 and one request of Content-Length 5", status, b)
+	}
+	status, got, b = send("POST /api/up/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer KEY\r\nConnection: close\r\nContent-Length: 3\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
+	if len(got) > 1 || len(got) == 1 && (len(b) != 1 || b[0] != `5 [] "hello"`) {
+		t.Errorf("a body framed twice: status %d, the upstream got %v; want it refused or one request of Content-Length 5", status, b)
+	}
+	status, got, b = send("POST /api/up/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer KEY\r\nConnection: close\r\nContent-Length: 5\r\nContent-Length: 6\r\n\r\nhello!")
+	if status != 400 || len(got) != 0 {
+		t.Errorf("two Content-Lengths: status %d, %d upstream requests %v; want 400 and none", status, len(got), b)
+	}
+	status, got, _ = send("POST /api/up/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer KEY\r\nConnection: close\r\nTransfer-Encoding: chunked\r\n\r\n1000\r\n" + strings.Repeat("a", 4096) + "\r\n0\r\n\r\n")
+	if status != 413 || len(got) != 0 {
+		t.Errorf("a chunked body past TOLLGATE_BODY_LIMIT: status %d, %d upstream requests; want 413 and none", status, len(got))
+	}
+
+	status, got, _ = send("GET /api/up/x HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer KEY\r\nConnection: keep-alive, X-Hop, x_other_hop\r\n" +
+		"X-Hop: 1\r\nX-Other-Hop: 1\r\nX_Other_Hop: 1\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\nUpgrade: websocket\r\nProxy-Authorization: Basic eDp5\r\n" +
+		"Proxy-Connection: keep-alive\r\nForwarded: for=6.6.6.6\r\nX-Real-IP: 6.6.6.6\r\nX_Real_IP: 6.6.6.6\r\nX-End-To-End: kept\r\n\r\n")
+	if status != 200 || len(got) != 1 {
+		t.Fatalf("hop-by-hop headers: status %d, %d upstream requests; want 200 and 1", status, len(got))
+	}
+	for name, values := range got[0].header {
+		switch n := strings.ToLower(strings.ReplaceAll(name, "_", "-")); n {
+		case "x-hop", "x-other-hop", "keep-alive", "te", "upgrade", "proxy-authorization", "proxy-connection", "forwarded", "x-real-ip":
+			t.Errorf("the upstream got %s: %q", name, values)
+		case "connection":
+			if len(values) != 1 || values[0] != "close" && values[0] != "keep-alive" {
+				t.Errorf("the upstream got Connection: %q, the client's", values)
+			}
+		}
+	}
+	if got[0].header.Get("X-End-To-End") != "kept" {
+		t.Errorf("the upstream got X-End-To-End %q, want kept", got[0].header.Get("X-End-To-End"))
 	}
 }

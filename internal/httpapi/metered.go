@@ -32,6 +32,10 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
+	if !oneContentLength(&c.Request().Header) {
+		c.Context().SetConnectionClose() // where the request ends is unknown
+		return quota.FieldError("Content-Length", "must be stated once: two different lengths leave the end of the request unknown")
+	}
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: route.Meter, Cost: route.Cost, Limits: p.Limits,
 		Overage: p.Tier.Overage, OveragePriceCentsPer1K: p.Tier.OveragePriceCentsPer1K, FailOpen: p.Tier.FailOpen,

@@ -20,9 +20,11 @@ import (
 
 // toUpstreamReserved are the request headers a client never passes to the
 // upstream, besides the Tollgate namespace: what Tollgate sets
-// (X-Forwarded-For), the tenant's credentials, and the hop-by-hop headers.
+// (X-Forwarded-For, its statement of the client's address, which other
+// statements of it would contradict), the tenant's credentials, and the
+// hop-by-hop headers.
 var toUpstreamReserved = []string{
-	"x-forwarded-for", "authorization", "x-api-key", "proxy-authorization",
+	"x-forwarded-for", "forwarded", "x-real-ip", "authorization", "x-api-key", "proxy-authorization",
 	"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
 }
 
@@ -159,4 +161,28 @@ func sameHeader(a, b []byte) bool {
 		}
 	}
 	return true
+}
+
+// oneContentLength reports whether a request states its length at most
+// once. fasthttp takes the last of several Content-Length values, where RFC
+// 9112 (section 6.3) makes differing ones an unrecoverable error: a proxy in
+// front of the api that took the first would read the rest of the body as
+// another request. Only a request that has the header is read again.
+func oneContentLength(h *fasthttp.RequestHeader) bool {
+	if len(h.Peek(fasthttp.HeaderContentLength)) == 0 {
+		return true
+	}
+	var first []byte
+	one := true
+	h.VisitAllInOrder(func(key, value []byte) {
+		if string(key) != fasthttp.HeaderContentLength {
+			return
+		}
+		if first == nil {
+			first = value
+		} else if !bytes.Equal(first, value) {
+			one = false
+		}
+	})
+	return one
 }
