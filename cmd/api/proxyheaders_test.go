@@ -4,15 +4,12 @@ package main
 // upstream and back to the client, are Tollgate's alone.
 
 import (
-	"bufio"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -161,20 +158,7 @@ func TestProxyRequestFramingAndHopByHop(t *testing.T) {
 	_, key := s.tenant(tier.Slug)
 	send := func(request string) (int, []seen, []string) {
 		t.Helper()
-		conn, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-		if _, err := io.WriteString(conn, strings.ReplaceAll(request, "KEY", key)); err != nil {
-			t.Fatal(err)
-		}
-		status := 0
-		if resp, err := http.ReadResponse(bufio.NewReader(conn), nil); err == nil {
-			_, _ = io.Copy(io.Discard, resp.Body)
-			status = resp.StatusCode
-		}
+		status := rawRequest(t, base, strings.ReplaceAll(request, "KEY", key)).status
 		mu.Lock()
 		defer mu.Unlock()
 		got := bodies
