@@ -99,7 +99,7 @@ func TestProxyAnswerCarriesOnlyTollgatesWord(t *testing.T) {
 			{"Tollgate-Degraded", "fail-open"}, {"Tollgate-Request-Id", "upstream-made"}, {"X-Tollgate-Tenant-Id", "other"},
 			{"Idempotent-Replayed", "true"}, {"RateLimit", `"daily";r=999999;t=1`}, {"RateLimit-Policy", `"daily";q=999999`},
 			{"X-RateLimit-Limit", "999999"}, {"X-RateLimit-Remaining", "999999"}, {"X-RateLimit-Reset", "1"},
-			{"Ratelimit-Shadow-Refused", "x"}, {"X-Upstream", "kept"},
+			{"Ratelimit-Shadow-Refused", "x"}, {"Keep-Alive", "timeout=99"}, {"X-Upstream", "kept"},
 		} {
 			h[kv[0]] = []string{kv[1]}
 		}
@@ -127,8 +127,10 @@ func TestProxyAnswerCarriesOnlyTollgatesWord(t *testing.T) {
 	if v := r.header.Values("Ratelimit-Policy"); len(v) != 1 || strings.Contains(v[0], "999999") {
 		t.Errorf("RateLimit-Policy %q, want Tollgate's alone", v)
 	}
-	if v := r.header.Values("Ratelimit-Shadow-Refused"); len(v) != 0 {
-		t.Errorf("RateLimit-Shadow-Refused %q from the upstream, want none", v)
+	for _, name := range []string{"Ratelimit-Shadow-Refused", "Keep-Alive"} {
+		if v := r.header.Values(name); len(v) != 0 {
+			t.Errorf("%s %q from the upstream, want none", name, v)
+		}
 	}
 }
 
@@ -201,5 +203,32 @@ func TestProxyRequestFramingAndHopByHop(t *testing.T) {
 	}
 	if got[0].header.Get("X-End-To-End") != "kept" {
 		t.Errorf("the upstream got X-End-To-End %q, want kept", got[0].header.Get("X-End-To-End"))
+	}
+}
+
+// TestProxyMethodIsTheRequestsMethod: the route is chosen on the request's
+// method, so the upstream never gets a header that asks it to act as
+// another (X-HTTP-Method-Override and its variants, which frameworks honour
+// on a POST): a cheap POST route is not a way into an expensive DELETE.
+func TestProxyMethodIsTheRequestsMethod(t *testing.T) {
+	t.Parallel()
+	up := newSeeingUpstream(t, nil)
+	s := mustStack(t)
+	s.writeRoutes(t, `
+		{"method": "POST", "path": "/api/jobs", "meter": "jobs", "cost": 1, "upstream": "%[1]s/jobs"},
+		{"method": "DELETE", "path": "/api/jobs", "meter": "purge", "cost": 100, "upstream": "%[1]s/jobs"}`, up.srv.URL)
+	base := s.start()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
+	_, key := s.tenant(tier.Slug)
+	r := raw(t, base, "POST /api/jobs HTTP/1.1", "Authorization: Bearer "+key,
+		"X-HTTP-Method-Override: DELETE", "X-HTTP-Method: DELETE", "X-Method-Override: DELETE", "X_HTTP_Method_Override: DELETE")
+	got := up.take()
+	if r.status != 200 || len(got) != 1 {
+		t.Fatalf("status %d, %d upstream requests; want 200 and 1", r.status, len(got))
+	}
+	for name, values := range got[0].header {
+		if n := strings.ToLower(strings.ReplaceAll(name, "_", "-")); strings.Contains(n, "method") {
+			t.Errorf("the upstream got %s: %q on a POST metered as POST", name, values)
+		}
 	}
 }

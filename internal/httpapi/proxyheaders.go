@@ -21,10 +21,13 @@ import (
 // toUpstreamReserved are the request headers a client never passes to the
 // upstream, besides the Tollgate namespace: what Tollgate sets
 // (X-Forwarded-For, its statement of the client's address, which other
-// statements of it would contradict), the tenant's credentials, and the
+// statements of it would contradict), the tenant's credentials, the method
+// overrides (the route, meter and cost are the request method's; an
+// upstream honouring X-HTTP-Method-Override would act as another), and the
 // hop-by-hop headers.
 var toUpstreamReserved = []string{
 	"x-forwarded-for", "forwarded", "x-real-ip", "authorization", "x-api-key", "proxy-authorization",
+	"x-http-method-override", "x-http-method", "x-method-override",
 	"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
 }
 
