@@ -70,6 +70,19 @@ func (s *stack) writeRoutes(tb testing.TB, table, upstream string) {
 	}
 }
 
+// proxyStack starts an api whose route table is table (see writeRoutes) in
+// front of upstream, and returns its base URL and a tenant and its key, on
+// a tier of daily units a day.
+func proxyStack(tb testing.TB, table, upstream string, daily int64) (string, quota.Tenant, string) {
+	tb.Helper()
+	s := mustStack(tb)
+	s.writeRoutes(tb, table, upstream)
+	base := s.start()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(daily)})
+	tenant, key := s.tenant(tier.Slug)
+	return base, tenant, key
+}
+
 // edgeRoute is a route of edgeRoutes: the upstream learns which route
 // forwarded a request from the first segment of its path (/r<id>), and the
 // rest of that path is the route's path below /api, decoded.
@@ -105,11 +118,7 @@ const edgeTable = `
 func edgeStack(tb testing.TB) (string, *seeingUpstream, string) {
 	tb.Helper()
 	up := newSeeingUpstream(tb, nil)
-	s := mustStack(tb)
-	s.writeRoutes(tb, edgeTable, up.srv.URL)
-	base := s.start()
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1_000_000_000))})
-	_, key := s.tenant(tier.Slug)
+	base, _, key := proxyStack(tb, edgeTable, up.srv.URL, 1_000_000_000)
 	return base, up, key
 }
 

@@ -10,8 +10,6 @@ import (
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/tollgate/tollgate/internal/quota"
 )
 
 // TestProxyStripsHeadersThatImpersonateTollgate: a client's header whose
@@ -22,13 +20,9 @@ import (
 func TestProxyStripsHeadersThatImpersonateTollgate(t *testing.T) {
 	t.Parallel()
 	up := newSeeingUpstream(t, nil)
-	s := mustStack(t)
-	s.writeRoutes(t, `
+	base, tenant, key := proxyStack(t, `
 		{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "%[1]s/v1/"},
-		{"method": "*", "path": "/api/gen/", "meter": "gen", "cost": 1, "upstream": "%[1]s/v1/", "settle": true}`, up.srv.URL)
-	base := s.start()
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
-	tenant, key := s.tenant(tier.Slug)
+		{"method": "*", "path": "/api/gen/", "meter": "gen", "cost": 1, "upstream": "%[1]s/v1/", "settle": true}`, up.srv.URL, 1000)
 	for _, route := range []string{"/api/up/x", "/api/gen/x"} {
 		r := raw(t, base, "GET "+route+" HTTP/1.1", "Authorization: Bearer "+key,
 			"X_Tollgate_Tenant_Id: evil-1",
@@ -105,11 +99,7 @@ func TestProxyAnswerCarriesOnlyTollgatesWord(t *testing.T) {
 		}
 		h["Tollgate_Refunded"] = []string{"7"}
 	})
-	s := mustStack(t)
-	s.writeRoutes(t, `{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "%[1]s/v1/"}`, up.srv.URL)
-	base := s.start()
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
-	_, key := s.tenant(tier.Slug)
+	base, _, key := proxyStack(t, `{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "%[1]s/v1/"}`, up.srv.URL, 1000)
 	r := rawGet(t, base, "/api/up/x", key)
 	if r.status != 200 || r.header.Get("X-Upstream") != "kept" {
 		t.Fatalf("status %d, X-Upstream %q; want 200 and the upstream's own header (%s)", r.status, r.header.Get("X-Upstream"), r.body)
@@ -153,11 +143,7 @@ func TestProxyRequestFramingAndHopByHop(t *testing.T) {
 		mu.Unlock()
 		inner.ServeHTTP(w, r)
 	})
-	s := mustStack(t)
-	s.writeRoutes(t, `{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "%[1]s/v1/"}`, up.srv.URL)
-	base := s.start()
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
-	_, key := s.tenant(tier.Slug)
+	base, _, key := proxyStack(t, `{"method": "*", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": "%[1]s/v1/"}`, up.srv.URL, 1000)
 	send := func(request string) (int, []seen, []string) {
 		t.Helper()
 		status := rawRequest(t, base, strings.ReplaceAll(request, "KEY", key)).status
@@ -213,13 +199,9 @@ func TestProxyRequestFramingAndHopByHop(t *testing.T) {
 func TestProxyMethodIsTheRequestsMethod(t *testing.T) {
 	t.Parallel()
 	up := newSeeingUpstream(t, nil)
-	s := mustStack(t)
-	s.writeRoutes(t, `
+	base, _, key := proxyStack(t, `
 		{"method": "POST", "path": "/api/jobs", "meter": "jobs", "cost": 1, "upstream": "%[1]s/jobs"},
-		{"method": "DELETE", "path": "/api/jobs", "meter": "purge", "cost": 100, "upstream": "%[1]s/jobs"}`, up.srv.URL)
-	base := s.start()
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
-	_, key := s.tenant(tier.Slug)
+		{"method": "DELETE", "path": "/api/jobs", "meter": "purge", "cost": 100, "upstream": "%[1]s/jobs"}`, up.srv.URL, 1000)
 	r := raw(t, base, "POST /api/jobs HTTP/1.1", "Authorization: Bearer "+key,
 		"X-HTTP-Method-Override: DELETE", "X-HTTP-Method: DELETE", "X-Method-Override: DELETE", "X_HTTP_Method_Override: DELETE")
 	got := up.take()
