@@ -94,12 +94,12 @@ func (r *Route) UpstreamURL() *url.URL { return r.upstream }
 func (r *Route) UpstreamTimeout() time.Duration { return r.timeout }
 
 // Target returns the upstream URL for a request path in normal form that
-// Resolve gave r for, and the raw query. The route's path is replaced by the upstream's; the
-// rest of the path and the query are copied as they are, never unescaped or
-// escaped again (url.URL.String would escape the % of a%20b once more). The
-// one exception: fasthttp's server lets spaces and control bytes through in
-// a query, and those are escaped, so that the upstream's request line stays
-// a method, a target and a version.
+// Resolve gave r for, and the raw query. The route's path is replaced by the
+// upstream's; the rest of the path and the query are copied as they are,
+// never unescaped or escaped again (url.URL.String would escape the % of
+// a%20b once more). The one exception: fasthttp's server lets spaces and
+// control bytes through in a query, and those are escaped, so that the
+// upstream's request line stays a method, a target and a version.
 func (r *Route) Target(path, rawQuery string) string {
 	rest := strings.TrimPrefix(path, r.Path)
 	dir, sep := strings.TrimSuffix(r.base, "/"), ""
