@@ -36,20 +36,26 @@ func startKeyed(tb testing.TB, extra map[string]string) (base string, tenant quo
 // a request line, then header lines; the body, if any, follows a "" line.
 func raw(tb testing.TB, base string, lines ...string) reply {
 	tb.Helper()
+	head, body, _ := strings.Cut(strings.Join(lines, "\r\n"), "\r\n\r\n")
+	return rawRequest(tb, base, head+"\r\nHost: tollgate.test\r\nConnection: close\r\nContent-Length: "+strconv.Itoa(len(body))+"\r\n\r\n"+body)
+}
+
+// rawRequest sends req, a whole request framed by hand, on a connection of
+// its own and reads the answer.
+func rawRequest(tb testing.TB, base, req string) reply {
+	tb.Helper()
 	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(10 * time.Second))
-	head, body, _ := strings.Cut(strings.Join(lines, "\r\n"), "\r\n\r\n")
-	req := head + "\r\nHost: tollgate.test\r\nConnection: close\r\nContent-Length: " + strconv.Itoa(len(body)) + "\r\n\r\n" + body
 	if _, err := io.WriteString(conn, req); err != nil {
 		tb.Fatal(err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
-		tb.Fatalf("reading the answer to %q: %v", lines[0], err)
+		tb.Fatalf("reading the answer to %q: %v", strings.SplitN(req, "\r\n", 2)[0], err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)

@@ -65,6 +65,12 @@ func (s *stack) start() string {
 // startWith runs one API instance of the stack with extra variables.
 func (s *stack) startWith(extra map[string]string) string {
 	s.tb.Helper()
+	return startAPI(s.tb, s.env(extra))
+}
+
+// env is the environment of the stack's API instances, with extra
+// variables.
+func (s *stack) env(extra map[string]string) map[string]string {
 	env := map[string]string{
 		"REDIS_URL": s.redis, "DATABASE_URL": s.dbURL, "TOLLGATE_REDIS_PREFIX": s.prefix,
 		"TOLLGATE_SERVICE_TOKEN": serviceToken, "TOLLGATE_ADMIN_TOKEN": adminToken, "TOLLGATE_ROUTES": s.routes, "TOLLGATE_SHUTDOWN_TIMEOUT": "2s",
@@ -76,7 +82,7 @@ func (s *stack) startWith(extra map[string]string) string {
 	for k, v := range extra {
 		env[k] = v
 	}
-	return startAPI(s.tb, env)
+	return env
 }
 
 // tier creates a tier of the stack's own with the given limits, ranked rank.

@@ -122,6 +122,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 
 		TrustedProxies:      cfg.TrustedProxies,
 		WebhookAllowPrivate: cfg.WebhookAllowPrivate,
+		MaxResponseBytes:    cfg.ProxyMaxResponseBytes,
 	})
 	if err != nil {
 		return err

@@ -110,7 +110,9 @@ func TestProxyRefusesDotSegments(t *testing.T) {
 }
 
 // TestProxySendsThePathAsSent: the upstream receives the path below the
-// route's base and the query byte for byte, escaping included.
+// route's base and the query byte for byte, escaping included, but for the
+// escapes of unreserved characters, which it receives decoded (the path in
+// normal form, on which the route was matched).
 func TestProxySendsThePathAsSent(t *testing.T) {
 	t.Parallel()
 	base, rec, key := mustProxyStack(t)
@@ -118,7 +120,8 @@ func TestProxySendsThePathAsSent(t *testing.T) {
 		{"/api/up/files/a%20b", "/v1/ok/files/a%20b"},
 		{"/api/up/files/a%2520b", "/v1/ok/files/a%2520b"},
 		{"/api/up/files/group%2Fproject/raw", "/v1/ok/files/group%2Fproject/raw"},
-		{"/api/up/files/%E2%82%AC%7e?q=a%20b&r=%2F+x&s", "/v1/ok/files/%E2%82%AC%7e?q=a%20b&r=%2F+x&s"},
+		{"/api/up/files/%E2%82%AC%7e?q=a%20b&r=%2F+x&s", "/v1/ok/files/%E2%82%AC~?q=a%20b&r=%2F+x&s"},
+		{"/api/up/files/%e2%82%ac%41?q=%41", "/v1/ok/files/%E2%82%ACA?q=%41"},
 		{"/api/up/a+b;v=1,2@c:d", "/v1/ok/a+b;v=1,2@c:d"},
 		{"/api/up/x//y", "/v1/ok/x//y"},
 		{"/api/up/..x/.y/...", "/v1/ok/..x/.y/..."},

@@ -42,6 +42,9 @@ type Config struct {
 	// (TOLLGATE_TRUSTED_PROXIES); a single address is a /32 or /128.
 	TrustedProxies      []netip.Prefix
 	WebhookAllowPrivate bool // TOLLGATE_WEBHOOK_ALLOW_PRIVATE
+	// ProxyMaxResponseBytes is the largest upstream answer body the proxy
+	// passes on (TOLLGATE_PROXY_MAX_RESPONSE_BYTES); 0: no maximum.
+	ProxyMaxResponseBytes int64
 }
 
 // Var documents one environment variable.
@@ -70,6 +73,7 @@ var Vars = []Var{
 	{"TOLLGATE_SESSION_TTL", "8h", "lifetime of a dashboard or console sign-in, Go duration, 5m to 720h"},
 	{"TOLLGATE_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of the proxies in front of the api whose X-Forwarded-For is believed; unset: the client is the connection's address"},
 	{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "false", "true lets webhook URLs reach loopback, link-local and private addresses (a lab, a receiver on the same network); keep false in production"},
+	{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "0", "largest upstream answer body the proxy passes on, in bytes (502 past it); 0: no maximum"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -150,6 +154,9 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.WebhookAllowPrivate, err = strconv.ParseBool(get("TOLLGATE_WEBHOOK_ALLOW_PRIVATE")); err != nil {
 		return c, fmt.Errorf("config: TOLLGATE_WEBHOOK_ALLOW_PRIVATE: %q is not true or false", get("TOLLGATE_WEBHOOK_ALLOW_PRIVATE"))
+	}
+	if c.ProxyMaxResponseBytes, err = strconv.ParseInt(get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"), 10, 64); err != nil || c.ProxyMaxResponseBytes < 0 {
+		return c, fmt.Errorf("config: TOLLGATE_PROXY_MAX_RESPONSE_BYTES: %q must be a number of bytes, 0 for no maximum", get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"))
 	}
 	return c, nil
 }

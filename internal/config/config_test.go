@@ -30,6 +30,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"SessionTTL", c.SessionTTL, 8 * time.Hour},
 		{"TrustedProxies", len(c.TrustedProxies), 0},
 		{"WebhookAllowPrivate", c.WebhookAllowPrivate, false},
+		{"ProxyMaxResponseBytes", c.ProxyMaxResponseBytes, int64(0)},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -77,6 +78,9 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_TRUSTED_PROXIES", "10.0.0.1, 10.0.0.0/33"},
 		{"TOLLGATE_TRUSTED_PROXIES", "fe80::1%eth0"},
 		{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "yes please"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "-1"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "1MB"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "99999999999999999999"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {

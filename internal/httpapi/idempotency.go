@@ -136,10 +136,20 @@ func (s *Server) storeAnswer(c *fiber.Ctx, req quota.Request) {
 			hdr.WriteByte('\n')
 		}
 	}
-	a := quota.StoredAnswer{Status: resp.StatusCode(), Body: resp.Body()}
-	if len(a.Body) > MaxReplayBody {
-		hdr.WriteString(headerTooLarge + ": " + strconv.Itoa(len(a.Body)))
-		a.Body = nil
+	a := quota.StoredAnswer{Status: resp.StatusCode()}
+	switch {
+	case resp.IsBodyStream():
+		// Only an upstream's answer past MaxReplayBody is left a stream
+		// (forward); it is not read here, where it would be held whole.
+		size := "more than " + strconv.Itoa(MaxReplayBody)
+		if n := resp.Header.ContentLength(); n >= 0 {
+			size = strconv.Itoa(n)
+		}
+		hdr.WriteString(headerTooLarge + ": " + size)
+	case len(resp.Body()) > MaxReplayBody:
+		hdr.WriteString(headerTooLarge + ": " + strconv.Itoa(len(resp.Body())))
+	default:
+		a.Body = resp.Body()
 	}
 	a.Header = hdr.String()
 	ctx, cancel := detached(c)

@@ -4,11 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strconv"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/gofiber/fiber/v2/middleware/proxy"
+	"github.com/gofiber/fiber/v2/utils"
+	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
@@ -26,12 +28,13 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	route := s.routes.Match(c.Method(), proxyPath(c))
-	if route == nil {
-		if !routes.Acceptable(proxyPath(c)) {
-			return quota.FieldError("path", "must be a plain path: no dot segments (. or .., escaped or not), bad escapes or control characters")
-		}
-		return quota.Errorf(quota.CodeNotFound, "no metered route for %s %s", c.Method(), c.Path())
+	route, err := s.resolveRoute(c)
+	if err != nil {
+		return err
+	}
+	if !oneContentLength(&c.Request().Header) {
+		c.Context().SetConnectionClose() // where the request ends is unknown
+		return quota.FieldError("Content-Length", "must be stated once: two different lengths leave the end of the request unknown")
 	}
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: route.Meter, Cost: route.Cost, Limits: p.Limits,
@@ -99,9 +102,6 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	// the upstream gets and the client is answered in Tollgate-Request-Id.
 	settleID := ""
 	if route.Settle {
-		c.Request().Header.Del(hdrSettleID) // never a client's
-	}
-	if route.Settle {
 		// (a fail-open admission is reserved on this node: Gate.Reserve)
 		settleID = httpx.UniqueID(c)
 		rctx, cancel := detached(c)
@@ -110,12 +110,11 @@ func (s *Server) metered(c *fiber.Ctx) error {
 			settleID = ""
 		}
 		cancel()
-		if settleID != "" {
-			c.Request().Header.Set(hdrSettleID, settleID)
-		}
 	}
 	if route.UpstreamURL() != nil {
-		err = s.forward(c, route, p.Tenant.ID)
+		// An answer stored for idempotent repeats is read whole when it
+		// fits MaxReplayBody.
+		err = s.forward(c, route, p.Tenant.ID, settleID, req.IdempotencyKey != "" && !d.Degraded)
 	} else {
 		err = s.builtin(c, route, p.Tenant.ID, p.Tier.Slug, d)
 	}
@@ -181,40 +180,131 @@ func (s *Server) count(r *routes.Route, outcome, tier string) {
 	s.metrics.request(r.Meter, outcome, tier).Inc()
 }
 
-// upstreamClient is shared by every proxied route; each call bounds itself
-// with the route's timeout. DisablePathNormalizing sends the target's path as
-// routes.Target built it: fasthttp would otherwise unescape it (a%2Fb becomes
-// a/b), resolve its dot segments and escape it again.
-var upstreamClient = &fasthttp.Client{
-	NoDefaultUserAgentHeader: true,
-	DisablePathNormalizing:   true,
-	MaxConnsPerHost:          1024,
-	ReadTimeout:              10 * time.Minute,
-	WriteTimeout:             time.Minute,
-	MaxIdleConnDuration:      30 * time.Second,
-}
-
-// forward proxies the request to the route's upstream. The tenant's key is
-// not forwarded; the upstream learns the tenant from X-Tollgate-Tenant-Id.
-func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID string) error {
-	h := &c.Request().Header
-	h.Del(fiber.HeaderAuthorization)
-	h.Del("X-API-Key")
+// forward proxies the request to the route's upstream and makes its answer
+// the client's, the body streamed (proxybody.go). The tenant's key is not
+// forwarded; the upstream learns the tenant from X-Tollgate-Tenant-Id, and a
+// settle route's request id from Tollgate-Request-Id (settleID, when
+// reserved), after every header of a client's that would pass for one of
+// these is removed (proxyheaders.go). whole reads an answer that fits
+// MaxReplayBody whole, so that it can be stored for idempotent repeats; a
+// longer one stays a stream, which storeAnswer records as too large.
+func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID, settleID string, whole bool) error {
+	target := proxyTarget(c, route) // before the request URI is rewritten
+	req := c.Request()
+	h := &req.Header
+	stripRequestHeaders(h)
 	h.Set("X-Tollgate-Tenant-Id", tenantID)
 	h.Set(fiber.HeaderXForwardedFor, s.guard.ClientIP(c).String())
+	if settleID != "" {
+		h.Set(hdrSettleID, settleID)
+	}
 	h.SetHost(route.UpstreamURL().Host)
-	err := proxy.DoTimeout(c, proxyTarget(c, route), route.UpstreamTimeout(), upstreamClient)
+
+	// The request itself goes upstream, its URI replaced for the exchange
+	// (as Fiber's proxy middleware does): the client's URI is restored
+	// after it, for the access log and the answers that name the path.
+	original := utils.CopyString(c.OriginalURL())
+	req.SetRequestURI(target)
+	req.URI().SetScheme(route.UpstreamURL().Scheme)
+	up := fasthttp.AcquireResponse()
+	err := s.upstream.DoTimeout(req, up, route.UpstreamTimeout())
+	req.SetRequestURI(original)
 	if err == nil {
-		c.Response().Header.Del(fiber.HeaderServer)
+		err = s.answer(c, up, route, settleID != "", whole)
+	} else {
+		fasthttp.ReleaseResponse(up)
+	}
+	if err == nil {
 		return nil
 	}
 	c.Response().Reset()
 	status, detail := fiber.StatusBadGateway, "the upstream could not be reached"
-	if errors.Is(err, fasthttp.ErrTimeout) {
+	switch {
+	case errors.Is(err, fasthttp.ErrTimeout):
 		status, detail = fiber.StatusGatewayTimeout, "the upstream did not answer in time"
+	case errors.Is(err, fasthttp.ErrBodyTooLarge), errors.Is(err, errAnswerTooLarge):
+		detail = "the upstream's answer is larger than this API passes on"
+	case errors.Is(err, errAnswerBroken):
+		detail = "the upstream's answer broke off"
 	}
 	s.log.Warn("upstream failed", "meter", route.Meter, "err", err)
 	return httpx.WriteProblem(c, httpx.Problem{Status: status, Detail: detail, Instance: c.Path()})
+}
+
+// errAnswerBroken: the upstream's answer ended before its body did, while
+// it was read ahead.
+var errAnswerBroken = errors.New("httpapi: the upstream's answer broke off")
+
+// answer makes the upstream's answer up the client's: its status and
+// headers (less those of proxyheaders.go and Server), and its body, moved
+// when fasthttp read it whole, streamed otherwise. It takes up over: up is
+// released here, or by the body's Close once the server has sent it.
+func (s *Server) answer(c *fiber.Ctx, up *fasthttp.Response, route *routes.Route, settling, whole bool) error {
+	resp := c.Response()
+	size := int64(up.Header.ContentLength()) // -1: chunked
+	if s.opts.MaxResponseBytes > 0 && size > s.opts.MaxResponseBytes && !c.Request().Header.IsHead() {
+		closeUnread(up)
+		return errAnswerTooLarge
+	}
+	stream := up.BodyStream()
+	if stream != nil && size >= 0 && size <= bufferedAnswer {
+		// fasthttp read this one whole; Body takes it from the stream and
+		// gives the connection back.
+		_ = up.Body()
+		stream = nil
+	}
+	var prefix *bytebufferpool.ByteBuffer
+	if stream != nil && whole && size < 0 {
+		// A chunked answer may still fit: read ahead to know. (One of
+		// known length past MaxReplayBody is stored as too large unread.)
+		prefix = bytebufferpool.Get()
+		n, rerr := io.CopyN(prefix, stream, MaxReplayBody+1)
+		switch {
+		case rerr != nil && rerr != io.EOF:
+			bytebufferpool.Put(prefix)
+			closeUnread(up)
+			return fmt.Errorf("%w: %w", errAnswerBroken, rerr)
+		case s.opts.MaxResponseBytes > 0 && n > s.opts.MaxResponseBytes:
+			bytebufferpool.Put(prefix)
+			closeUnread(up)
+			return errAnswerTooLarge
+		case n <= MaxReplayBody:
+			// Whole: the stream is at its end.
+			_ = up.CloseBodyStream()
+			up.SwapBody(prefix.B)
+			prefix.B = nil
+			bytebufferpool.Put(prefix)
+			prefix, stream = nil, nil
+		}
+	}
+	up.Header.CopyTo(&resp.Header)
+	resp.Header.ResetConnectionClose() // the upstream's connection's, not the client's
+	resp.Header.Del(fiber.HeaderServer)
+	stripAnswerHeaders(&resp.Header, settling)
+	if stream == nil {
+		// The body is in up's buffer: swap it into the response's, no copy.
+		resp.SwapBody(up.SwapBody(resp.SwapBody(nil)))
+		fasthttp.ReleaseResponse(up)
+		return nil
+	}
+	// (A prefix is read ahead of chunked answers only: size is -1 then.)
+	b := &upstreamBody{up: up, r: stream, prefix: prefix, size: size, left: -1, log: s.log, meter: route.Meter}
+	if s.opts.MaxResponseBytes > 0 {
+		b.left = s.opts.MaxResponseBytes
+		if prefix != nil {
+			b.left -= int64(len(prefix.B))
+		}
+	}
+	resp.SetBodyStream(b, int(size))
+	return nil
+}
+
+// closeUnread ends an upstream answer whose body is not read: its
+// connection is closed, not pooled with the rest of the answer on it.
+func closeUnread(up *fasthttp.Response) {
+	up.SetConnectionClose()
+	_ = up.CloseBodyStream()
+	fasthttp.ReleaseResponse(up)
 }
 
 // builtin serves the demo handlers, so a fresh install has something to

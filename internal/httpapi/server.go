@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
@@ -37,6 +38,9 @@ type Options struct {
 	// WebhookAllowPrivate lets tenants' webhook URLs name loopback,
 	// link-local and private addresses.
 	WebhookAllowPrivate bool
+	// MaxResponseBytes is the largest upstream answer body the proxy passes
+	// on (proxybody.go); 0: no maximum.
+	MaxResponseBytes int64
 }
 
 // gate is the door to quota state of the metered requests and /v1/check
@@ -105,6 +109,8 @@ type Server struct {
 	// policies lists the policies the metered path matches requests to.
 	policies policyList
 	opts     Options
+	// upstream is the client of the proxied routes (newUpstreamClient).
+	upstream *fasthttp.Client
 	guard    *httpx.Guard
 	admin    *admin.API
 	pages    *pages.Pages
@@ -137,6 +143,7 @@ func New(d Deps, opts Options) (*Server, error) {
 	}
 	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, gate: d.Gate, ready: d.Ready,
 		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, policies: d.Policies, opts: opts, guard: guard,
+		upstream: newUpstreamClient(opts.MaxResponseBytes),
 		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),

@@ -3,20 +3,27 @@ package routes
 import (
 	"bufio"
 	"bytes"
+	"encoding/hex"
 	"net/url"
+	"regexp"
 	"strings"
 	"testing"
+	"unicode"
 
 	"github.com/valyala/fasthttp"
 )
 
 // FuzzProxyPath sends arbitrary request-targets through what the API does
-// with them: fasthttp parses the target, Match picks a route on the raw path,
-// Target builds the upstream URL and a fasthttp client that does not
-// normalize paths (as the API's) writes the request line. Whatever the input,
-// the path is refused, or the upstream gets a path under the route's base
-// with no dot segment in any spelling, escaped no more than it was sent, and
-// the query as sent. Seeds are in testdata/fuzz/FuzzProxyPath.
+// with them: fasthttp parses the target, Resolve puts the raw path in
+// normal form and picks a route on it, Target builds the upstream URL and a
+// fasthttp client that does not normalize paths (as the API's) writes the
+// request line. Whatever the input, the path is refused, or its normal form
+// is the reference's (normal), the route is the one of longest prefix of
+// that form and the same on its loose reading (looseOf) — a path whose two
+// readings pick two routes is refused —, and the upstream gets a path under
+// the route's base with no dot segment in any spelling, escaped no more
+// than it was sent, and the query as sent. Seeds are in
+// testdata/fuzz/FuzzProxyPath.
 func FuzzProxyPath(f *testing.F) {
 	tab := proxyTable(f)
 	f.Fuzz(func(t *testing.T, target string) {
@@ -24,38 +31,49 @@ func FuzzProxyPath(f *testing.F) {
 		if err := in.Parse([]byte("tollgate.test"), []byte(target)); err != nil {
 			return // the server answers 400 before any handler
 		}
-		path, query := string(in.PathOriginal()), string(in.QueryString())
+		raw, query := string(in.PathOriginal()), string(in.QueryString())
+		path, ok := Normalize(raw)
+		if ok != clean(raw) {
+			t.Fatalf("%q: Normalize ok=%t, want %t", raw, ok, !ok)
+		}
+		if ok && path != normal(raw) {
+			t.Fatalf("%q: normal form %q, want %q", raw, path, normal(raw))
+		}
 		for _, method := range []string{"GET", "POST"} {
-			r, want := tab.Match(method, path), longestPrefix(tab, method, path)
+			r := tab.Match(method, raw)
+			want := longestPrefix(tab, method, path)
+			if want != nil && looseRoute(tab, method, path) != want {
+				want = nil // ambiguous: refused
+			}
 			if r == nil {
-				if want != nil && clean(path) {
-					t.Fatalf("%s %q: refused, want route %s", method, path, want.Path)
+				if want != nil && ok {
+					t.Fatalf("%s %q: refused, want route %s", method, raw, want.Path)
 				}
 				continue
 			}
 			if r != want {
-				t.Fatalf("%s %q: matched %s, want %v", method, path, r.Path, want)
+				t.Fatalf("%s %q: matched %s, want %v", method, raw, r.Path, want)
 			}
-			if !clean(path) {
-				t.Fatalf("%s %q: matched %s, want it refused", method, path, r.Path)
+			if !ok {
+				t.Fatalf("%s %q: matched %s, want it refused", method, raw, r.Path)
 			}
 			if r.UpstreamURL() == nil {
 				continue
 			}
 			host, sent := wire(t, r.Target(path, query))
 			if host != r.UpstreamURL().Host {
-				t.Fatalf("%q: sent to host %q, want %q", path, host, r.UpstreamURL().Host)
+				t.Fatalf("%q: sent to host %q, want %q", raw, host, r.UpstreamURL().Host)
 			}
 			sentPath, sentQuery, _ := strings.Cut(sent, "?")
 			base, rest := r.UpstreamURL().EscapedPath(), strings.TrimPrefix(path, r.Path)
 			if under := strings.TrimSuffix(base, "/") + "/"; sentPath != base && sentPath != "/" && !strings.HasPrefix(sentPath, under) {
-				t.Fatalf("%q: upstream path %q is not under the base %q", path, sentPath, base)
+				t.Fatalf("%q: upstream path %q is not under the base %q", raw, sentPath, base)
 			}
 			if !strings.HasSuffix(sentPath, rest) {
-				t.Fatalf("%q: upstream path %q does not end with the rest %q as sent", path, sentPath, rest)
+				t.Fatalf("%q: upstream path %q does not end with the rest %q in normal form", raw, sentPath, rest)
 			}
 			if !clean(sentPath) {
-				t.Fatalf("%q: upstream path %q holds a dot segment or a bad escape", path, sentPath)
+				t.Fatalf("%q: upstream path %q holds a dot segment or a bad escape", raw, sentPath)
 			}
 			if strings.Contains(sent, "%25") && !strings.Contains(target, "%25") && !strings.Contains(base, "%25") {
 				t.Fatalf("%q: upstream request-target %q is escaped twice", target, sent)
@@ -137,4 +155,59 @@ func clean(path string) bool {
 		}
 	}
 	return true
+}
+
+var escape = regexp.MustCompile(`%[0-9A-Fa-f]{2}`)
+
+// normal is Normalize's reference: each escape of an unreserved character
+// decoded, the others in capitals.
+func normal(path string) string {
+	return escape.ReplaceAllStringFunc(path, func(e string) string {
+		b, _ := hex.DecodeString(e[1:])
+		if c := rune(b[0]); unicode.IsLetter(c) && c < 0x80 || unicode.IsDigit(c) && c < 0x80 || strings.ContainsRune("-._~", c) {
+			return string(c)
+		}
+		return strings.ToUpper(e)
+	})
+}
+
+// looseOf is appendLoose's reference: the path decoded, with \ as /, split
+// into segments; each loses its ;parameter and its capitals, and the empty
+// ones are dropped (a trailing / stays).
+func looseOf(path string) string {
+	decoded := escape.ReplaceAllStringFunc(strings.ReplaceAll(path, `\`, "/"), func(e string) string {
+		b, _ := hex.DecodeString(e[1:])
+		if b[0] == '\\' {
+			return "/"
+		}
+		return string(b)
+	})
+	var kept []string
+	segs := strings.Split(decoded, "/")
+	for _, seg := range segs {
+		if seg, _, _ = strings.Cut(seg, ";"); seg != "" {
+			kept = append(kept, strings.ToLower(seg))
+		}
+	}
+	out := "/" + strings.Join(kept, "/")
+	if last, _, _ := strings.Cut(segs[len(segs)-1], ";"); last == "" && len(kept) > 0 {
+		out += "/"
+	}
+	return out
+}
+
+// looseRoute is the route a lenient upstream says path (in normal form)
+// belongs to: the first, in the table's order, whose path reads as a
+// prefix of path's reading by whole segments.
+func looseRoute(tab *Table, method, path string) *Route {
+	p := looseOf(path)
+	for _, r := range tab.All() {
+		if r.Method != "*" && r.Method != method {
+			continue
+		}
+		if rp := looseOf(r.Path); p == rp || strings.HasPrefix(p, strings.TrimSuffix(rp, "/")+"/") {
+			return r
+		}
+	}
+	return nil
 }

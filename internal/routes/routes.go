@@ -14,25 +14,38 @@
 // its own or "*". For an upstream route, the route's path is replaced by the
 // upstream URL's path and the rest follows, with the query string.
 //
-// Paths are matched and forwarded as the client sent them, escapes included:
-// nothing is decoded and re-encoded, so the upstream receives the rest of the
-// path and the query byte for byte (a%20b stays a%20b, group%2Fproject stays
-// one segment). A path holding a dot segment ("." or "..") in any spelling an
-// upstream might decode matches no route (Acceptable is false), so the API answers 400 and the
-// request is neither metered nor forwarded. The spellings are: %2e for a dot,
-// %2f, %5c and \ between segments as well as /, and a ;parameter after the
-// dots ("..;x", which Tomcat reads as ".."). A malformed escape, a control
-// byte, space, ? or # in the path is refused the same way. Refusing rather
-// than resolving (RFC 3986 remove_dot_segments) gives every accepted path one
-// meaning: the route metered is the route forwarded to, whatever decoding the
-// upstream does, and nothing below a route's base can name a path above it.
-// Clients resolve dot segments before sending (RFC 3986, section 5.2), so
-// only handmade requests hold them.
+// A request's path is first put in normal form (Normalize): escapes of
+// unreserved characters (ALPHA, DIGIT, -, ., _, ~) are decoded and the hex of
+// every other escape is written in capitals, as RFC 3986 (section 6.2.2)
+// says every upstream must read them. Routes are matched on that form and
+// the upstream receives it: /api/w/%65xpensive is /api/w/expensive, metered
+// and forwarded as such. Nothing else is decoded or re-encoded: a%20b stays
+// a%20b, group%2Fproject stays one segment, a ;parameter and an empty
+// segment stay where they are, and the query goes byte for byte.
+//
+// Upstreams differ in what else they read into a path: some decode %2F, %5C
+// or \ into a /, drop ;parameters (Tomcat) or empty segments (nginx's
+// merge_slashes), or ignore case (IIS, ASP.NET). A path is matched a second
+// time as the most lenient of them would read it (loose); when that picks
+// another route, the path is ambiguous and refused (ErrAmbiguous): 400
+// naming the path, neither metered nor forwarded. So whatever the upstream
+// makes of a path it gets, the route it acts on is the route metered.
+//
+// A path holding a dot segment ("." or "..") in any spelling an upstream
+// might decode is refused as well (ErrPath, and Acceptable is false): %2e
+// for a dot, %2f, %5c and \ between segments as well as /, and a ;parameter
+// after the dots ("..;x", which Tomcat reads as ".."). A malformed escape, a
+// control byte, space, ? or # in the path is refused the same way. Refusing
+// rather than resolving (RFC 3986 remove_dot_segments) gives every accepted
+// path one meaning, and nothing below a route's base can name a path above
+// it. Clients resolve dot segments before sending (RFC 3986, section 5.2),
+// so only handmade requests hold them.
 package routes
 
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/url"
 	"os"
@@ -40,6 +53,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -66,6 +80,7 @@ type Route struct {
 	// not with refund_on_5xx: a failed upstream reports an actual cost of 0).
 	Settle bool `json:"settle,omitempty"`
 
+	loose    string // Path as the most lenient upstream reads it (appendLoose)
 	upstream *url.URL
 	origin   string // scheme://host of the upstream, for Target
 	base     string // the upstream's path, escaped as configured
@@ -78,13 +93,13 @@ func (r *Route) UpstreamURL() *url.URL { return r.upstream }
 // UpstreamTimeout bounds the whole upstream exchange.
 func (r *Route) UpstreamTimeout() time.Duration { return r.timeout }
 
-// Target returns the upstream URL for a raw request path that Match gave r
-// for, and the raw query. The route's path is replaced by the upstream's; the
-// rest of the path and the query are copied as they are, never unescaped or
-// escaped again (url.URL.String would escape the % of a%20b once more). The
-// one exception: fasthttp's server lets spaces and control bytes through in
-// a query, and those are escaped, so that the upstream's request line stays
-// a method, a target and a version.
+// Target returns the upstream URL for a request path in normal form that
+// Resolve gave r for, and the raw query. The route's path is replaced by the
+// upstream's; the rest of the path and the query are copied as they are,
+// never unescaped or escaped again (url.URL.String would escape the % of
+// a%20b once more). The one exception: fasthttp's server lets spaces and
+// control bytes through in a query, and those are escaped, so that the
+// upstream's request line stays a method, a target and a version.
 func (r *Route) Target(path, rawQuery string) string {
 	rest := strings.TrimPrefix(path, r.Path)
 	dir, sep := strings.TrimSuffix(r.base, "/"), ""
@@ -129,6 +144,10 @@ func escapeControls(s string) string {
 // Table is a validated set of routes.
 type Table struct {
 	routes []*Route // longest path first
+	// anyLoose: a route's path reads otherwise to a lenient upstream (a
+	// capital, an escape): every path is then matched loose as well, since
+	// one that holds nothing of the kind may still read as that route's.
+	anyLoose bool
 }
 
 // Default is the built-in table: the demo routes of the API contract.
@@ -184,9 +203,20 @@ func Parse(raw []byte) (*Table, error) {
 		} else {
 			seen[k] = true
 		}
+		// Two paths that read the same to a lenient upstream would make
+		// every request to one of them ambiguous.
+		for j, o := range doc.Routes[:i] {
+			if o.loose == r.loose && o.Path != r.Path && (o.Method == r.Method || o.Method == "*" || r.Method == "*") {
+				return nil, fmt.Errorf("routes[%d]: path %q is routes[%d]'s %q to an upstream that ignores case, ;parameters or empty segments, or reads %%2F, %%5C or \\ as /", i, r.Path, j, o.Path)
+			}
+		}
 	}
 	slices.SortStableFunc(doc.Routes, func(a, b *Route) int { return len(b.Path) - len(a.Path) })
-	return &Table{routes: doc.Routes}, nil
+	t := &Table{routes: doc.Routes}
+	for _, r := range t.routes {
+		t.anyLoose = t.anyLoose || r.loose != r.Path
+	}
+	return t, nil
 }
 
 func (r *Route) validate() error {
@@ -197,9 +227,11 @@ func (r *Route) validate() error {
 	if !slices.Contains(methods, r.Method) {
 		return fmt.Errorf("method %q is not one of %v", r.Method, methods)
 	}
-	if !strings.HasPrefix(r.Path, "/api/") || strings.Contains(r.Path, "*") || !Acceptable(r.Path) {
+	path, ok := Normalize(r.Path)
+	if !strings.HasPrefix(path, "/api/") || strings.Contains(path, "*") || !ok {
 		return fmt.Errorf("path %q must start with /api/ and hold no ?, #, * or space, no dot segment and no malformed escape", r.Path)
 	}
+	r.Path, r.loose = path, string(appendLoose(nil, path))
 	if !meterRE.MatchString(r.Meter) {
 		return fmt.Errorf("meter %q must be 1 to 64 of a-z 0-9 _ . -", r.Meter)
 	}
@@ -243,14 +275,71 @@ func (r *Route) validate() error {
 	return nil
 }
 
-// Match returns the route for a request's raw path (as sent, still escaped),
-// or nil. A path that Acceptable refuses matches nothing.
-func (t *Table) Match(method, path string) *Route {
-	if !Acceptable(path) {
-		return nil
+// Errors of Resolve: the path cannot be matched safely. Both are bad input
+// (400 naming the path), not an unknown route.
+var (
+	// ErrPath: the path is not Acceptable (a dot segment, a malformed
+	// escape, a control byte).
+	ErrPath = errors.New("routes: not a plain path")
+	// ErrAmbiguous: a lenient upstream would read the path as another
+	// route's (see the package comment).
+	ErrAmbiguous = errors.New("routes: a path an upstream may read as another route's")
+)
+
+// Resolve returns the route for a request's raw path (as sent, still
+// escaped) and the path in normal form (Normalize), which the route was
+// matched on and which Target forwards. The route is nil, with a nil error,
+// when none matches; the error is ErrPath or ErrAmbiguous when the path
+// cannot be matched safely. A path already in normal form (every path a
+// well-behaved client sends without escapes) is returned as it is: no copy,
+// no allocation.
+func (t *Table) Resolve(method, raw string) (*Route, string, error) {
+	f, ok := scan(raw)
+	if !ok {
+		return nil, "", ErrPath
 	}
+	path := raw
+	if f&mustRewrite != 0 {
+		path = rewrite(raw)
+	}
+	r := t.match(method, path)
+	if r != nil && (f&readsOtherwise != 0 || t.anyLoose) {
+		var scratch [256]byte
+		if t.matchLoose(method, appendLoose(scratch[:0], path)) != r {
+			return nil, path, ErrAmbiguous
+		}
+	}
+	return r, path, nil
+}
+
+// Match returns the route for a request's raw path, or nil when none
+// matches or Resolve refuses the path.
+func (t *Table) Match(method, raw string) *Route {
+	r, _, _ := t.Resolve(method, raw)
+	return r
+}
+
+// match returns the route of longest path that is a prefix of path (in
+// normal form), by whole segments.
+func (t *Table) match(method, path string) *Route {
 	for _, r := range t.routes {
 		if (r.Method == "*" || r.Method == method) && matchPrefix(path, r.Path) {
+			return r
+		}
+	}
+	return nil
+}
+
+// matchLoose is match on loose forms (appendLoose): the route a lenient
+// upstream would say a path belongs to. Loose forms only ever gain
+// segment boundaries and lose what is not part of a route's path, so the
+// route matched on the normal form also matches here; a longer one that
+// matches only here is the ambiguity Resolve refuses. And any upstream
+// reading between the two (decoding %2F but not dropping ;parameters, say)
+// matches a route between them: when both agree, every reading agrees.
+func (t *Table) matchLoose(method string, loose []byte) *Route {
+	for _, r := range t.routes {
+		if (r.Method == "*" || r.Method == method) && matchPrefix(unsafeString(loose), r.loose) {
 			return r
 		}
 	}
@@ -273,29 +362,67 @@ func (t *Table) All() []*Route { return t.routes }
 // starts with /, its escapes are well formed, it holds no byte that would
 // end or split a request-target, and none of its segments is a dot segment
 // in any spelling (see the package comment). A path it refuses is bad
-// input, not an unknown route. It reads the path once and allocates
-// nothing: it runs on every metered request.
+// input, not an unknown route.
 func Acceptable(path string) bool {
+	_, ok := scan(path)
+	return ok
+}
+
+// Normalize returns path in normal form: escapes of unreserved characters
+// decoded, the hex of the other escapes in capitals. ok is false when the
+// path is not Acceptable. A path already in normal form is returned as it is.
+func Normalize(path string) (string, bool) {
+	f, ok := scan(path)
+	if !ok {
+		return "", false
+	}
+	if f&mustRewrite != 0 {
+		path = rewrite(path)
+	}
+	return path, true
+}
+
+// What scan finds in an acceptable path.
+const (
+	// mustRewrite: an escape to decode (an unreserved character) or to
+	// write in capitals.
+	mustRewrite = 1 << iota
+	// readsOtherwise: something a lenient upstream reads otherwise than
+	// the normal form says (an escape, a \, a ;, an empty segment, a
+	// capital), for which Resolve checks the loose match.
+	readsOtherwise
+)
+
+// scan reads a raw path once, allocating nothing (it runs on every
+// metered request): ok tells whether it is Acceptable, and the flags what
+// Resolve must do beyond matching it as it is.
+func scan(path string) (flags int, ok bool) {
 	if path == "" || path[0] != '/' {
-		return false
+		return 0, false
 	}
 	dots, other, param := 0, false, false // of the segment read so far
 	for i := 0; i < len(path); i++ {
 		c := path[i]
 		switch {
 		case c <= ' ' || c == 0x7f || c == '?' || c == '#':
-			return false
+			return 0, false
 		case c == '%':
 			if i+2 >= len(path) || !isHex(path[i+1]) || !isHex(path[i+2]) {
-				return false
+				return 0, false
 			}
 			c = unhex(path[i+1])<<4 | unhex(path[i+2])
+			if unreserved(c) || path[i+1] >= 'a' || path[i+2] >= 'a' {
+				flags |= mustRewrite
+			}
+			flags |= readsOtherwise
 			i += 2
+		case c == '\\' || c == ';' || 'A' <= c && c <= 'Z' || c == '/' && i > 0 && path[i-1] == '/':
+			flags |= readsOtherwise
 		}
 		switch {
 		case c == '/' || c == '\\':
 			if !other && (dots == 1 || dots == 2) {
-				return false
+				return 0, false
 			}
 			dots, other, param = 0, false, false
 		case param:
@@ -307,8 +434,71 @@ func Acceptable(path string) bool {
 			other = true
 		}
 	}
-	return other || (dots != 1 && dots != 2)
+	return flags, other || (dots != 1 && dots != 2)
 }
+
+// rewrite returns an acceptable path in normal form: each escape of an
+// unreserved character decoded, every other escape's hex in capitals.
+func rewrite(path string) string {
+	const hex = "0123456789ABCDEF"
+	b := make([]byte, 0, len(path))
+	for i := 0; i < len(path); i++ {
+		c := path[i]
+		if c != '%' {
+			b = append(b, c)
+			continue
+		}
+		c = unhex(path[i+1])<<4 | unhex(path[i+2])
+		if unreserved(c) {
+			b = append(b, c)
+		} else {
+			b = append(b, '%', hex[c>>4], hex[c&15])
+		}
+		i += 2
+	}
+	return string(b)
+}
+
+// appendLoose appends an acceptable path as the most lenient upstream
+// reads it: every escape decoded once, %2F, %5C and \ read as /, a
+// ;parameter dropped from its segment, empty segments dropped, capitals
+// read as small letters. It is what matchLoose matches; nothing is ever
+// sent in this form.
+func appendLoose(dst []byte, path string) []byte {
+	param := false
+	for i := 0; i < len(path); i++ {
+		c := path[i]
+		if c == '%' {
+			c = unhex(path[i+1])<<4 | unhex(path[i+2])
+			i += 2
+		}
+		switch {
+		case c == '/' || c == '\\':
+			if len(dst) == 0 || dst[len(dst)-1] != '/' {
+				dst = append(dst, '/')
+			}
+			param = false
+		case param:
+		case c == ';':
+			param = true
+		case 'A' <= c && c <= 'Z':
+			dst = append(dst, c+'a'-'A')
+		default:
+			dst = append(dst, c)
+		}
+	}
+	return dst
+}
+
+// unreserved reports whether c is an unreserved character (RFC 3986,
+// section 2.3), whose escape means c itself.
+func unreserved(c byte) bool {
+	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
+}
+
+// unsafeString is b as a string without a copy, for a comparison that
+// does not keep it.
+func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'

@@ -183,3 +183,86 @@ func BenchmarkMatchAndTarget(b *testing.B) {
 		_ = r.Target(path, query)
 	}
 }
+
+// TestResolveOnTheNormalForm: a path is matched, and forwarded, in normal
+// form (escapes of unreserved characters decoded, the others' hex in
+// capitals); one that a lenient upstream would read as another route's is
+// ErrAmbiguous, one with a dot segment or a bad escape ErrPath.
+func TestResolveOnTheNormalForm(t *testing.T) {
+	tab, err := Parse([]byte(`{"routes": [
+		{"method": "*", "path": "/api/w/", "meter": "w", "cost": 1, "upstream": "http://127.0.0.1:9/"},
+		{"method": "GET", "path": "/api/w/expensive", "meter": "x", "cost": 100, "upstream": "http://127.0.0.1:9/x"},
+		{"method": "*", "path": "/api/w/a/b", "meter": "ab", "cost": 7, "upstream": "http://127.0.0.1:9/ab"}
+	]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		raw, path, meter string
+		err              error
+	}{
+		{"/api/w/cheap", "/api/w/cheap", "w", nil},
+		{"/api/w/%65xpensive", "/api/w/expensive", "x", nil},
+		{"/api/%77/%65%78%70%65%6e%73%69%76%65/x", "/api/w/expensive/x", "x", nil},
+		{"/api/w/%61/%62", "/api/w/a/b", "ab", nil},
+		{"/api/w/%7e%2d%2E%5f%30", "/api/w/~-._0", "w", nil},
+		{"/api/w/%e2%82%ac%2a", "/api/w/%E2%82%AC%2A", "w", nil},
+		{"/api/w/%2565xpensive", "/api/w/%2565xpensive", "w", nil},
+		{"/api/w/x%2Fy", "/api/w/x%2Fy", "w", nil},
+		{"/api/w/x//y;v=1", "/api/w/x//y;v=1", "w", nil},
+		{"/api/w/Cheap", "/api/w/Cheap", "w", nil},
+		{"/api/other", "/api/other", "", nil},
+		{"/api/w/a%2Fb", "/api/w/a%2Fb", "", ErrAmbiguous},
+		{"/api/w/a%2fb", "/api/w/a%2Fb", "", ErrAmbiguous},
+		{"/api/w/a%5cb", "/api/w/a%5Cb", "", ErrAmbiguous},
+		{`/api/w/a\b`, `/api/w/a\b`, "", ErrAmbiguous},
+		{"/api/w//expensive", "/api/w//expensive", "", ErrAmbiguous},
+		{"/api/w/expensive;v=1", "/api/w/expensive;v=1", "", ErrAmbiguous},
+		{"/api/w/;v/expensive", "/api/w/;v/expensive", "", ErrAmbiguous},
+		{"/api/w;v/expensive", "/api/w;v/expensive", "", nil}, // no route: 404, nothing forwarded
+		{"/api/w/EXPENSIVE", "/api/w/EXPENSIVE", "", ErrAmbiguous},
+		{"/api/w/%45xpensive", "/api/w/Expensive", "", ErrAmbiguous},
+		{"/api/w/%2e%2e/expensive", "", "", ErrPath},
+		{"/api/w/%zz", "", "", ErrPath},
+	} {
+		r, path, err := tab.Resolve("GET", tc.raw)
+		meter := ""
+		if r != nil {
+			meter = r.Meter
+		}
+		if meter != tc.meter || err != tc.err || (tc.err != ErrPath && path != tc.path) {
+			t.Errorf("Resolve(GET, %q) = %q, %q, %v; want %q, %q, %v", tc.raw, meter, path, err, tc.meter, tc.path, tc.err)
+		}
+	}
+	// A route's own path is put in normal form, and two paths that read as
+	// one to a lenient upstream are refused.
+	tab, err = Parse([]byte(`{"routes": [{"method": "GET", "path": "/api/%7euser/%e2%82%ac", "meter": "u", "cost": 1, "handler": "echo"}]}`))
+	if err != nil || tab.All()[0].Path != "/api/~user/%E2%82%AC" || tab.Match("GET", "/api/~user/%E2%82%AC/x") == nil {
+		t.Errorf("a route path with escapes: %v, %v; want it in normal form", tab, err)
+	}
+	for _, doc := range []string{
+		`{"routes": [{"method": "GET", "path": "/api/Files/", "meter": "a", "cost": 1, "handler": "echo"}, {"method": "*", "path": "/api/files/", "meter": "b", "cost": 1, "handler": "echo"}]}`,
+		`{"routes": [{"method": "GET", "path": "/api/a/b", "meter": "a", "cost": 1, "handler": "echo"}, {"method": "GET", "path": "/api/a%2Fb", "meter": "b", "cost": 1, "handler": "echo"}]}`,
+	} {
+		if _, err := Parse([]byte(doc)); err == nil || !strings.Contains(err.Error(), "ignores case") {
+			t.Errorf("%s: %v, want an error naming the two paths", doc, err)
+		}
+	}
+	if _, err := Parse([]byte(`{"routes": [{"method": "GET", "path": "/api/%7Ea", "meter": "a", "cost": 1, "handler": "echo"}, {"method": "GET", "path": "/api/~a", "meter": "b", "cost": 1, "handler": "echo"}]}`)); err == nil || !strings.Contains(err.Error(), "twice") {
+		t.Errorf("one path in two spellings: %v, want listed twice", err)
+	}
+	if _, err := Parse([]byte(`{"routes": [{"method": "GET", "path": "/api/Files/", "meter": "a", "cost": 1, "handler": "echo"}, {"method": "POST", "path": "/api/files/", "meter": "b", "cost": 1, "handler": "echo"}]}`)); err != nil {
+		t.Errorf("two spellings for two methods: %v, want them taken", err)
+	}
+}
+
+// TestResolveAllocatesNothing: a path already in normal form, with or
+// without what makes Resolve match it loose as well, costs no allocation.
+func TestResolveAllocatesNothing(t *testing.T) {
+	tab := proxyTable(t)
+	for _, path := range []string{"/api/up/v3/users/12345/files/report.pdf", "/api/up/v3/Users/AbC/files/report%202024.pdf;v=1"} {
+		if n := testing.AllocsPerRun(100, func() { tab.Resolve("GET", path) }); n != 0 {
+			t.Errorf("Resolve(GET, %q): %v allocations, want 0", path, n)
+		}
+	}
+}

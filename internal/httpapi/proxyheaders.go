@@ -1,0 +1,191 @@
+package httpapi
+
+import (
+	"bytes"
+
+	"github.com/valyala/fasthttp"
+)
+
+// Headers across the proxy. Tollgate speaks to the upstream in headers of
+// its own (X-Tollgate-Tenant-Id, Tollgate-Request-Id, X-Forwarded-For) and
+// to the client in others (Tollgate-*, the rate-limit headers,
+// Idempotent-Replayed); neither side may put words in its mouth. A header
+// counts as one of these whatever its case and with _ read as - (a CGI-style
+// upstream reads X_Tollgate_Tenant_Id as HTTP_X_TOLLGATE_TENANT_ID, the same
+// variable as X-Tollgate-Tenant-Id), and the whole namespace is reserved, not
+// only the names in use today: a header Tollgate adds later is then never a
+// client's. The hop-by-hop headers of RFC 9110 (section 7.6.1), and those a
+// Connection header names, belong to one connection and are not passed on
+// either way.
+
+// toUpstreamReserved are the request headers a client never passes to the
+// upstream, besides the Tollgate namespace: what Tollgate sets
+// (X-Forwarded-For, its statement of the client's address, which other
+// statements of it would contradict), the tenant's credentials, the method
+// overrides (the route, meter and cost are the request method's; an
+// upstream honouring X-HTTP-Method-Override would act as another), and the
+// hop-by-hop headers.
+var toUpstreamReserved = []string{
+	"x-forwarded-for", "forwarded", "x-real-ip", "authorization", "x-api-key", "proxy-authorization",
+	"x-http-method-override", "x-http-method", "x-method-override",
+	"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
+}
+
+// toClientReserved are the answer headers an upstream never passes to the
+// client, besides the Tollgate namespace and the rate-limit headers: the
+// replay marker and the hop-by-hop headers.
+var toClientReserved = []string{
+	"idempotent-replayed",
+	"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "proxy-authenticate",
+}
+
+// tollgateNamespace reports whether a header name is Tollgate's.
+func tollgateNamespace(name []byte) bool {
+	return headerHasPrefix(name, "tollgate-") || headerHasPrefix(name, "x-tollgate-")
+}
+
+// maxStrips bounds the visits of one header set: more distinct reserved
+// names than any request holds.
+const maxStrips = 64
+
+// stripRequestHeaders removes from the request to the upstream every header
+// reserved to Tollgate or to the client's connection; Tollgate sets its own
+// after it.
+//
+// fasthttp's headers cannot be deleted while they are visited, so each visit
+// finds one reserved name, copied onto the stack, and deletes it (all its
+// values, and every spelling fasthttp normalises alike; the others are found
+// by the next visit). A request with nothing to strip (nearly all) costs one
+// visit and no allocation.
+func stripRequestHeaders(h *fasthttp.RequestHeader) {
+	// Connection (other than "close", which fasthttp keeps as a flag) may
+	// name more hop-by-hop headers.
+	var listedBuf, nameBuf [128]byte
+	listed := append(listedBuf[:0], h.Peek(fasthttp.HeaderConnection)...)
+	for range maxStrips {
+		name, found := nameBuf[:0], false
+		h.VisitAll(func(key, _ []byte) {
+			if !found && (tollgateNamespace(key) || headerIsOneOf(key, toUpstreamReserved) || connectionLists(listed, key)) {
+				name, found = append(name, key...), true
+			}
+		})
+		if !found {
+			return
+		}
+		h.DelBytes(name)
+	}
+}
+
+// stripAnswerHeaders removes from the upstream's answer every header that
+// would speak for Tollgate or for the upstream's connection, as
+// stripRequestHeaders does for the request. keepActualCost leaves
+// Tollgate-Actual-Cost (exactly so named) to a settle route's settling,
+// which removes it.
+func stripAnswerHeaders(h *fasthttp.ResponseHeader, keepActualCost bool) {
+	var nameBuf [128]byte
+	for range maxStrips {
+		name, found := nameBuf[:0], false
+		h.VisitAll(func(key, _ []byte) {
+			if !found && answerReserved(key, keepActualCost) {
+				name, found = append(name, key...), true
+			}
+		})
+		if !found {
+			return
+		}
+		h.DelBytes(name)
+	}
+}
+
+func answerReserved(name []byte, keepActualCost bool) bool {
+	if keepActualCost && string(name) == hdrActualCost {
+		return false
+	}
+	return tollgateNamespace(name) || headerIs(name, "ratelimit") || headerHasPrefix(name, "ratelimit-") ||
+		headerHasPrefix(name, "x-ratelimit-") || headerIsOneOf(name, toClientReserved)
+}
+
+// headerIs reports whether name, in any case and with _ read as -, is want
+// (small letters and -).
+func headerIs(name []byte, want string) bool {
+	if len(name) != len(want) {
+		return false
+	}
+	for i := range len(name) {
+		if foldHeaderByte(name[i]) != want[i] {
+			return false
+		}
+	}
+	return true
+}
+
+// headerHasPrefix is headerIs for a prefix of name.
+func headerHasPrefix(name []byte, prefix string) bool {
+	return len(name) >= len(prefix) && headerIs(name[:len(prefix)], prefix)
+}
+
+func headerIsOneOf(name []byte, names []string) bool {
+	for _, n := range names {
+		if headerIs(name, n) {
+			return true
+		}
+	}
+	return false
+}
+
+func foldHeaderByte(c byte) byte {
+	switch {
+	case c == '_':
+		return '-'
+	case 'A' <= c && c <= 'Z':
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// connectionLists reports whether a Connection header's value (a comma
+// separated list of names) names the header name.
+func connectionLists(value, name []byte) bool {
+	for len(value) > 0 {
+		var token []byte
+		token, value, _ = bytes.Cut(value, []byte{','})
+		if token = bytes.TrimSpace(token); len(token) == len(name) && sameHeader(token, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// sameHeader reports whether two names of equal length are one header.
+func sameHeader(a, b []byte) bool {
+	for i := range len(a) {
+		if foldHeaderByte(a[i]) != foldHeaderByte(b[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// oneContentLength reports whether a request states its length at most
+// once. fasthttp takes the last of several Content-Length values, where RFC
+// 9112 (section 6.3) makes differing ones an unrecoverable error: a proxy in
+// front of the api that took the first would read the rest of the body as
+// another request. Only a request that has the header is read again.
+func oneContentLength(h *fasthttp.RequestHeader) bool {
+	if len(h.Peek(fasthttp.HeaderContentLength)) == 0 {
+		return true
+	}
+	var first []byte
+	one := true
+	h.VisitAllInOrder(func(key, value []byte) {
+		if string(key) != fasthttp.HeaderContentLength {
+			return
+		}
+		if first == nil {
+			first = value
+		} else if !bytes.Equal(first, value) {
+			one = false
+		}
+	})
+	return one
+}
