@@ -200,7 +200,7 @@ func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID string) err
 	h.Del(fiber.HeaderAuthorization)
 	h.Del("X-API-Key")
 	h.Set("X-Tollgate-Tenant-Id", tenantID)
-	h.Set(fiber.HeaderXForwardedFor, s.guard.ClientIP(c).String())
+	setForwarded(c, s.guard)
 	h.SetHost(route.UpstreamURL().Host)
 	err := proxy.DoTimeout(c, proxyTarget(c, route), route.UpstreamTimeout(), upstreamClient)
 	if err == nil {

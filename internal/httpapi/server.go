@@ -146,6 +146,11 @@ func New(d Deps, opts Options) (*Server, error) {
 		ReadTimeout:           30 * time.Second,
 		WriteTimeout:          60 * time.Second,
 		IdleTimeout:           120 * time.Second,
+		// No proxy is trusted by Fiber itself: c.Hostname(), c.Protocol()
+		// and c.IP() then never read X-Forwarded-* headers, which any
+		// client can send. The guard alone decides which peers are
+		// trusted proxies (TOLLGATE_TRUSTED_PROXIES) and reads them.
+		EnableTrustedProxyCheck: true,
 	})
 	// Answers sent while shutting down say Connection: close.
 	s.app.Server().CloseOnShutdown = true
