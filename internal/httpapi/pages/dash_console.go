@@ -203,6 +203,7 @@ func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 	}
 	errs := formErrors{}
 	t, rows := tierForm(errs, f)
+	status := fiber.StatusBadRequest
 	if len(errs) == 0 {
 		saved, err := s.catalog.UpdateTier(c.UserContext(), consoleActor, slug, func(cur *quota.Tier) error {
 			t.Slug = cur.Slug
@@ -212,12 +213,16 @@ func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 		if err == nil {
 			return c.Redirect("/console/tiers?ok=saved#tier-"+url.PathEscape(saved.Slug), fiber.StatusSeeOther)
 		}
-		if quota.ErrorCode(err) != quota.CodeInvalid {
+		switch quota.ErrorCode(err) {
+		case quota.CodeInvalid:
+		case quota.CodeConflict: // a rank another tier has
+			status = fiber.StatusConflict
+		default:
 			return err
 		}
 		errs.add(meterQuotaError(err, rows))
 	}
-	return s.render(c, fiber.StatusBadRequest, "tier", s.consoleView(c, "Tier "+slug, "tiers",
+	return s.render(c, status, "tier", s.consoleView(c, "Tier "+slug, "tiers",
 		newTierFormView(false, slug, f, errs)))
 }
 
@@ -478,6 +483,7 @@ func (s *Pages) ConsoleIssueKey(c *fiber.Ctx) error {
 	if !v.MoreKeys {
 		v.Keys = append(v.Keys, k.APIKey)
 	}
+	c.Location("/console/tenants/" + url.PathEscape(id) + "#keys") // where the new key is listed
 	return s.showTenant(c, fiber.StatusCreated, v)
 }
 
