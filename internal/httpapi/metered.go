@@ -79,7 +79,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		if refusedForCredit(d) {
 			return writeCreditRefusal(c, d, p.Tier.TopUpURL, c.Path())
 		}
-		return writeRefusal(c, refusalProblem(d, p.Upgrade, c.Path()))
+		return writeRefusal(c, refusalProblem(d, p.RefusalUpgrade(&d), c.Path()))
 	}
 	if d.Replayed() {
 		s.count(route, "replayed", p.Tier.Slug)
