@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"strings"
 	"testing"
 
@@ -236,5 +237,27 @@ func TestConsoleTierRankTakenIs409(t *testing.T) {
 	}
 	if after := auditCount(t, s); after != before {
 		t.Errorf("refused forms wrote %d audit entries", after-before)
+	}
+}
+
+// TestConsoleShowsBlankNamesByID: a tenant whose stored name shows nothing
+// (written before names were checked) is listed, linked and titled by its
+// id in the console, never as a blank row nobody can click.
+func TestConsoleShowsBlankNamesByID(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	tenant, _ := s.tenant("free")
+	if _, err := s.pool.Exec(context.Background(), `UPDATE tenants SET name = '   ' WHERE id = $1`, tenant.ID); err != nil {
+		t.Fatal(err)
+	}
+	base := s.start()
+	c := newWebClient(t, base)
+	c.mustSignIn("console", adminToken)
+	link := `<a href="/console/tenants/` + tenant.ID + `">` + tenant.ID + `</a>`
+	if list := string(c.get("/console/tenants").body); !strings.Contains(list, link) {
+		t.Errorf("the tenant list has no link %s", link)
+	}
+	if page := string(c.get("/console/tenants/" + tenant.ID).body); !strings.Contains(page, `<h1 id="page-h">`+tenant.ID+`</h1>`) {
+		t.Errorf("the tenant's page is not titled by its id")
 	}
 }

@@ -26,22 +26,22 @@ func CheckText(field, s string) error {
 	if !utf8.ValidString(s) {
 		return FieldError(field, "must be valid UTF-8")
 	}
-	visible := false
-	for _, r := range s {
-		switch {
-		case unicode.IsControl(r):
-			return FieldError(field, "must not contain control characters")
-		case unicode.IsGraphic(r) && !unicode.IsSpace(r):
-			visible = true
-		}
+	if strings.ContainsFunc(s, unicode.IsControl) {
+		return FieldError(field, "must not contain control characters")
 	}
 	switch {
-	case !visible:
+	case !Visible(s):
 		return FieldError(field, "must hold a visible character, not only white space")
 	case strings.TrimSpace(s) != s:
 		return FieldError(field, "must not begin or end with white space")
 	}
 	return nil
+}
+
+// Visible reports whether s shows something: a letter, mark, number,
+// punctuation or symbol, not only white space or invisible characters.
+func Visible(s string) bool {
+	return strings.ContainsFunc(s, func(r rune) bool { return unicode.IsGraphic(r) && !unicode.IsSpace(r) })
 }
 
 // CheckKeyName checks an API key's name, which may be empty (none).
