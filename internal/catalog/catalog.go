@@ -44,16 +44,16 @@ type source interface {
 }
 
 // Principal is what a valid API key resolves to: its tenant, the tenant's
-// tier and effective limits, and the upgrade hint for a refusal.
+// tier and effective limits, and the upgrade hints (Upgrade,
+// RefusalUpgrade).
 type Principal struct {
 	KeyID     string
 	KeyPrefix string
 	Tenant    quota.Tenant
 	Tier      quota.Tier
 	Limits    quota.Limits // the tier's limits with the tenant's overrides
-	// Upgrade is the hint without a refusal (/v1/usage); RefusalUpgrade
-	// gives a refusal's, from Upgrades, the hints of the cached tiers.
-	Upgrade  *quota.Upgrade
+	// Upgrades are the upgrade hints of the cached tiers: see Upgrade and
+	// RefusalUpgrade.
 	Upgrades *quota.Upgrades
 	// Calendar is the tenant's billing calendar (its anchor day and time
 	// zone), which its quotas follow: quota.Request.Calendar.
@@ -220,8 +220,16 @@ func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, er
 	if !ok {
 		return Principal{}, fmt.Errorf("catalog: tenant %s is on unknown tier %q", t.ID, t.Tier)
 	}
-	return Principal{Tenant: t, Tier: tier, Limits: t.Overrides.Apply(tier.Limits), Upgrade: ups.For(tier, t.Overrides, nil),
-		Upgrades: ups, Calendar: c.calendarOf(t)}, nil
+	return Principal{Tenant: t, Tier: tier, Limits: t.Overrides.Apply(tier.Limits), Upgrades: ups,
+		Calendar: c.calendarOf(t)}, nil
+}
+
+// Upgrade returns the upgrade hint without a refusal (/v1/usage): a tier
+// that gives more room (quota.Upgrades). It is asked for, not computed
+// with every principal: the hint of a tenant with overrides is computed
+// when asked.
+func (p *Principal) Upgrade() *quota.Upgrade {
+	return p.Upgrades.For(p.Tier, p.Tenant.Overrides, nil)
 }
 
 // RefusalUpgrade returns the upgrade hint of the principal's refusal d:
