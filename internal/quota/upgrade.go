@@ -20,9 +20,9 @@ import (
 //     billed: unlimited without a cap, none when overage is blocked);
 //     spend_cap: the month's units in all;
 //   - <meter>.daily, <meter>.monthly for each meter with a quota in
-//     either tier (a tier without one has none on that meter: unlimited),
-//     a billed meter quota's month being unlimited past its quota (the
-//     spend cap bounds it).
+//     either tier (a tier without a quota on that meter is unlimited on
+//     it), a billed meter quota's month being unlimited past its quota
+//     (the spend cap bounds it).
 //
 // A tier gives less than another when any of these is smaller. All are
 // read with the tenant's overrides applied (an override is the tenant's
