@@ -261,3 +261,33 @@ func TestConsoleShowsBlankNamesByID(t *testing.T) {
 		t.Errorf("the tenant's page is not titled by its id")
 	}
 }
+
+// TestStoredNamesStayUntilChanged: a name stored before names were
+// checked ("Acme ") does not stop other changes of its tenant or tier; it
+// is checked once it is changed.
+func TestStoredNamesStayUntilChanged(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	tenant, _ := s.tenant("free")
+	tier := s.tier(44, quota.Limits{DailyQuota: quota.Ptr(int64(10))})
+	ctx := context.Background()
+	if _, err := s.pool.Exec(ctx, `UPDATE tenants SET name = 'Acme ' WHERE id = $1`, tenant.ID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.pool.Exec(ctx, `UPDATE tiers SET name = ' Old' WHERE slug = $1`, tier.Slug); err != nil {
+		t.Fatal(err)
+	}
+	base := s.start()
+	if r := admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"status": "suspended"}`); r.status != 200 {
+		t.Errorf("suspend a tenant named %q: %d, want 200: %s", "Acme ", r.status, r.body)
+	}
+	if r := admin(t, "PATCH", base+"/admin/v1/tiers/"+tier.Slug, `{"price_cents": 700}`); r.status != 200 {
+		t.Errorf("reprice a tier named %q: %d, want 200: %s", " Old", r.status, r.body)
+	}
+	if r := admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"name": "Acme  "}`); r.status != 400 {
+		t.Errorf("rename to %q: %d, want 400: %s", "Acme  ", r.status, r.body)
+	}
+	if r := admin(t, "PATCH", base+"/admin/v1/tenants/"+tenant.ID, `{"name": "Acme"}`); r.status != 200 {
+		t.Errorf("rename to Acme: %d, want 200: %s", r.status, r.body)
+	}
+}

@@ -112,6 +112,9 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 			return err
 		}
 		after.Slug = before.Slug
+		if err := checkRename(before.Name, after.Name); err != nil {
+			return err
+		}
 		if err := after.Validate(); err != nil {
 			return err
 		}
@@ -146,6 +149,16 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 		return audit(ctx, tx, actor, "update", "tier", slug, before, out)
 	})
 	return out, err
+}
+
+// checkRename checks a name set by a change (quota.CheckName). A name
+// stored before names were checked stays as it is until it is changed: a
+// tenant named "Acme " can still be suspended, a tier repriced.
+func checkRename(before, after string) error {
+	if after == before {
+		return nil
+	}
+	return quota.CheckName("name", after)
 }
 
 // overridingTenantsTx returns the tier's tenants that override a limit,
@@ -302,7 +315,7 @@ func (s *Store) ChangeTenant(ctx context.Context, actor, id string, plan *quota.
 		if err := change(&after); err != nil {
 			return err
 		}
-		if err := quota.CheckName("name", after.Name); err != nil {
+		if err := checkRename(before.Name, after.Name); err != nil {
 			return err
 		}
 		if after.Status != quota.StatusActive && after.Status != quota.StatusSuspended {

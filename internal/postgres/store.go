@@ -95,6 +95,9 @@ func isForeignKeyViolation(err error) bool {
 // CreateTier validates and inserts a tier. A duplicate slug or rank is a
 // CodeConflict error naming the field.
 func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quota.Tier, error) {
+	if err := quota.CheckName("name", t.Name); err != nil {
+		return quota.Tier{}, err
+	}
 	if err := t.Validate(); err != nil {
 		return quota.Tier{}, err
 	}

@@ -150,10 +150,9 @@ func (t Tier) Validate() error {
 	if !ValidSlug(t.Slug) {
 		return FieldError("slug", "must be 1 to 63 lowercase letters, digits or inner hyphens")
 	}
-	if err := CheckName("name", t.Name); err != nil {
-		return err
-	}
 	switch {
+	case t.Name == "" || len(t.Name) > MaxNameLen: // CheckName when it is set
+		return FieldError("name", "must be 1 to %d characters", MaxNameLen)
 	case t.Rank < 0 || t.Rank > 1_000_000:
 		return FieldError("rank", "must be between 0 and 1000000")
 	case t.PriceCents < 0 || t.PriceCents > MaxPrice:

@@ -27,6 +27,9 @@ var decoders = []func(c *fiber.Ctx) error{
 		if err != nil {
 			return err
 		}
+		if err := quota.CheckName("name", t.Name); err != nil { // the store's check
+			return err
+		}
 		return t.Validate()
 	},
 	func(c *fiber.Ctx) error {
@@ -36,6 +39,9 @@ var decoders = []func(c *fiber.Ctx) error{
 		}
 		t := quota.Tier{Slug: "pro", Name: "Pro", Rank: 1, Overage: quota.OverageBlock}
 		if err := b.apply(&t); err != nil {
+			return err
+		}
+		if err := quota.CheckName("name", t.Name); err != nil { // the store's check of a name changed
 			return err
 		}
 		return t.Validate()
