@@ -34,12 +34,17 @@ func TestAdminTiersCRUDAndValidation(t *testing.T) {
 	if r := admin(t, "POST", base+"/admin/v1/tiers", tierJSON); r.status != 409 {
 		t.Fatalf("duplicate slug: %d, want 409", r.status)
 	}
+	// pro's rank: ranks are unique, and a rank taken is a conflict as a slug
+	// taken is (TestAdminConflictsAre409)
+	if r := admin(t, "POST", base+"/admin/v1/tiers", strings.Replace(replaceField(tierJSON, "\"rank\"", `"rank": 10`),
+		`"slug": "gold"`, `"slug": "t-rank"`, 1)); r.status != 409 || r.json(t)["field"] != "rank" {
+		t.Fatalf("duplicate rank: %d %s, want 409 naming rank", r.status, r.body)
+	}
 	// Each validation rule: 400 naming the field.
 	for _, tc := range []struct{ field, patch string }{
 		{"slug", `"slug": "Not A Slug"`},
 		{"name", `"name": ""`},
 		{"rank", `"rank": -1`},
-		{"rank", `"rank": 10`}, // pro's rank: ranks are unique
 		{"price_cents", `"price_cents": -1`},
 		{"burst_rate", `"burst_rate": 0`},
 		{"burst_rate", `"burst_rate": -3`},

@@ -241,6 +241,9 @@ func TestRefusalBodyAndUpgradeHint(t *testing.T) {
 	s := mustStack(t)
 	base := s.start()
 	small := s.tier(3, quota.Limits{DailyQuota: quota.Ptr(int64(2))})
+	// The seeded tiers above (pro, enterprise) have burst limits small has
+	// not: they give less, and are never the hint (TestUpgradeHintNeverProposesLess).
+	bigger := s.tier(40, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
 	top := s.tier(900, quota.Limits{DailyQuota: quota.Ptr(int64(1))})
 	_, key := s.tenant(small.Slug)
 	for range 2 {
@@ -267,8 +270,8 @@ func TestRefusalBodyAndUpgradeHint(t *testing.T) {
 		t.Errorf("retry_after = %v, Retry-After = %q; want equal and within a day", p["retry_after"], r.header.Get("Retry-After"))
 	}
 	up, _ := p["upgrade"].(map[string]any)
-	if up["tier"] != "pro" || up["price_cents"] != 4900.0 || up["url"] == "" {
-		t.Errorf("upgrade = %v, want the pro tier (next rank above 3)", up)
+	if up["tier"] != bigger.Slug || up["price_cents"] != float64(bigger.PriceCents) || up["daily_quota"] != 100.0 || up["url"] != bigger.UpgradeURL {
+		t.Errorf("upgrade = %v, want the tier %s (more a day, no less of anything)", up, bigger.Slug)
 	}
 	if got := remaining(t, r.header)["daily"]; got != 0 {
 		t.Errorf("RateLimit on the 429: daily r=%d, want 0", got)
@@ -629,6 +632,7 @@ func TestCheckEndpoint(t *testing.T) {
 	s := mustStack(t)
 	base := s.start()
 	tier := s.tier(16, quota.Limits{DailyQuota: quota.Ptr(int64(10))})
+	bigger := s.tier(17, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
 	tenant, key := s.tenant(tier.Slug)
 	check := func(body string, token string) reply {
 		return do(t, "POST", base+"/v1/check", token, body)
@@ -648,8 +652,8 @@ func TestCheckEndpoint(t *testing.T) {
 		t.Fatalf("check of 8: %v, want allowed with 2 remaining (the dry run consumed nothing)", real)
 	}
 	over := check(`{"tenant_id": "`+tenant.ID+`", "meter": "m", "cost": 3}`, serviceToken).json(t)
-	if over["allowed"] != false || over["retry_after"] == nil || over["upgrade"] == nil {
-		t.Fatalf("check over the quota: %v, want refused with retry_after and upgrade", over)
+	if up, _ := over["upgrade"].(map[string]any); over["allowed"] != false || over["retry_after"] == nil || up["tier"] != bigger.Slug {
+		t.Fatalf("check over the quota: %v, want refused with retry_after and upgrade %s", over, bigger.Slug)
 	}
 	for _, tc := range []struct{ name, body, field string }{
 		{"unknown field", `{"tenant_id": "` + tenant.ID + `", "meter": "m", "extra": 1}`, "extra"},

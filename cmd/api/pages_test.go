@@ -291,8 +291,10 @@ func TestSessionCookieAndStore(t *testing.T) {
 		t.Error("a session is stored under the cookie's value itself")
 	}
 
-	// Behind a TLS-terminating proxy the cookie is Secure.
-	tls := newWebClient(t, base)
+	// Behind a trusted TLS-terminating proxy the cookie is Secure (from
+	// any other peer X-Forwarded-Proto does not count:
+	// TestForwardedHostAndProtoOnlyFromTrustedProxies).
+	tls := newWebClient(t, s.startWith(map[string]string{"TOLLGATE_TRUSTED_PROXIES": "127.0.0.1, ::1"}))
 	tok := tls.csrf("/dashboard/login")
 	r = tls.post("/dashboard/login", url.Values{"_csrf": {tok}, "api_key": {key}}.Encode(), "X-Forwarded-Proto", "https")
 	if r.status != 303 || !strings.Contains(r.header.Get("Set-Cookie"), "secure") {

@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"time"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
@@ -107,13 +106,7 @@ func (c NewCredit) Check() error {
 	if n := utf8.RuneCountInString(c.Reason); n < 1 || n > MaxCreditReason {
 		return quota.FieldError("reason", "must be 1 to %d characters", MaxCreditReason)
 	}
-	if strings.TrimSpace(c.Reason) == "" {
-		return quota.FieldError("reason", "must not be blank")
-	}
-	if !utf8.ValidString(c.Reason) || strings.IndexFunc(c.Reason, unicode.IsControl) >= 0 {
-		return quota.FieldError("reason", "must be valid UTF-8 without control characters")
-	}
-	return nil
+	return quota.CheckText("reason", c.Reason)
 }
 
 // checkExpiry returns a field error unless c expires after now (both to
@@ -214,6 +207,21 @@ func (l *Ledger) CreateCredit(ctx context.Context, actor, tenantID, key string, 
 		return nil
 	})
 	return e, created, err
+}
+
+// Credit returns the credit id granted to the tenant, as its ledger lists
+// it; CodeNotFound when the tenant has no such credit.
+func (l *Ledger) Credit(ctx context.Context, tenantID, id string) (CreditEntry, error) {
+	var e CreditEntry
+	err := l.db.QueryRow(ctx, `SELECT `+creditGrantColumns+` FROM credits WHERE tenant_id::text = $1 AND id::text = $2`,
+		tenantID, id).Scan(creditDest(&e)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return e, quota.Errorf(quota.CodeNotFound, "no credit %q of tenant %q", id, tenantID)
+	}
+	if err != nil {
+		return e, fmt.Errorf("billing: credit: %w", err)
+	}
+	return e, nil
 }
 
 func sameTime(a, b *time.Time) bool {

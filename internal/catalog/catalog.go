@@ -43,14 +43,17 @@ type source interface {
 }
 
 // Principal is what a valid API key resolves to: its tenant, the tenant's
-// tier and effective limits, and the upgrade hint for a refusal.
+// tier and effective limits, and the upgrade hints (Upgrade,
+// RefusalUpgrade).
 type Principal struct {
 	KeyID     string
 	KeyPrefix string
 	Tenant    quota.Tenant
 	Tier      quota.Tier
 	Limits    quota.Limits // the tier's limits with the tenant's overrides
-	Upgrade   *quota.Upgrade
+	// Upgrades are the upgrade hints of the cached tiers: see Upgrade and
+	// RefusalUpgrade.
+	Upgrades *quota.Upgrades
 	// Calendar is the tenant's billing calendar (its anchor day and time
 	// zone), which its quotas follow: quota.Request.Calendar.
 	Calendar quota.Calendar
@@ -82,6 +85,9 @@ type Catalog struct {
 	prepaid  prepaidCache // prepaid.go
 	balances balances     // prepaid.go; nil: WithBalances not called
 	negative int
+
+	// upgrades are the upgrade hints of tierList, computed with it.
+	upgrades *quota.Upgrades
 
 	usedMu sync.Mutex
 	used   map[string]time.Time // key prefix -> last use, not yet written
@@ -206,7 +212,7 @@ func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, er
 	if err != nil {
 		return Principal{}, err
 	}
-	tiers, list, err := c.loadedTiers(ctx)
+	tiers, _, ups, err := c.loadedTiers(ctx)
 	if err != nil {
 		return Principal{}, err
 	}
@@ -214,8 +220,22 @@ func (c *Catalog) Principal(ctx context.Context, tenantID string) (Principal, er
 	if !ok {
 		return Principal{}, fmt.Errorf("catalog: tenant %s is on unknown tier %q", t.ID, t.Tier)
 	}
-	return Principal{Tenant: t, Tier: tier, Limits: t.Overrides.Apply(tier.Limits), Upgrade: quota.UpgradeFor(tier, list),
+	return Principal{Tenant: t, Tier: tier, Limits: t.Overrides.Apply(tier.Limits), Upgrades: ups,
 		Calendar: c.calendarOf(t)}, nil
+}
+
+// Upgrade returns the upgrade hint without a refusal (/v1/usage): a tier
+// that gives more room (quota.Upgrades). It is asked for, not computed
+// with every principal: the hint of a tenant with overrides is computed
+// when asked.
+func (p *Principal) Upgrade() *quota.Upgrade {
+	return p.Upgrades.For(p.Tier, p.Tenant.Overrides, nil)
+}
+
+// RefusalUpgrade returns the upgrade hint of the principal's refusal d:
+// a tier that gives more room where d was refused (quota.Upgrades).
+func (p *Principal) RefusalUpgrade(d *quota.Decision) *quota.Upgrade {
+	return p.Upgrades.For(p.Tier, p.Tenant.Overrides, d)
 }
 
 // Calendar returns the billing calendar of the tenant with id, from the
@@ -248,7 +268,7 @@ func (c *Catalog) calendarOf(t quota.Tenant) quota.Calendar {
 
 // Tiers returns the cached tiers by rank.
 func (c *Catalog) Tiers(ctx context.Context) ([]quota.Tier, error) {
-	_, list, err := c.loadedTiers(ctx)
+	_, list, _, err := c.loadedTiers(ctx)
 	return list, err
 }
 
@@ -359,19 +379,19 @@ func (c *Catalog) dropNegativeLocked() {
 	c.negative = 0
 }
 
-// loadedTiers returns the cached tiers by slug and by rank, loading them
-// when they are not. Both are replaced whole, never changed in place, so the
-// caller may read them without the lock.
-func (c *Catalog) loadedTiers(ctx context.Context) (map[string]quota.Tier, []quota.Tier, error) {
+// loadedTiers returns the cached tiers by slug and by rank and their
+// upgrade hints, loading them when they are not. All are replaced whole,
+// never changed in place, so the caller may read them without the lock.
+func (c *Catalog) loadedTiers(ctx context.Context) (map[string]quota.Tier, []quota.Tier, *quota.Upgrades, error) {
 	for {
 		c.mu.RLock()
-		m, list := c.tiers, c.tierList
+		m, list, ups := c.tiers, c.tierList, c.upgrades
 		c.mu.RUnlock()
 		if list != nil {
-			return m, list, nil
+			return m, list, ups, nil
 		}
 		if err := c.shared(ctx, "tiers", c.loadTiers); err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 	}
 }
@@ -379,6 +399,10 @@ func (c *Catalog) loadedTiers(ctx context.Context) (map[string]quota.Tier, []quo
 func (c *Catalog) loadTiers(ctx context.Context) error {
 	since := c.beginLoad()
 	list, err := c.src.Tiers(ctx)
+	var ups *quota.Upgrades
+	if err == nil {
+		ups = quota.NewUpgrades(list) // outside the lock: every tier against every other
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	defer c.endLoadLocked()
@@ -395,7 +419,7 @@ func (c *Catalog) loadTiers(ctx context.Context) error {
 	if list == nil {
 		list = []quota.Tier{}
 	}
-	c.tiers, c.tierList = m, list
+	c.tiers, c.tierList, c.upgrades = m, list, ups
 	return nil
 }
 

@@ -103,8 +103,8 @@ func TestResolveCachesAndMakesNoQueryOnHit(t *testing.T) {
 	if p.Tenant.ID != tenant.ID || p.Tier.Slug != "free" || p.KeyPrefix != key.Prefix {
 		t.Fatalf("got tenant %s tier %s prefix %s, want %s free %s", p.Tenant.ID, p.Tier.Slug, p.KeyPrefix, tenant.ID, key.Prefix)
 	}
-	if p.Upgrade == nil || p.Upgrade.Tier != "pro" {
-		t.Fatalf("upgrade = %+v, want the pro tier", p.Upgrade)
+	if up := p.Upgrade(); up == nil || up.Tier != "pro" {
+		t.Fatalf("upgrade = %+v, want the pro tier", up)
 	}
 	if p.Limits.DailyQuota == nil || *p.Limits.DailyQuota != *p.Tier.DailyQuota {
 		t.Fatalf("limits = %+v, want the tier's", p.Limits)
@@ -225,8 +225,8 @@ func TestRefreshCoversAMissedMessage(t *testing.T) {
 		t.Fatal(err)
 	}
 	p, err := nodes[0].Resolve(ctx, key.Secret)
-	if err != nil || p.Tier.Slug != "enterprise" || p.Upgrade != nil {
-		t.Fatalf("after refresh: tier %q upgrade %+v err %v, want enterprise with no upgrade", p.Tier.Slug, p.Upgrade, err)
+	if err != nil || p.Tier.Slug != "enterprise" || p.Upgrade() != nil {
+		t.Fatalf("after refresh: tier %q upgrade %+v err %v, want enterprise with no upgrade", p.Tier.Slug, p.Upgrade(), err)
 	}
 }
 

@@ -71,7 +71,7 @@ var Vars = []Var{
 	{"TOLLGATE_INVOICE_GRACE", "48h", "how long after a month ends late usage is still accepted before its invoices are final"},
 	{"TOLLGATE_WORKER_METRICS_ADDR", "127.0.0.1:9091", "the worker's /metrics listen address (host:port; port 0 picks a free one)"},
 	{"TOLLGATE_SESSION_TTL", "8h", "lifetime of a dashboard or console sign-in, Go duration, 5m to 720h"},
-	{"TOLLGATE_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of the proxies in front of the api whose X-Forwarded-For is believed; unset: the client is the connection's address"},
+	{"TOLLGATE_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of the proxies in front of the api whose X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto are believed; unset: the client is the connection's address, host and scheme"},
 	{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "false", "true lets webhook URLs reach loopback, link-local and private addresses (a lab, a receiver on the same network); keep false in production"},
 	{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "0", "largest upstream answer body the proxy passes on, in bytes (502 past it); 0: no maximum"},
 }

@@ -82,7 +82,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		if refusedForCredit(d) {
 			return writeCreditRefusal(c, d, p.Tier.TopUpURL, c.Path())
 		}
-		return writeRefusal(c, refusalProblem(d, p.Upgrade, c.Path()))
+		return writeRefusal(c, refusalProblem(d, p.RefusalUpgrade(&d), c.Path()))
 	}
 	if d.Replayed() {
 		s.count(route, "replayed", p.Tier.Slug)
@@ -192,9 +192,8 @@ func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID, settleID s
 	target := proxyTarget(c, route) // before the request URI is rewritten
 	req := c.Request()
 	h := &req.Header
-	stripRequestHeaders(h)
+	setForwarded(c, s.guard) // strips the client's headers first
 	h.Set("X-Tollgate-Tenant-Id", tenantID)
-	h.Set(fiber.HeaderXForwardedFor, s.guard.ClientIP(c).String())
 	if settleID != "" {
 		h.Set(hdrSettleID, settleID)
 	}

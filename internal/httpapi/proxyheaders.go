@@ -20,13 +20,12 @@ import (
 
 // toUpstreamReserved are the request headers a client never passes to the
 // upstream, besides the Tollgate namespace: what Tollgate sets
-// (X-Forwarded-For, its statement of the client's address, which other
-// statements of it would contradict), the tenant's credentials, the method
+// (the forwarding headers: forwarded.go), the tenant's credentials, the method
 // overrides (the route, meter and cost are the request method's; an
 // upstream honouring X-HTTP-Method-Override would act as another), and the
 // hop-by-hop headers.
 var toUpstreamReserved = []string{
-	"x-forwarded-for", "forwarded", "x-real-ip", "authorization", "x-api-key", "proxy-authorization",
+	"authorization", "x-api-key", "proxy-authorization",
 	"x-http-method-override", "x-http-method", "x-method-override",
 	"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade",
 }
@@ -65,7 +64,7 @@ func stripRequestHeaders(h *fasthttp.RequestHeader) {
 	for range maxStrips {
 		name, found := nameBuf[:0], false
 		h.VisitAll(func(key, _ []byte) {
-			if !found && (tollgateNamespace(key) || headerIsOneOf(key, toUpstreamReserved) || connectionLists(listed, key)) {
+			if !found && (tollgateNamespace(key) || forwardingHeader(key) || headerIsOneOf(key, toUpstreamReserved) || connectionLists(listed, key)) {
 				name, found = append(name, key...), true
 			}
 		})

@@ -156,6 +156,11 @@ func New(d Deps, opts Options) (*Server, error) {
 		ReadTimeout:           30 * time.Second,
 		WriteTimeout:          60 * time.Second,
 		IdleTimeout:           120 * time.Second,
+		// No proxy is trusted by Fiber itself: c.Hostname(), c.Protocol()
+		// and c.IP() then never read X-Forwarded-* headers, which any
+		// client can send. The guard alone decides which peers are
+		// trusted proxies (TOLLGATE_TRUSTED_PROXIES) and reads them.
+		EnableTrustedProxyCheck: true,
 	})
 	// Answers sent while shutting down say Connection: close.
 	s.app.Server().CloseOnShutdown = true
@@ -202,12 +207,15 @@ func (s *Server) routesSetup() {
 	admin.Delete("/tenants/:id", s.admin.DeleteTenant)
 	admin.Get("/tenants/:id/keys", s.admin.ListKeys)
 	admin.Post("/tenants/:id/keys", s.admin.IssueKey)
+	admin.Get("/keys/:id", s.admin.GetKey)
 	admin.Delete("/keys/:id", s.admin.RevokeKey)
 	admin.Post("/keys/:id/rotate", s.admin.RotateKey)
 	admin.Get("/tenants/:id/grants", s.admin.ListGrants)
 	admin.Post("/tenants/:id/grants", s.admin.CreateGrant)
+	admin.Get("/tenants/:id/grants/:grant", s.admin.GetGrant)
 	admin.Get("/tenants/:id/credits", s.admin.ListCredits)
 	admin.Post("/tenants/:id/credits", s.admin.CreateCredit)
+	admin.Get("/tenants/:id/credits/:credit", s.admin.GetCredit)
 	admin.Get("/tenants/:id/usage", s.admin.TenantUsage)
 	admin.Get("/tenants/:id/summary", s.admin.TenantSummary)
 	admin.Get("/invoices", s.admin.ListInvoices)

@@ -148,7 +148,12 @@ func (s *Server) check(c *fiber.Ctx) error {
 	}
 	setRateLimitHeaders(c, d)
 	resp := CheckResponse{Allowed: d.Allowed, Limits: usage.Limits(d), ViolatedPolicies: d.Violated,
-		Upgrade: p.Upgrade, Degraded: d.Degraded, Replayed: d.Replayed()}
+		Degraded: d.Degraded, Replayed: d.Replayed()}
+	if d.Allowed {
+		resp.Upgrade = p.Upgrade()
+	} else {
+		resp.Upgrade = p.RefusalUpgrade(&d) // the hint of what refused
+	}
 	if refusedForCredit(d) {
 		resp.TopUpURL = p.Tier.TopUpURL
 	}

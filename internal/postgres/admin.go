@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"reflect"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -97,7 +98,8 @@ func tierTx(ctx context.Context, q querier, slug, lock string) (quota.Tier, erro
 // UpdateTier applies change to the tier under a row lock, validates the
 // result and stores it with an audit entry. A change that would make the
 // effective limits of one of the tier's tenants invalid (see
-// quota.CheckTierLimits) is a CodeConflict error naming them.
+// quota.CheckTierLimits) is a CodeConflict error naming them, as is a rank
+// another tier has. A change that changes nothing writes nothing.
 func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(*quota.Tier) error) (quota.Tier, error) {
 	var out quota.Tier
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -110,8 +112,15 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 			return err
 		}
 		after.Slug = before.Slug
+		if err := checkRename(before.Name, after.Name); err != nil {
+			return err
+		}
 		if err := after.Validate(); err != nil {
 			return err
+		}
+		if reflect.DeepEqual(after, before) {
+			out = before
+			return nil // nothing changes: nothing to write or audit
 		}
 		overriding, err := overridingTenantsTx(ctx, tx, slug)
 		if err != nil {
@@ -129,7 +138,7 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 			after.BucketRefillPerSec, after.DailyQuota, after.MonthlyQuota, after.Overage, after.OveragePriceCentsPer1K,
 			after.FailOpen, after.UpgradeURL, after.MaxOverageCents, meterQuotas(after), billing(after), after.TopUpURL).Scan(tierDest(&out)...)
 		if uniqueViolation(err) != "" {
-			return &quota.Error{Code: quota.CodeInvalid, Field: "rank", Message: fmt.Sprintf("another tier has rank %d; ranks are unique", after.Rank)}
+			return rankTaken(after.Rank)
 		}
 		if err != nil {
 			return fmt.Errorf("postgres: update tier: %w", err)
@@ -140,6 +149,16 @@ func (s *Store) UpdateTier(ctx context.Context, actor, slug string, change func(
 		return audit(ctx, tx, actor, "update", "tier", slug, before, out)
 	})
 	return out, err
+}
+
+// checkRename checks a name set by a change (quota.CheckName). A name
+// stored before names were checked stays as it is until it is changed: a
+// tenant named "Acme " can still be suspended, a tier repriced.
+func checkRename(before, after string) error {
+	if after == before {
+		return nil
+	}
+	return quota.CheckName("name", after)
 }
 
 // overridingTenantsTx returns the tier's tenants that override a limit,
@@ -203,8 +222,8 @@ func (s *Store) ListTenants(ctx context.Context, f quota.TenantFilter, p quota.P
 // CreateTenantWith creates a tenant with its name, tier, overrides and
 // webhook URL, recording its tier history and an audit entry.
 func (s *Store) CreateTenantWith(ctx context.Context, actor string, in quota.Tenant) (quota.Tenant, error) {
-	if in.Name == "" || len(in.Name) > quota.MaxNameLen {
-		return quota.Tenant{}, quota.FieldError("name", "must be 1 to %d characters", quota.MaxNameLen)
+	if err := quota.CheckName("name", in.Name); err != nil {
+		return quota.Tenant{}, err
 	}
 	if in.BillingAnchorDay == 0 {
 		in.BillingAnchorDay = quota.DefaultAnchorDay
@@ -296,14 +315,18 @@ func (s *Store) ChangeTenant(ctx context.Context, actor, id string, plan *quota.
 		if err := change(&after); err != nil {
 			return err
 		}
-		if after.Name == "" || len(after.Name) > quota.MaxNameLen {
-			return quota.FieldError("name", "must be 1 to %d characters", quota.MaxNameLen)
+		if err := checkRename(before.Name, after.Name); err != nil {
+			return err
 		}
 		if after.Status != quota.StatusActive && after.Status != quota.StatusSuspended {
 			return quota.FieldError("status", `must be "active" or "suspended"`)
 		}
 		if err := quota.CheckCalendar(after.BillingAnchorDay, after.TimeZone); err != nil {
 			return err
+		}
+		if plan == nil && reflect.DeepEqual(after, before) {
+			out = before
+			return nil // nothing changes: nothing to write or audit
 		}
 		wantReset := false
 		if plan != nil {
@@ -394,6 +417,11 @@ func (s *Store) ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]
 	return items, next, nil
 }
 
+// Key returns one API key (never its secret), or a CodeNotFound error.
+func (s *Store) Key(ctx context.Context, id string) (quota.APIKey, error) {
+	return keyTx(ctx, s.db, id, "")
+}
+
 func keyTx(ctx context.Context, q querier, id, lock string) (quota.APIKey, error) {
 	var k quota.APIKey
 	err := q.QueryRow(ctx, `SELECT `+keyColumns+` FROM api_keys k WHERE k.id::text = $1 `+lock, id).Scan(keyDest(&k)...)
@@ -432,6 +460,9 @@ func (s *Store) RevokeKey(ctx context.Context, actor, id string) (quota.APIKey, 
 func (s *Store) RotateKey(ctx context.Context, actor, id, name string, grace time.Duration) (quota.IssuedKey, quota.APIKey, error) {
 	var fresh quota.IssuedKey
 	var old quota.APIKey
+	if err := quota.CheckKeyName(name); err != nil {
+		return fresh, old, err
+	}
 	k, err := apikey.New()
 	if err != nil {
 		return fresh, old, fmt.Errorf("postgres: new key: %w", err)
@@ -569,6 +600,20 @@ func (s *Store) UnappliedGrants(ctx context.Context, dayStart, monthStart time.T
 		return nil, fmt.Errorf("postgres: unapplied grants: %w", err)
 	}
 	return grants, nil
+}
+
+// Grant returns one of a tenant's grants, or a CodeNotFound error.
+func (s *Store) Grant(ctx context.Context, tenantID, id string) (quota.Grant, error) {
+	var g quota.Grant
+	err := s.db.QueryRow(ctx, `SELECT `+grantColumns+` FROM grants WHERE tenant_id::text = $1 AND id::text = $2`,
+		tenantID, id).Scan(grantDest(&g)...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return g, quota.Errorf(quota.CodeNotFound, "no grant %q of tenant %q", id, tenantID)
+	}
+	if err != nil {
+		return g, fmt.Errorf("postgres: grant: %w", err)
+	}
+	return g, nil
 }
 
 // ListGrants returns a tenant's grants, newest first.

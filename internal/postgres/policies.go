@@ -1,6 +1,7 @@
 package postgres
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,7 +134,7 @@ func (s *Store) CreatePolicy(ctx context.Context, actor string, p quota.Policy) 
 // UpdatePolicy applies change to the policy name under the policies' write
 // lock, fills the defaults of what it removed, validates the result (the
 // name cannot change) and stores it with an audit entry, in one
-// transaction.
+// transaction. A change that changes nothing writes nothing.
 func (s *Store) UpdatePolicy(ctx context.Context, actor, name string, change func(*quota.Policy) error) (quota.Policy, error) {
 	var out quota.Policy
 	err := pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
@@ -169,11 +170,14 @@ func (s *Store) UpdatePolicy(ctx context.Context, actor, name string, change fun
 		if err != nil {
 			return fmt.Errorf("postgres: encode policy: %w", err)
 		}
+		out = after
+		if same, err := json.Marshal(before); err == nil && bytes.Equal(same, spec) {
+			return nil // nothing changes: nothing to write or audit
+		}
 		if _, err := tx.Exec(ctx, `UPDATE policies SET spec = $2, version = version + 1, updated_at = now() WHERE name = $1`,
 			name, spec); err != nil {
 			return fmt.Errorf("postgres: update policy: %w", err)
 		}
-		out = after
 		return audit(ctx, tx, actor, "update", "policy", name, before, after)
 	})
 	return out, err

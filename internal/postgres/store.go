@@ -42,8 +42,8 @@ func newWebhookSecret() ([]byte, error) {
 // until revoked), and returns it with its secret, which is not stored and
 // cannot be shown again.
 func (s *Store) IssueKey(ctx context.Context, actor, tenantID, name string, expires ...time.Time) (quota.IssuedKey, error) {
-	if len(name) > quota.MaxNameLen {
-		return quota.IssuedKey{}, quota.FieldError("name", "must be at most %d characters", quota.MaxNameLen)
+	if err := quota.CheckKeyName(name); err != nil {
+		return quota.IssuedKey{}, err
 	}
 	k, err := apikey.New()
 	if err != nil {
@@ -92,10 +92,12 @@ func isForeignKeyViolation(err error) bool {
 	return errors.As(err, &pe) && pe.Code == "23503"
 }
 
-// CreateTier validates and inserts a tier. A duplicate slug is a
-// CodeConflict error; a duplicate rank is a CodeInvalid error naming rank
-// (ranks are unique, a validation rule).
+// CreateTier validates and inserts a tier. A duplicate slug or rank is a
+// CodeConflict error naming the field.
 func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quota.Tier, error) {
+	if err := quota.CheckName("name", t.Name); err != nil {
+		return quota.Tier{}, err
+	}
 	if err := t.Validate(); err != nil {
 		return quota.Tier{}, err
 	}
@@ -112,7 +114,7 @@ func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quo
 			if c == "tiers_pkey" {
 				return &quota.Error{Code: quota.CodeConflict, Field: "slug", Message: fmt.Sprintf("a tier %q exists", t.Slug)}
 			}
-			return &quota.Error{Code: quota.CodeInvalid, Field: "rank", Message: fmt.Sprintf("another tier has rank %d; ranks are unique", t.Rank)}
+			return rankTaken(t.Rank)
 		}
 		if err != nil {
 			return fmt.Errorf("postgres: insert tier: %w", err)
@@ -123,6 +125,12 @@ func (s *Store) CreateTier(ctx context.Context, actor string, t quota.Tier) (quo
 		return audit(ctx, tx, actor, "create", "tier", out.Slug, nil, out)
 	})
 	return out, err
+}
+
+// rankTaken is the error of a tier given a rank another tier has: a
+// conflict with that tier, as a slug taken is.
+func rankTaken(rank int) error {
+	return &quota.Error{Code: quota.CodeConflict, Field: "rank", Message: fmt.Sprintf("another tier has rank %d; ranks are unique", rank)}
 }
 
 // uniqueViolation returns the constraint name of a unique violation, or "".

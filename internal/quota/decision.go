@@ -155,7 +155,8 @@ type Admitter interface {
 	Admit(ctx context.Context, req Request) (Decision, error)
 }
 
-// Upgrade is the hint offered with a refusal when a higher tier exists.
+// Upgrade is the hint offered with a refusal when a tier ranked higher
+// gives more room (see Upgrades).
 type Upgrade struct {
 	Tier         string `json:"tier"`
 	Name         string `json:"name"`
@@ -163,29 +164,6 @@ type Upgrade struct {
 	DailyQuota   *int64 `json:"daily_quota"`
 	MonthlyQuota *int64 `json:"monthly_quota"`
 	URL          string `json:"url"`
-}
-
-// UpgradeFor returns the hint for the next tier above current: the tier of
-// lowest rank among those ranked higher, or nil when current is the top.
-func UpgradeFor(current Tier, tiers []Tier) *Upgrade {
-	var next *Tier
-	for i := range tiers {
-		t := &tiers[i]
-		if t.Rank > current.Rank && (next == nil || t.Rank < next.Rank) {
-			next = t
-		}
-	}
-	if next == nil {
-		return nil
-	}
-	return &Upgrade{
-		Tier:         next.Slug,
-		Name:         next.Name,
-		PriceCents:   next.PriceCents,
-		DailyQuota:   next.DailyQuota,
-		MonthlyQuota: next.MonthlyQuota,
-		URL:          next.UpgradeURL,
-	}
 }
 
 // StoredAnswer is the answer kept for an idempotency key, replayed to

@@ -147,10 +147,11 @@ func SpendCapUnits(maxOverageCents *int64, overage Overage, pricePer1K int64) in
 
 // Validate checks t and returns a CodeInvalid *Error naming the first bad field.
 func (t Tier) Validate() error {
-	switch {
-	case !ValidSlug(t.Slug):
+	if !ValidSlug(t.Slug) {
 		return FieldError("slug", "must be 1 to 63 lowercase letters, digits or inner hyphens")
-	case t.Name == "" || len(t.Name) > MaxNameLen:
+	}
+	switch {
+	case t.Name == "" || len(t.Name) > MaxNameLen: // CheckName when it is set
 		return FieldError("name", "must be 1 to %d characters", MaxNameLen)
 	case t.Rank < 0 || t.Rank > 1_000_000:
 		return FieldError("rank", "must be between 0 and 1000000")

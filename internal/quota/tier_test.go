@@ -86,10 +86,14 @@ func TestSpendCapValidAndInUnits(t *testing.T) {
 	}
 }
 
-func TestUpgradeForPicksTheNextRank(t *testing.T) {
-	tiers := []Tier{{Slug: "free", Rank: 0}, {Slug: "ent", Rank: 20}, {Slug: "pro", Rank: 10, UpgradeURL: "u"}}
+func TestUpgradeForPicksTheCheapestThatGivesMore(t *testing.T) {
+	tiers := []Tier{{Slug: "free", Rank: 0, Limits: Limits{DailyQuota: Ptr(int64(10))}},
+		{Slug: "ent", Rank: 20, PriceCents: 500}, {Slug: "pro", Rank: 10, PriceCents: 100, UpgradeURL: "u"}}
 	if up := UpgradeFor(tiers[0], tiers); up == nil || up.Tier != "pro" || up.URL != "u" {
 		t.Fatalf("UpgradeFor(free) = %+v, want pro", up)
+	}
+	if up := UpgradeFor(tiers[2], tiers); up != nil {
+		t.Fatalf("UpgradeFor(pro) = %+v, want nil: ent gives no more", up)
 	}
 	if up := UpgradeFor(tiers[1], tiers); up != nil {
 		t.Fatalf("UpgradeFor(top) = %+v, want nil", up)

@@ -266,7 +266,7 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 			add(row.Hour, row.Meter, counts{row.Units, row.Requests, row.Rejected, row.ShadowRefused, row.Degraded})
 		}
 	}
-	u := Report{TenantID: p.Tenant.ID, Tier: p.Tier.Slug, Limits: Limits(d), Upgrade: p.Upgrade, monthStart: from,
+	u := Report{TenantID: p.Tenant.ID, Tier: p.Tier.Slug, Limits: Limits(d), Upgrade: p.Upgrade(), monthStart: from,
 		periodEnd: to, loc: loc, today: d.Now.In(loc).Format(time.DateOnly),
 		Daily: make([]Day, 0, len(days)), Meters: make([]Meter, 0, len(meters)), Policies: []Policy{}}
 	for _, dj := range days {

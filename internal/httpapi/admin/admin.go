@@ -34,7 +34,9 @@ type Records interface {
 	ListTenants(ctx context.Context, f quota.TenantFilter, p quota.Page) ([]quota.Tenant, *string, error)
 	Tenant(ctx context.Context, id string) (quota.Tenant, error)
 	ListKeys(ctx context.Context, tenantID string, p quota.Page) ([]quota.APIKey, *string, error)
+	Key(ctx context.Context, id string) (quota.APIKey, error)
 	ListGrants(ctx context.Context, tenantID string, p quota.Page) ([]quota.Grant, *string, error)
+	Grant(ctx context.Context, tenantID, id string) (quota.Grant, error)
 	ListAudit(ctx context.Context, entity, entityID string, p quota.Page) ([]quota.AuditEntry, *string, error)
 	ListPolicies(ctx context.Context, p quota.Page) ([]quota.Policy, *string, error)
 	Policy(ctx context.Context, name string) (quota.Policy, error)
@@ -106,6 +108,23 @@ func page(c *fiber.Ctx) (quota.Page, error) {
 		return p, quota.FieldError("cursor", "not a cursor of this list")
 	}
 	return p, nil
+}
+
+// created answers 201 with v, the resource created at path (under
+// /admin/v1), named in Location: a path, not a URL, so that it holds
+// whatever host and scheme the client reached the API by.
+func created(c *fiber.Ctx, path string, v any) error {
+	c.Location(path)
+	return c.Status(fiber.StatusCreated).JSON(v)
+}
+
+// validID refuses, as not found, an id that is not one of Tollgate's
+// before it reaches a query.
+func validID(what, id string) error {
+	if !quota.ValidID(id) {
+		return quota.Errorf(quota.CodeNotFound, "no %s %q", what, id)
+	}
+	return nil
 }
 
 // paged answers a list route: it reads limit and cursor, fetches one page
@@ -224,7 +243,7 @@ func (s *API) CreateTier(c *fiber.Ctx) error {
 	if t, err = s.catalog.CreateTier(c.UserContext(), adminActor, t); err != nil {
 		return err
 	}
-	return c.Status(fiber.StatusCreated).JSON(t)
+	return created(c, "/admin/v1/tiers/"+url.PathEscape(t.Slug), t)
 }
 
 func (s *API) GetTier(c *fiber.Ctx) error {
@@ -382,7 +401,7 @@ func (s *API) CreateTenant(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	return c.Status(fiber.StatusCreated).JSON(t)
+	return created(c, "/admin/v1/tenants/"+t.ID, t)
 }
 
 func (s *API) GetTenant(c *fiber.Ctx) error {
@@ -537,7 +556,20 @@ func (s *API) IssueKey(c *fiber.Ctx) error {
 		return err
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	return c.Status(fiber.StatusCreated).JSON(k)
+	return created(c, "/admin/v1/keys/"+k.ID, k)
+}
+
+// GetKey answers one key, without its secret.
+func (s *API) GetKey(c *fiber.Ctx) error {
+	id := c.Params("id")
+	if err := validID("key", id); err != nil {
+		return err
+	}
+	k, err := s.store.Key(c.UserContext(), id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(k)
 }
 
 func (s *API) RevokeKey(c *fiber.Ctx) error {
@@ -563,8 +595,8 @@ func (b keyRotate) validate() (time.Duration, error) {
 	if grace < 0 || grace > int64(maxGrace/time.Second) {
 		return 0, quota.FieldError("grace_seconds", "must be between 0 and %d", int64(maxGrace/time.Second))
 	}
-	if len(b.Name) > quota.MaxNameLen {
-		return 0, quota.FieldError("name", "must be at most %d characters", quota.MaxNameLen)
+	if err := quota.CheckKeyName(b.Name); err != nil {
+		return 0, err
 	}
 	return time.Duration(grace) * time.Second, nil
 }
@@ -583,7 +615,7 @@ func (s *API) RotateKey(c *fiber.Ctx) error {
 		return err
 	}
 	c.Set(fiber.HeaderCacheControl, "no-store")
-	return c.Status(fiber.StatusCreated).JSON(fiber.Map{"new": fresh, "old": old})
+	return created(c, "/admin/v1/keys/"+fresh.ID, fiber.Map{"new": fresh, "old": old})
 }
 
 // ---- grants
@@ -617,6 +649,8 @@ func (s *API) CreateGrant(c *fiber.Ctx) error {
 	if !created {
 		status = fiber.StatusOK
 		c.Set("Idempotent-Replayed", "true")
+	} else {
+		c.Location("/admin/v1/tenants/" + g.TenantID + "/grants/" + g.ID)
 	}
 	if g.Applied {
 		return c.Status(status).JSON(g)
@@ -650,6 +684,19 @@ func (s *API) grant(ctx context.Context, actor, tenantID, key string, body grant
 		return quota.Grant{}, false, err
 	}
 	return s.grants.Create(ctx, actor, tenantID, key, period, units)
+}
+
+// GetGrant answers one of a tenant's grants.
+func (s *API) GetGrant(c *fiber.Ctx) error {
+	tenantID, id := c.Params("id"), c.Params("grant")
+	if err := validID("grant", id); err != nil {
+		return err
+	}
+	g, err := s.store.Grant(c.UserContext(), tenantID, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(g)
 }
 
 func (s *API) ListGrants(c *fiber.Ctx) error {

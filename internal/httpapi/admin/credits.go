@@ -55,19 +55,31 @@ func (s *API) CreateCredit(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	e, created, err := s.ledger.CreateCredit(c.UserContext(), adminActor, c.Params("id"), key, in, s.now())
+	e, isNew, err := s.ledger.CreateCredit(c.UserContext(), adminActor, c.Params("id"), key, in, s.now())
 	if err != nil {
 		return err
 	}
-	if created {
+	if isNew {
 		s.catalog.Credited(c.UserContext(), e.TenantID)
 	}
-	status := fiber.StatusCreated
-	if !created {
-		status = fiber.StatusOK
+	if !isNew {
 		c.Set("Idempotent-Replayed", "true")
+		return c.JSON(e)
 	}
-	return c.Status(status).JSON(e)
+	return created(c, "/admin/v1/tenants/"+e.TenantID+"/credits/"+e.ID, e)
+}
+
+// GetCredit answers one credit granted to a tenant, as its ledger lists it.
+func (s *API) GetCredit(c *fiber.Ctx) error {
+	tenantID, id := c.Params("id"), c.Params("credit")
+	if err := validID("credit", id); err != nil {
+		return err
+	}
+	e, err := s.ledger.Credit(c.UserContext(), tenantID, id)
+	if err != nil {
+		return err
+	}
+	return c.JSON(e)
 }
 
 // ListCredits answers a page of the tenant's credit ledger, newest first,

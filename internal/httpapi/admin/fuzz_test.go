@@ -2,6 +2,7 @@ package admin
 
 import (
 	"bytes"
+	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http/httptest"
@@ -26,6 +27,9 @@ var decoders = []func(c *fiber.Ctx) error{
 		if err != nil {
 			return err
 		}
+		if err := quota.CheckName("name", t.Name); err != nil { // the store's check
+			return err
+		}
 		return t.Validate()
 	},
 	func(c *fiber.Ctx) error {
@@ -37,6 +41,9 @@ var decoders = []func(c *fiber.Ctx) error{
 		if err := b.apply(&t); err != nil {
 			return err
 		}
+		if err := quota.CheckName("name", t.Name); err != nil { // the store's check of a name changed
+			return err
+		}
 		return t.Validate()
 	},
 	func(c *fiber.Ctx) error {
@@ -44,7 +51,11 @@ var decoders = []func(c *fiber.Ctx) error{
 		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
-		if _, err := required("name", b.Name); err != nil {
+		name, err := required("name", b.Name)
+		if err != nil {
+			return err
+		}
+		if err := quota.CheckName("name", name); err != nil { // the store's check
 			return err
 		}
 		if _, err := required("tier", b.Tier); err != nil {
@@ -70,6 +81,9 @@ var decoders = []func(c *fiber.Ctx) error{
 		if err := b.apply(&t); err != nil {
 			return err
 		}
+		if err := quota.CheckName("name", t.Name); err != nil { // the store's check
+			return err
+		}
 		if err := (&API{}).validWebhook(t.WebhookURL); err != nil {
 			return err
 		}
@@ -93,7 +107,10 @@ var decoders = []func(c *fiber.Ctx) error{
 	},
 	func(c *fiber.Ctx) error {
 		var b keyCreate
-		return httpx.DecodeJSON(c, &b)
+		if err := httpx.DecodeJSON(c, &b); err != nil {
+			return err
+		}
+		return quota.CheckKeyName(b.Name) // the store's check
 	},
 	func(c *fiber.Ctx) error {
 		p, err := decodePolicy(c)
@@ -141,6 +158,83 @@ func decoderApp() *fiber.App {
 	return app
 }
 
+// The decoders' kinds, by their place in decoders.
+const (
+	kTierCreate uint8 = iota
+	kTierPatch
+	kTenantCreate
+	kTenantPatch
+	kKeyRotate
+	kGrant
+	kKeyCreate
+	kPolicyCreate
+	kPolicyPatch
+	kCredit
+)
+
+// refused are bodies every decoder must refuse with a 400 naming field
+// ("" when the body as a whole is wrong): blank names and names with
+// white space around them, a member named twice (in any case for a
+// struct's, at any depth), an unknown member inside a value that decodes
+// itself, and bodies that are not one object.
+var refused = []struct {
+	kind        uint8
+	body, field string
+}{
+	{kTierCreate, `{"slug": "gold", "name": "   ", "rank": 15, "price_cents": 0, "overage": "block"}`, "name"},
+	{kTierCreate, `{"slug": "gold", "name": "\u200b", "rank": 15, "price_cents": 0, "overage": "block"}`, "name"},
+	{kTierCreate, `{"slug": "gold", "name": "Gold", "rank": 15, "rank": 16, "price_cents": 0, "overage": "block"}`, "rank"},
+	{kTierPatch, `{"name": " Pro"}`, "name"},
+	{kTierPatch, `null`, ""},
+	{kTierPatch, `{"meter_quotas": [{"meter": "a", "daily_quota": 1, "overage": "block"}, {"meter": "b", "METER": "c", "daily_quota": 1, "overage": "block"}]}`, "meter_quotas[1].METER"},
+	{kTierPatch, `{"meter_quotas": [{"meter": "a", "daily_qouta": 1, "overage": "block"}]}`, "meter_quotas[0].daily_qouta"},
+	{kTenantCreate, `{"name": "   ", "tier": "free"}`, "name"},
+	{kTenantCreate, `{"name": "Acme\n", "tier": "free"}`, "name"},
+	{kTenantCreate, `{"name": "A", "name": "B", "tier": "free"}`, "name"},
+	{kTenantCreate, `{"name": "A", "NAME": "B", "tier": "free"}`, "NAME"},
+	{kTenantCreate, `{"name": "A", "n\u0061me": "B", "tier": "free"}`, "name"},
+	{kTenantCreate, `{"name": "A", "tier": "free", "overrides": {"burst": 1, "burst": 2}}`, "overrides.burst"},
+	{kTenantPatch, `null`, ""},
+	{kTenantPatch, ` null `, ""},
+	{kTenantPatch, `{}{}`, ""},
+	{kTenantPatch, "\ufeff{}", ""},
+	{kTenantPatch, `{"name": "\t"}`, "name"},
+	{kTenantPatch, `{"overrides": {"daily_qouta": 5}}`, "overrides.daily_qouta"},
+	{kTenantPatch, `{"overrides": {"burst": 1, "Burst": 2}}`, "overrides.Burst"},
+	{kTenantPatch, `{"pending_change": {"a": 1, "a": 2}}`, "pending_change.a"},
+	{kKeyRotate, `null`, ""},
+	{kKeyRotate, `{"grace_seconds": 0, "name": " k"}`, "name"},
+	{kGrant, `{"period": "day", "units": 1, "units": 1000}`, "units"},
+	{kKeyCreate, `{"name": "\u00a0"}`, "name"},
+	{kKeyCreate, `{"name": "a", "Name": "b"}`, "Name"},
+	{kPolicyCreate, `{"name": "p", "algorithm": "gcra", "rate": 1, "burst": 1, "burst": 100}`, "burst"},
+	{kPolicyCreate, `{"name": "p", "algorithm": "gcra", "rate": 1, "burst": 1, "match": {"tiers": ["a"], "tiers": ["b"]}}`, "match.tiers"},
+	{kPolicyPatch, `{"rate": 1, "rate": 100}`, "rate"},
+	{kCredit, `{"amount_cents": 1, "reason": "  "}`, "reason"},
+	{kCredit, `{"amount_cents": 1, "reason": "x", "amount_cents": 100000}`, "amount_cents"},
+}
+
+// TestAdminDecodersRefuse: each of refused is a 400 problem naming its
+// field.
+func TestAdminDecodersRefuse(t *testing.T) {
+	t.Parallel()
+	app := decoderApp()
+	for _, tc := range refused {
+		req := httptest.NewRequest("POST", "/"+strconv.Itoa(int(tc.kind)), bytes.NewReader([]byte(tc.body)))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := app.Test(req, -1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var p struct{ Field string }
+		err = json.NewDecoder(resp.Body).Decode(&p)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || err != nil || p.Field != tc.field {
+			t.Errorf("decoder %d, %s: %d, field %q, want 400 naming %q", tc.kind, tc.body, resp.StatusCode, p.Field, tc.field)
+		}
+	}
+}
+
 // FuzzAdminDecoders feeds arbitrary bodies to every admin decoder: each must
 // answer 204 (valid) or a 4xx problem, never a 5xx or a panic. Seeds live in
 // testdata/fuzz/FuzzAdminDecoders; run longer with
@@ -167,6 +261,9 @@ func FuzzAdminDecoders(f *testing.F) {
 	f.Add(uint8(8), []byte(`{"rate": null, "algorithm": "gcra", "match": {"methods": ["get"]}, "exceptions": {"a\u0000": 1}}`))
 	f.Add(uint8(9), []byte(`{"amount_cents": 5000, "reason": "welcome credit", "expires_at": "2027-01-01T00:00:00Z"}`))
 	f.Add(uint8(9), []byte(`{"amount_cents": 1e400, "reason": "\u0000", "expires_at": "tomorrow"}`))
+	for _, tc := range refused {
+		f.Add(tc.kind, []byte(tc.body))
+	}
 	app := decoderApp()
 	f.Fuzz(func(t *testing.T, kind uint8, body []byte) {
 		k := int(kind) % len(decoders)

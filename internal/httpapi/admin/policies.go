@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/url"
 	"reflect"
 	"strings"
 	"unicode/utf8"
@@ -31,7 +32,7 @@ func (s *API) CreatePolicy(c *fiber.Ctx) error {
 	if p, err = s.catalog.CreatePolicy(c.UserContext(), adminActor, p); err != nil {
 		return err
 	}
-	return c.Status(fiber.StatusCreated).JSON(p)
+	return created(c, "/admin/v1/policies/"+url.PathEscape(p.Name), p)
 }
 
 func (s *API) GetPolicy(c *fiber.Ctx) error {

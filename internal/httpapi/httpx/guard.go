@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/gofiber/fiber/v2/utils"
+
 	"github.com/tollgate/tollgate/internal/locallimit"
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -34,14 +36,70 @@ func Bearer(authorization string) string {
 // and is never believed. Fiber's c.IP() with a ProxyHeader would take the
 // left-most address of the list: the client's choice.
 func (g *Guard) ClientIP(c *fiber.Ctx) netip.Addr {
-	var peer netip.Addr
-	if a, ok := c.Context().RemoteAddr().(*net.TCPAddr); ok {
-		peer = a.AddrPort().Addr()
-	}
+	peer := peerAddr(c)
 	if len(g.trusted) == 0 {
-		return peer.Unmap()
+		return peer
 	}
 	return ForwardedClient(peer, c.Request().Header.PeekAll(fiber.HeaderXForwardedFor), g.trusted)
+}
+
+// peerAddr is the address of the connection's other end.
+func peerAddr(c *fiber.Ctx) netip.Addr {
+	if a, ok := c.Context().RemoteAddr().(*net.TCPAddr); ok {
+		return a.AddrPort().Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// FromProxy reports whether the request came from a trusted proxy
+// (TOLLGATE_TRUSTED_PROXIES): the one decision of whether its
+// X-Forwarded-Host and X-Forwarded-Proto count. The app's Fiber config
+// trusts no proxy, so that Fiber's own c.Hostname(), c.Protocol() and
+// c.IP() never believe these headers: read them through the Guard.
+func (g *Guard) FromProxy(c *fiber.Ctx) bool {
+	return len(g.trusted) > 0 && isTrusted(peerAddr(c), g.trusted)
+}
+
+// Scheme returns the scheme the client used: "https" over TLS, or when a
+// trusted proxy says so in X-Forwarded-Proto; else "http".
+func (g *Guard) Scheme(c *fiber.Ctx) string {
+	if c.Context().IsTLS() {
+		return "https"
+	}
+	if g.FromProxy(c) && bytes.EqualFold(lastForwarded(c, fiber.HeaderXForwardedProto), []byte("https")) {
+		return "https"
+	}
+	return "http"
+}
+
+// Host returns the host (with its port, if any) the client asked for: the
+// X-Forwarded-Host of a trusted proxy, else the request's Host.
+func (g *Guard) Host(c *fiber.Ctx) string { return string(g.HostBytes(c)) }
+
+// HostBytes is Host without a copy: valid only within the handler, until
+// the request's headers change.
+func (g *Guard) HostBytes(c *fiber.Ctx) []byte {
+	if g.FromProxy(c) {
+		if h := lastForwarded(c, fiber.HeaderXForwardedHost); len(h) > 0 {
+			return h
+		}
+	}
+	return c.Request().URI().Host()
+}
+
+// lastForwarded returns the right-most value of the header's lines: the
+// one the nearest proxy wrote, whether it replaced the header or appended
+// to it. Anything left of it may have come from the client.
+func lastForwarded(c *fiber.Ctx, name string) []byte {
+	lines := c.Request().Header.PeekAll(name)
+	if len(lines) == 0 {
+		return nil
+	}
+	v := lines[len(lines)-1]
+	if i := bytes.LastIndexByte(v, ','); i >= 0 {
+		v = v[i+1:]
+	}
+	return bytes.TrimSpace(v)
 }
 
 // ForwardedClient walks the X-Forwarded-For header lines xff from the right,
@@ -80,7 +138,10 @@ func ForwardedClient(peer netip.Addr, xff [][]byte, trusted []netip.Prefix) neti
 // without a port ("192.0.2.1:4711", "[2001:db8::1]:4711"), as some proxies
 // write them.
 func forwardedAddr(b []byte) (netip.Addr, bool) {
-	s := string(b)
+	// No copy: s does not outlive the call (the parse errors holding it are
+	// dropped, and an Addr keeps none of it), and this runs on every
+	// request from a trusted proxy.
+	s := utils.UnsafeString(b)
 	a, err := netip.ParseAddr(s)
 	if err != nil {
 		ap, perr := netip.ParseAddrPort(s)

@@ -16,8 +16,9 @@ import (
 )
 
 // DecodeJSON reads the request body into v strictly: a JSON media type, one
-// object, no unknown fields, no trailing data. Every failure is a CodeInvalid
-// (or CodeUnsupported) error naming the field where one can be named.
+// object (not null), no unknown fields and no member named twice at any
+// depth (jsondup.go), no trailing data. Every failure is a CodeInvalid (or
+// CodeUnsupported) error naming the field where one can be named.
 func DecodeJSON(c *fiber.Ctx, v any) error {
 	ct := strings.ToLower(strings.TrimSpace(strings.Split(c.Get(fiber.HeaderContentType), ";")[0]))
 	if ct != fiber.MIMEApplicationJSON && !strings.HasSuffix(ct, "+json") {
@@ -35,11 +36,23 @@ func DecodeJSON(c *fiber.Ctx, v any) error {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return quota.Errorf(quota.CodeInvalid, "the body must hold one JSON object and nothing after it")
 	}
+	// A struct decodes from an object or from null, which leaves it as it
+	// was: a patch of nothing, a create of zeros.
+	if body[bytes.IndexFunc(body, func(r rune) bool { return !isJSONSpace(r) })] != '{' {
+		return quota.Errorf(quota.CodeInvalid, "the body must be a JSON object, not null")
+	}
+	if path, unknown := badMember(body, shapeOf(reflect.TypeOf(v))); unknown {
+		return quota.FieldError(path, "unknown field")
+	} else if path != "" {
+		return quota.FieldError(path, "is given more than once; send each member once")
+	}
 	if field := nulField(reflect.ValueOf(v), ""); field != "" {
 		return quota.FieldError(field, "must not contain NUL characters")
 	}
 	return nil
 }
+
+func isJSONSpace(r rune) bool { return r == ' ' || r == '\t' || r == '\n' || r == '\r' }
 
 // nulField returns the JSON name of the first string in v holding a NUL
 // byte, which Postgres cannot store in text, or "".

@@ -1,6 +1,7 @@
 package pages
 
 import (
+	"fmt"
 	"net/url"
 	"strconv"
 	"strings"
@@ -52,6 +53,9 @@ func (s *Pages) ConsoleHome(c *fiber.Ctx) error {
 type tiersView struct {
 	Tiers []quota.Tier
 	Next  string // cursor of the next page, "" on the last
+	// Warnings are, by tier slug, the tiers ranked below it that it
+	// gives less than (tierWarnings).
+	Warnings map[string][]string
 }
 
 func (s *Pages) ConsoleTiers(c *fiber.Ctx) error {
@@ -59,7 +63,47 @@ func (s *Pages) ConsoleTiers(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	return s.render(c, fiber.StatusOK, "tiers", s.consoleView(c, "Tiers", "tiers", tiersView{Tiers: tiers, Next: strOr(next)}))
+	all, err := s.store.Tiers(c.UserContext())
+	if err != nil {
+		return err
+	}
+	return s.render(c, fiber.StatusOK, "tiers", s.consoleView(c, "Tiers", "tiers",
+		tiersView{Tiers: tiers, Next: strOr(next), Warnings: tierWarnings(all)}))
+}
+
+// tierWarnings returns, by tier slug, a warning for each tier ranked below
+// it that it gives less than in some limit (quota.Shortfall): the upgrade
+// hint never offers a tier to the tenants of one it gives less than, so
+// such a rank is likely a mistake.
+func tierWarnings(all []quota.Tier) map[string][]string {
+	out := map[string][]string{}
+	for _, t := range all {
+		for _, below := range all {
+			if below.Rank >= t.Rank {
+				continue
+			}
+			if limit, less := quota.Shortfall(t, below); less {
+				out[t.Slug] = append(out[t.Slug], fmt.Sprintf("Ranked above %s but gives less (%s): %s's tenants are never offered it as an upgrade.",
+					below.Name, limitWords(limit), below.Name))
+			}
+		}
+	}
+	return out
+}
+
+// limitWords names a limit as the tier editor does.
+func limitWords(l quota.LimitName) string {
+	switch l {
+	case quota.LimitBurst:
+		return "burst limit"
+	case quota.LimitBucket:
+		return "token bucket"
+	case quota.LimitDaily:
+		return "daily quota"
+	case quota.LimitMonthly:
+		return "monthly quota, or the month's units with its overage"
+	}
+	return "the " + string(l) + " quota"
 }
 
 // strOr is *p, or "" for nil.
@@ -79,6 +123,8 @@ type tierFormView struct {
 	Errors formErrors
 	// MeterRows are the meter quota rows shown (fields mq-k-*).
 	MeterRows []mqRow
+	// Warnings are the tier's, as the tier list shows them.
+	Warnings []string
 }
 
 var tierFields = []string{"name", "rank", "price_cents", "burst_rate", "burst", "bucket_capacity", "bucket_refill_per_sec",
@@ -182,8 +228,13 @@ func (s *Pages) ConsoleTierForm(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "Tier "+t.Name, "tiers",
-		newTierFormView(false, t.Slug, tierValues(t), formErrors{})))
+	all, err := s.store.Tiers(c.UserContext())
+	if err != nil {
+		return err
+	}
+	v := newTierFormView(false, t.Slug, tierValues(t), formErrors{})
+	v.Warnings = tierWarnings(all)[t.Slug]
+	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "Tier "+t.Name, "tiers", v))
 }
 
 func (s *Pages) ConsoleNewTier(c *fiber.Ctx) error {
@@ -203,6 +254,7 @@ func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 	}
 	errs := formErrors{}
 	t, rows := tierForm(errs, f)
+	status := fiber.StatusBadRequest
 	if len(errs) == 0 {
 		saved, err := s.catalog.UpdateTier(c.UserContext(), consoleActor, slug, func(cur *quota.Tier) error {
 			t.Slug = cur.Slug
@@ -212,12 +264,16 @@ func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 		if err == nil {
 			return c.Redirect("/console/tiers?ok=saved#tier-"+url.PathEscape(saved.Slug), fiber.StatusSeeOther)
 		}
-		if quota.ErrorCode(err) != quota.CodeInvalid {
+		switch quota.ErrorCode(err) {
+		case quota.CodeInvalid:
+		case quota.CodeConflict: // a rank another tier has
+			status = fiber.StatusConflict
+		default:
 			return err
 		}
 		errs.add(meterQuotaError(err, rows))
 	}
-	return s.render(c, fiber.StatusBadRequest, "tier", s.consoleView(c, "Tier "+slug, "tiers",
+	return s.render(c, status, "tier", s.consoleView(c, "Tier "+slug, "tiers",
 		newTierFormView(false, slug, f, errs)))
 }
 
@@ -478,6 +534,7 @@ func (s *Pages) ConsoleIssueKey(c *fiber.Ctx) error {
 	if !v.MoreKeys {
 		v.Keys = append(v.Keys, k.APIKey)
 	}
+	c.Location("/console/tenants/" + url.PathEscape(id) + "#keys") // where the new key is listed
 	return s.showTenant(c, fiber.StatusCreated, v)
 }
 

@@ -68,6 +68,15 @@ var viewFuncs = template.FuncMap{
 	"share":   func(n, pct int64) int64 { return n * pct / 100 },
 	"val":     func(vals map[string]string, field string) string { return vals[field] },
 	"field":   newFormField,
+	// label is a name to show, or fallback (an id) when the name shows
+	// nothing: a name stored before names were checked may be blank, and
+	// a blank link cannot be clicked.
+	"label": func(name, fallback string) string {
+		if quota.Visible(name) {
+			return name
+		}
+		return fallback
+	},
 }
 
 // formField is one labelled input of a form, with its hint and its error.

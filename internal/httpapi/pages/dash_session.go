@@ -5,10 +5,11 @@ package pages
 // A tenant signs in with an API key, an admin with the admin token. The
 // browser gets only a random session id, in an HttpOnly, SameSite=Lax cookie
 // scoped to its area's path (Secure when the request came over HTTPS, as a
-// TLS-terminating proxy says with X-Forwarded-Proto); the key or token is
-// never stored in the browser. The session lives in the session store (Redis)
-// under the SHA-256 of the id, so a copy of it holds no usable cookie, for
-// TOLLGATE_SESSION_TTL from sign-in; signing out deletes it.
+// trusted TLS-terminating proxy says with X-Forwarded-Proto); the key or
+// token is never stored in the browser. The session lives in the session
+// store (Redis) under the SHA-256 of the id, so a copy of it holds no
+// usable cookie, for TOLLGATE_SESSION_TTL from sign-in; signing out deletes
+// it.
 //
 // A tenant session remembers its key by prefix, never the secret, and every
 // page checks that key as an API call would: revoking or expiring it ends the
@@ -131,7 +132,7 @@ func (s *Pages) startSession(c *fiber.Ctx, a area, sess session) error {
 
 func (s *Pages) setCookie(c *fiber.Ctx, name, value, path string, ttl time.Duration) {
 	ck := &fiber.Cookie{Name: name, Value: value, Path: path, HTTPOnly: true,
-		SameSite: fiber.CookieSameSiteLaxMode, Secure: c.Protocol() == "https"}
+		SameSite: fiber.CookieSameSiteLaxMode, Secure: s.guard.Scheme(c) == "https"}
 	if ttl > 0 {
 		ck.MaxAge = int(ttl / time.Second)
 	} else {
@@ -211,13 +212,15 @@ func safeNext(a area, next string) string {
 // sameOrigin refuses a state-changing request that the browser says came
 // from another site. Browsers send Origin with every form POST; a request
 // without Origin (not a browser, or a very old one) is left to the token.
-func sameOrigin(c *fiber.Ctx) error {
+// The origin's host must be the one the request was sent to: its Host, or
+// the X-Forwarded-Host of a trusted proxy (httpx.Guard.Host).
+func (s *Pages) sameOrigin(c *fiber.Ctx) error {
 	if site := c.Get("Sec-Fetch-Site"); site != "" && site != "same-origin" && site != "none" {
 		return quota.Errorf(quota.CodeForbidden, "cross-site form submission refused")
 	}
 	if o := c.Get(fiber.HeaderOrigin); o != "" {
 		u, err := url.Parse(o)
-		if err != nil || !strings.EqualFold(u.Host, c.Hostname()) {
+		if err != nil || !strings.EqualFold(u.Host, s.guard.Host(c)) {
 			return quota.Errorf(quota.CodeForbidden, "cross-origin form submission refused")
 		}
 	}
@@ -225,8 +228,8 @@ func sameOrigin(c *fiber.Ctx) error {
 }
 
 // checkCSRF compares the form's token with want in constant time.
-func checkCSRF(c *fiber.Ctx, want string) error {
-	if err := sameOrigin(c); err != nil {
+func (s *Pages) checkCSRF(c *fiber.Ctx, want string) error {
+	if err := s.sameOrigin(c); err != nil {
 		return err
 	}
 	got := string(c.Context().PostArgs().Peek(csrfField))
@@ -270,7 +273,7 @@ func (s *Pages) TenantSession(c *fiber.Ctx) error {
 		return s.unavailable(err)
 	}
 	httpx.SetPrincipal(c, p)
-	return enter(c, sess)
+	return s.enter(c, sess)
 }
 
 // expire ends a session that no longer holds and sends to the sign-in page,
@@ -284,12 +287,12 @@ func (s *Pages) expire(c *fiber.Ctx, a area, sess session, reason string) error 
 
 // enter lets through a request with a live session: a POST must be a form
 // carrying the session's CSRF token.
-func enter(c *fiber.Ctx, sess session) error {
+func (s *Pages) enter(c *fiber.Ctx, sess session) error {
 	if c.Method() == fiber.MethodPost {
 		if err := formPost(c); err != nil {
 			return err
 		}
-		if err := checkCSRF(c, sess.CSRF); err != nil {
+		if err := s.checkCSRF(c, sess.CSRF); err != nil {
 			return err
 		}
 	}
@@ -310,7 +313,7 @@ func (s *Pages) AdminSession(c *fiber.Ctx) error {
 	if s.opts.AdminToken == "" || !hmac.Equal([]byte(sess.AdminMAC), []byte(adminMAC(s.opts.AdminToken))) {
 		return s.expire(c, adminArea, sess, "token")
 	}
-	return enter(c, sess)
+	return s.enter(c, sess)
 }
 
 // loginView is the data of a sign-in page.
@@ -366,7 +369,7 @@ func (s *Pages) checkLogin(c *fiber.Ctx, secretField string) (map[string]string,
 	if err := formPost(c); err != nil {
 		return nil, err
 	}
-	if err := sameOrigin(c); err != nil {
+	if err := s.sameOrigin(c); err != nil {
 		return nil, err
 	}
 	f, err := readForm(c, csrfField, secretField, "next")
