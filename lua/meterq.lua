@@ -32,16 +32,26 @@ end
 -- key: {mu, mo} and, while the meter's field is still in that month, its
 -- field's {d, du, m} with today = (d == day); else those of the month
 -- before (field "<meter>|w", then prev = true); nil when the hash holds
--- neither.
-local function meterq_month(key, meter, day, month)
+-- neither. With open (usage counted as an admission counts it: outage.lua,
+-- restore_meters.lua), a field of an earlier month, or none, starts month
+-- as admit.lua starts it (fresh = true; the month it held becomes the
+-- month before, w, written by meterq_store), and a field of an earlier day
+-- of month starts day.
+local function meterq_month(key, meter, day, month, open)
   local v = redis.call('HMGET', key, meter, meter .. '|w')
   local qd, qdu, qm, qmu, qmo = meterq_get(v[1])
   if qd and qm == month then
+    if open and qd < day then qd, qdu = day, 0 end
     return {d = qd, du = qdu, m = qm, mu = qmu, mo = qmo, today = qd == day}
   end
   if v[2] then
     local pm, pmu, pmo = string.match(v[2], '^(%-?%d+),(%-?%d+),(%-?%d+)$')
     if pm and pm + 0 == month then return {mu = pmu + 0, mo = pmo + 0, prev = true} end
+  end
+  if open and not (qd and qm > month) then
+    local q = {d = day, du = 0, m = month, mu = 0, mo = 0, today = true, fresh = true}
+    if qd and qm >= 0 then q.w = string.format('%d,%d,%d', qm, qmu, qmo) end
+    return q
   end
   return nil
 end
@@ -52,6 +62,10 @@ local function meterq_store(key, meter, month, q)
     redis.call('HSET', key, meter .. '|w', string.format('%d,%d,%d', month, q.mu, q.mo))
   else
     meterq_put(key, meter, q.d, q.du, q.m, q.mu, q.mo)
+    if q.w then
+      redis.call('HSET', key, meter .. '|w', q.w)
+      q.w = nil
+    end
   end
 end
 

@@ -122,28 +122,8 @@ local ovd, mdov
 if diff < 0 then
   ovd, mdov = adjust_give_back(-diff, over, took, q and q.mo)
 else
-  -- the charged units past the quotas (admit.lua's order: the tier's
-  -- first, then the meter's, which are the meter's overage only)
-  local tov, mov = 0, 0
-  if c and bill == '1' and mq >= 0 and c.mu + diff > mq + c.mg then
-    tov = math.min(diff, c.mu + diff - (mq + c.mg))
-  end
-  if q and price >= 0 and qmq >= 0 and q.mu + diff > qmq then
-    mov = math.min(diff, q.mu + diff - qmq)
-  end
-  tov = tov - math.min(tov, mov)
-  ovd, mdov = tov, mov
-  if capm >= 0 and (tov > 0 or mov > 0) then
-    -- billed while the cap's room in the admission's month lasts
-    local room = capm - (c and c.mo or 0) * tprice - meterq_spent(KEYS[8], month)
-    if tprice > 0 then ovd = math.min(tov, math.max(0, idiv(room, tprice))) end
-    room = room - ovd * tprice
-    if ovd < tov then
-      mdov = 0
-    elseif price > 0 then
-      mdov = math.min(mov, math.max(0, idiv(room, price)))
-    end
-  end
+  -- the charged units past the quotas, within the admission month's cap
+  ovd, mdov = adjust_charge(c, q, diff, bill == '1', mq, qmq, price, capm, tprice, KEYS[8], month)
 end
 adjust_counters(s, c, q, KEYS[8], meter, day, month, diff, ovd, mdov, pxat, now)
 if not capped then price = -1 end

@@ -193,13 +193,16 @@ end
 
 -- month_load returns the counters of the month id that the state s holds:
 -- {mu, mg, mo} of its own month, or of the month before it (field w, then
--- with w = true); nil when it holds neither (a Redis data loss, or a state
--- two months on).
+-- with w = true; s.w when this script rolled the month, not saved yet);
+-- nil when it holds neither (a Redis data loss, or a state two months on).
 local function month_load(s, id)
   if s.m == id then return {mu = s.mu, mg = s.mg, mo = s.mo} end
-  local key = KS
-  if not s.v2 then key = KM end
-  local v = redis.call('HGET', key, 'w')
+  local v = s.w
+  if not v then
+    local key = KS
+    if not s.v2 then key = KM end
+    v = redis.call('HGET', key, 'w')
+  end
   if not v then return nil end
   local m, mu, mg, mo = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
   if not m or m + 0 ~= id then return nil end
@@ -208,9 +211,16 @@ end
 
 -- month_store writes back c, month_load's counters of the month id: the
 -- month before at once (field w, before any save_state, which carries it
--- from the v1 keys into the v2 hash), the state's own month into s, with
--- 'm' added to parts for save_state.
+-- from the v1 keys into the v2 hash; into s.w, with 'm' added to parts,
+-- when this script rolled the month: save_state writes it with the
+-- month), the state's own month into s, with 'm' added to parts for
+-- save_state.
 local function month_store(s, id, c, parts)
+  if c.w and s.w then
+    s.w = month_pack(id, c.mu, c.mg, c.mo)
+    parts[#parts + 1] = 'm'
+    return
+  end
   if c.w then
     local key = KS
     if not s.v2 then key = KM end
