@@ -1,0 +1,50 @@
+package ratelimit
+
+import (
+	"context"
+	"testing"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
+)
+
+// TestRestoreKeepsTheMonthBefore: a repair in April of a tenant whose
+// Redis still holds March (the loss was on another master of a cluster,
+// say) starts April as an admission does: March's meter counters stay the
+// month before ("search|w"), so that a settlement of a March request after
+// the repair rates March's meter overage, and moves March's spend-cap
+// total, not April's. Search bills past 10 units a month at a cent a unit:
+// A (12 units at 23:55 on March 31, 2 of overage) settled to 20 after the
+// repair bills 8 more units of March's overage.
+func TestRestoreKeepsTheMonthBefore(t *testing.T) {
+	t.Parallel()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	ctx := context.Background()
+	march, april := at(t, "2031-03-31T23:55:00Z"), at(t, "2031-04-01T00:05:00Z")
+	tenant := newTenant()
+	qs := []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(10), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}}
+	a := quota.Request{TenantID: tenant, Meter: "search", Cost: 12, Now: march, MeterQuotas: qs,
+		Limits: quota.Limits{MonthlyQuota: i64(1000), MaxOverageCents: i64(100)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
+	da := mustAdmit(t, r, a)
+	if !da.Allowed || da.MeterOverageUnits != 2 {
+		t.Fatalf("A: %s, want 2 units of the meter's overage", fmtDecision(da))
+	}
+	if err := r.Reserve(ctx, "a-"+tenant, a, da); err != nil {
+		t.Fatal(err)
+	}
+	rec := quota.Recorded{TenantID: tenant, DayUnits: 3, MonthUnits: 3,
+		Meters: []quota.MeterRecorded{{Meter: "search", DayUnits: 3, MonthUnits: 3}}}
+	if err := r.Restore(ctx, april, []quota.Recorded{rec}); err != nil {
+		t.Fatal(err)
+	}
+	if s, err := r.Settle(ctx, tenant, "a-"+tenant, 20); err != nil || s.Status != quota.SettleApplied {
+		t.Fatalf("settle: %+v %v", s, err)
+	}
+	if m := pendingAt(t, r, tenant, march, "search", "m"); m != 10 {
+		t.Errorf("March's meter overage billed %d, want 10 (A's 2, then 8 of its settlement)", m)
+	}
+	// March: 20 units (the tier's and search's), 10 of search's overage,
+	// its 10,000 millicents; April: the ledger's 3 units
+	wantMonths(t, r, tenant, LayoutV2, "after the settlement", "203103,20,0,0",
+		[3]string{"203103,20,10", "", "203103,10000"}, [3]int64{203104, 3, 0})
+}
