@@ -6,8 +6,10 @@ So is the month's overage (the tier's overage units, recorded and
 pending), which the spend cap counts: a month never bills more overage
 than its cap, whatever Redis lost. Taking the maximum makes the script
 safe to run on counters that lost nothing: it never lowers one. A state
-of an earlier month starts the repair's month as admit.lua does (the month
-it held becomes the month before: state.lua's month_roll).
+of an earlier day or month starts the repair's as admit.lua does (the
+month it held becomes the month before: state.lua's month_roll); one
+already in a later day or month (Redis's clock past the worker's at a
+period's end) is left as it is, never rolled back.
 
 The state's keys, layouts and shared functions are lua/state.lua's,
 prepended to this script.
@@ -60,18 +62,25 @@ local day, month = tonumber(ARGV[2]), tonumber(ARGV[3])
 local dused = tonumber(ARGV[6]) + pending_since(tonumber(ARGV[4]))
 local mused, mover = pending_since(tonumber(ARGV[5]))
 mused, mover = mused + tonumber(ARGV[7]), mover + tonumber(ARGV[10])
-if s.d ~= day then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
-s.dn = (day + 1) * DAY_US
-if ARGV[11] then s.dn, s.cal = tonumber(ARGV[11]) * US, true end
-s.du = math.max(s.du, dused)
-s.dg = math.max(s.dg, tonumber(ARGV[8]))
+local parts = {}
+if s.d < day then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
+if s.d == day then
+  s.dn = (day + 1) * DAY_US
+  if ARGV[11] then s.dn = tonumber(ARGV[11]) * US end
+  s.du = math.max(s.du, dused)
+  s.dg = math.max(s.dg, tonumber(ARGV[8]))
+  parts[#parts + 1] = 'd'
+end
 local mstart = tonumber(ARGV[5]) * US
 local _, _, nxt = month_at(mstart)
-if ARGV[12] then nxt = tonumber(ARGV[12]) * US end
-if s.m ~= month then month_roll(s, month) end
-s.mn = nxt
-s.mu = math.max(s.mu, mused)
-s.mg = math.max(s.mg, tonumber(ARGV[9]))
-s.mo = math.max(s.mo, mover)
-save_state(s, s.mn + HOUR_US, nil, {'d', 'm'}, pxat, now)
+if ARGV[12] then nxt, s.cal = tonumber(ARGV[12]) * US, true end
+if s.m < month then month_roll(s, month) end
+if s.m == month then
+  s.mn = nxt
+  s.mu = math.max(s.mu, mused)
+  s.mg = math.max(s.mg, tonumber(ARGV[9]))
+  s.mo = math.max(s.mo, mover)
+  parts[#parts + 1] = 'm'
+end
+if #parts > 0 then save_state(s, nxt + HOUR_US, nil, parts, pxat, now) end
 return {s.du, s.mu, s.mo}

@@ -3,6 +3,7 @@ package ratelimit
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -47,4 +48,29 @@ func TestRestoreKeepsTheMonthBefore(t *testing.T) {
 	// its 10,000 millicents; April: the ledger's 3 units
 	wantMonths(t, r, tenant, LayoutV2, "after the settlement", "203103,20,0,0",
 		[3]string{"203103,20,10", "", "203103,10000"}, [3]int64{203104, 3, 0})
+}
+
+// TestRestoreLeavesALaterMonthAlone: a repair computed for April 30
+// 23:59:59 (the worker's clock) that reaches a state Redis already moved
+// into May (an admission at 00:00:05 by Redis's clock) leaves May's
+// counters as they are: it never rolls a state back to an earlier day or
+// month, which would empty May's usage at the next admission.
+func TestRestoreLeavesALaterMonthAlone(t *testing.T) {
+	t.Parallel()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	ctx := context.Background()
+	may := at(t, "2031-05-01T00:00:05Z")
+	tenant := newTenant()
+	lim := quota.Limits{DailyQuota: i64(100), MonthlyQuota: i64(1000)}
+	if d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: 5, Now: may, Limits: lim}); !d.Allowed {
+		t.Fatalf("May's admission: %s", fmtDecision(d))
+	}
+	rec := quota.Recorded{TenantID: tenant, DayUnits: 40, MonthUnits: 400}
+	if err := r.Restore(ctx, at(t, "2031-04-30T23:59:59Z"), []quota.Recorded{rec}); err != nil {
+		t.Fatal(err)
+	}
+	d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Now: may.Add(time.Second), DryRun: true, Limits: lim})
+	if day, month := limitOf(t, d, quota.LimitDaily), limitOf(t, d, quota.LimitMonthly); day.Remaining != 94 || month.Remaining != 994 {
+		t.Errorf("May after a repair of April: daily %d, monthly %d left; want 94 and 994 (May's 5 units and the dry run's 1)", day.Remaining, month.Remaining)
+	}
 }
