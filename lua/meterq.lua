@@ -1,5 +1,5 @@
 --[[ meterq.lua: the prelude of the scripts that change a meter quota's
-counters outside admission (refund.lua, settle.lua, reset.lua,
+counters outside admission (refund.lua, settle.lua, outage.lua, reset.lua,
 restore_meters.lua; admit.lua reads and writes them inline): the meter quotas'
 hash of admit.lua ("Meter quotas"), one field per meter "d,du,m,mu,mo"
 (day id and used units; month id, used and overage units) and '$' =
@@ -7,11 +7,13 @@ hash of admit.lua ("Meter quotas"), one field per meter "d,du,m,mu,mo"
 and a prepaid tenant's credit draws 'P' = "m,mc,pm,pmc" (admit.lua,
 "Prepaid").
 
-The month before: when a meter's field starts a new month, admit.lua keeps
-the month that ends in the field "<meter>|w" = "m,mu,mo" ('|' is in no
-meter name), and when '$' does, the month that ends in '$w' = "m,mc"; so
-that a refund or a settlement of a request admitted in that month, arriving
-after the roll, moves that month's numbers, never the new month's.
+The month before: when a meter's field starts a new month (admit.lua, or
+meterq_month with open: outage.lua's usage, restore_meters.lua's repair),
+the month that ends is kept in the field "<meter>|w" = "m,mu,mo" ('|' is
+in no meter name), and when '$' does (admit.lua, meterq_spend), the month
+that ends in '$w' = "m,mc"; so that a refund, a settlement or outage usage
+of that month, arriving after the roll, moves that month's numbers, never
+the new month's.
 ]]
 
 -- meterq_get reads a meter's field v: day id, day units, month id, month

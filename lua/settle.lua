@@ -24,7 +24,8 @@ the day, the month and the hour the request was admitted in:
     meter's, as admit.lua orders them), while the cap's room in the
     admission's month lasts (capm less the month's overage at its
     prices: the tier's units at tprice, the meters' millicents '$');
-    the units past it count as usage, not as overage.
+    the units past it count as usage, not as overage (adjust.lua's
+    adjust_charge, which outage.lua's usage shares).
 The admission's month is the state's, or, after the next month began (an
 admission there rolled the counters: this arrives within the entry's 10
 minutes), the month before, which the state keeps beside it (state.lua's
@@ -34,7 +35,7 @@ before it: several requests of the month before, settled in any order
 after the roll, bill what they would have settled before it, and the new
 month's counters and spend cap are never touched. A day or month that
 Redis no longer holds (a data loss) changes nothing there; the charge is
-then counted as usage without overage.
+then counted as usage without the overage of those counters.
 A second settle of the entry finds "done" and changes nothing; an entry
 that expired is gone: both change nothing.
 

@@ -1,7 +1,7 @@
 --[[ state.lua: the prelude of every script that reads or writes a tenant's
-limit state (admit.lua, grant.lua, refund.lua, restore.lua). internal/ratelimit
-prepends it to each of them, so the four share one definition of the state,
-the clock and the calendar.
+limit state (admit.lua, grant.lua, refund.lua, settle.lua, reset.lua,
+outage.lua, restore.lua). internal/ratelimit prepends it to each of them,
+so they share one definition of the state, the clock and the calendar.
 
 Layouts
   v2 (the default): all of a tenant's limit state in one hash,
@@ -24,9 +24,10 @@ Layouts
                 calendar.lua: see admit.lua, "Calendars")
       w = m,mu,mg,mo  the month before: its id, used, grant and overage
           units as they stood when the next month began (written with
-          the state that starts it), so that a refund or a settlement of
-          a request admitted in it, arriving after the roll, moves that
-          month's counters and rates its overage (month_load)
+          the state that starts it: month_roll), so that a refund or a
+          settlement of a request admitted in it, or outage usage of it,
+          arriving after the roll, moves that month's counters and rates
+          its overage (month_load, month_store)
       L = T,B,U,C  the burst limits the state was written under (admit.lua,
           "Limit changes")
       g:<grant id>  grants already applied (grant.lua)
