@@ -74,3 +74,29 @@ func TestRestoreLeavesALaterMonthAlone(t *testing.T) {
 		t.Errorf("May after a repair of April: daily %d, monthly %d left; want 94 and 994 (May's 5 units and the dry run's 1)", day.Remaining, month.Remaining)
 	}
 }
+
+// TestRestorePrepaidLeavesALaterPeriodAlone: a repair of a prepaid
+// tenant's credit draws computed for April (the worker's clock) that
+// reaches draws Redis already counts for May leaves them as they are:
+// rolled back to April, May's draws would be lost to the balance check.
+func TestRestorePrepaidLeavesALaterPeriodAlone(t *testing.T) {
+	t.Parallel()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	ctx := context.Background()
+	tenant := newTenant()
+	may := at(t, "2031-05-01T00:00:05Z")
+	req := quota.Request{TenantID: tenant, Meter: "gen", Cost: 3, Now: may,
+		Limits: quota.Limits{MonthlyQuota: i64(0)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
+		Prepaid: &quota.Prepaid{BalanceMillicents: 1_000_000, PeriodID: 203105, PrevID: 203104}}
+	if d := mustAdmit(t, r, req); !d.Allowed {
+		t.Fatalf("May's admission: %s", fmtDecision(d))
+	}
+	rec := quota.PrepaidRecorded{TenantID: tenant, Period: 203104, Millicents: 7000, Prev: 203103, PrevMillicents: 2000,
+		Until: at(t, "2031-05-01T00:00:00Z")}
+	if err := r.RestorePrepaid(ctx, []quota.PrepaidRecorded{rec}); err != nil {
+		t.Fatal(err)
+	}
+	if got := meterHash(t, r, tenant, "P"); got[0] != "203105,3000,-1,0" {
+		t.Errorf("credit draws after a repair of April: %q, want May's 3,000 millicents as they were", got[0])
+	}
+}
