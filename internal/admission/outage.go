@@ -178,8 +178,13 @@ func (o *outage) cut() []*outageBatch {
 		}
 		row := quota.OutageRow{Meter: k.meter, Hour: time.Unix(k.hour, 0).UTC(), At: u.at, Units: u.units, Requests: u.requests}
 		if u.units < 0 {
+			// the overage recovered for the row, given back as its last
+			// units (the meter's first: a unit past both quotas is the
+			// meter's), never more than its units: lua/adjust.lua's
+			// adjust_give_back, which outage.lua applies in Redis too
 			rec := o.recent[k]
-			row.Overage, row.MeterOverage = min(rec.tier, -u.units), min(rec.meter, -u.units)
+			row.MeterOverage = min(rec.meter, -u.units)
+			row.Overage = min(rec.tier, -u.units-row.MeterOverage)
 		}
 		ob.b.Rows = append(ob.b.Rows, row)
 		ob.keys = append(ob.keys, k)

@@ -314,3 +314,38 @@ func TestRecoverOutageOfTheMonthBeforeBillsItsOverage(t *testing.T) {
 		})
 	}
 }
+
+// TestRecoverOutageGivesBackNoMoreOverageThanUnits: a later row of
+// negative units (its requests refunded) gives back at most as many
+// overage units as units: its last units first, the meter's overage, then
+// the tier's, within what the row names. The tier's quota of 10 is filled
+// by demo; search's 4 units are past it, 2 of them past search's own
+// quota of 2 too (the meter's only): 2 of each overage. Giving back 2 of
+// search's units gives back the meter's 2 alone.
+func TestRecoverOutageGivesBackNoMoreOverageThanUnits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	req := quota.Request{TenantID: newTenant(), Meter: "demo", Cost: 1, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
+		Limits:      quota.Limits{MonthlyQuota: i64(10)},
+		MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(2), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}}}
+	b := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req,
+		Rows: []quota.OutageRow{outageRow("demo", 10, 10), outageRow("search", 4, 4)}}
+	if err := r.RecoverOutage(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Rows[1].Overage != 2 || b.Rows[1].MeterOverage != 2 {
+		t.Fatalf("search counted %+v, want 2 of the tier's overage, 2 of the meter's", b.Rows[1])
+	}
+	back := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req, Rows: []quota.OutageRow{outageRow("search", -2, 0)}}
+	back.Rows[0].Overage, back.Rows[0].MeterOverage = 2, 2 // what the node recovered for the row, each at most its units
+	if err := r.RecoverOutage(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Rows[0].Overage != 0 || back.Rows[0].MeterOverage != -2 {
+		t.Errorf("given back %+v, want the meter's 2 units of overage only", back.Rows[0])
+	}
+	if got := pendingTotals(t, r, req.TenantID); got.Units != 12 || got.Overage != 2 || got.MeterOverage != 0 {
+		t.Errorf("pending %+v, want 12 units, 2 of the tier's overage, none of the meter's", got)
+	}
+}
