@@ -1,11 +1,14 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,11 +160,28 @@ func (o *outage) add(req quota.Request, t, now time.Time, units, requests int64)
 func (o *outage) cut() []*outageBatch {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	byTenant := map[string]*outageBatch{}
+	// Each tenant's rows in the order their usage was admitted (first
+	// admission, then hour, meter and day): Redis counts a batch's rows in
+	// order, as admission would have counted them, and which units are
+	// overage (the tier's or a meter's) and which pass the spend cap
+	// depends on it. The earliest go first when they are more than a batch.
+	type held struct {
+		k outageKey
+		u *outageUsage
+	}
+	var rows []held
 	for k, u := range o.rows {
-		if _, busy := o.inflight[k.tenant]; busy {
-			continue
+		if _, busy := o.inflight[k.tenant]; !busy {
+			rows = append(rows, held{k, u})
 		}
+	}
+	slices.SortFunc(rows, func(a, b held) int {
+		return cmp.Or(strings.Compare(a.k.tenant, b.k.tenant), a.u.at.Compare(b.u.at), a.u.first.Compare(b.u.first),
+			cmp.Compare(a.k.hour, b.k.hour), strings.Compare(a.k.meter, b.k.meter), cmp.Compare(a.k.day, b.k.day))
+	})
+	byTenant := map[string]*outageBatch{}
+	for _, h := range rows {
+		k, u := h.k, h.u
 		ob := byTenant[k.tenant]
 		if ob == nil {
 			ob = &outageBatch{b: quota.OutageBatch{ID: newBatchID(), Request: o.limits[k.tenant]}}
