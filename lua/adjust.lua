@@ -1,10 +1,11 @@
---[[ adjust.lua: the prelude of the scripts that change an admitted
-request's numbers after its admission (refund.lua, settle.lua), after
-state.lua and meterq.lua: one way to move a request's units, overage and
-money in the day, month and hour it was admitted in, whenever the change
-arrives. The month is the state's or the month before it (state.lua's
-month_load, meterq.lua's meterq_month), never a later one; the pending
-usage is that of the admission's hour.
+--[[ adjust.lua: the prelude of the scripts that count units after their
+admission (refund.lua, settle.lua: an admitted request's numbers changed;
+outage.lua: usage admitted in process while Redis was away), after
+state.lua and meterq.lua: one way to move units, overage and money in the
+day, month and hour they were admitted in, whenever the change arrives.
+The month is the state's or the month before it (state.lua's month_load,
+meterq.lua's meterq_month), never a later one; the pending usage is that
+of the admission's hour.
 ]]
 
 -- adjust_give_back returns what giving back back of the units of a request
@@ -19,6 +20,45 @@ local function adjust_give_back(back, over, took, mo)
   end
   local mback = math.min(back, took)
   return -math.min(over, back - mback), -mback
+end
+
+-- adjust_charge returns the overage of units charged after their
+-- admission (a settlement past the admitted cost, outage usage): ovd of
+-- the tier's, mdov of the meter's. c is the state's counters of the
+-- admission's month (month_load; nil: Redis does not hold it), q the
+-- meter's (meterq_month; nil: none, or not held); bill, mq: the tier bills
+-- past its monthly quota mq (-1 none); qmq, price: the meter's monthly
+-- quota (-1 none) and its overage price per 1,000 units (-1 not billed);
+-- capm, tprice: the spend cap in millicents (-1 none) and the tier's
+-- overage price. The units past the quotas are overage as admit.lua
+-- counts them: the tier's first, then the meter's, which are the meter's
+-- only (a request's units past both monthly quotas are its last ones).
+-- A month never bills more overage than its cap: the overage is billed,
+-- in the order the units were charged, while the cap's room in the month
+-- lasts (capm less its overage at its prices: the tier's units at tprice,
+-- the meters' millicents of the hash mkey, meterq_spent); the units past
+-- it count as usage, not as overage.
+local function adjust_charge(c, q, units, bill, mq, qmq, price, capm, tprice, mkey, month)
+  local tov, mov = 0, 0
+  if c and bill and mq >= 0 and c.mu + units > mq + c.mg then
+    tov = math.min(units, c.mu + units - (mq + c.mg))
+  end
+  if q and price >= 0 and qmq >= 0 and q.mu + units > qmq then
+    mov = math.min(units, q.mu + units - qmq)
+  end
+  tov = tov - math.min(tov, mov)
+  local ovd, mdov = tov, mov
+  if capm >= 0 and (tov > 0 or mov > 0) then
+    local room = capm - (c and c.mo or 0) * tprice - meterq_spent(mkey, month)
+    if tprice > 0 then ovd = math.min(tov, math.max(0, idiv(room, tprice))) end
+    room = room - ovd * tprice
+    if ovd < tov then
+      mdov = 0
+    elseif price > 0 then
+      mdov = math.min(mov, math.max(0, idiv(room, price)))
+    end
+  end
+  return ovd, mdov
 end
 
 -- adjust_counters adds units (negative: given back) to the state s's day
@@ -54,14 +94,15 @@ local function adjust_money(mkey, month, ovd, mdov, price, tpp, mpp)
   if tpp then prepaid_adjust(mkey, month, ovd * tpp + mdov * mpp) end
 end
 
--- adjust_pending adds units, ovd and mdov to the pending usage of f
--- ("<hour start, unix s>|<meter>|"): "u", "o" and "m", in the v2 hash
--- when the state lives there (it lives 14 days after an admission), else
--- in the v1 pending hash kp.
-local function adjust_pending(s, kp, f, units, ovd, mdov)
+-- adjust_pending adds units, ovd, mdov and reqs (requests; nil: none) to
+-- the pending usage of f ("<hour start, unix s>|<meter>|"): "u", "o", "m"
+-- and "r", in the v2 hash when the state lives there (it lives 14 days
+-- after an admission), else in the v1 pending hash kp.
+local function adjust_pending(s, kp, f, units, ovd, mdov, reqs)
   local key, pre = kp, ''
   if s.v2 then key, pre = KS, 'p' end
   redis.call('HINCRBY', key, pre .. f .. 'u', units)
+  if reqs and reqs ~= 0 then redis.call('HINCRBY', key, pre .. f .. 'r', reqs) end
   if ovd ~= 0 then redis.call('HINCRBY', key, pre .. f .. 'o', ovd) end
   if mdov ~= 0 then redis.call('HINCRBY', key, pre .. f .. 'm', mdov) end
   if not s.v2 and redis.call('PTTL', kp) < 0 then

@@ -242,17 +242,26 @@ Prepaid (ARGV[19] ends in ",bal,bid,prev,lines,pexp")
   drawn down here, atomically with the limits: the field 'P' of the meter
   quotas' hash is "m,mc,pm,pmc": the millicents that the admissions of
   period m drew, and of the period pm before it. bal is what they may draw
-  together (quota.Prepaid: the credit the invoices may draw, in
-  millicents, less what Redis does not hold), bid the period it is for and
-  prev the period before it while its invoice is not final (0 once it is:
-  its draws are then out of bal), lines the invoice lines a period's draws
-  are rated on (each rounded up to the cent: 999 millicents are kept back
-  per line past the first, of this period and of prev when it drew), pexp
-  the credit prev's invoice may draw that bal leaves out (it expires
-  before bid ends): prev's draws count only past it. A request whose cost
-  would bring mc (+ pmc when pm = prev, less pexp) + that reserve
-  past bal is refused (mask 512, retry -1: no wait brings credit back),
-  consuming nothing; a balance of another period
+  (quota.Prepaid.BalanceMillicents, billing.Ledger.Prepaid: the credit
+  that pays period bid's invoice, left once every invoice not final yet
+  has drawn its share, less the charges of bid's invoice that admissions
+  do not draw; the draws Redis counts are not in it; it may be
+  negative), bid the period it is for and prev the period before it
+  while its invoice is not final (0 once it is: its draws are then on
+  the ledger, out of bal), lines the invoice lines a period's draws are
+  rated on (each rounded up to the cent: 999 millicents are kept back per
+  line past the first, of this period's lines and of prev's when it
+  drew), pexp (quota.Prepaid.ExpiringMillicents) what prev's draws may
+  reach before they take anything off bal: the credit prev's invoice
+  draws first that does not pay bid's (it expires before bid ends), less
+  prev's charges that admissions do not draw; or prev's overage charges
+  as the ledger rates them, when more (bal holds those back already);
+  or 2^53, which no draws reach, when prev's invoice takes all the credit
+  it shares with bid's whatever it drew. A request whose cost would
+  bring mc + 999 * (lines - 1) + max(0, pmc + 999 * lines - pexp) (that
+  last term only while pm = prev and pmc > 0) past bal is refused (mask
+  512, retry -1: no wait brings credit back), consuming nothing; a
+  balance of another period
   than now's is an error "PREPAID <now us>" (Go reads the balance of that
   period and calls again). While prepaid, the hash lives 40 days past the
   end of its month, so that pmc outlasts the previous invoice's grace.

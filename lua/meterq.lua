@@ -1,5 +1,5 @@
 --[[ meterq.lua: the prelude of the scripts that change a meter quota's
-counters outside admission (refund.lua, settle.lua, reset.lua,
+counters outside admission (refund.lua, settle.lua, outage.lua, reset.lua,
 restore_meters.lua; admit.lua reads and writes them inline): the meter quotas'
 hash of admit.lua ("Meter quotas"), one field per meter "d,du,m,mu,mo"
 (day id and used units; month id, used and overage units) and '$' =
@@ -7,11 +7,13 @@ hash of admit.lua ("Meter quotas"), one field per meter "d,du,m,mu,mo"
 and a prepaid tenant's credit draws 'P' = "m,mc,pm,pmc" (admit.lua,
 "Prepaid").
 
-The month before: when a meter's field starts a new month, admit.lua keeps
-the month that ends in the field "<meter>|w" = "m,mu,mo" ('|' is in no
-meter name), and when '$' does, the month that ends in '$w' = "m,mc"; so
-that a refund or a settlement of a request admitted in that month, arriving
-after the roll, moves that month's numbers, never the new month's.
+The month before: when a meter's field starts a new month (admit.lua, or
+meterq_month with open: outage.lua's usage, restore_meters.lua's repair),
+the month that ends is kept in the field "<meter>|w" = "m,mu,mo" ('|' is
+in no meter name), and when '$' does (admit.lua, meterq_spend), the month
+that ends in '$w' = "m,mc"; so that a refund, a settlement or outage usage
+of that month, arriving after the roll, moves that month's numbers, never
+the new month's.
 ]]
 
 -- meterq_get reads a meter's field v: day id, day units, month id, month
@@ -32,16 +34,26 @@ end
 -- key: {mu, mo} and, while the meter's field is still in that month, its
 -- field's {d, du, m} with today = (d == day); else those of the month
 -- before (field "<meter>|w", then prev = true); nil when the hash holds
--- neither.
-local function meterq_month(key, meter, day, month)
+-- neither. With open (usage counted as an admission counts it: outage.lua,
+-- restore_meters.lua), a field of an earlier month, or none, starts month
+-- as admit.lua starts it (fresh = true; the month it held becomes the
+-- month before, w, written by meterq_store), and a field of an earlier day
+-- of month starts day.
+local function meterq_month(key, meter, day, month, open)
   local v = redis.call('HMGET', key, meter, meter .. '|w')
   local qd, qdu, qm, qmu, qmo = meterq_get(v[1])
   if qd and qm == month then
+    if open and qd < day then qd, qdu = day, 0 end
     return {d = qd, du = qdu, m = qm, mu = qmu, mo = qmo, today = qd == day}
   end
   if v[2] then
     local pm, pmu, pmo = string.match(v[2], '^(%-?%d+),(%-?%d+),(%-?%d+)$')
     if pm and pm + 0 == month then return {mu = pmu + 0, mo = pmo + 0, prev = true} end
+  end
+  if open and not (qd and qm > month) then
+    local q = {d = day, du = 0, m = month, mu = 0, mo = 0, today = true, fresh = true}
+    if qd and qm >= 0 then q.w = string.format('%d,%d,%d', qm, qmu, qmo) end
+    return q
   end
   return nil
 end
@@ -52,6 +64,10 @@ local function meterq_store(key, meter, month, q)
     redis.call('HSET', key, meter .. '|w', string.format('%d,%d,%d', month, q.mu, q.mo))
   else
     meterq_put(key, meter, q.d, q.du, q.m, q.mu, q.mo)
+    if q.w then
+      redis.call('HSET', key, meter .. '|w', q.w)
+      q.w = nil
+    end
   end
 end
 

@@ -6,13 +6,16 @@ Each period keeps the larger of the field's draws and the ledger's (draws
 since the loss are in the field, those before it in the ledger: the larger
 never counts a millicent twice, and may miss what was pending at the loss,
 as restore.lua does). A field of the previous period (no draw since the
-period changed) counts as that period's. The hash lives at least 40 days
-past the period's end, as admit.lua keeps it for a prepaid tenant.
+period changed) counts as that period's. A field of a later period than
+the repair's (Redis's clock past the worker's at a period's end) is left
+as it is: its draws are newer than the ledger's, and never rolled back.
+The hash lives at least 40 days past the period's end, as admit.lua keeps
+it for a prepaid tenant.
 
 KEYS[1] <prefix>:v1:{t:<id>}:mq
 ARGV [1] the period id, [2] its draws by the ledger, [3] the previous
      period's id, [4] its draws, [5] the period's end + 40 days, unix ms
-Return: 1
+Return: 1, or 0 when a later period's field was left as it is
 ]]
 local m, mc, pm, pmc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local cur = redis.call('HGET', KEYS[1], 'P')
@@ -20,7 +23,9 @@ if cur then
   local s1, s2, s3, s4 = string.match(cur, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
   if s1 then
     s1, s2, s3, s4 = tonumber(s1), tonumber(s2), tonumber(s3), tonumber(s4)
-    if s1 == m then
+    if s1 > m then
+      return 0
+    elseif s1 == m then
       mc = math.max(mc, s2)
       if s3 == pm then pmc = math.max(pmc, s4) end
     elseif s1 == pm then

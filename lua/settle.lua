@@ -24,7 +24,8 @@ the day, the month and the hour the request was admitted in:
     meter's, as admit.lua orders them), while the cap's room in the
     admission's month lasts (capm less the month's overage at its
     prices: the tier's units at tprice, the meters' millicents '$');
-    the units past it count as usage, not as overage.
+    the units past it count as usage, not as overage (adjust.lua's
+    adjust_charge, which outage.lua's usage shares).
 The admission's month is the state's, or, after the next month began (an
 admission there rolled the counters: this arrives within the entry's 10
 minutes), the month before, which the state keeps beside it (state.lua's
@@ -34,7 +35,7 @@ before it: several requests of the month before, settled in any order
 after the roll, bill what they would have settled before it, and the new
 month's counters and spend cap are never touched. A day or month that
 Redis no longer holds (a data loss) changes nothing there; the charge is
-then counted as usage without overage.
+then counted as usage without the overage of those counters.
 A second settle of the entry finds "done" and changes nothing; an entry
 that expired is gone: both change nothing.
 
@@ -122,28 +123,8 @@ local ovd, mdov
 if diff < 0 then
   ovd, mdov = adjust_give_back(-diff, over, took, q and q.mo)
 else
-  -- the charged units past the quotas (admit.lua's order: the tier's
-  -- first, then the meter's, which are the meter's overage only)
-  local tov, mov = 0, 0
-  if c and bill == '1' and mq >= 0 and c.mu + diff > mq + c.mg then
-    tov = math.min(diff, c.mu + diff - (mq + c.mg))
-  end
-  if q and price >= 0 and qmq >= 0 and q.mu + diff > qmq then
-    mov = math.min(diff, q.mu + diff - qmq)
-  end
-  tov = tov - math.min(tov, mov)
-  ovd, mdov = tov, mov
-  if capm >= 0 and (tov > 0 or mov > 0) then
-    -- billed while the cap's room in the admission's month lasts
-    local room = capm - (c and c.mo or 0) * tprice - meterq_spent(KEYS[8], month)
-    if tprice > 0 then ovd = math.min(tov, math.max(0, idiv(room, tprice))) end
-    room = room - ovd * tprice
-    if ovd < tov then
-      mdov = 0
-    elseif price > 0 then
-      mdov = math.min(mov, math.max(0, idiv(room, price)))
-    end
-  end
+  -- the charged units past the quotas, within the admission month's cap
+  ovd, mdov = adjust_charge(c, q, diff, bill == '1', mq, qmq, price, capm, tprice, KEYS[8], month)
 end
 adjust_counters(s, c, q, KEYS[8], meter, day, month, diff, ovd, mdov, pxat, now)
 if not capped then price = -1 end

@@ -1,7 +1,7 @@
 --[[ state.lua: the prelude of every script that reads or writes a tenant's
-limit state (admit.lua, grant.lua, refund.lua, restore.lua). internal/ratelimit
-prepends it to each of them, so the four share one definition of the state,
-the clock and the calendar.
+limit state (admit.lua, grant.lua, refund.lua, settle.lua, reset.lua,
+outage.lua, restore.lua). internal/ratelimit prepends it to each of them,
+so they share one definition of the state, the clock and the calendar.
 
 Layouts
   v2 (the default): all of a tenant's limit state in one hash,
@@ -24,9 +24,10 @@ Layouts
                 calendar.lua: see admit.lua, "Calendars")
       w = m,mu,mg,mo  the month before: its id, used, grant and overage
           units as they stood when the next month began (written with
-          the state that starts it), so that a refund or a settlement of
-          a request admitted in it, arriving after the roll, moves that
-          month's counters and rates its overage (month_load)
+          the state that starts it: month_roll), so that a refund or a
+          settlement of a request admitted in it, or outage usage of it,
+          arriving after the roll, moves that month's counters and rates
+          its overage (month_load, month_store)
       L = T,B,U,C  the burst limits the state was written under (admit.lua,
           "Limit changes")
       g:<grant id>  grants already applied (grant.lua)
@@ -193,13 +194,16 @@ end
 
 -- month_load returns the counters of the month id that the state s holds:
 -- {mu, mg, mo} of its own month, or of the month before it (field w, then
--- with w = true); nil when it holds neither (a Redis data loss, or a state
--- two months on).
+-- with w = true; s.w when this script rolled the month, not saved yet);
+-- nil when it holds neither (a Redis data loss, or a state two months on).
 local function month_load(s, id)
   if s.m == id then return {mu = s.mu, mg = s.mg, mo = s.mo} end
-  local key = KS
-  if not s.v2 then key = KM end
-  local v = redis.call('HGET', key, 'w')
+  local v = s.w
+  if not v then
+    local key = KS
+    if not s.v2 then key = KM end
+    v = redis.call('HGET', key, 'w')
+  end
   if not v then return nil end
   local m, mu, mg, mo = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
   if not m or m + 0 ~= id then return nil end
@@ -208,9 +212,16 @@ end
 
 -- month_store writes back c, month_load's counters of the month id: the
 -- month before at once (field w, before any save_state, which carries it
--- from the v1 keys into the v2 hash), the state's own month into s, with
--- 'm' added to parts for save_state.
+-- from the v1 keys into the v2 hash; into s.w, with 'm' added to parts,
+-- when this script rolled the month: save_state writes it with the
+-- month), the state's own month into s, with 'm' added to parts for
+-- save_state.
 local function month_store(s, id, c, parts)
+  if c.w and s.w then
+    s.w = month_pack(id, c.mu, c.mg, c.mo)
+    parts[#parts + 1] = 'm'
+    return
+  end
   if c.w then
     local key = KS
     if not s.v2 then key = KM end

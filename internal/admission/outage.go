@@ -1,11 +1,14 @@
 package admission
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -157,11 +160,28 @@ func (o *outage) add(req quota.Request, t, now time.Time, units, requests int64)
 func (o *outage) cut() []*outageBatch {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	byTenant := map[string]*outageBatch{}
+	// Each tenant's rows in the order their usage was admitted (first
+	// admission, then hour, meter and day): Redis counts a batch's rows in
+	// order, as admission would have counted them, and which units are
+	// overage (the tier's or a meter's) and which pass the spend cap
+	// depends on it. The earliest go first when they are more than a batch.
+	type held struct {
+		k outageKey
+		u *outageUsage
+	}
+	var rows []held
 	for k, u := range o.rows {
-		if _, busy := o.inflight[k.tenant]; busy {
-			continue
+		if _, busy := o.inflight[k.tenant]; !busy {
+			rows = append(rows, held{k, u})
 		}
+	}
+	slices.SortFunc(rows, func(a, b held) int {
+		return cmp.Or(strings.Compare(a.k.tenant, b.k.tenant), a.u.at.Compare(b.u.at), a.u.first.Compare(b.u.first),
+			cmp.Compare(a.k.hour, b.k.hour), strings.Compare(a.k.meter, b.k.meter), cmp.Compare(a.k.day, b.k.day))
+	})
+	byTenant := map[string]*outageBatch{}
+	for _, h := range rows {
+		k, u := h.k, h.u
 		ob := byTenant[k.tenant]
 		if ob == nil {
 			ob = &outageBatch{b: quota.OutageBatch{ID: newBatchID(), Request: o.limits[k.tenant]}}
@@ -178,8 +198,13 @@ func (o *outage) cut() []*outageBatch {
 		}
 		row := quota.OutageRow{Meter: k.meter, Hour: time.Unix(k.hour, 0).UTC(), At: u.at, Units: u.units, Requests: u.requests}
 		if u.units < 0 {
+			// the overage recovered for the row, given back as its last
+			// units (the meter's first: a unit past both quotas is the
+			// meter's), never more than its units: lua/adjust.lua's
+			// adjust_give_back, which outage.lua applies in Redis too
 			rec := o.recent[k]
-			row.Overage, row.MeterOverage = min(rec.tier, -u.units), min(rec.meter, -u.units)
+			row.MeterOverage = min(rec.meter, -u.units)
+			row.Overage = min(rec.tier, -u.units-row.MeterOverage)
 		}
 		ob.b.Rows = append(ob.b.Rows, row)
 		ob.keys = append(ob.keys, k)

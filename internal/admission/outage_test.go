@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,6 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -145,6 +147,20 @@ func (f *flaky) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error {
 	return errors.New("read tcp: i/o timeout")
 }
 
+// failingGate is a Gate whose admissions fail (Redis is away for them)
+// on a Redis of the test's own that holds every counter, on the test's
+// clock; its outage records reach that Redis.
+func failingGate(t *testing.T) (*Gate, *ratelimit.Runner, *clock) {
+	t.Helper()
+	rdb := testenv.Redis(t)
+	runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	mustIntact(t, runner)
+	f := &flaky{Runner: runner}
+	f.calls.Store(1) // no failure
+	clk := &clock{t: time.Now()}
+	return New(f, clk.now), runner, clk
+}
+
 // TestFailOpenUsageRetriedIsCountedOnce: a record that landed but
 // answered an error is sent again, under the same id, and counted once; a
 // record that never left is sent again too, with the usage held since.
@@ -195,13 +211,7 @@ func TestFailOpenUsageRetriedIsCountedOnce(t *testing.T) {
 func TestFailOpenRefundAndSettleNetTheUsageHeld(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rdb := testenv.Redis(t)
-	runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
-	mustIntact(t, runner)
-	f := &flaky{Runner: runner}
-	f.calls.Store(1) // no failure
-	clk := &clock{t: time.Now()}
-	g := New(f, clk.now)
+	g, runner, clk := failingGate(t)
 	flush := func() {
 		t.Helper()
 		clk.add(breakerPause) // the admissions' errors opened the breaker
@@ -306,13 +316,7 @@ func TestFailOpenUsageBoundRefusesNewRows(t *testing.T) {
 func TestFailOpenUsageUnderConcurrentFlushes(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	rdb := testenv.Redis(t)
-	runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
-	mustIntact(t, runner)
-	f := &flaky{Runner: runner}
-	f.calls.Store(1) // no failure
-	clk := &clock{t: time.Now()}
-	g := New(f, clk.now)
+	g, runner, clk := failingGate(t)
 	tenants := make([]quota.Request, 4)
 	for i := range tenants {
 		tenants[i] = failOpen()
@@ -373,5 +377,129 @@ func TestFailOpenUsageUnderConcurrentFlushes(t *testing.T) {
 	}
 	if rows, units := g.OutagePending(); rows != 0 || units != 0 {
 		t.Fatalf("still held: %d rows, %d units", rows, units)
+	}
+}
+
+// TestFailOpenGiveBackToTheLedgerNamesNoMoreOverageThanUnits: a refund of
+// a fail-open request whose units Redis recovered, then sent to the ledger
+// (Redis not ready again at shutdown), gives back no more overage units than
+// units: its last units first, the meter's overage, then the tier's. The
+// tier's quota of 10 is filled by demo; search's 2 + 2 units are past it,
+// the last 2 past search's own quota of 2 too (the meter's only): 2 units
+// of each overage. Refunding a search of 2 gives back the meter's 2: the
+// ledger keeps the tier's 2.
+func TestFailOpenGiveBackToTheLedgerNamesNoMoreOverageThanUnits(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	var tenant string
+	if err := db.QueryRow(ctx, `INSERT INTO tenants (name, tier, webhook_secret) VALUES ('t', 'pro', decode(md5('t') || md5('t'), 'hex')) RETURNING id::text`).Scan(&tenant); err != nil {
+		t.Fatal(err)
+	}
+	g, runner, clk := failingGate(t)
+	g.Ledger = billing.NewLedger(db)
+	req := func(meter string, cost int64) quota.Request {
+		return quota.Request{TenantID: tenant, Meter: meter, Cost: cost, FailOpen: true, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
+			Limits:      quota.Limits{MonthlyQuota: quota.Ptr(int64(10))},
+			MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: quota.Ptr(int64(2)), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}}}
+	}
+	admit := func(q quota.Request) quota.Decision {
+		t.Helper()
+		d, err := g.Admit(ctx, q)
+		if err != nil || !d.Allowed || !d.Degraded {
+			t.Fatalf("%+v, %v", d, err)
+		}
+		return d
+	}
+	flush := func() {
+		t.Helper()
+		clk.add(breakerPause) // the admissions' errors opened the breaker
+		if err := g.FlushOutage(ctx, false); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admit(req("demo", 10))
+	flush()
+	admit(req("search", 2))
+	last := admit(req("search", 2))
+	flush()
+	rc := billing.NewReconciler(db, runner, time.Now, slog.New(slog.DiscardHandler))
+	if err := rc.Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	ledger := func() (units, over, meterOver int64) {
+		t.Helper()
+		if err := db.QueryRow(ctx, `SELECT coalesce(sum(units), 0), coalesce(sum(overage_units), 0), coalesce(sum(meter_overage_units), 0)
+			FROM usage WHERE tenant_id = $1 AND meter = 'search'`, tenant).Scan(&units, &over, &meterOver); err != nil {
+			t.Fatal(err)
+		}
+		return units, over, meterOver
+	}
+	if u, o, m := ledger(); u != 4 || o != 2 || m != 2 {
+		t.Fatalf("search in the ledger: %d units, %d of the tier's overage, %d of the meter's; want 4, 2, 2", u, o, m)
+	}
+	if err := g.Refund(ctx, req("search", 2), last); err != nil {
+		t.Fatal(err)
+	}
+	// Redis may not take it (a loss the worker has not repaired yet), and
+	// the node shuts down: the ledger takes it
+	if err := runner.MarkRestoring(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.FlushOutage(ctx, true); err != nil {
+		t.Fatal(err)
+	}
+	if _, n := g.OutageRecorded(); n != -2 {
+		t.Fatalf("recorded by the ledger: %d units, want -2 (search's 2 given back)", n)
+	}
+	if u, o, m := ledger(); u != 2 || o != 2 || m != 0 {
+		t.Errorf("search in the ledger after the refund: %d units, %d of the tier's overage, %d of the meter's; want 2, 2, 0", u, o, m)
+	}
+}
+
+// TestFailOpenRowsAreCountedInTheOrderAdmitted: the rows of a batch are
+// counted in Redis in the order their usage was admitted, as admission
+// would have counted it: 10 units of demo fill the tier's quota of 10,
+// then 4 of search are past it, the last 2 past search's own quota of 2
+// too (the meter's overage only): 2 units of each overage. Counted the
+// other way round, search's 2 would be the meter's and demo's last 4 the
+// tier's: 6 units of overage for 4 units past the quota. For 12 tenants,
+// each in one batch.
+func TestFailOpenRowsAreCountedInTheOrderAdmitted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g, runner, clk := failingGate(t)
+	tenants := make([]string, 12)
+	for i := range tenants {
+		tenants[i] = "tn-" + testenv.RandomHex(6)
+		for _, m := range []struct {
+			meter string
+			cost  int64
+		}{{"demo", 10}, {"search", 4}} {
+			req := quota.Request{TenantID: tenants[i], Meter: m.meter, Cost: m.cost, FailOpen: true,
+				Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000, Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(10))},
+				MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: quota.Ptr(int64(2)), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}}}
+			if d, err := g.Admit(ctx, req); err != nil || !d.Allowed || !d.Degraded {
+				t.Fatalf("%+v, %v", d, err)
+			}
+			clk.add(time.Millisecond)
+		}
+	}
+	clk.add(breakerPause) // the admissions' errors opened the breaker
+	if err := g.FlushOutage(ctx, false); err != nil {
+		t.Fatal(err)
+	}
+	for _, tenant := range tenants {
+		rows, err := runner.Pending(ctx, tenant)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var over, meterOver int64
+		for _, r := range rows {
+			over, meterOver = over+r.Overage, meterOver+r.MeterOverage
+		}
+		if over != 2 || meterOver != 2 {
+			t.Errorf("tenant %s: %d units of the tier's overage, %d of the meter's; want 2 and 2", tenant, over, meterOver)
+		}
 	}
 }

@@ -10,7 +10,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // payAsYouGo creates a prepaid tier "payg" that includes no units, at a
@@ -213,14 +212,7 @@ func TestRepairRestoresPrepaidDraws(t *testing.T) {
 	if admit("demo", 40) != 40 || admit("search", 10) != 10 { // 40 + 30 cents
 		t.Fatal("admissions refused within the credit")
 	}
-	if err := r.rl.ReportActive(ctx); err != nil {
-		t.Fatal(err)
-	}
-	mustFlush(t, rc)
-	testenv.DeleteKeys(r.rdb, r.prefix+"*") // Redis loses this test's data
-	if err := rc.Repair(ctx); err != nil {
-		t.Fatal(err)
-	}
+	r.loseAndRepair(t, rc)
 	// 70 of the 100 cents are spent; of the 30 left, a cent is kept back
 	// for the rounding of the invoice's second overage line: 9 searches
 	// (without the repair, 33)

@@ -614,7 +614,8 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 }
 
 // Repair restores the quota counters of every tenant with usage or grants
-// this month when Redis lost data (on any master of a cluster: see
+// this month (units, grants, and the month's overage that the spend cap
+// counts) when Redis lost data (on any master of a cluster: see
 // the admission store's EpochLost), from the ledger plus what is still pending in
 // Redis. Usage admitted during the last interval before the loss and not yet
 // flushed is gone from billing, at most one interval's worth. A restore that
@@ -636,7 +637,7 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 		WITH u AS (
 			SELECT tenant_id,
 			       coalesce(sum(units) FILTER (WHERE hour >= $2), 0)::bigint AS day_units,
-			       sum(units)::bigint AS month_units
+			       sum(units)::bigint AS month_units, sum(overage_units)::bigint AS month_overage
 			FROM usage WHERE hour >= $1 AND hour < $3 GROUP BY tenant_id
 		), g AS (
 			SELECT tenant_id,
@@ -648,7 +649,7 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 			FROM grants WHERE period_start >= $1::date AND applied_at IS NOT NULL GROUP BY tenant_id
 		)
 		SELECT coalesce(u.tenant_id, g.tenant_id)::text, coalesce(u.day_units, 0), coalesce(u.month_units, 0),
-		       coalesce(g.day_grant, 0), coalesce(g.month_grant, 0)
+		       coalesce(g.day_grant, 0), coalesce(g.month_grant, 0), coalesce(u.month_overage, 0)
 		FROM u FULL JOIN g ON g.tenant_id = u.tenant_id
 		-- (tenants of another calendar: calendarRecords)
 		WHERE NOT EXISTS (SELECT 1 FROM tenants t WHERE t.id = coalesce(u.tenant_id, g.tenant_id)
@@ -658,7 +659,7 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 	}
 	recs, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (quota.Recorded, error) {
 		var rec quota.Recorded
-		return rec, row.Scan(&rec.TenantID, &rec.DayUnits, &rec.MonthUnits, &rec.DayGrant, &rec.MonthGrant)
+		return rec, row.Scan(&rec.TenantID, &rec.DayUnits, &rec.MonthUnits, &rec.DayGrant, &rec.MonthGrant, &rec.MonthOverage)
 	})
 	if err != nil {
 		return fmt.Errorf("billing: repair: %w", err)

@@ -12,8 +12,8 @@ import (
 
 // calendarRecords are what Repair restores for the tenants whose billing
 // calendar is not the default (anchor 1, UTC): the units of their local
-// day and billing period at now, from the ledger, and the applied grants
-// of those periods (recorded under the period's first local date, as
+// day and billing period at now, from the ledger (and the period's
+// overage units), and the applied grants of those periods (recorded under the period's first local date, as
 // catalog.Grants records them). Usage rows are UTC hours: a day or period
 // that starts off the hour (a :30 or :45 zone) misses the units of its
 // first partial hour, which the restore's maximum with the pending usage
@@ -55,6 +55,7 @@ func (r *Reconciler) calendarRecords(ctx context.Context, now time.Time) ([]quot
 		SELECT b.ord::int,
 		       coalesce((SELECT sum(u.units) FROM usage u WHERE u.tenant_id = b.id AND u.hour >= b.dstart AND u.hour < b.pend), 0)::bigint,
 		       coalesce((SELECT sum(u.units) FROM usage u WHERE u.tenant_id = b.id AND u.hour >= b.pstart AND u.hour < b.pend), 0)::bigint,
+		       coalesce((SELECT sum(u.overage_units) FROM usage u WHERE u.tenant_id = b.id AND u.hour >= b.pstart AND u.hour < b.pend), 0)::bigint,
 		       coalesce((SELECT sum(g.units) FROM grants g WHERE g.tenant_id = b.id AND g.applied_at IS NOT NULL
 		                 AND g.period = 'day' AND g.period_start = b.dday), 0)::bigint,
 		       coalesce((SELECT sum(g.units) FROM grants g WHERE g.tenant_id = b.id AND g.applied_at IS NOT NULL
@@ -68,9 +69,9 @@ func (r *Reconciler) calendarRecords(ctx context.Context, now time.Time) ([]quot
 	var ord int
 	var rec quota.Recorded
 	var out []quota.Recorded
-	_, err = pgx.ForEachRow(rows, []any{&ord, &rec.DayUnits, &rec.MonthUnits, &rec.DayGrant, &rec.MonthGrant}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&ord, &rec.DayUnits, &rec.MonthUnits, &rec.MonthOverage, &rec.DayGrant, &rec.MonthGrant}, func() error {
 		rec.TenantID, rec.Calendar = ids[ord-1], cals[ord-1]
-		if rec.DayUnits != 0 || rec.MonthUnits != 0 || rec.DayGrant != 0 || rec.MonthGrant != 0 {
+		if rec.DayUnits != 0 || rec.MonthUnits != 0 || rec.MonthOverage != 0 || rec.DayGrant != 0 || rec.MonthGrant != 0 {
 			out = append(out, rec)
 		}
 		return nil
@@ -83,8 +84,9 @@ func (r *Reconciler) calendarRecords(ctx context.Context, now time.Time) ([]quot
 
 // meterRecords are the meters' units of the tenants whose tier has meter
 // quotas (quota.MeterQuota), in each one's local day and billing period at
-// now, with the month's units past the meter's quota, for Repair to give
-// the meter quotas' counters back; by tenant id.
+// now, with the month's units past the meter's quota and their cost at the
+// quota's overage price of now (what admission counts against the spend
+// cap), for Repair to give the meter quotas' counters back; by tenant id.
 func (r *Reconciler) meterRecords(ctx context.Context, now time.Time) (map[string][]quota.MeterRecorded, error) {
 	rows, err := r.db.Query(ctx, `SELECT DISTINCT t.id::text, t.billing_anchor_day, t.time_zone
 		FROM tenants t JOIN tiers tr ON tr.slug = t.tier WHERE jsonb_array_length(tr.meter_quotas) > 0 ORDER BY 1`)
@@ -113,7 +115,9 @@ func (r *Reconciler) meterRecords(ctx context.Context, now time.Time) (map[strin
 	rows, err = r.db.Query(ctx, `
 		SELECT b.id::text, m->>'meter',
 		       coalesce(sum(u.units) FILTER (WHERE u.hour >= b.dstart), 0)::bigint,
-		       coalesce(sum(u.units), 0)::bigint, coalesce(sum(u.meter_overage_units), 0)::bigint
+		       coalesce(sum(u.units), 0)::bigint, coalesce(sum(u.meter_overage_units), 0)::bigint,
+		       coalesce(sum(u.meter_overage_units) FILTER (WHERE m->>'overage' = 'bill'), 0)::bigint
+		         * coalesce(max((m->>'overage_price_cents_per_1k')::bigint), 0)
 		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[], $4::timestamptz[]) AS b(id, dstart, pstart, pend)
 		JOIN tenants t ON t.id = b.id JOIN tiers tr ON tr.slug = t.tier
 		CROSS JOIN LATERAL jsonb_array_elements(tr.meter_quotas) AS m
@@ -124,7 +128,7 @@ func (r *Reconciler) meterRecords(ctx context.Context, now time.Time) (map[strin
 	}
 	out := map[string][]quota.MeterRecorded{}
 	var m quota.MeterRecorded
-	_, err = pgx.ForEachRow(rows, []any{&id, &m.Meter, &m.DayUnits, &m.MonthUnits, &m.MonthOverage}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&id, &m.Meter, &m.DayUnits, &m.MonthUnits, &m.MonthOverage, &m.OverageMillicents}, func() error {
 		if m.MonthUnits != 0 {
 			out[id] = append(out[id], m)
 		}

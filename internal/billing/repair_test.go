@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -29,6 +30,21 @@ func (r *rig) admitUnits(tb testing.TB, tenantID string, cost int64) {
 func mustFlush(tb testing.TB, rc *Reconciler) {
 	tb.Helper()
 	if err := rc.Flush(context.Background()); err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// loseAndRepair reports the tenants active, flushes their usage to the
+// ledger, loses the test's Redis keys and runs the repair.
+func (r *rig) loseAndRepair(tb testing.TB, rc *Reconciler) {
+	tb.Helper()
+	ctx := context.Background()
+	if err := r.rl.ReportActive(ctx); err != nil {
+		tb.Fatal(err)
+	}
+	mustFlush(tb, rc)
+	testenv.DeleteKeys(r.rdb, r.prefix+"*") // Redis loses this test's data
+	if err := rc.Repair(ctx); err != nil {
 		tb.Fatal(err)
 	}
 }
@@ -198,14 +214,7 @@ func TestRepairRestoresMeterQuotas(t *testing.T) {
 	if err != nil || !d.Allowed {
 		t.Fatalf("admit: %+v %v", d, err)
 	}
-	if err := r.rl.ReportActive(ctx); err != nil {
-		t.Fatal(err)
-	}
-	mustFlush(t, rc)
-	testenv.DeleteKeys(r.rdb, r.prefix+"*") // Redis loses this test's data
-	if err := rc.Repair(ctx); err != nil {
-		t.Fatal(err)
-	}
+	r.loseAndRepair(t, rc)
 	ls, err := r.rl.PeekMeterQuotas(ctx, id, quota.Calendar{}, qs, time.Time{})
 	if err != nil || len(ls) != 2 || ls[0].Remaining != 370 || ls[1].Remaining != 0 {
 		t.Fatalf("meter quotas after the repair: %+v %v; want 370 of the day's 500 and none of the month's 100 left", ls, err)
@@ -218,5 +227,71 @@ func TestRepairRestoresMeterQuotas(t *testing.T) {
 	rows, err := r.rl.Pending(ctx, id)
 	if err != nil || len(rows) != 1 || rows[0].MeterOverage != 1 {
 		t.Fatalf("pending after the repair: %+v %v, want 1 unit of meter overage", rows, err)
+	}
+}
+
+// TestRepairKeepsTheSpendCap: a month's overage fills its spend cap (5
+// cents at a cent a unit), is flushed to the ledger, and Redis loses the
+// tenant's keys; after the repair the month's overage counts against the
+// cap again (the tier's overage units, and the meters' overage millicents
+// at the meter quota's price), so the next unit of overage is refused
+// spend_cap, not billed a second time up to the cap. For the tier's
+// overage alone, the tier's beside a billed meter quota (the cap counted
+// in millicents), and a meter quota's overage.
+func TestRepairKeepsTheSpendCap(t *testing.T) {
+	t.Parallel()
+	search := []quota.MeterQuota{{Meter: "search", MonthlyQuota: quota.Ptr(int64(0)), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}}
+	for _, tc := range []struct {
+		name   string
+		meter  string
+		cost   int64 // fills the cap: the tier's quota of 10, then 5 cents
+		quotas []quota.MeterQuota
+	}{
+		{"tier", "demo", 15, nil},
+		{"tier beside a billed meter quota", "demo", 15, search},
+		{"meter quota", "search", 5, search},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			r := mustRig(t, nil)
+			if tc.quotas != nil {
+				invExec(t, r.db, `UPDATE tiers SET meter_quotas = '[{"meter": "search", "monthly_quota": 0,
+					"overage": "bill", "overage_price_cents_per_1k": 1000}]' WHERE slug = 'pro'`)
+			}
+			id := r.tenants(t, 1, "pro")[0]
+			req := func(cost int64) quota.Request {
+				return quota.Request{TenantID: id, Meter: tc.meter, Cost: cost, MeterQuotas: tc.quotas,
+					Limits:  quota.Limits{MonthlyQuota: quota.Ptr(int64(10)), MaxOverageCents: quota.Ptr(int64(5))},
+					Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
+			}
+			admit := func(cost int64) quota.Decision {
+				t.Helper()
+				d, err := r.rl.Admit(ctx, req(cost))
+				if err != nil {
+					t.Fatal(err)
+				}
+				return d
+			}
+			spendCapped := func(when string) {
+				t.Helper()
+				if d := admit(1); d.Allowed || !slices.Equal(d.Violated, []quota.LimitName{quota.LimitSpendCap}) {
+					t.Errorf("%s: a unit of overage %+v, want refused spend_cap", when, d)
+				}
+				if l, ok, err := r.rl.PeekSpendCap(ctx, req(1), time.Time{}); err != nil || !ok || l.Remaining != 0 {
+					t.Errorf("%s: spend cap %+v %v %v, want none of 5 cents left", when, l, ok, err)
+				}
+			}
+			rc := r.reconciler()
+			if err := rc.Repair(ctx); err != nil { // first start
+				t.Fatal(err)
+			}
+			if d := admit(tc.cost); !d.Allowed {
+				t.Fatalf("admit %d: %+v", tc.cost, d)
+			}
+			spendCapped("before the loss")
+			r.loseAndRepair(t, rc)
+			spendCapped("after the repair")
+		})
 	}
 }

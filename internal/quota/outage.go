@@ -20,7 +20,9 @@ type OutageRow struct {
 	Requests int64
 	// Overage and MeterOverage are, with negative Units, the tier's and
 	// the meter's overage units to give back (those the earlier batch
-	// recovered for the same meter, hour and day, at most); in the rows of
+	// recovered for the same meter, hour and day, at most; together at
+	// most the units, the meter's first: the last units admitted were
+	// overage, and a unit past both quotas the meter's); in the rows of
 	// a recovered batch, the overage units recovery counted (or gave back,
 	// negative).
 	Overage, MeterOverage int64

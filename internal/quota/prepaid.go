@@ -76,15 +76,17 @@ func (t Tier) CheckOverrides(o Overrides) error {
 //
 // The balance an admission checks is
 //
-//	BalanceMillicents >= drawn(PeriodID) + drawn(PrevID) + this request's cost + 999 × (lines - 1)
+//	BalanceMillicents >= drawn(PeriodID) + 999 × (Lines - 1)
+//	                     + max(0, drawn(PrevID) + 999 × Lines - ExpiringMillicents)
+//	                     + this request's cost
 //
 // where drawn(p) is the cost (units past the monthly quotas × the overage
-// prices, in millicents) of the admissions of period p, and PrevID the
-// period before PeriodID while its invoice is not final (0 once it is:
-// then its draws are on the ledger, out of the credit; while it is set,
-// drawn(PrevID) counts only past ExpiringMillicents), and lines the
-// invoice lines that may round up: Lines, twice when the previous period
-// drew anything. The invoicing side (billing.Ledger.Prepaid) computes the
+// prices, in millicents) of the admissions of period p, PrevID the period
+// before PeriodID while its invoice is not final (0 once it is: then its
+// draws are on the ledger, out of the credit), and the max term counts
+// only while PrevID is set and that period drew anything; 999 millicents
+// are kept back for each invoice line past the first that may round up to
+// the cent. The invoicing side (billing.Ledger.Prepaid) computes the
 // fields by the rules its invoices draw credits by.
 type Prepaid struct {
 	// BalanceMillicents is what the period's invoice will be able to draw
@@ -111,14 +113,15 @@ type Prepaid struct {
 	// PrevID is the previous period while its invoice is not final, else 0.
 	PrevID int
 	// ExpiringMillicents, while PrevID is set, is what the previous
-	// period's draws may reach before they take anything off the balance,
-	// in millicents: the credit that invoice draws first, which does not
-	// pay this period's (it expires before this period's end), less its
-	// charges that are not drawn at admission; or its overage charges as
-	// the ledger has them, when more (the balance already holds those
-	// back: that invoice takes the more of them and of what Redis counts);
-	// or more than any draws reach, when that invoice takes all the credit
-	// it shares with this period's whatever it drew.
+	// period's draws (with their rounding reserve) may reach before they
+	// take anything off the balance, in millicents: the credit that
+	// invoice draws first, which does not pay this period's (it expires
+	// before this period's end), less its charges that are not drawn at
+	// admission; or its overage charges as the ledger rates them, when
+	// more (the balance already holds those back: that invoice takes the
+	// more of them and of what Redis counts); or 2^53, more than any draws
+	// reach, when that invoice takes all the credit it shares with this
+	// period's whatever it drew.
 	ExpiringMillicents int64
 	// HeldCents is what the invoices not final yet take off CreditCents
 	// besides the draws Redis counts: CreditCents - BalanceMillicents/1000.

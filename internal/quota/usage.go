@@ -49,12 +49,14 @@ type Batch struct {
 const FlushingTTL = 30 * 24 * time.Hour
 
 // Recorded is what the ledger holds for a tenant's current day and month:
-// the units counted and the units granted. A repair restores the admission
-// counters from it.
+// the units counted and the units granted, and the month's overage units
+// (the tier's), which its spend cap counts. A repair restores the
+// admission counters from it.
 type Recorded struct {
 	TenantID             string
 	DayUnits, MonthUnits int64
 	DayGrant, MonthGrant int64
+	MonthOverage         int64
 	// Calendar is the tenant's billing calendar, whose day and month
 	// (period) these are; the zero Calendar's are the UTC day and month.
 	Calendar Calendar
@@ -64,10 +66,13 @@ type Recorded struct {
 }
 
 // MeterRecorded is one meter's units of a day and a month in the ledger,
-// and its units past the meter's monthly quota that month.
+// and its units past the meter's monthly quota that month, with what the
+// spend cap counts of them: at the meter quota's overage price when it
+// bills, in millicents.
 type MeterRecorded struct {
 	Meter                              string
 	DayUnits, MonthUnits, MonthOverage int64
+	OverageMillicents                  int64
 }
 
 // KeyRecord is an API key as authentication needs it: the listed key and the

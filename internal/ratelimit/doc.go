@@ -66,7 +66,11 @@
 //   - Refunds and settlements move exactly what the request moved (its
 //     units, its tier and meter overage, their money) in the hour, day and
 //     month it was admitted in, also after the next month began (the state
-//     keeps the month before beside the new one).
+//     keeps the month before beside the new one). The usage of fail-open
+//     admissions (RecoverOutage) counts the same way, in its own month and
+//     within that month's cap, and a repair after a Redis loss (Restore)
+//     gives the month its overage back with its units: the cap's room is
+//     never full again.
 //   - A Redis failure is an error, never a refusal: the tier's fail-open or
 //     fail-closed policy belongs to the caller.
 //   - The daily and monthly quotas count the days and billing months of

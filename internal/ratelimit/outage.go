@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -17,16 +16,18 @@ import (
 
 // outageScript records a batch of fail-open usage exactly once:
 // lua/outage.lua.
-var outageScript = script("state.lua", "meterq.lua", "outage.lua")
+var outageScript = script("state.lua", "meterq.lua", "adjust.lua", "outage.lua")
 
 // outageArgs is how many ARGV one row of outage.lua takes.
 const outageArgs = 11
 
 // RecoverOutage records the usage an API node admitted in process while
 // Redis was away (lua/outage.lua): the tenant's day and month counters and
-// meter quotas take its units, the units past the month's quotas are
-// overage (up to the spend cap), and its pending usage gets units,
-// requests and overage, for the worker to flush into the ledger. The
+// meter quotas take its units (those of its rows' day and month: the
+// state's, or the month before it, never a later one), the units past the
+// month's quotas are overage (up to that month's spend cap), and its
+// pending usage gets units, requests and overage, for the worker to flush
+// into the ledger. The
 // batch is applied once under b.ID: a second call with the same id
 // changes nothing. On success the rows' Overage and MeterOverage hold
 // what was counted (those of the first call, for a repeat). An error that
@@ -55,8 +56,11 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 		cal = "1"
 	}
 	args := make([]any, 0, 2+outageArgs*len(b.Rows))
+	// (the spend cap whenever the tier has one: outage.lua bounds billed
+	// overage by it, tier's and meters' alike, as admit.lua does with
+	// ARGV[19] and settle.lua with a settle entry's)
 	args = append(args, r.layout, bill+","+strconv.FormatInt(mq, 10)+","+strconv.FormatInt(tprice, 10)+","+
-		strconv.FormatInt(outageCapMillicents(req), 10)+","+cal)
+		strconv.FormatInt(capMillicents(req), 10)+","+cal)
 	for _, row := range b.Rows {
 		if n := len(row.Meter); n == 0 || n > maxMeterLen || strings.Contains(row.Meter, "|") {
 			return quota.FieldError("meter", "must be 1 to %d characters without '|'", maxMeterLen)
@@ -87,17 +91,6 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 	}
 	r.active.add(req.TenantID)
 	return nil
-}
-
-// outageCapMillicents is the spend cap outage.lua bounds overage by: the
-// tier's max_overage_cents in millicents when its overage or some meter
-// quota's is billed, else -1.
-func outageCapMillicents(req quota.Request) int64 {
-	c := req.Limits.MaxOverageCents
-	if c == nil || (req.Overage != quota.OverageBill && !slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills)) {
-		return -1
-	}
-	return *c * 1000
 }
 
 // outageMeterSpec is outage.lua's meter quota of a row: '-' for none, else

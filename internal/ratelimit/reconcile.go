@@ -476,7 +476,11 @@ func (r *Runner) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorde
 func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {
 	day, month := periodIDs(rec.Calendar, at)
 	_, end := rec.Calendar.Period(at)
-	args := []any{day, month, end.Add(time.Hour).UnixMilli()}
+	var mc int64
+	for _, m := range rec.Meters {
+		mc += m.OverageMillicents
+	}
+	args := []any{day, month, end.Add(time.Hour).UnixMilli(), mc}
 	for _, m := range rec.Meters {
 		args = append(args, m.Meter, m.DayUnits, m.MonthUnits, m.MonthOverage)
 	}
@@ -486,6 +490,9 @@ func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {
 // Restore repairs the tenants' day and month counters for the periods
 // containing at (see lua/restore.lua), pipelined: each record's day and
 // month are those of its Calendar; its meters' too (lua/restore_meters.lua).
+// The month's overage comes back with its units (the tier's, and the
+// meters' millicents that the spend cap counts), so that the cap's room
+// is what the ledger left of it, not full again.
 func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error {
 	at = at.UTC()
 	day, month := quota.DayStart(at), quota.MonthStart(at)
@@ -502,12 +509,12 @@ func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorde
 				ds, de := cal.Day(at)
 				ps, pe := cal.Period(at)
 				restoreScript.Eval(ctx, p, keys, r.layout, cal.DayID(at), cal.PeriodID(at), ds.Unix(), ps.Unix(),
-					rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, de.Unix(), pe.Unix())
+					rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage, de.Unix(), pe.Unix())
 				continue
 			}
 			restoreScript.Eval(ctx, p, keys, r.layout,
 				day.Unix()/86400, y*100+int(m), day.Unix(), month.Unix(),
-				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant)
+				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage)
 		}
 		return nil
 	})
