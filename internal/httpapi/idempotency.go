@@ -119,6 +119,7 @@ func (s *Server) replay(c *fiber.Ctx, req quota.Request, d quota.Decision) error
 			c.Set(name, value)
 		}
 	}
+	confineAnswer(&c.Response().Header)
 	c.Status(a.Status)
 	return c.Send(a.Body)
 }

@@ -280,6 +280,8 @@ func (s *Server) answer(c *fiber.Ctx, up *fasthttp.Response, route *routes.Route
 	resp.Header.ResetConnectionClose() // the upstream's connection's, not the client's
 	resp.Header.Del(fiber.HeaderServer)
 	stripAnswerHeaders(&resp.Header, settling)
+	stripAnswerCookies(&resp.Header)
+	confineAnswer(&resp.Header)
 	if stream == nil {
 		// The body is in up's buffer: swap it into the response's, no copy.
 		resp.SwapBody(up.SwapBody(resp.SwapBody(nil)))

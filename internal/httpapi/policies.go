@@ -153,6 +153,7 @@ func writeFallback(c *fiber.Ctx, d quota.Decision) error {
 	c.Status(f.Status)
 	c.Response().Header.SetContentType(f.ContentType)
 	c.Response().Header.SetCanonical(hdrDegraded, []byte(d.Fallback.Policy.Name))
+	confineAnswer(&c.Response().Header) // an answer in the upstream's place
 	c.Response().SetBodyString(f.Body)
 	return nil
 }

@@ -32,9 +32,11 @@ var toUpstreamReserved = []string{
 
 // toClientReserved are the answer headers an upstream never passes to the
 // client, besides the Tollgate namespace and the rate-limit headers: the
-// replay marker and the hop-by-hop headers.
+// replay marker, Clear-Site-Data (it would act on the whole origin, the
+// dashboard's and the console's sign-ins included) and the hop-by-hop
+// headers.
 var toClientReserved = []string{
-	"idempotent-replayed",
+	"idempotent-replayed", "clear-site-data",
 	"connection", "keep-alive", "proxy-connection", "te", "trailer", "transfer-encoding", "upgrade", "proxy-authenticate",
 }
 
@@ -94,6 +96,43 @@ func stripAnswerHeaders(h *fasthttp.ResponseHeader, keepActualCost bool) {
 		}
 		h.DelBytes(name)
 	}
+}
+
+// stripAnswerCookies removes from the upstream's answer every cookie named
+// as the pages' are (tg_*, in any case, - for _ alike: the namespace, not
+// only today's tg_dashboard, tg_console and tg_login). The api's origin is
+// the pages' origin: such a cookie would sign a browser out of the console
+// or into a session the upstream chose. The upstream's other cookies pass.
+// An answer without cookies (nearly all) costs nothing.
+func stripAnswerCookies(h *fasthttp.ResponseHeader) {
+	var nameBuf [128]byte
+	for range maxStrips {
+		name, found := nameBuf[:0], false
+		h.VisitAllCookie(func(key, _ []byte) {
+			if !found && headerHasPrefix(key, "tg-") {
+				name, found = append(name, key...), true
+			}
+		})
+		if !found {
+			return
+		}
+		h.DelCookieBytes(name)
+	}
+}
+
+// confineAnswer marks an answer whose content is not Tollgate's (an
+// upstream's, live or replayed, or a policy's fallback) so that a browser
+// never runs it as the api's origin, which is also the dashboard's and the
+// console's: Content-Security-Policy: sandbox puts a document in an opaque
+// origin with no script, no forms, no popups, so it reads no cookie and no
+// page of the origin, and nosniff keeps a browser from taking an answer for
+// another type than it says (an upstream's own Content-Type stands). The
+// policy is added beside any the upstream sent: a browser enforces every
+// one. Two constant headers: no allocation once the response's header
+// storage has grown to hold them.
+func confineAnswer(h *fasthttp.ResponseHeader) {
+	h.Add(fasthttp.HeaderContentSecurityPolicy, "sandbox")
+	h.Set(fasthttp.HeaderXContentTypeOptions, "nosniff")
 }
 
 func answerReserved(name []byte, keepActualCost bool) bool {

@@ -3,10 +3,14 @@ package pages
 // Sign-in sessions of the dashboard and the console.
 //
 // A tenant signs in with an API key, an admin with the admin token. The
-// browser gets only a random session id, in an HttpOnly, SameSite=Lax cookie
-// scoped to its area's path (Secure when the request came over HTTPS, as a
-// trusted TLS-terminating proxy says with X-Forwarded-Proto); the key or
-// token is never stored in the browser. The session lives in the session
+// browser gets only a random session id, in an HttpOnly cookie scoped to its
+// area's path (Secure when the request came over HTTPS, as a trusted
+// TLS-terminating proxy says with X-Forwarded-Proto); the key or token is
+// never stored in the browser. The console's cookies are SameSite=Strict: no
+// request another site starts carries them, not even a link followed (an
+// admin arriving so signs in again). The dashboard's are SameSite=Lax, so
+// that a tenant following a link from the product's own site stays signed
+// in; its pages change nothing on a GET. The session lives in the session
 // store (Redis) under the SHA-256 of the id, so a copy of it holds no
 // usable cookie, for TOLLGATE_SESSION_TTL from sign-in; signing out deletes
 // it.
@@ -21,7 +25,12 @@ package pages
 // (synchronizer token), compared in constant time; the sign-in forms, which
 // have no session yet, carry a token that must equal a cookie set with the
 // form (double submit). Every POST must also come from this origin when the
-// browser says where it came from (Origin, Sec-Fetch-Site).
+// browser says where it came from (Origin, Sec-Fetch-Site). The token is
+// never in a cookie script can read: only in the pages' forms. The metered
+// routes' answers share this origin but are sandboxed (httpapi's
+// confineAnswer): a document of an upstream's runs in an opaque origin, for
+// which these pages are another site's, fetched without the session and
+// unreadable.
 
 import (
 	"crypto/hmac"
@@ -45,15 +54,18 @@ import (
 
 // area is one signed-in part of the site.
 type area struct {
-	kind   string // "tenant" or "admin"
-	name   string // "dashboard" or "console", for templates
-	base   string // the path every page of the area is under
-	cookie string // the session cookie
+	kind     string // "tenant" or "admin"
+	name     string // "dashboard" or "console", for templates
+	base     string // the path every page of the area is under
+	cookie   string // the session cookie
+	sameSite string // of the area's cookies
 }
 
+// The pages' cookies are all named tg_*: the proxy keeps upstreams from
+// setting any such cookie (httpapi's stripAnswerCookies).
 var (
-	tenantArea = area{kind: "tenant", name: "dashboard", base: "/dashboard", cookie: "tg_dashboard"}
-	adminArea  = area{kind: "admin", name: "console", base: "/console", cookie: "tg_console"}
+	tenantArea = area{kind: "tenant", name: "dashboard", base: "/dashboard", cookie: "tg_dashboard", sameSite: fiber.CookieSameSiteLaxMode}
+	adminArea  = area{kind: "admin", name: "console", base: "/console", cookie: "tg_console", sameSite: fiber.CookieSameSiteStrictMode}
 )
 
 // loginCookie is the double-submit CSRF cookie of a sign-in form.
@@ -126,13 +138,14 @@ func (s *Pages) startSession(c *fiber.Ctx, a area, sess session) error {
 	if err := s.sessions.Put(c.UserContext(), sessionKey(id), b, s.opts.SessionTTL); err != nil {
 		return s.unavailable(fmt.Errorf("httpapi: store session: %w", err))
 	}
-	s.setCookie(c, a.cookie, id, a.base, s.opts.SessionTTL)
+	s.setCookie(c, a, a.cookie, id, a.base, s.opts.SessionTTL)
 	return nil
 }
 
-func (s *Pages) setCookie(c *fiber.Ctx, name, value, path string, ttl time.Duration) {
+// setCookie sets (ttl 0: deletes) one of area a's cookies.
+func (s *Pages) setCookie(c *fiber.Ctx, a area, name, value, path string, ttl time.Duration) {
 	ck := &fiber.Cookie{Name: name, Value: value, Path: path, HTTPOnly: true,
-		SameSite: fiber.CookieSameSiteLaxMode, Secure: s.guard.Scheme(c) == "https"}
+		SameSite: a.sameSite, Secure: s.guard.Scheme(c) == "https"}
 	if ttl > 0 {
 		ck.MaxAge = int(ttl / time.Second)
 	} else {
@@ -165,7 +178,7 @@ func (s *Pages) loadSession(c *fiber.Ctx, a area) (session, bool, error) {
 
 // endSession deletes the session and its cookie.
 func (s *Pages) endSession(c *fiber.Ctx, a area, sess session) error {
-	s.setCookie(c, a.cookie, "", a.base, 0)
+	s.setCookie(c, a, a.cookie, "", a.base, 0)
 	if sess.id == "" {
 		return nil
 	}
@@ -341,7 +354,7 @@ func (s *Pages) loginForm(c *fiber.Ctx, a area, status int, lv loginView) error 
 		}
 	}
 	tok = strings.Clone(tok)
-	s.setCookie(c, loginCookie, tok, a.base+"/login", time.Hour)
+	s.setCookie(c, a, loginCookie, tok, a.base+"/login", time.Hour)
 	title := "Sign in"
 	if a == adminArea {
 		title = "Admin sign-in"
