@@ -123,6 +123,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		TrustedProxies:      cfg.TrustedProxies,
 		WebhookAllowPrivate: cfg.WebhookAllowPrivate,
 		MaxResponseBytes:    cfg.ProxyMaxResponseBytes,
+		Ops:                 cfg.OpsAddr != "",
 	})
 	if err != nil {
 		return err
@@ -132,12 +133,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return fmt.Errorf("TOLLGATE_ADDR: listen %s: %w", cfg.Addr, err)
 	}
 	log.Info("listening", "addr", ln.Addr().String())
+	ops, err := serveOps(cfg.OpsAddr, srv.OpsApp(), log)
+	if err != nil {
+		ln.Close()
+		return err
+	}
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.App().Listener(ln) }()
 	select {
 	case err := <-errc:
+		_ = ops.shutdown(cfg.ShutdownTimeout, log)
 		return fmt.Errorf("api: serve: %w", err)
+	case err := <-ops.failed():
+		_ = srv.App().ShutdownWithTimeout(cfg.ShutdownTimeout)
+		return fmt.Errorf("api: operations listener: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
@@ -150,6 +160,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("api: serve: %w", err)
+	}
+	if err := ops.shutdown(cfg.ShutdownTimeout, log); err != nil {
+		return err
 	}
 	stopBG()
 	<-reported

@@ -27,6 +27,7 @@ type Config struct {
 	KeyLayout         string                  // TOLLGATE_KEY_LAYOUT
 	DatabaseURL       string                  // DATABASE_URL
 	Addr              string                  // TOLLGATE_ADDR
+	OpsAddr           string                  // TOLLGATE_OPS_ADDR; empty: operations on Addr
 	AdminToken        string                  // TOLLGATE_ADMIN_TOKEN
 	ServiceToken      string                  // TOLLGATE_SERVICE_TOKEN
 	ReconcileInterval time.Duration           // TOLLGATE_RECONCILE_INTERVAL
@@ -58,6 +59,7 @@ var Vars = []Var{
 	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis; several comma-separated addresses mean a Redis Cluster"},
 	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tollgate?sslmode=disable", "Postgres"},
 	{"TOLLGATE_ADDR", "127.0.0.1:8080", "the api's listen address (host:port; port 0 picks a free one)"},
+	{"TOLLGATE_OPS_ADDR", "", "the api's operations listen address (host:port) for /metrics and /readyz with its checks; the public one then answers /metrics 404 and /readyz without checks; unset: both on TOLLGATE_ADDR"},
 	{"TOLLGATE_ADMIN_TOKEN", "", "admin bearer token, at least 16 characters; unset: admin routes refuse everything"},
 	{"TOLLGATE_SERVICE_TOKEN", "", "bearer token for POST /v1/check, at least 16 characters; unset: the route refuses everything"},
 	{"TOLLGATE_RECONCILE_INTERVAL", "10s", "worker cycle, Go duration, 100ms to 1h"},
@@ -109,10 +111,17 @@ func Load(getenv func(string) string) (Config, error) {
 		return c, fmt.Errorf("config: DATABASE_URL: %w", err)
 	}
 	c.Addr = get("TOLLGATE_ADDR")
-	if _, port, err := net.SplitHostPort(c.Addr); err != nil {
-		return c, fmt.Errorf("config: TOLLGATE_ADDR: %q is not host:port: %w", c.Addr, err)
-	} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-		return c, fmt.Errorf("config: TOLLGATE_ADDR: %q has no valid port", c.Addr)
+	if err := checkListenAddr(c.Addr); err != nil {
+		return c, fmt.Errorf("config: TOLLGATE_ADDR: %w", err)
+	}
+	if c.OpsAddr = get("TOLLGATE_OPS_ADDR"); c.OpsAddr != "" {
+		if err := checkListenAddr(c.OpsAddr); err != nil {
+			return c, fmt.Errorf("config: TOLLGATE_OPS_ADDR: %w", err)
+		}
+		// (Port 0 on both is two free ports.)
+		if c.OpsAddr == c.Addr && !strings.HasSuffix(c.Addr, ":0") {
+			return c, fmt.Errorf("config: TOLLGATE_OPS_ADDR: %q is TOLLGATE_ADDR itself; unset it to serve operations there", c.OpsAddr)
+		}
 	}
 	c.AdminToken = get("TOLLGATE_ADMIN_TOKEN")
 	if c.AdminToken != "" && len(c.AdminToken) < 16 {
@@ -193,6 +202,19 @@ func ParsePrefixes(list string) ([]netip.Prefix, error) {
 		out = append(out, p.Masked())
 	}
 	return out, nil
+}
+
+// checkListenAddr checks an address to listen on: host:port, the port a
+// number (0 picks a free one).
+func checkListenAddr(addr string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not host:port: %w", addr, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+		return fmt.Errorf("%q has no valid port", addr)
+	}
+	return nil
 }
 
 func duration(get func(string) string, name string, min, max time.Duration) (time.Duration, error) {

@@ -10,9 +10,7 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
-	"github.com/gofiber/fiber/v2/middleware/adaptor"
 	"github.com/gofiber/fiber/v2/middleware/recover"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/internal/billing"
@@ -41,6 +39,10 @@ type Options struct {
 	// MaxResponseBytes is the largest upstream answer body the proxy passes
 	// on (proxybody.go); 0: no maximum.
 	MaxResponseBytes int64
+	// Ops serves /metrics and /readyz with its checks on an app of their own
+	// (OpsApp, for TOLLGATE_OPS_ADDR); the public app then has no /metrics
+	// and a /readyz without checks (ops.go).
+	Ops bool
 }
 
 // gate is the door to quota state of the metered requests and /v1/check
@@ -114,6 +116,8 @@ type Server struct {
 	guard    *httpx.Guard
 	admin    *admin.API
 	pages    *pages.Pages
+	// ops is the operations listener's app (Options.Ops); nil: none.
+	ops *fiber.App
 }
 
 // New builds the Fiber app with every route registered. It fails only when
@@ -164,6 +168,9 @@ func New(d Deps, opts Options) (*Server, error) {
 	})
 	// Answers sent while shutting down say Connection: close.
 	s.app.Server().CloseOnShutdown = true
+	if opts.Ops {
+		s.ops = newOpsApp(d.Log)
+	}
 	s.routesSetup()
 	return s, nil
 }
@@ -177,10 +184,8 @@ func (s *Server) routesSetup() {
 	s.app.Use(httpx.AccessLog(s.log, s.guard.ClientIP))
 	s.app.Use(recover.New())
 
-	s.app.Get("/healthz", s.healthz)
-	s.app.Get("/readyz", s.readyz)
+	s.opsRoutes() // /healthz, /readyz, /metrics: here, or some on the ops app
 	s.app.Get("/openapi.json", s.openapi)
-	s.app.Get("/metrics", adaptor.HTTPHandler(promhttp.HandlerFor(s.metrics.Registry, promhttp.HandlerOpts{})))
 
 	s.app.All("/api/*", s.metered) // authenticates as tenantAuth does
 	v1 := s.app.Group("/v1", httpx.CheckQuery)
@@ -265,28 +270,4 @@ func (s *Server) routesSetup() {
 	con.Get("/invoices", s.pages.AdminSession, s.pages.ConsoleInvoices)
 	con.Get("/invoices.csv", s.pages.AdminSession, s.pages.ConsoleInvoicesCSV)
 	con.Get("/alerts", s.pages.AdminSession, s.pages.ConsoleAlerts)
-}
-
-func (s *Server) healthz(c *fiber.Ctx) error {
-	return c.JSON(fiber.Map{"status": "ok"})
-}
-
-// readyz answers 200 only when every dependency is ready (for the api:
-// Redis and Postgres answer and the schema is the one this binary expects).
-func (s *Server) readyz(c *fiber.Ctx) error {
-	ctx, cancel := context.WithTimeout(c.UserContext(), 2*time.Second)
-	defer cancel()
-	checks := fiber.Map{}
-	ready := true
-	for _, r := range s.ready {
-		checks[r.Name] = "ok"
-		if err := r.Check(ctx); err != nil {
-			checks[r.Name], ready = err.Error(), false
-		}
-	}
-	if !ready {
-		return httpx.WriteProblem(c, httpx.Problem{Status: fiber.StatusServiceUnavailable, Title: "Not Ready",
-			Detail: "a dependency is not ready", Extra: map[string]any{"checks": checks}})
-	}
-	return c.JSON(fiber.Map{"status": "ready", "checks": checks})
 }
