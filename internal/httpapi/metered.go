@@ -85,6 +85,8 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		return writeRefusal(c, refusalProblem(d, p.RefusalUpgrade(&d), c.Path()))
 	}
 	if d.Replayed() {
+		// (nothing to release: a replay holds no lease or place in flight,
+		// Gate.Admit gave back what its policies took)
 		s.count(route, "replayed", p.Tier.Slug)
 		return s.replay(c, req, d)
 	}
