@@ -145,6 +145,7 @@ type inSlot struct {
 	// outside is what the reservations made of the request (admit.lua's
 	// ARGV[17]): 'x' refused, 'd' degraded, 's' refused in shadow
 	outside string
+	leases  bool // a concurrency policy among specs: an admission takes a lease
 }
 
 // crossGroup are policies of one other hash slot, decided by a reservation.
@@ -210,6 +211,7 @@ func (r *Runner) splitPolicies(req quota.Request) (*inSlot, []crossGroup, error)
 		if c.Policy.InTenantSlot() {
 			in.specs = append(in.specs, spec)
 			in.calls = append(in.calls, i)
+			in.leases = in.leases || spec.Alg == quota.AlgConcurrency
 			continue
 		}
 		g, ok := byTag[tag]

@@ -339,3 +339,57 @@ func runReplayTakesNoLease(t *testing.T, c redis.UniversalClient) {
 		})
 	}
 }
+
+// TestAbandonedAdmissionLeavesNoLease: a caller whose context ends while
+// its admission runs (a queued request whose client hung up) is either
+// refused before anything is sent, or told the admission's outcome, so
+// that it releases the concurrency lease the tenant's script took: no
+// admission is left to take a lease that nobody learns of.
+func TestAbandonedAdmissionLeavesNoLease(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	now := at(t, "2026-05-04T10:00:00Z")
+	tenant := newTenant()
+	pol := &quota.Policy{Name: "cc-" + testenv.RandomHex(3), Algorithm: quota.AlgConcurrency, Limit: i64(1000),
+		LeaseSeconds: i64(600), Scope: quota.ScopeTenant}
+	pol.Defaults()
+	if err := pol.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	told := 0
+	for n := range 40 {
+		req := policyReq(tenant, now, n, 1000, pol)
+		d, err := r.Admit(gone, req)
+		if err != nil {
+			continue // nothing the caller could release: nothing may be held
+		}
+		told++
+		if d.Allowed {
+			if err := r.ReleasePolicies(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// (an admission its caller stopped waiting for would still run: give
+	// it the time to)
+	time.Sleep(200 * time.Millisecond)
+	pattern := r.prefix + ":pol:{t:" + tenant + "}:*"
+	keys, err := c.Keys(ctx, pattern).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	for _, k := range keys {
+		held = append(held, c.ZRange(ctx, k, 0, -1).Val()...)
+	}
+	if len(held) > 0 {
+		t.Fatalf("%d of 40 admissions told their caller; leases left held under %s: %v", told, pattern, held)
+	}
+	if told == 0 {
+		t.Fatal("no admission of 40 was answered: nothing was tested")
+	}
+}
