@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
 	"strings"
 	"testing"
 	"time"
@@ -177,5 +179,55 @@ func TestCheckHoldsNoSlot(t *testing.T) {
 		if strings.Contains(h, `"one-demo"`) || strings.Contains(h, `"shed"`) {
 			t.Fatalf("check %d: RateLimit-Policy %q names a policy that does not apply to checks", i, h)
 		}
+	}
+}
+
+// TestHungUpRequestGivesItsKeyBack: a request with an Idempotency-Key whose
+// client hangs up while it waits for its leaky_bucket slot runs nothing and
+// has no answer to store: its key is given back at once (a retry runs),
+// not held as in flight until the key's lease ends.
+func TestHungUpRequestGivesItsKeyBack(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	tenant, key := s.tenant(tier.Slug)
+	// the second request of a burst waits 5 s for its slot
+	mustPolicy(t, base, `{"name": "shape", "algorithm": "leaky_bucket", "rate": 0.2, "burst": 1, "on_refuse": "queue",
+		"max_wait_ms": 60000, "match": {"meters": ["demo"]}}`)
+	time.Sleep(1100 * time.Millisecond)
+	if r := do(t, "GET", base+"/api/demo/echo", key, ""); r.status != 200 {
+		t.Fatalf("first request: %d %s", r.status, r.body)
+	}
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	records := func() []string {
+		keys, err := rdb.Keys(ctx, s.prefix+":v1:{t:"+tenant.ID+"}:idem2:*").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return keys
+	}
+	conn, err := net.DialTimeout("tcp", strings.TrimPrefix(base, "http://"), 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(conn, "GET /api/demo/echo HTTP/1.1\r\nHost: tollgate.test\r\nAuthorization: Bearer "+key+
+		"\r\nIdempotency-Key: shaped-1\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(4 * time.Second) // (before its slot comes)
+	for len(records()) == 0 {
+		if time.Now().After(deadline) {
+			t.Fatal("the second request never took its key")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	conn.Close() // the client hangs up while its request waits
+	for len(records()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the key of a request whose client hung up before it ran is still held: %v", records())
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
 }
