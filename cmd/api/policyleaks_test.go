@@ -51,6 +51,26 @@ func rawIdempotent(tb testing.TB, base, method, path, key, idem, body string) re
 	return raw(tb, base, lines...)
 }
 
+// twoTenants makes two tenants on one roomy tier of s: the one that
+// misbehaves, and one whose service must not suffer from it.
+func twoTenants(s *stack) (a quota.Tenant, keyA, keyB string) {
+	s.tb.Helper()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
+	a, keyA = s.tenant(tier.Slug)
+	_, keyB = s.tenant(tier.Slug)
+	return a, keyA, keyB
+}
+
+// mustServe checks that each key's request, in turn, is answered want.
+func mustServe(tb testing.TB, base, method, path, body string, want int, keys ...string) {
+	tb.Helper()
+	for i, key := range keys {
+		if r := do(tb, method, base+path, key, body); r.status != want {
+			tb.Fatalf("request %d (%s %s) after the others: %d %s, want %d", i, method, path, r.status, r.body, want)
+		}
+	}
+}
+
 // TestReplayHoldsNoConcurrencyLease: the repeats of an idempotent request
 // are answered from the stored answer and hold no lease of a concurrency
 // policy, whatever its scope (in the tenant's slot, another slot, the
@@ -65,9 +85,7 @@ func TestReplayHoldsNoConcurrencyLease(t *testing.T) {
 			s := mustStack(t)
 			s.upstreamRoutes(t, up.srv.URL)
 			base := s.start()
-			tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
-			_, keyA := s.tenant(tier.Slug)
-			_, keyB := s.tenant(tier.Slug)
+			_, keyA, keyB := twoTenants(s)
 			mustPolicy(t, base, fmt.Sprintf(`{"name": "two-up", "algorithm": "concurrency", "limit": 2, "lease_seconds": 600,
 				"scope": %q, "match": {"meters": ["up"]}}`, scope))
 			time.Sleep(1100 * time.Millisecond) // (every node applies a change within 1 s)
@@ -87,11 +105,7 @@ func TestReplayHoldsNoConcurrencyLease(t *testing.T) {
 			}
 			// both slots are free, for the tenant that replayed and for
 			// every other one
-			for i, key := range []string{keyB, keyA, keyB, keyA} {
-				if r := do(t, "POST", base+"/api/up/orders", key, `{"n":2}`); r.status != 201 {
-					t.Fatalf("request %d after the replays: %d %s, want 201", i, r.status, r.body)
-				}
-			}
+			mustServe(t, base, "POST", "/api/up/orders", `{"n":2}`, 201, keyB, keyA, keyB, keyA)
 			if got := up.hits.Load(); got != 5 {
 				t.Fatalf("upstream called %d times, want 5 (the replays never reach it)", got)
 			}
@@ -109,9 +123,7 @@ func TestReplayHoldsNoAdaptiveSlot(t *testing.T) {
 	t.Parallel()
 	s := mustStack(t)
 	base := s.start()
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
-	_, keyA := s.tenant(tier.Slug)
-	_, keyB := s.tenant(tier.Slug)
+	_, keyA, keyB := twoTenants(s)
 	mustPolicy(t, base, `{"name": "shed", "algorithm": "adaptive", "max_concurrency": 3, "target_latency_ms": 60000,
 		"scope": "node", "match": {"meters": ["demo"]}}`)
 	time.Sleep(1100 * time.Millisecond)
@@ -122,11 +134,7 @@ func TestReplayHoldsNoAdaptiveSlot(t *testing.T) {
 			t.Fatalf("request %d with one key: %d %v %s, want 200 (a replay after the first)", i, r.status, r.header, r.body)
 		}
 	}
-	for i, key := range []string{keyB, keyA, keyB, keyA, keyB} {
-		if r := do(t, "GET", base+"/api/demo/echo", key, ""); r.status != 200 {
-			t.Fatalf("request %d after the replays: %d %s, want 200", i, r.status, r.body)
-		}
-	}
+	mustServe(t, base, "GET", "/api/demo/echo", "", 200, keyB, keyA, keyB, keyA, keyB)
 }
 
 // TestCheckHoldsNoSlot: /v1/check has no answer to release a slot at, so
@@ -138,9 +146,7 @@ func TestCheckHoldsNoSlot(t *testing.T) {
 	t.Parallel()
 	s := mustStack(t)
 	base := s.start()
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
-	tenantA, keyA := s.tenant(tier.Slug)
-	_, keyB := s.tenant(tier.Slug)
+	tenantA, keyA, keyB := twoTenants(s)
 	mustPolicy(t, base, `{"name": "shed", "algorithm": "adaptive", "max_concurrency": 4, "target_latency_ms": 60000,
 		"scope": "node", "match": {"meters": ["demo"]}}`)
 	mustPolicy(t, base, `{"name": "one-demo", "algorithm": "concurrency", "limit": 1, "lease_seconds": 600,
@@ -167,11 +173,7 @@ func TestCheckHoldsNoSlot(t *testing.T) {
 	if held := heldLeases(t, s); len(held) != 0 {
 		t.Fatalf("after the checks, leases held in Redis: %v", held)
 	}
-	for i, key := range []string{keyB, keyA, keyB, keyA, keyB} {
-		if r := do(t, "GET", base+"/api/demo/echo", key, ""); r.status != 200 {
-			t.Fatalf("request %d after the checks: %d %s, want 200", i, r.status, r.body)
-		}
-	}
+	mustServe(t, base, "GET", "/api/demo/echo", "", 200, keyB, keyA, keyB, keyA, keyB)
 	if held := heldLeases(t, s); len(held) != 0 {
 		t.Fatalf("after every answer, leases held in Redis: %v", held)
 	}

@@ -15,6 +15,8 @@ func nodePolicy(name string, alg quota.Algorithm, limit int64) *quota.Policy {
 	switch alg {
 	case quota.AlgAdaptive:
 		p.MaxConcurrency, p.TargetLatencyMS = quota.Ptr(limit), quota.Ptr(int64(1000))
+	case quota.AlgConcurrency:
+		p.Limit, p.LeaseSeconds = quota.Ptr(limit), quota.Ptr(int64(600))
 	default:
 		p.Limit, p.WindowSeconds = quota.Ptr(limit), quota.Ptr(int64(3600))
 	}
@@ -133,12 +135,7 @@ func TestReplayHoldsNothingOnTheNode(t *testing.T) {
 	g, _, _ := mustLiveGate(t)
 	tenant := "tn-" + testenv.RandomHex(6)
 	shed := nodePolicy("shed", quota.AlgAdaptive, 1)
-	lease := &quota.Policy{Name: "one", Algorithm: quota.AlgConcurrency, Scope: quota.ScopeNode,
-		Limit: quota.Ptr(int64(1)), LeaseSeconds: quota.Ptr(int64(600))}
-	lease.Defaults()
-	if err := lease.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	lease := nodePolicy("one", quota.AlgConcurrency, 1)
 	keyed := func(n int) quota.Request {
 		req := withPolicies(tenant, 100, n, shed, lease)
 		req.IdempotencyKey, req.IdempotencyFingerprint, req.IdempotencyLease = "k", "fp", time.Minute

@@ -30,6 +30,16 @@ func fixedWindow(name string, limit int64, scope quota.Scope, how quota.OnRefuse
 	return p
 }
 
+// concurrencyPolicy is a concurrency policy of limit with leases of 600 s.
+func concurrencyPolicy(name string, limit int64, scope quota.Scope) *quota.Policy {
+	p := &quota.Policy{Name: name, Algorithm: quota.AlgConcurrency, Limit: i64(limit), LeaseSeconds: i64(600), Scope: scope}
+	p.Defaults()
+	if err := p.Validate(); err != nil {
+		panic(err)
+	}
+	return p
+}
+
 // policyReq is a request of cost 1 at now with the given policies (their
 // values: the tenant for tenant scope, "" for global).
 func policyReq(tenant string, now time.Time, n int, daily int64, pols ...*quota.Policy) quota.Request {
@@ -287,12 +297,7 @@ func runReplayTakesNoLease(t *testing.T, c redis.UniversalClient) {
 	for _, scope := range []quota.Scope{quota.ScopeTenant, quota.ScopeGlobal} {
 		t.Run(string(scope), func(t *testing.T) {
 			tenant := newTenant()
-			one := &quota.Policy{Name: "one-" + testenv.RandomHex(3), Algorithm: quota.AlgConcurrency, Limit: i64(1),
-				LeaseSeconds: i64(600), Scope: scope}
-			one.Defaults()
-			if err := one.Validate(); err != nil {
-				t.Fatal(err)
-			}
+			one := concurrencyPolicy("one-"+testenv.RandomHex(3), 1, scope)
 			rate := fixedWindow("rate-"+testenv.RandomHex(3), 10, scope, quota.RefuseReject)
 			idem := func(n int) quota.Request {
 				req := policyReq(tenant, now.Add(time.Duration(n)*time.Second), n, 100, one, rate)
@@ -352,12 +357,7 @@ func TestAbandonedAdmissionLeavesNoLease(t *testing.T) {
 	ctx := context.Background()
 	now := at(t, "2026-05-04T10:00:00Z")
 	tenant := newTenant()
-	pol := &quota.Policy{Name: "cc-" + testenv.RandomHex(3), Algorithm: quota.AlgConcurrency, Limit: i64(1000),
-		LeaseSeconds: i64(600), Scope: quota.ScopeTenant}
-	pol.Defaults()
-	if err := pol.Validate(); err != nil {
-		t.Fatal(err)
-	}
+	pol := concurrencyPolicy("cc-"+testenv.RandomHex(3), 1000, quota.ScopeTenant)
 	gone, cancel := context.WithCancel(ctx)
 	cancel()
 	told := 0
