@@ -272,8 +272,11 @@ Idempotency (KEYS[6] present, mode 'admit')
   a 'run' record whose lease has not passed is in flight (2); a 'done' record
   is replayed (1): the replay still passes GCRA and the bucket (it is load),
   which it consumes, but no quota and no pending usage; its answer is the
-  stored decision with the burst and bucket items of now. A refused replay
-  is an ordinary refusal. A 'run' record past its lease (its node died) is
+  stored decision with the burst and bucket items of now. Its policies
+  decide it as any request's (a full one refuses it) and the rate limits
+  among them are spent, but it takes no concurrency lease (policy.lua's
+  policies_commit): it is answered at once, and nothing would release it.
+  A refused replay is an ordinary refusal. A 'run' record past its lease (its node died) is
   a new attempt. Only allowed first attempts write a record: a refusal
   consumed nothing, so a retry with the same key is a new attempt. Dry runs
   and peeks ignore the key.
@@ -676,7 +679,7 @@ if mode == 'admit' then
       if bf > need then need = bf end
     end
   end
-  if ok and precs then policies_commit(precs, now) end
+  if ok and precs then policies_commit(precs, now, replay) end
   if ok and mqs and not replay and (qdq >= 0 or qmq >= 0) then
     local f = string.format('%d,%d,%d,%d,%d', qd, qdu + cost, qm, qmu + cost, qmo + qover)
     if qover > 0 and qcap >= 0 then

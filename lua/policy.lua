@@ -22,7 +22,9 @@ Every algorithm registers POL[alg] = {check, commit, undo, release}:
   commit(k, now, w, p, st) writes the admission and the key's expiry.
   undo(k, now, w, p)      rolls back a committed admission (the reservation
       of a policy in another slot, when the tenant's script refuses).
-  release(k, now, w, p)   ends a lease (concurrency), else nil.
+  release(k, now, w, p)   ends a lease (concurrency), else nil. An
+      algorithm with a release is not committed for a replay
+      (policies_commit).
 p holds the parameters: p[1]..p[4] (a..d, numbers) and p.id (the request's
 id, a string unique per request: concurrency's lease, the log's member).
 
@@ -93,20 +95,31 @@ local function policies_check(k0, a0, n, now, id)
 end
 
 -- policies_commit writes the admissions of the policies that admitted
--- (a shadow refusal consumes nothing of its own policy).
-local function policies_commit(recs, now)
+-- (a shadow refusal consumes nothing of its own policy). A replay (an
+-- idempotent repeat answered from its stored answer) is load, and spends
+-- the rate limits, but it has no answer to wait for: an algorithm that
+-- holds its admission until a release (concurrency's lease) is not
+-- committed for it, and reports its room as it is (r.held false).
+local function policies_commit(recs, now, replay)
   for _, r in ipairs(recs) do
-    if r.outcome == 1 then r.impl.commit(r.k, now, r.w, r.p, r.st) end
+    if r.outcome == 1 then
+      if replay and r.impl.release then
+        r.held = false
+      else
+        r.impl.commit(r.k, now, r.w, r.p, r.st)
+      end
+    end
   end
 end
 
 -- policies_report appends each policy's POLICY_ITEM integers to res. A
--- policy that admitted a request that was refused elsewhere reports its
--- room as it is (its check's remaining counted this request: add it back).
+-- policy that admitted a request that was refused elsewhere (or a replay
+-- it holds nothing for) reports its room as it is (its check's remaining
+-- counted this request: add it back).
 local function policies_report(res, recs, consumed)
   for _, r in ipairs(recs) do
     local remaining = r.remaining
-    if r.outcome == 1 and not consumed then
+    if r.outcome == 1 and (not consumed or r.held == false) then
       remaining = remaining + r.w
       if remaining > r.limit then remaining = r.limit end
     end

@@ -244,9 +244,11 @@ func queueBudget(d quota.Decision) (time.Duration, bool) {
 
 // Release ends what an admitted request holds until its response ends:
 // the leases of its concurrency policies (in Redis and on this node) and
-// its place in an adaptive policy's flight.
+// its place in an adaptive policy's flight. A replay (d.Replayed()) holds
+// none of them: Admit gave back what it took before answering, and Release
+// does nothing for it.
 func (g *Gate) Release(ctx context.Context, req quota.Request, d quota.Decision) error {
-	if !d.Allowed {
+	if !d.Allowed || d.Replayed() {
 		return nil
 	}
 	g.releaseLocal(req, d)

@@ -203,6 +203,9 @@ func (g *Gate) admitWithLocal(ctx context.Context, req quota.Request) (quota.Dec
 			}
 		}
 	}
+	if d.Replayed() {
+		g.giveBackReplay(lp, now, req.RequestID, states, acquired)
+	}
 	d.Policies = append(d.Policies, states...)
 	if d.Allowed {
 		for _, st := range states {
@@ -210,6 +213,33 @@ func (g *Gate) admitWithLocal(ctx context.Context, req quota.Request) (quota.Dec
 		}
 	}
 	return d, nil
+}
+
+// giveBackReplay ends what an admitted replay took on this node (see
+// Gate.Release: it holds nothing until an answer): its place in the
+// adaptive policy's flight, left without a latency (the replay ran
+// nothing), and its node concurrency leases. They were taken before Redis
+// found the request to be a replay; the rate limits it spent stay spent (it
+// is load). Their states report the room as it is.
+func (g *Gate) giveBackReplay(lp *localPolicies, now int64, id string, states []quota.PolicyState, acquired bool) {
+	off := adaptiveOffset(lp)
+	if acquired {
+		g.cancelAdaptive(lp, true)
+		st := &states[0]
+		st.Remaining, st.Started = min(st.Limit, st.Remaining+1), time.Time{}
+	}
+	var leases []locallimit.NodeSpec
+	for j, sp := range lp.specs {
+		if sp.Alg != quota.AlgConcurrency || states[off+j].Outcome != quota.PolicyAdmitted {
+			continue
+		}
+		leases = append(leases, sp)
+		st := &states[off+j]
+		st.Remaining = min(st.Limit, st.Remaining+sp.Weight)
+	}
+	if len(leases) > 0 {
+		_ = g.node.Release(now, id, leases)
+	}
 }
 
 // adaptiveOffset is where lp's node specs start among the local states.

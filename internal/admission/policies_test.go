@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -14,6 +15,8 @@ func nodePolicy(name string, alg quota.Algorithm, limit int64) *quota.Policy {
 	switch alg {
 	case quota.AlgAdaptive:
 		p.MaxConcurrency, p.TargetLatencyMS = quota.Ptr(limit), quota.Ptr(int64(1000))
+	case quota.AlgConcurrency:
+		p.Limit, p.LeaseSeconds = quota.Ptr(limit), quota.Ptr(int64(600))
 	default:
 		p.Limit, p.WindowSeconds = quota.Ptr(limit), quota.Ptr(int64(3600))
 	}
@@ -119,5 +122,60 @@ func TestAdaptivePolicyShedsPastItsFlight(t *testing.T) {
 	}
 	if d, err := g.Admit(ctx, withPolicies(tenant, 100, 5, pol)); err != nil || !d.Allowed {
 		t.Fatalf("the refused request kept its place: %v allowed %t violated %v", err, d.Allowed, d.Violated)
+	}
+}
+
+// TestReplayHoldsNothingOnTheNode: a replay of an idempotent request is
+// decided by the node's policies but gives back its adaptive place and its
+// node concurrency lease before it is answered (it runs nothing), reports
+// their room as it is, and a Release of it frees no other request's place.
+func TestReplayHoldsNothingOnTheNode(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	g, _, _ := mustLiveGate(t)
+	tenant := "tn-" + testenv.RandomHex(6)
+	shed := nodePolicy("shed", quota.AlgAdaptive, 1)
+	lease := nodePolicy("one", quota.AlgConcurrency, 1)
+	keyed := func(n int) quota.Request {
+		req := withPolicies(tenant, 100, n, shed, lease)
+		req.IdempotencyKey, req.IdempotencyFingerprint, req.IdempotencyLease = "k", "fp", time.Minute
+		return req
+	}
+	first := keyed(0)
+	d, err := g.Admit(ctx, first)
+	if err != nil || !d.Allowed || d.Replayed() {
+		t.Fatalf("first: %v %+v", err, d)
+	}
+	if err := g.StoreAnswer(ctx, first, quota.StoredAnswer{Status: 200, Body: []byte("ok")}); err != nil {
+		t.Fatal(err)
+	}
+	if err := g.Release(ctx, first, d); err != nil {
+		t.Fatal(err)
+	}
+	var replays []quota.Decision
+	for n := 1; n <= 2; n++ {
+		d, err := g.Admit(ctx, keyed(n))
+		if err != nil || !d.Allowed || !d.Replayed() {
+			t.Fatalf("replay %d: %v allowed %t replayed %t violated %v", n, err, d.Allowed, d.Replayed(), d.Violated)
+		}
+		for _, st := range d.Policies {
+			if st.Remaining != 1 {
+				t.Fatalf("replay %d: %s remaining %d, want 1 (nothing held)", n, st.Policy.Name, st.Remaining)
+			}
+		}
+		replays = append(replays, d)
+	}
+	other := withPolicies(tenant, 100, 3, shed, lease)
+	if d, err := g.Admit(ctx, other); err != nil || !d.Allowed {
+		t.Fatalf("a request after the replays: %v allowed %t violated %v", err, d.Allowed, d.Violated)
+	}
+	// the replays' Release ends nothing: the other request keeps its place
+	for i, d := range replays {
+		if err := g.Release(ctx, keyed(i+1), d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d, err := g.Admit(ctx, withPolicies(tenant, 100, 4, shed, lease)); err != nil || d.Allowed {
+		t.Fatalf("while another request is in flight: %v allowed %t, want refused", err, d.Allowed)
 	}
 }

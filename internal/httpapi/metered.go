@@ -85,6 +85,8 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		return writeRefusal(c, refusalProblem(d, p.RefusalUpgrade(&d), c.Path()))
 	}
 	if d.Replayed() {
+		// (nothing to release: a replay holds no lease or place in flight,
+		// Gate.Admit gave back what its policies took)
 		s.count(route, "replayed", p.Tier.Slug)
 		return s.replay(c, req, d)
 	}
@@ -93,7 +95,13 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		defer s.release(c, req, d)
 		waitDelay(ctx, d)
 		if ctx.Err() != nil {
-			return ctx.Err() // the client hung up while its request waited
+			// The client hung up while its request waited: it ran nothing
+			// and has no answer to store, so its key is given back (a
+			// retry runs), as when a handler fails before answering.
+			if req.IdempotencyKey != "" && !d.Degraded {
+				s.releaseKey(c, req)
+			}
+			return ctx.Err()
 		}
 	}
 
@@ -136,16 +144,22 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		if err != nil {
 			// No answer was made; the error handler makes one after us.
 			// Give the key back rather than store half an answer.
-			rctx, cancel := detached(c)
-			if rerr := s.gate.ReleaseKey(rctx, req); rerr != nil {
-				s.log.Error("releasing an idempotency key failed", "tenant_id", p.Tenant.ID, "err", rerr)
-			}
-			cancel()
+			s.releaseKey(c, req)
 		} else {
 			s.storeAnswer(c, req)
 		}
 	}
 	return err
+}
+
+// releaseKey gives back the idempotency key of a request that made no
+// answer to store: its repeats run again instead of waiting for its lease.
+func (s *Server) releaseKey(c *fiber.Ctx, req quota.Request) {
+	rctx, cancel := detached(c)
+	defer cancel()
+	if err := s.gate.ReleaseKey(rctx, req); err != nil {
+		s.log.Error("releasing an idempotency key failed", "tenant_id", req.TenantID, "err", err)
+	}
 }
 
 // release ends what the request held until its answer (concurrency

@@ -25,9 +25,10 @@ type policyList interface {
 // address and the param values are read from req only when a policy of
 // that scope matches, so that a request matching none pays nothing for
 // them; req is nil for /v1/check, which has no client of its own, no
-// request to read and no end to release a concurrency slot at (a policy of
-// scope ip or param, or a concurrency one, does not apply to it). An empty
-// key means the request has none.
+// request to read and no end to release a slot at (a policy of scope ip or
+// param, a concurrency one or an adaptive one does not apply to it: the
+// place it took in flight would be held for good). An empty key means the
+// request has none.
 type scopeValues struct {
 	tenant, key string
 	req         *fiber.Ctx
@@ -62,7 +63,8 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 		if !pol.Match.Matches(meter, path, method, tier) {
 			continue
 		}
-		if pol.Algorithm == quota.AlgConcurrency && v.req == nil {
+		if v.req == nil && (pol.Algorithm == quota.AlgConcurrency || pol.Algorithm == quota.AlgAdaptive) {
+			// a check takes no slot: nothing would give it back
 			continue
 		}
 		value, ok := "", true

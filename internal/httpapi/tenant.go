@@ -128,7 +128,8 @@ func (s *Server) check(c *fiber.Ctx) error {
 	// The policies of the meter and tier apply to a check too, except
 	// those that need the metered request itself: a path or method match,
 	// scope ip or param (the caller is the backend, not the client), and
-	// concurrency (a check has no end to release its slot at).
+	// concurrency and adaptive (a check, counted or dry, has no end to
+	// release a slot at: it takes none).
 	if req.Policies, err = s.matchPolicies(c.UserContext(), body.Meter, "", "", p.Tier.Slug,
 		scopeValues{tenant: p.Tenant.ID, key: p.KeyID}); err != nil {
 		return err

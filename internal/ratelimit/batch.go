@@ -63,8 +63,11 @@ func (b *batcher) start() {
 }
 
 // do runs the script with keys and args in the next batch and waits for
-// its answer, or for ctx to end.
-func (b *batcher) do(ctx context.Context, s *redis.Script, keys []string, args []any) ([]int64, error) {
+// its answer, or for ctx to end. With finish, a call once queued is waited
+// for whatever ctx says (batchTimeout bounds it): a call that may take
+// what only its caller gives back (a concurrency lease) is never left to
+// run unseen.
+func (b *batcher) do(ctx context.Context, s *redis.Script, keys []string, args []any, finish bool) ([]int64, error) {
 	b.once.Do(b.start)
 	c := callPool.Get().(*call)
 	c.script, c.keys, c.args, c.res, c.err = s, keys, args, nil, nil
@@ -74,13 +77,17 @@ func (b *batcher) do(ctx context.Context, s *redis.Script, keys []string, args [
 		callPool.Put(c)
 		return nil, ctx.Err()
 	}
+	gone := ctx.Done()
+	if finish {
+		gone = nil // (a nil channel is never ready)
+	}
 	select {
 	case <-c.done:
 		res, err := c.res, c.err
 		c.script, c.keys, c.args, c.res = nil, nil, nil, nil
 		callPool.Put(c)
 		return res, err
-	case <-ctx.Done():
+	case <-gone:
 		// The sender still owns c and will answer it; it is not reused.
 		return nil, ctx.Err()
 	}

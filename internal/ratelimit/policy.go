@@ -145,6 +145,7 @@ type inSlot struct {
 	// outside is what the reservations made of the request (admit.lua's
 	// ARGV[17]): 'x' refused, 'd' degraded, 's' refused in shadow
 	outside string
+	leases  bool // a concurrency policy among specs: an admission takes a lease
 }
 
 // crossGroup are policies of one other hash slot, decided by a reservation.
@@ -210,6 +211,7 @@ func (r *Runner) splitPolicies(req quota.Request) (*inSlot, []crossGroup, error)
 		if c.Policy.InTenantSlot() {
 			in.specs = append(in.specs, spec)
 			in.calls = append(in.calls, i)
+			in.leases = in.leases || spec.Alg == quota.AlgConcurrency
 			continue
 		}
 		g, ok := byTag[tag]
@@ -373,8 +375,38 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		}
 		undo()
 	}
+	if d.Replayed() && len(reserved) > 0 {
+		r.releaseReplay(ctx, req.RequestID, reserved, states)
+	}
 	finishPolicies(&d, states, crossDegraded && crossOK && (res[1] == 0 || res[1] == 32))
 	return d, nil
+}
+
+// releaseReplay gives back the concurrency leases that the reservations of
+// a replay took (admit.lua "Idempotency": a replay is answered at once and
+// holds no lease; the reservations were made before the tenant's call
+// found the request to be one): one more call per slot of them, made by
+// replays under a global or ip concurrency policy only. Their states report
+// the room as it is. A failed call is not the replay's failure: the lease
+// then ends with its lease_seconds, as a dead node's.
+func (r *Runner) releaseReplay(ctx context.Context, id string, reserved []crossGroup, states []*quota.PolicyState) {
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	for _, g := range reserved {
+		var leases []PolicySpec
+		for j, sp := range g.specs {
+			if sp.Alg != quota.AlgConcurrency {
+				continue
+			}
+			leases = append(leases, sp)
+			if st := states[g.calls[j]]; st != nil {
+				st.Remaining = min(st.Limit, st.Remaining+sp.Weight)
+			}
+		}
+		if len(leases) > 0 {
+			_, _ = r.RunPolicies(rctx, PolicyRelease, 0, id, leases)
+		}
+	}
 }
 
 // enforcedRefusal reports whether a reject or queue policy refused.

@@ -30,6 +30,16 @@ func fixedWindow(name string, limit int64, scope quota.Scope, how quota.OnRefuse
 	return p
 }
 
+// concurrencyPolicy is a concurrency policy of limit with leases of 600 s.
+func concurrencyPolicy(name string, limit int64, scope quota.Scope) *quota.Policy {
+	p := &quota.Policy{Name: name, Algorithm: quota.AlgConcurrency, Limit: i64(limit), LeaseSeconds: i64(600), Scope: scope}
+	p.Defaults()
+	if err := p.Validate(); err != nil {
+		panic(err)
+	}
+	return p
+}
+
 // policyReq is a request of cost 1 at now with the given policies (their
 // values: the tenant for tenant scope, "" for global).
 func policyReq(tenant string, now time.Time, n int, daily int64, pols ...*quota.Policy) quota.Request {
@@ -266,5 +276,120 @@ func TestEveryReservedGroupReports(t *testing.T) {
 	}
 	if got[1].Remaining != 4 {
 		t.Fatalf("after the refusal the second policy has %d left, want 4: nothing reserved", got[1].Remaining)
+	}
+}
+
+// TestReplayTakesNoConcurrencyLease: a replay is decided by its policies
+// and spends their rate limits (it is load), but takes no concurrency
+// lease, in the tenant's slot (admit.lua) or another (a reservation given
+// back): with a limit of 1, a request and two replays of it leave the
+// slot free and no lease in Redis, on one server and on the cluster.
+func TestReplayTakesNoConcurrencyLease(t *testing.T) {
+	t.Parallel()
+	t.Run("single", func(t *testing.T) { t.Parallel(); runReplayTakesNoLease(t, testenv.Redis(t)) })
+	t.Run("cluster", func(t *testing.T) { t.Parallel(); runReplayTakesNoLease(t, testenv.Cluster(t)) })
+}
+
+func runReplayTakesNoLease(t *testing.T, c redis.UniversalClient) {
+	ctx := context.Background()
+	r, prefix := mustRunner(t, c)
+	now := at(t, "2026-05-04T10:00:00Z")
+	for _, scope := range []quota.Scope{quota.ScopeTenant, quota.ScopeGlobal} {
+		t.Run(string(scope), func(t *testing.T) {
+			tenant := newTenant()
+			one := concurrencyPolicy("one-"+testenv.RandomHex(3), 1, scope)
+			rate := fixedWindow("rate-"+testenv.RandomHex(3), 10, scope, quota.RefuseReject)
+			idem := func(n int) quota.Request {
+				req := policyReq(tenant, now.Add(time.Duration(n)*time.Second), n, 100, one, rate)
+				req.IdempotencyKey, req.IdempotencyFingerprint, req.IdempotencyLease = "k", "fp", time.Minute
+				return req
+			}
+			first := mustAdmit(t, r, idem(0))
+			if !first.Allowed || first.Replayed() {
+				t.Fatalf("first request: %s", fmtDecision(first))
+			}
+			if _, err := r.StoreAnswer(ctx, tenant, "k", "fp", quota.StoredAnswer{Status: 200, Body: []byte("ok")}); err != nil {
+				t.Fatal(err)
+			}
+			if err := r.ReleasePolicies(ctx, idem(0)); err != nil {
+				t.Fatal(err)
+			}
+			for n := 1; n <= 2; n++ {
+				d := mustAdmit(t, r, idem(n))
+				if !d.Allowed || !d.Replayed() {
+					t.Fatalf("replay %d: %s", n, fmtDecision(d))
+				}
+				// the lease's room as it is; the rate limit spent
+				if got := policyRemaining(t, d, one.Name); got != 1 {
+					t.Fatalf("replay %d: %s remaining %d, want 1 (no lease taken)", n, one.Name, got)
+				}
+				if got := policyRemaining(t, d, rate.Name); got != int64(9-n) {
+					t.Fatalf("replay %d: %s remaining %d, want %d (a replay is load)", n, rate.Name, got, 9-n)
+				}
+			}
+			for _, k := range mustKeys(t, c, prefix) {
+				if c.Type(ctx, k).Val() == "zset" {
+					if m := c.ZRange(ctx, k, 0, -1).Val(); len(m) > 0 {
+						t.Fatalf("after a request and two replays, %s holds leases %v", k, m)
+					}
+				}
+			}
+			next := policyReq(tenant, now.Add(3*time.Second), 3, 100, one, rate)
+			if d := mustAdmit(t, r, next); !d.Allowed {
+				t.Fatalf("a new request after the replays: %s", fmtDecision(d))
+			}
+			if err := r.ReleasePolicies(ctx, next); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+}
+
+// TestAbandonedAdmissionLeavesNoLease: a caller whose context ends while
+// its admission runs (a queued request whose client hung up) is either
+// refused before anything is sent, or told the admission's outcome, so
+// that it releases the concurrency lease the tenant's script took: no
+// admission is left to take a lease that nobody learns of.
+func TestAbandonedAdmissionLeavesNoLease(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	now := at(t, "2026-05-04T10:00:00Z")
+	tenant := newTenant()
+	pol := concurrencyPolicy("cc-"+testenv.RandomHex(3), 1000, quota.ScopeTenant)
+	gone, cancel := context.WithCancel(ctx)
+	cancel()
+	told := 0
+	for n := range 40 {
+		req := policyReq(tenant, now, n, 1000, pol)
+		d, err := r.Admit(gone, req)
+		if err != nil {
+			continue // nothing the caller could release: nothing may be held
+		}
+		told++
+		if d.Allowed {
+			if err := r.ReleasePolicies(ctx, req); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	// (an admission its caller stopped waiting for would still run: give
+	// it the time to)
+	time.Sleep(200 * time.Millisecond)
+	pattern := r.prefix + ":pol:{t:" + tenant + "}:*"
+	keys, err := c.Keys(ctx, pattern).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var held []string
+	for _, k := range keys {
+		held = append(held, c.ZRange(ctx, k, 0, -1).Val()...)
+	}
+	if len(held) > 0 {
+		t.Fatalf("%d of 40 admissions told their caller; leases left held under %s: %v", told, pattern, held)
+	}
+	if told == 0 {
+		t.Fatal("no admission of 40 was answered: nothing was tested")
 	}
 }

@@ -240,12 +240,15 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	if p.mq != "" {
 		keys = append(keys, r.key(tenantID, "mq"))
 	}
-	res, err := r.batch.do(ctx, s, keys, args)
+	// an admission that may take a lease is seen to its end, so that its
+	// caller learns of the lease and releases it (batcher.do)
+	finish := pol != nil && pol.leases && mode == "admit"
+	res, err := r.batch.do(ctx, s, keys, args, finish)
 	if err != nil && b != nil {
 		if at := calendarNow(err); at > 0 {
 			b = makeBounds(cal, time.UnixMicro(at))
 			args[19] = b.arg
-			res, err = r.batch.do(ctx, s, keys, args)
+			res, err = r.batch.do(ctx, s, keys, args, finish)
 		}
 	}
 	if err != nil {
