@@ -308,6 +308,12 @@ func TestPolicyCrowding(t *testing.T) {
 		{"a path above", quota.PolicyMatch{PathPrefix: "/api"}, true},
 		{"a path below", quota.PolicyMatch{PathPrefix: "/api/r/deeper"}, true},
 		{"a path the prefix starts", quota.PolicyMatch{PathPrefix: "/api/rx"}, true},
+		// a request path is under a prefix as lenient upstreams read both
+		// (routes.UnderPrefix): /api/r/x is under /api/R/ too
+		{"a path in another case", quota.PolicyMatch{PathPrefix: "/api/R/"}, true},
+		{"a path escaped", quota.PolicyMatch{PathPrefix: "/api/%72/deeper"}, true},
+		{"a path behind an empty segment", quota.PolicyMatch{PathPrefix: "/api//r"}, true},
+		{"another path in another case", quota.PolicyMatch{PathPrefix: "/api/Other"}, false},
 		{"one tier", quota.PolicyMatch{Tiers: []string{"free"}}, true},
 		{"methods in any case", quota.PolicyMatch{Meters: []string{"echo", "report"}, Methods: []string{"PUT", "post"}}, true},
 	} {
