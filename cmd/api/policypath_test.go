@@ -255,3 +255,24 @@ func TestParamPolicyTakesOneHeaderOrQueryValue(t *testing.T) {
 		}
 	}
 }
+
+// TestGetPolicyAppliesToHead: a policy on GET applies to HEAD as well,
+// which upstreams answer by doing GET's work and dropping the body.
+func TestGetPolicyAppliesToHead(t *testing.T) {
+	t.Parallel()
+	up := newSeeingUpstream(t, nil)
+	base, _, key := proxyStack(t, policyRoutes, up.srv.URL, 100_000)
+	// the one admission the policy allows is the warm-up's
+	policyAt(t, base, key, "/api/items/a", `{"name": "gets", "algorithm": "fixed_window", "limit": 1, "window_seconds": 300,
+		"match": {"methods": ["GET"]}}`, "gets")
+	up.take()
+	if r := raw(t, base, "HEAD /api/items/a HTTP/1.1", "Authorization: Bearer "+key); r.status != 429 || !strings.Contains(r.header.Get("RateLimit-Policy"), `"gets"`) {
+		t.Errorf("HEAD after the GET policy's one admission: %d, RateLimit-Policy %q; want 429 under gets", r.status, r.header.Get("RateLimit-Policy"))
+	}
+	if got := up.take(); len(got) != 0 {
+		t.Errorf("HEAD: the upstream received %s", got[0].uri)
+	}
+	if r := raw(t, base, "POST /api/items/a HTTP/1.1", "Authorization: Bearer "+key); r.status != 200 {
+		t.Errorf("POST: %d %s, want 200 (not under gets)", r.status, r.body)
+	}
+}

@@ -283,11 +283,21 @@ func requestDimensions(set []*quota.Policy) []dimension {
 			func(m *quota.PolicyMatch, v string) bool { return listed(m.Meters, v) }},
 		{"tier", values(func(m *quota.PolicyMatch) []string { return m.Tiers }),
 			func(m *quota.PolicyMatch, v string) bool { return listed(m.Tiers, v) }},
-		{"method", values(func(m *quota.PolicyMatch) []string { return m.Methods }),
-			func(m *quota.PolicyMatch, v string) bool { return listed(m.Methods, v) }},
+		{"method", withHead(values(func(m *quota.PolicyMatch) []string { return m.Methods })),
+			func(m *quota.PolicyMatch, v string) bool { return m.TakesMethod(v) }},
 		{"path", slices.Compact(paths),
 			func(m *quota.PolicyMatch, v string) bool { return strings.HasPrefix(v, loose(m)) }},
 	}
+}
+
+// withHead adds HEAD to a list of methods that holds GET: a policy on GET
+// takes HEAD requests too (quota.PolicyMatch.TakesMethod), so HEAD is a
+// request of its own to try.
+func withHead(methods []string) []string {
+	if slices.Contains(methods, "GET") && !slices.Contains(methods, "HEAD") {
+		return append(slices.Clip(methods), "HEAD")
+	}
+	return methods
 }
 
 // crowded returns a request that more than MaxPoliciesPerRequest policies

@@ -450,10 +450,17 @@ func (m *PolicyMatch) Matches(meter, path, method, tier string, under func(path,
 	if len(m.Tiers) > 0 && !contains(m.Tiers, tier) {
 		return false
 	}
-	if len(m.Methods) > 0 && !contains(m.Methods, method) {
+	if !m.TakesMethod(method) {
 		return false
 	}
 	return m.PathPrefix == "" || under(path, m.PathPrefix)
+}
+
+// TakesMethod reports whether the match's methods take in a request of
+// method. A policy on GET takes HEAD too: upstreams answer HEAD by doing
+// GET's work and dropping the body.
+func (m *PolicyMatch) TakesMethod(method string) bool {
+	return len(m.Methods) == 0 || contains(m.Methods, method) || method == "HEAD" && contains(m.Methods, "GET")
 }
 
 // ParamSource says where a param scope finds its value.

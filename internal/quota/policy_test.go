@@ -80,4 +80,9 @@ func TestPolicyMatches(t *testing.T) {
 	if !empty.Matches("x", "/y", "GET", "z", strings.HasPrefix) {
 		t.Error("an empty match must match everything")
 	}
+	// HEAD is GET's work without the body: a policy on GET takes it
+	gets, heads := quota.PolicyMatch{Methods: []string{"GET"}}, quota.PolicyMatch{Methods: []string{"HEAD"}}
+	if !gets.TakesMethod("HEAD") || !gets.TakesMethod("GET") || gets.TakesMethod("POST") || gets.TakesMethod("") || heads.TakesMethod("GET") {
+		t.Error("a policy on GET must take GET and HEAD, and nothing else; one on HEAD, HEAD only")
+	}
 }
