@@ -193,7 +193,8 @@ func TestAdminPolicyPathPrefixInNormalForm(t *testing.T) {
 // a param policy limits by is one value: repeated with another value it is
 // 400 naming the param, unforwarded; repeated alike it counts once. A
 // header counts whatever its case and with _ read as - (as a CGI-style
-// upstream reads it), and a query parameter's name and value as decoded.
+// upstream reads it), and a query parameter's name and value as decoded,
+// its name in any case (as upstreams that ignore it read it).
 func TestParamPolicyTakesOneHeaderOrQueryValue(t *testing.T) {
 	t.Parallel()
 	up := newSeeingUpstream(t, nil)
@@ -224,6 +225,7 @@ func TestParamPolicyTakesOneHeaderOrQueryValue(t *testing.T) {
 		{"/api/items/x?q=a&q=b", nil, "query:q"},
 		{"/api/items/x?q=a&%71=b", nil, "query:q"},
 		{"/api/items/x?q=a&q=", nil, "query:q"},
+		{"/api/items/x?q=a&Q=b", nil, "query:q"},
 	} {
 		r := get(tc.target, tc.headers...)
 		if r.status != 400 || r.header.Get("Content-Type") != "application/problem+json" || !strings.Contains(string(r.body), `"field":"`+tc.field+`"`) {
@@ -245,6 +247,7 @@ func TestParamPolicyTakesOneHeaderOrQueryValue(t *testing.T) {
 		{"/api/items/x", "X_TERM: a", "per-term"},
 		{"/api/items/x?q=a", "", "per-q"},
 		{"/api/items/x?%71=%61", "", "per-q"},
+		{"/api/items/x?Q=a", "", "per-q"},
 	} {
 		var h []string
 		if tc.header != "" {

@@ -108,9 +108,10 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 //     path.
 //   - A header is every header of its name in any case and with _ read as -
 //     (one to a CGI-style upstream); a query parameter is every one of its
-//     name, both decoded. Sent more than once with different values, the
-//     request is refused, naming the param: which one an upstream reads is
-//     its own choice.
+//     name in any case (one to upstreams that ignore it, such as ASP.NET),
+//     name and value decoded. Sent more than once with different values,
+//     the request is refused, naming the param: which one an upstream reads
+//     is its own choice.
 func paramValue(c *fiber.Ctx, pol *quota.Policy, path string) (string, bool, error) {
 	src, name, err := quota.ParseParam(pol.Param)
 	if err != nil {
@@ -129,7 +130,7 @@ func paramValue(c *fiber.Ctx, pol *quota.Policy, path string) (string, bool, err
 			})
 		} else {
 			c.Request().URI().QueryArgs().VisitAll(func(key, value []byte) {
-				if string(key) == name {
+				if queryIs(key, name) {
 					one.add(value)
 				}
 			})
@@ -151,6 +152,27 @@ func paramValue(c *fiber.Ctx, pol *quota.Policy, path string) (string, bool, err
 		v = v[:quota.MaxParamValueLen]
 	}
 	return string(v), true, nil
+}
+
+// queryIs reports whether a query parameter's name (decoded) is name in
+// any case of its ASCII letters.
+func queryIs(key []byte, name string) bool {
+	if len(key) != len(name) {
+		return false
+	}
+	for i := range len(key) {
+		if lower(key[i]) != lower(name[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
 }
 
 // oneValue gathers the values of one header or query parameter sent
