@@ -127,7 +127,7 @@ func normalizePrefix(p *quota.Policy) error {
 	}
 	n, ok := routes.Normalize(p.Match.PathPrefix)
 	if !ok {
-		return quota.FieldError("match", "path_prefix must be a plain path: starting with /, without dot segments (escaped or not), malformed escapes, spaces or control characters")
+		return quota.FieldError("match", "path_prefix must start with / and be a plain path: no dot segments (escaped or not), malformed escapes, spaces or control characters")
 	}
 	p.Match.PathPrefix = n
 	return nil
