@@ -5,6 +5,7 @@ import (
 	"reflect"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/routes"
 )
 
 // PolicySet is the policies in force, by name, and the version of the set:
@@ -77,8 +78,12 @@ func (c *Catalog) loadPolicies(ctx context.Context) error {
 // through the store, then invalidates the policies on every node (see
 // writes.go).
 
-// CreatePolicy creates p, its defaults filled.
+// CreatePolicy creates p, its defaults filled and its path_prefix in
+// normal form.
 func (c *Catalog) CreatePolicy(ctx context.Context, actor string, p quota.Policy) (quota.Policy, error) {
+	if err := normalizePrefix(&p); err != nil {
+		return quota.Policy{}, err
+	}
 	p, err := c.src.CreatePolicy(ctx, actor, p)
 	if err == nil {
 		c.invalidate(ctx, KindPolicy, p.Name)
@@ -86,9 +91,15 @@ func (c *Catalog) CreatePolicy(ctx context.Context, actor string, p quota.Policy
 	return p, err
 }
 
-// UpdatePolicy applies change to the policy name.
+// UpdatePolicy applies change to the policy name, and puts the
+// path_prefix it leaves in normal form.
 func (c *Catalog) UpdatePolicy(ctx context.Context, actor, name string, change func(*quota.Policy) error) (quota.Policy, error) {
-	p, err := c.src.UpdatePolicy(ctx, actor, name, change)
+	p, err := c.src.UpdatePolicy(ctx, actor, name, func(p *quota.Policy) error {
+		if err := change(p); err != nil {
+			return err
+		}
+		return normalizePrefix(p)
+	})
 	if err == nil {
 		c.invalidate(ctx, KindPolicy, p.Name)
 	}
@@ -102,4 +113,22 @@ func (c *Catalog) DeletePolicy(ctx context.Context, actor, name string) error {
 		c.invalidate(ctx, KindPolicy, name)
 	}
 	return err
+}
+
+// normalizePrefix puts p's path_prefix in the normal form request paths are
+// matched in (routes.Normalize: /api/%65xpensive is /api/expensive), so
+// that the prefix stored and shown is the one requests are compared with.
+// A prefix that is no plain path (a dot segment in any spelling, a
+// malformed escape, a space or control character) names no request path:
+// it is refused, naming match.
+func normalizePrefix(p *quota.Policy) error {
+	if p.Match.PathPrefix == "" {
+		return nil
+	}
+	n, ok := routes.Normalize(p.Match.PathPrefix)
+	if !ok {
+		return quota.FieldError("match", "path_prefix must start with / and be a plain path: no dot segments (escaped or not), malformed escapes, spaces or control characters")
+	}
+	p.Match.PathPrefix = n
+	return nil
 }

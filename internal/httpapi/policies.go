@@ -1,9 +1,9 @@
 package httpapi
 
 import (
+	"bytes"
 	"context"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -48,7 +48,9 @@ func (s *Server) policyCalls(c *fiber.Ctx, p catalog.Principal, route *routes.Ro
 
 // matchPolicies returns the policies matching a request of meter, path,
 // method and tier with the given scope values. A request without a path
-// or method (/v1/check) matches only policies that select neither.
+// or method (/v1/check) matches only policies that select neither. A
+// request that names no one value for a param policy that matches it is
+// refused (paramValue).
 func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier string, v scopeValues) ([]quota.PolicyCall, error) {
 	if s.policies == nil {
 		return nil, nil
@@ -60,7 +62,7 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 	var calls []quota.PolicyCall
 	for i := range list {
 		pol := &list[i]
-		if !pol.Match.Matches(meter, path, method, tier) {
+		if !pol.Match.Matches(meter, path, method, tier, routes.UnderPrefix) {
 			continue
 		}
 		if v.req == nil && (pol.Algorithm == quota.AlgConcurrency || pol.Algorithm == quota.AlgAdaptive) {
@@ -79,7 +81,9 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 			}
 		case quota.ScopeParam:
 			if ok = v.req != nil; ok {
-				value, ok = paramValue(v.req, pol.Param, v.path)
+				if value, ok, err = paramValue(v.req, pol, v.path); err != nil {
+					return nil, err
+				}
 			}
 		}
 		if !ok {
@@ -94,36 +98,99 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 	return calls, nil
 }
 
-// paramValue finds the value a param policy limits by: a header, a query
-// parameter or a path segment (0-based, after the leading /), copied out
-// of Fiber's buffers and at most quota.MaxParamValueLen bytes (longer ones
-// are cut: they still count, under their first bytes).
-func paramValue(c *fiber.Ctx, param, path string) (string, bool) {
-	src, name, err := quota.ParseParam(param)
+// paramValue finds the value a param policy limits by, the one the
+// upstream acts on, copied out of Fiber's buffers and cut to
+// quota.MaxParamValueLen bytes (a longer one still counts, under its first
+// bytes). ok is false when the request carries none (an empty one is none).
+//
+//   - A path segment is counted as upstreams read it (routes.Segment): empty
+//     segments do not count, a ;parameter is not part of the value, escapes
+//     are decoded, case is kept. A path upstreams read as different
+//     segments there (%2F, %5C or \ at or before it) is refused, naming
+//     path.
+//   - A header is every header of its name in any case and with _ read as -
+//     (one to a CGI-style upstream); a query parameter is every one of its
+//     name in any case (one to upstreams that ignore it, such as ASP.NET),
+//     name and value decoded. Sent more than once with different values,
+//     the request is refused, naming the param: which one an upstream reads
+//     is its own choice.
+func paramValue(c *fiber.Ctx, pol *quota.Policy, path string) (string, bool, error) {
+	src, name, err := quota.ParseParam(pol.Param)
 	if err != nil {
-		return "", false
+		return "", false, nil
 	}
+	var buf [quota.MaxParamValueLen]byte
 	var v []byte
 	switch src {
-	case quota.ParamHeader:
-		v = c.Request().Header.Peek(name)
-	case quota.ParamQuery:
-		v = c.Request().URI().QueryArgs().Peek(name)
+	case quota.ParamHeader, quota.ParamQuery:
+		var one oneValue
+		if src == quota.ParamHeader {
+			c.Request().Header.VisitAll(func(key, value []byte) {
+				if headerIs(key, name) {
+					one.add(value)
+				}
+			})
+		} else {
+			c.Request().URI().QueryArgs().VisitAll(func(key, value []byte) {
+				if queryIs(key, name) {
+					one.add(value)
+				}
+			})
+		}
+		if one.differ {
+			return "", false, quota.FieldError(pol.Param, "must be sent once, or with one value each time: policy %s limits by its value", pol.Name)
+		}
+		v = one.v
 	case quota.ParamPath:
 		n, _ := strconv.Atoi(name)
-		segs := strings.Split(strings.TrimPrefix(path, "/"), "/")
-		if n >= len(segs) || segs[n] == "" {
-			return "", false
+		if v, _, err = routes.Segment(buf[:0], path, n); err != nil {
+			return "", false, quota.FieldError("path", "must read as one path:%d value to every upstream (policy %s): with %%2F, %%5C or \\ read as / at or before that segment, it reads as another", n, pol.Name)
 		}
-		v = []byte(segs[n])
 	}
 	if len(v) == 0 {
-		return "", false
+		return "", false, nil
 	}
 	if len(v) > quota.MaxParamValueLen {
 		v = v[:quota.MaxParamValueLen]
 	}
-	return string(v), true
+	return string(v), true, nil
+}
+
+// queryIs reports whether a query parameter's name (decoded) is name in
+// any case of its ASCII letters.
+func queryIs(key []byte, name string) bool {
+	if len(key) != len(name) {
+		return false
+	}
+	for i := range len(key) {
+		if lower(key[i]) != lower(name[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+func lower(c byte) byte {
+	if 'A' <= c && c <= 'Z' {
+		return c + 'a' - 'A'
+	}
+	return c
+}
+
+// oneValue gathers the values of one header or query parameter sent
+// any number of times: the first (aliasing the request's buffers), and
+// whether another one differs from it.
+type oneValue struct {
+	v             []byte
+	found, differ bool
+}
+
+func (o *oneValue) add(v []byte) {
+	if !o.found {
+		o.v, o.found = v, true
+	} else if !bytes.Equal(o.v, v) {
+		o.differ = true
+	}
 }
 
 // Policy headers and outcomes.

@@ -143,14 +143,14 @@ func answerReserved(name []byte, keepActualCost bool) bool {
 		headerHasPrefix(name, "x-ratelimit-") || headerIsOneOf(name, toClientReserved)
 }
 
-// headerIs reports whether name, in any case and with _ read as -, is want
-// (small letters and -).
+// headerIs reports whether name is want, both in any case and with _ read
+// as -: one header to a CGI-style upstream.
 func headerIs(name []byte, want string) bool {
 	if len(name) != len(want) {
 		return false
 	}
 	for i := range len(name) {
-		if foldHeaderByte(name[i]) != want[i] {
+		if foldHeaderByte(name[i]) != foldHeaderByte(want[i]) {
 			return false
 		}
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/routes"
 )
 
 // Policies are stored whole, each the JSON of its quota.Policy (spec)
@@ -266,10 +267,14 @@ func requestDimensions(set []*quota.Policy) []dimension {
 		return slices.Compact(vals)
 	}
 	listed := func(list []string, v string) bool { return len(list) == 0 || slices.Contains(list, v) }
-	paths := []string{own.PathPrefix}
+	// A path is under a prefix when it is as the most lenient upstream
+	// reads both (routes.UnderPrefix): the prefixes are compared in that
+	// reading, where /api/a/ and /api/A/ take in the same paths.
+	loose := func(m *quota.PolicyMatch) string { return routes.Loose(m.PathPrefix) }
+	paths := []string{loose(own)}
 	for _, q := range set {
-		if strings.HasPrefix(q.Match.PathPrefix, own.PathPrefix) {
-			paths = append(paths, q.Match.PathPrefix)
+		if l := loose(&q.Match); strings.HasPrefix(l, paths[0]) {
+			paths = append(paths, l)
 		}
 	}
 	slices.Sort(paths)
@@ -278,11 +283,21 @@ func requestDimensions(set []*quota.Policy) []dimension {
 			func(m *quota.PolicyMatch, v string) bool { return listed(m.Meters, v) }},
 		{"tier", values(func(m *quota.PolicyMatch) []string { return m.Tiers }),
 			func(m *quota.PolicyMatch, v string) bool { return listed(m.Tiers, v) }},
-		{"method", values(func(m *quota.PolicyMatch) []string { return m.Methods }),
-			func(m *quota.PolicyMatch, v string) bool { return listed(m.Methods, v) }},
+		{"method", withHead(values(func(m *quota.PolicyMatch) []string { return m.Methods })),
+			func(m *quota.PolicyMatch, v string) bool { return m.TakesMethod(v) }},
 		{"path", slices.Compact(paths),
-			func(m *quota.PolicyMatch, v string) bool { return strings.HasPrefix(v, m.PathPrefix) }},
+			func(m *quota.PolicyMatch, v string) bool { return strings.HasPrefix(v, loose(m)) }},
 	}
+}
+
+// withHead adds HEAD to a list of methods that holds GET: a policy on GET
+// takes HEAD requests too (quota.PolicyMatch.TakesMethod), so HEAD is a
+// request of its own to try.
+func withHead(methods []string) []string {
+	if slices.Contains(methods, "GET") && !slices.Contains(methods, "HEAD") {
+		return append(slices.Clip(methods), "HEAD")
+	}
+	return methods
 }
 
 // crowded returns a request that more than MaxPoliciesPerRequest policies

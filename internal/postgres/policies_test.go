@@ -282,6 +282,25 @@ func TestConcurrentPolicyUpdatesAreSerialized(t *testing.T) {
 	}
 }
 
+// TestPolicyCrowdingTakesHeadAsGet: a HEAD request is under the policies
+// on GET (quota.PolicyMatch.TakesMethod), so a policy on HEAD beside 16 on
+// GET crowds it, and so does one on GET beside 16 on HEAD.
+func TestPolicyCrowdingTakesHeadAsGet(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	for _, tc := range []struct{ crowd, extra string }{{"GET", "HEAD"}, {"HEAD", "GET"}} {
+		store := postgres.NewStore(testenv.Postgres(t))
+		for i := range quota.MaxPoliciesPerRequest {
+			mustCreatePolicy(t, store, window(fmt.Sprintf("m-%02d", i), quota.PolicyMatch{Methods: []string{tc.crowd}}))
+		}
+		_, err := store.CreatePolicy(ctx, "test", window("extra", quota.PolicyMatch{Methods: []string{tc.extra}}))
+		mustField(t, tc.extra+" beside 16 on "+tc.crowd, err, quota.CodeInvalid, "match")
+		if _, err := store.CreatePolicy(ctx, "test", window("posts", quota.PolicyMatch{Methods: []string{"POST"}})); err != nil {
+			t.Errorf("POST beside 16 on %s: %v, want it created", tc.crowd, err)
+		}
+	}
+}
+
 // TestPolicyCrowding: a policy that would make more than
 // MaxPoliciesPerRequest policies apply to some request is refused, naming
 // match; one that shares no such request with them is not.
@@ -308,6 +327,12 @@ func TestPolicyCrowding(t *testing.T) {
 		{"a path above", quota.PolicyMatch{PathPrefix: "/api"}, true},
 		{"a path below", quota.PolicyMatch{PathPrefix: "/api/r/deeper"}, true},
 		{"a path the prefix starts", quota.PolicyMatch{PathPrefix: "/api/rx"}, true},
+		// a request path is under a prefix as lenient upstreams read both
+		// (routes.UnderPrefix): /api/r/x is under /api/R/ too
+		{"a path in another case", quota.PolicyMatch{PathPrefix: "/api/R/"}, true},
+		{"a path escaped", quota.PolicyMatch{PathPrefix: "/api/%72/deeper"}, true},
+		{"a path behind an empty segment", quota.PolicyMatch{PathPrefix: "/api//r"}, true},
+		{"another path in another case", quota.PolicyMatch{PathPrefix: "/api/Other"}, false},
 		{"one tier", quota.PolicyMatch{Tiers: []string{"free"}}, true},
 		{"methods in any case", quota.PolicyMatch{Meters: []string{"echo", "report"}, Methods: []string{"PUT", "post"}}, true},
 	} {

@@ -427,9 +427,11 @@ func (m *PolicyMatch) validate() error {
 			return FieldError("match", "methods must be HTTP methods (GET, POST, ...)")
 		}
 	}
+	// A ;parameter is what upstreams drop from a segment: a prefix read
+	// without it would take in paths it does not name.
 	if m.PathPrefix != "" && (!strings.HasPrefix(m.PathPrefix, "/") || len(m.PathPrefix) > 512 ||
-		strings.Contains(m.PathPrefix, "..") || !utf8.ValidString(m.PathPrefix)) {
-		return FieldError("match", "path_prefix must start with / and hold no dot segments")
+		strings.Contains(m.PathPrefix, "..") || strings.Contains(m.PathPrefix, ";") || !utf8.ValidString(m.PathPrefix)) {
+		return FieldError("match", "path_prefix must start with / and hold no dot segments or ;parameters")
 	}
 	if len(m.Meters) > 64 || len(m.Tiers) > 64 || len(m.Methods) > 16 {
 		return FieldError("match", "too many entries")
@@ -438,18 +440,27 @@ func (m *PolicyMatch) validate() error {
 }
 
 // Matches reports whether a request of the meter, path, method and tier is
-// one the policy applies to.
-func (m *PolicyMatch) Matches(meter, path, method, tier string) bool {
+// one the policy applies to. under says whether the request's path falls
+// under the path_prefix: that is a question of how upstreams read paths,
+// which the route table answers (routes.UnderPrefix).
+func (m *PolicyMatch) Matches(meter, path, method, tier string, under func(path, prefix string) bool) bool {
 	if len(m.Meters) > 0 && !contains(m.Meters, meter) {
 		return false
 	}
 	if len(m.Tiers) > 0 && !contains(m.Tiers, tier) {
 		return false
 	}
-	if len(m.Methods) > 0 && !contains(m.Methods, method) {
+	if !m.TakesMethod(method) {
 		return false
 	}
-	return m.PathPrefix == "" || strings.HasPrefix(path, m.PathPrefix)
+	return m.PathPrefix == "" || under(path, m.PathPrefix)
+}
+
+// TakesMethod reports whether the match's methods take in a request of
+// method. A policy on GET takes HEAD too: upstreams answer HEAD by doing
+// GET's work and dropping the body.
+func (m *PolicyMatch) TakesMethod(method string) bool {
+	return len(m.Methods) == 0 || contains(m.Methods, method) || method == "HEAD" && contains(m.Methods, "GET")
 }
 
 // ParamSource says where a param scope finds its value.
@@ -465,25 +476,30 @@ const (
 // index>" (0-based, after the leading /).
 func ParseParam(s string) (ParamSource, string, error) {
 	src, name, ok := strings.Cut(s, ":")
-	bad := FieldError("param", `must be "header:<name>", "query:<name>" or "path:<segment index>"`)
 	if !ok || name == "" || len(name) > 128 {
-		return "", "", bad
+		return "", "", badParam()
 	}
 	switch ParamSource(src) {
 	case ParamHeader, ParamQuery:
 		for _, r := range name {
 			if r <= ' ' || r >= 0x7f || strings.ContainsRune(`()<>@,;:\"/[]?={}`, r) {
-				return "", "", bad
+				return "", "", badParam()
 			}
 		}
 	case ParamPath:
 		if n, err := strconv.Atoi(name); err != nil || n < 0 || n > 64 {
-			return "", "", bad
+			return "", "", badParam()
 		}
 	default:
-		return "", "", bad
+		return "", "", badParam()
 	}
 	return ParamSource(src), name, nil
+}
+
+// badParam is ParseParam's error, made only when there is one: the metered
+// path parses a valid param on every request a param policy matches.
+func badParam() error {
+	return FieldError("param", `must be "header:<name>", "query:<name>" or "path:<segment index>"`)
 }
 
 // LimitFor returns the policy's primary limit for a param value: the

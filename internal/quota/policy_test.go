@@ -2,6 +2,7 @@ package quota_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/quota"
@@ -71,12 +72,17 @@ func TestPolicyMatches(t *testing.T) {
 		{"report", "/api/demo/report", "GET", "free", false},
 		{"report", "/api/demo/report", "POST", "pro", false},
 	} {
-		if got := m.Matches(tc.meter, tc.path, tc.method, tc.tier); got != tc.want {
+		if got := m.Matches(tc.meter, tc.path, tc.method, tc.tier, strings.HasPrefix); got != tc.want {
 			t.Errorf("Matches(%q, %q, %q, %q) = %t", tc.meter, tc.path, tc.method, tc.tier, got)
 		}
 	}
 	var empty quota.PolicyMatch
-	if !empty.Matches("x", "/y", "GET", "z") {
+	if !empty.Matches("x", "/y", "GET", "z", strings.HasPrefix) {
 		t.Error("an empty match must match everything")
+	}
+	// HEAD is GET's work without the body: a policy on GET takes it
+	gets, heads := quota.PolicyMatch{Methods: []string{"GET"}}, quota.PolicyMatch{Methods: []string{"HEAD"}}
+	if !gets.TakesMethod("HEAD") || !gets.TakesMethod("GET") || gets.TakesMethod("POST") || gets.TakesMethod("") || heads.TakesMethod("GET") {
+		t.Error("a policy on GET must take GET and HEAD, and nothing else; one on HEAD, HEAD only")
 	}
 }

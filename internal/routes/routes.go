@@ -416,7 +416,7 @@ func scan(path string) (flags int, ok bool) {
 			}
 			flags |= readsOtherwise
 			i += 2
-		case c == '\\' || c == ';' || 'A' <= c && c <= 'Z' || c == '/' && i > 0 && path[i-1] == '/':
+		case i > 0 && lenientByte(c, path[i-1]):
 			flags |= readsOtherwise
 		}
 		switch {
@@ -435,6 +435,13 @@ func scan(path string) (flags int, ok bool) {
 		}
 	}
 	return flags, other || (dots != 1 && dots != 2)
+}
+
+// lenientByte reports whether a lenient upstream reads the byte c, after
+// prev, otherwise than as itself: a \, a ;, a capital, a / after a /. (An
+// escape is another such place.)
+func lenientByte(c, prev byte) bool {
+	return c == '\\' || c == ';' || 'A' <= c && c <= 'Z' || c == '/' && prev == '/'
 }
 
 // rewrite returns an acceptable path in normal form: each escape of an
@@ -465,29 +472,127 @@ func rewrite(path string) string {
 // read as small letters. It is what matchLoose matches; nothing is ever
 // sent in this form.
 func appendLoose(dst []byte, path string) []byte {
+	return appendReading(dst, path, foldCase|splitEscaped)
+}
+
+// Ways of reading a path (appendReading), beyond what every lenient
+// reading does (decode escapes, drop ;parameters and empty segments).
+const (
+	foldCase     = 1 << iota // capitals read as small letters
+	splitEscaped             // %2F, %5C and \ read as / (otherwise kept as sent)
+)
+
+// appendReading appends a path as a lenient upstream reads it:
+// every escape decoded once, a ;parameter dropped from its segment, empty
+// segments dropped; with foldCase capitals read as small letters, with
+// splitEscaped %2F, %5C and \ read as /. Without splitEscaped they stay in
+// their segment as sent, so that a segment holding one never equals a
+// segment of the splitting reading. A % that starts no escape (never in an
+// acceptable path; perhaps in a policy's prefix stored before prefixes were
+// checked) is read as itself.
+func appendReading(dst []byte, path string, mode int) []byte {
 	param := false
 	for i := 0; i < len(path); i++ {
-		c := path[i]
-		if c == '%' {
-			c = unhex(path[i+1])<<4 | unhex(path[i+2])
+		c, escaped := path[i], false
+		if c == '%' && i+2 < len(path) && isHex(path[i+1]) && isHex(path[i+2]) {
+			c, escaped = unhex(path[i+1])<<4|unhex(path[i+2]), true
 			i += 2
 		}
+		sep := c == '/' || c == '\\'
 		switch {
-		case c == '/' || c == '\\':
+		case c == '/' && !escaped || sep && mode&splitEscaped != 0:
 			if len(dst) == 0 || dst[len(dst)-1] != '/' {
 				dst = append(dst, '/')
 			}
 			param = false
 		case param:
+		case sep && escaped:
+			dst = append(dst, path[i-2:i+1]...)
 		case c == ';':
 			param = true
-		case 'A' <= c && c <= 'Z':
+		case 'A' <= c && c <= 'Z' && mode&foldCase != 0:
 			dst = append(dst, c+'a'-'A')
 		default:
 			dst = append(dst, c)
 		}
 	}
 	return dst
+}
+
+// UnderPrefix reports whether a request path in normal form falls under a
+// policy's path prefix (in normal form too): the path starts with the
+// prefix, or does as the most lenient upstream reads both (appendLoose), so
+// that no spelling an upstream acts on as a path under the prefix (an
+// empty segment, a ;parameter, another case, an escape) escapes it. It
+// allocates nothing for paths and prefixes up to 256 bytes.
+func UnderPrefix(path, prefix string) bool {
+	// Where both spell alike and plainly up to their first difference,
+	// and that difference is plain too, both readings differ there: the
+	// answer of nearly every request, without reading either otherwise.
+	i := 0
+	for ; i < len(path) && i < len(prefix) && path[i] == prefix[i]; i++ {
+		if path[i] == '%' || i > 0 && lenientByte(path[i], path[i-1]) {
+			return underLoose(path, prefix)
+		}
+	}
+	if i == len(prefix) {
+		return true
+	}
+	if plainAt(prefix, i) && (i == len(path) || plainAt(path, i)) {
+		return false
+	}
+	return underLoose(path, prefix)
+}
+
+// plainAt reports whether a lenient upstream reads s[i] as itself.
+func plainAt(s string, i int) bool {
+	return s[i] != '%' && (i == 0 || !lenientByte(s[i], s[i-1]))
+}
+
+// underLoose is UnderPrefix on the paths as the most lenient upstream
+// reads them.
+func underLoose(path, prefix string) bool {
+	var p, q [256]byte
+	return bytes.HasPrefix(appendLoose(p[:0], path), appendLoose(q[:0], prefix))
+}
+
+// Loose is a path as the most lenient upstream reads it (see appendLoose):
+// what UnderPrefix compares.
+func Loose(path string) string { return string(appendLoose(nil, path)) }
+
+// Segment appends to dst the n-th segment (0-based, after the leading /)
+// of a request path in normal form as an upstream acts on it: empty
+// segments do not count, a ;parameter is not part of its segment, every
+// escape is decoded, and case is kept. ok is false when the path has no
+// such segment. The error is ErrAmbiguous when upstreams disagree on the
+// segment: an encoded slash or backslash (%2F, %5C) or a \ in it or before
+// it, which some read as / and others do not.
+func Segment(dst []byte, path string, n int) (seg []byte, ok bool, err error) {
+	var a, b [256]byte
+	split, ok := nthSegment(appendReading(a[:0], path, splitEscaped), n)
+	whole, wholeOK := nthSegment(appendReading(b[:0], path, 0), n)
+	if ok != wholeOK || !bytes.Equal(split, whole) {
+		return dst, false, ErrAmbiguous
+	}
+	return append(dst, split...), ok, nil
+}
+
+// nthSegment returns the n-th non-empty segment of a reading (which holds
+// no empty segment but a last one after a final /).
+func nthSegment(reading []byte, n int) ([]byte, bool) {
+	rest := reading
+	for i := 0; len(rest) > 0; i++ {
+		rest = rest[1:] // the / before the segment
+		end := bytes.IndexByte(rest, '/')
+		if end < 0 {
+			end = len(rest)
+		}
+		if i == n {
+			return rest[:end], end > 0
+		}
+		rest = rest[end:]
+	}
+	return nil, false
 }
 
 // unreserved reports whether c is an unreserved character (RFC 3986,
