@@ -67,8 +67,8 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if len(d.Policies) > 0 {
 		s.countPolicies(d)
 	}
-	if err := idemRefusal(d); err != nil {
-		s.count(route, "idempotency_conflict", p.Tier.Slug)
+	if err := idemRefusal(c, d); err != nil {
+		s.count(route, idemOutcome(d), p.Tier.Slug)
 		return err
 	}
 	if d.Fallback != nil {

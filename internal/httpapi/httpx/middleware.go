@@ -138,3 +138,12 @@ func UniqueID(c *fiber.Ctx) string {
 	var scratch [requestIDBytes]byte
 	return string(appendRequestID(scratch[:0], c.Context()))
 }
+
+// NewID returns 128 random bits from crypto/rand in 32 hex digits.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	var h [32]byte
+	hex.Encode(h[:], b[:])
+	return string(h[:])
+}
