@@ -151,6 +151,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err := <-errc; err != nil && !errors.Is(err, net.ErrClosed) {
 		return fmt.Errorf("api: serve: %w", err)
 	}
+	srv.WaitAudits() // the last settlements' audit entries, before Postgres closes
 	stopBG()
 	<-reported
 	log.Info("stopped")

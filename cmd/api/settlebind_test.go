@@ -39,7 +39,7 @@ func settleStack(t *testing.T) (s *stack, a, b quota.Tenant, keyA string) {
 	if err := os.WriteFile(s.routes, []byte(table), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
 	a, keyA = s.tenant(tier.Slug)
 	b, _ = s.tenant(tier.Slug)
 	return s, a, b, keyA

@@ -727,7 +727,6 @@ func (g *Gate) admitLocally(req quota.Request, now time.Time) (quota.Decision, e
 // *ratelimit.Runner provides it.
 type Settler interface {
 	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
-	SettleTenant(ctx context.Context, requestID string) (string, error)
 	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
 }
 
@@ -747,19 +746,6 @@ func (g *Gate) Reserve(ctx context.Context, requestID string, req quota.Request,
 		return errNoSettler
 	}
 	return st.Reserve(ctx, requestID, req, d)
-}
-
-// SettleTenant names the tenant of the reservation under requestID, "" for
-// none.
-func (g *Gate) SettleTenant(ctx context.Context, requestID string) (string, error) {
-	if tenant, ok := g.outage.reservedTenant(requestID, g.now()); ok {
-		return tenant, nil
-	}
-	st, ok := g.store.(Settler)
-	if !ok {
-		return "", errNoSettler
-	}
-	return st.SettleTenant(ctx, requestID)
 }
 
 // Settle settles a reserved request to its actual cost, exactly once
