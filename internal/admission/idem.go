@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
@@ -65,9 +66,15 @@ func (g *Gate) admitIdempotent(ctx context.Context, req quota.Request) (quota.De
 	}
 	d, err := g.admitQueued(ctx, req)
 	if err != nil {
-		// The admission may have written its record before the error came
-		// back: the claim stays, to free with its score (the bound errs on
-		// the safe side).
+		var stale *quota.PrepaidStaleError
+		if quota.ErrorCode(err) == quota.CodeInvalid || errors.As(err, &stale) {
+			// decided before anything was written (bad input, or a
+			// prepaid balance of another period: the caller asks again)
+			g.afterClaim(ctx, func(ctx context.Context) error { return g.store.UnclaimAnswer(ctx, req) })
+		}
+		// Otherwise Redis may have written the record before the error
+		// came back: the claim stays, to free with its score (the bound
+		// errs on the safe side).
 		return d, err
 	}
 	wrote := d.Allowed && d.Idem == quota.IdemNone && !d.Degraded

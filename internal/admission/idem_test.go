@@ -178,3 +178,21 @@ func TestAnswerRoomHoldsUnderConcurrency(t *testing.T) {
 		})
 	}
 }
+
+// TestAnswerClaimOfABadRequestIsGivenBack: a request the admission refuses
+// as bad input wrote nothing: its claim goes back at once.
+func TestAnswerClaimOfABadRequestIsGivenBack(t *testing.T) {
+	t.Parallel()
+	g, r := mustRoomGate(t, quota.AnswerLimits{Answers: 1, Bytes: 1 << 30})
+	bad := keyed(dailyOf(5), "k", time.Time{})
+	bad.Meter = "has|bar"
+	if _, err := g.Admit(context.Background(), bad); quota.ErrorCode(err) != quota.CodeInvalid {
+		t.Fatalf("a bad meter: %v, want invalid", err)
+	}
+	mustRoom(t, r, bad.TenantID, 0, 0)
+	good := keyed(dailyOf(5), "k", time.Time{})
+	good.TenantID = bad.TenantID
+	if d, err := g.Admit(context.Background(), good); err != nil || !d.Allowed {
+		t.Fatalf("then a good request: %+v, %v; want admitted", d, err)
+	}
+}

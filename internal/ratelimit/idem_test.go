@@ -105,3 +105,33 @@ func TestAnswerClaims(t *testing.T) {
 		t.Fatalf("claim a day later: %+v, want taken with a's room freed", c)
 	}
 }
+
+// TestClusterAnswerRoom: a tenant's room and records share its slot, on
+// every master: claims, stores and the room's report run as one script.
+func TestClusterAnswerRoom(t *testing.T) {
+	t.Parallel()
+	c := testenv.Cluster(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	for _, tenant := range tenantsOnDistinctMasters(t, c, 3) {
+		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: allLimits(), IdempotencyKey: "k",
+			IdempotencyFingerprint: "GET /k", IdempotencyLease: time.Minute, IdempotencyClaim: "claim-k"}
+		if cl, err := r.ClaimAnswer(ctx, req, false); err != nil || cl.Status != quota.ClaimTaken {
+			t.Fatalf("tenant %s: claim %+v, %v", tenant, cl, err)
+		}
+		mustAdmit(t, r, req)
+		if ok, err := r.StoreAnswer(ctx, req, quota.StoredAnswer{Status: 200, Body: []byte("ok")}); err != nil || !ok {
+			t.Fatalf("tenant %s: store %t, %v", tenant, ok, err)
+		}
+		if u, err := r.AnswerUsage(ctx, tenant); err != nil || u.Answers != 1 || u.Bytes != 2 {
+			t.Fatalf("tenant %s: room %+v, %v; want 1 answer of 2 bytes", tenant, u, err)
+		}
+		keys := r.idemKeys(tenant, "k")
+		want := c.ClusterKeySlot(ctx, keys[0]).Val()
+		for _, k := range keys[1:] {
+			if got := c.ClusterKeySlot(ctx, k).Val(); got != want {
+				t.Errorf("slot of %s: got %d, want %d", k, got, want)
+			}
+		}
+	}
+}
