@@ -109,7 +109,7 @@ local function drop(ids)
   end
   redis.call('ZREM', ROOM, unpack(ids))
   redis.call('HDEL', BYTES, unpack(ids))
-  if sum ~= 0 then redis.call('HINCRBY', BYTES, '$', -sum) end
+  if sum ~= 0 then redis.call('HINCRBY', BYTES, '$', fmt(-sum)) end
 end
 
 local function purge()
