@@ -70,7 +70,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now).WithBalances(billing.NewLedger(db))
 	cat.Hits = metrics.CacheLookups.WithLabelValues("hit").Inc
 	cat.Misses = metrics.CacheLookups.WithLabelValues("miss").Inc
-	runner := ratelimit.New(rdb, cfg.RedisPrefix).WithLayout(cfg.KeyLayout)
+	runner := ratelimit.New(rdb, cfg.RedisPrefix).WithLayout(cfg.KeyLayout).WithAnswerLimits(cfg.IdempotencyLimits)
 	gate := admission.New(runner, time.Now)
 	gate.OnRedisError = func(err error) {
 		metrics.RedisErrors.Inc()
@@ -164,6 +164,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err := ops.shutdown(cfg.ShutdownTimeout, log); err != nil {
 		return err
 	}
+	srv.WaitAudits() // the last settlements' audit entries, before Postgres closes
 	stopBG()
 	<-reported
 	log.Info("stopped")

@@ -62,7 +62,7 @@ func TestSettledCost(t *testing.T) {
 	}
 	settle := func(token, body string) reply { return do(t, "POST", base+"/v1/settle", token, body) }
 	settleBody := func(id string, cost int64) string {
-		return fmt.Sprintf(`{"request_id": %q, "actual_cost": %d}`, id, cost)
+		return fmt.Sprintf(`{"request_id": %q, "actual_cost": %d, "tenant_id": %q}`, id, cost, tenant.ID)
 	}
 
 	// the upstream reports 3: settled by the header; the API then is 409
@@ -142,6 +142,7 @@ func TestSettledCost(t *testing.T) {
 		`{"request_id": "x", "actual_cost": -1}`:            "actual_cost",
 		`{"request_id": "x", "actual_cost": 1099511627777}`: "actual_cost",
 		`{"request_id": "x", "actual_cost": "3"}`:           "actual_cost",
+		`{"request_id": "x", "actual_cost": 3}`:             "tenant_id",
 	} {
 		if r := settle(serviceToken, body); r.status != 400 || !strings.Contains(string(r.body), field) {
 			t.Errorf("%s: %d %s, want 400 naming %s", body, r.status, r.body, field)

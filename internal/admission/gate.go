@@ -66,8 +66,12 @@ type Store interface {
 	// day and month (of req's billing calendar) are the current ones, its
 	// meter quota's too.
 	RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error
-	StoreAnswer(ctx context.Context, tenantID, key, fp string, a quota.StoredAnswer) (bool, error)
-	ReleaseKey(ctx context.Context, tenantID, key, fp string) error
+	StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) (bool, error)
+	ReleaseKey(ctx context.Context, req quota.Request) error
+	// ClaimAnswer takes the room of the idempotency record req may write
+	// (see idem.go); UnclaimAnswer gives it back.
+	ClaimAnswer(ctx context.Context, req quota.Request, force bool) (quota.AnswerClaim, error)
+	UnclaimAnswer(ctx context.Context, req quota.Request) error
 	Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error)
 	CountRefused(ctx context.Context, counts []quota.RefusalCount) error
 	// ReleasePolicies ends the leases of req's concurrency policies.
@@ -176,7 +180,19 @@ const MaxWaiters = 1024
 // decision) and fewer than MaxWaiters requests of this node wait; a waiter
 // whose ctx ends (its client hung up) leaves the queue with its last
 // refusal. Tier limits never queue.
+//
+// A request with an idempotency key claims the room of the record it may
+// write first (idem.go): past the tenant's room it is refused (IdemLimit)
+// before anything else is decided.
 func (g *Gate) Admit(ctx context.Context, req quota.Request) (quota.Decision, error) {
+	if req.IdempotencyKey != "" && !req.DryRun {
+		return g.admitIdempotent(ctx, req)
+	}
+	return g.admitQueued(ctx, req)
+}
+
+// admitQueued is Admit's decision, with the waits of queue policies.
+func (g *Gate) admitQueued(ctx context.Context, req quota.Request) (quota.Decision, error) {
 	d, err := g.admitOnce(ctx, req)
 	if err != nil || d.Allowed || req.DryRun {
 		return d, err
@@ -328,8 +344,7 @@ func (g *Gate) admitShared(ctx context.Context, req quota.Request) (quota.Decisi
 		// Keys are recorded in Redis only: this node cannot know whether
 		// another one (or Redis, before the outage) ran the request, and a
 		// repeat must never run twice.
-		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,
-			Message: "the quota store is unavailable and idempotency keys are kept there only; retry shortly"}
+		return quota.Decision{}, errIdemUnavailable
 	}
 	return g.admitLocally(req, now)
 }
@@ -566,7 +581,7 @@ func (g *Gate) Refund(ctx context.Context, req quota.Request, d quota.Decision) 
 	}
 	var err error
 	if req.IdempotencyKey != "" {
-		err = g.store.ReleaseKey(ctx, req.TenantID, req.IdempotencyKey, req.IdempotencyFingerprint)
+		err = g.store.ReleaseKey(ctx, req)
 	}
 	g.Forget(req.TenantID)
 	g.OnRoom(ctx, req.TenantID)
@@ -576,14 +591,14 @@ func (g *Gate) Refund(ctx context.Context, req quota.Request, d quota.Decision) 
 // StoreAnswer keeps the answer of the first request with an idempotency key
 // for its repeats.
 func (g *Gate) StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) error {
-	_, err := g.store.StoreAnswer(ctx, req.TenantID, req.IdempotencyKey, req.IdempotencyFingerprint, a)
+	_, err := g.store.StoreAnswer(ctx, req, a)
 	return err
 }
 
 // ReleaseKey forgets the first request with an idempotency key that will
 // have no answer to store (it failed before answering).
 func (g *Gate) ReleaseKey(ctx context.Context, req quota.Request) error {
-	return g.store.ReleaseKey(ctx, req.TenantID, req.IdempotencyKey, req.IdempotencyFingerprint)
+	return g.store.ReleaseKey(ctx, req)
 }
 
 // Answer reads the stored answer replayed to a repeat (Decision.Replayed()).
@@ -714,7 +729,6 @@ func (g *Gate) admitLocally(req quota.Request, now time.Time) (quota.Decision, e
 // *ratelimit.Runner provides it.
 type Settler interface {
 	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
-	SettleTenant(ctx context.Context, requestID string) (string, error)
 	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
 }
 
@@ -734,19 +748,6 @@ func (g *Gate) Reserve(ctx context.Context, requestID string, req quota.Request,
 		return errNoSettler
 	}
 	return st.Reserve(ctx, requestID, req, d)
-}
-
-// SettleTenant names the tenant of the reservation under requestID, "" for
-// none.
-func (g *Gate) SettleTenant(ctx context.Context, requestID string) (string, error) {
-	if tenant, ok := g.outage.reservedTenant(requestID, g.now()); ok {
-		return tenant, nil
-	}
-	st, ok := g.store.(Settler)
-	if !ok {
-		return "", errNoSettler
-	}
-	return st.SettleTenant(ctx, requestID)
 }
 
 // Settle settles a reserved request to its actual cost, exactly once

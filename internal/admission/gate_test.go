@@ -184,11 +184,17 @@ func (s *twoShards) Admit(ctx context.Context, r quota.Request) (quota.Decision,
 func (s *twoShards) RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error {
 	return s.of(req.TenantID).RefundRequest(ctx, req, d)
 }
-func (s *twoShards) StoreAnswer(ctx context.Context, tenant, key, fp string, a quota.StoredAnswer) (bool, error) {
-	return s.of(tenant).StoreAnswer(ctx, tenant, key, fp, a)
+func (s *twoShards) StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) (bool, error) {
+	return s.of(req.TenantID).StoreAnswer(ctx, req, a)
 }
-func (s *twoShards) ReleaseKey(ctx context.Context, tenant, key, fp string) error {
-	return s.of(tenant).ReleaseKey(ctx, tenant, key, fp)
+func (s *twoShards) ReleaseKey(ctx context.Context, req quota.Request) error {
+	return s.of(req.TenantID).ReleaseKey(ctx, req)
+}
+func (s *twoShards) ClaimAnswer(ctx context.Context, req quota.Request, force bool) (quota.AnswerClaim, error) {
+	return s.of(req.TenantID).ClaimAnswer(ctx, req, force)
+}
+func (s *twoShards) UnclaimAnswer(ctx context.Context, req quota.Request) error {
+	return s.of(req.TenantID).UnclaimAnswer(ctx, req)
 }
 func (s *twoShards) Answer(ctx context.Context, tenant, key string) (quota.StoredAnswer, error) {
 	return s.of(tenant).Answer(ctx, tenant, key)

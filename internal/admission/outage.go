@@ -480,14 +480,3 @@ func (o *outage) settleLocal(id, tenantID string, now time.Time) (r outageReserv
 	o.reserved[id] = r
 	return r, true, false
 }
-
-// reservedTenant names the tenant of the local reservation under id.
-func (o *outage) reservedTenant(id string, now time.Time) (string, bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	r, ok := o.reserved[id]
-	if !ok || !now.Before(r.until) {
-		return "", false
-	}
-	return r.req.TenantID, true
-}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/redisdb"
 )
 
@@ -46,6 +47,9 @@ type Config struct {
 	// ProxyMaxResponseBytes is the largest upstream answer body the proxy
 	// passes on (TOLLGATE_PROXY_MAX_RESPONSE_BYTES); 0: no maximum.
 	ProxyMaxResponseBytes int64
+	// IdempotencyLimits bound each tenant's idempotency records
+	// (TOLLGATE_IDEMPOTENCY_MAX_ANSWERS, TOLLGATE_IDEMPOTENCY_MAX_BYTES).
+	IdempotencyLimits quota.AnswerLimits
 }
 
 // Var documents one environment variable.
@@ -76,6 +80,8 @@ var Vars = []Var{
 	{"TOLLGATE_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of the proxies in front of the api whose X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto are believed; unset: the client is the connection's address, host and scheme"},
 	{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "false", "true lets webhook URLs reach loopback, link-local and private addresses (a lab, a receiver on the same network); keep false in production"},
 	{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "0", "largest upstream answer body the proxy passes on, in bytes (502 past it); 0: no maximum"},
+	{"TOLLGATE_IDEMPOTENCY_MAX_ANSWERS", "100000", "idempotency records a tenant may hold at once (stored answers and first requests in flight, each 24 h), 1 to 100000000; a new key past it is 429"},
+	{"TOLLGATE_IDEMPOTENCY_MAX_BYTES", "67108864", "bytes of stored idempotent answers a tenant may hold at once (a first request in flight holds 1064960, the largest answer), 1064960 to 1099511627776; a new key past it is 429"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -166,6 +172,14 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.ProxyMaxResponseBytes, err = strconv.ParseInt(get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"), 10, 64); err != nil || c.ProxyMaxResponseBytes < 0 {
 		return c, fmt.Errorf("config: TOLLGATE_PROXY_MAX_RESPONSE_BYTES: %q must be a number of bytes, 0 for no maximum", get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"))
+	}
+	l := &c.IdempotencyLimits
+	if l.Answers, err = strconv.ParseInt(get("TOLLGATE_IDEMPOTENCY_MAX_ANSWERS"), 10, 64); err != nil || l.Answers < 1 || l.Answers > 100_000_000 {
+		return c, fmt.Errorf("config: TOLLGATE_IDEMPOTENCY_MAX_ANSWERS: %q must be a number of records between 1 and 100000000", get("TOLLGATE_IDEMPOTENCY_MAX_ANSWERS"))
+	}
+	// (at least one answer of the largest size fits)
+	if l.Bytes, err = strconv.ParseInt(get("TOLLGATE_IDEMPOTENCY_MAX_BYTES"), 10, 64); err != nil || l.Bytes < quota.AnswerReserve || l.Bytes > 1<<40 {
+		return c, fmt.Errorf("config: TOLLGATE_IDEMPOTENCY_MAX_BYTES: %q must be a number of bytes between %d and %d", get("TOLLGATE_IDEMPOTENCY_MAX_BYTES"), quota.AnswerReserve, int64(1)<<40)
 	}
 	return c, nil
 }

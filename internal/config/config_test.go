@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/quota"
 )
 
 func env(m map[string]string) func(string) string {
@@ -31,6 +33,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"TrustedProxies", len(c.TrustedProxies), 0},
 		{"WebhookAllowPrivate", c.WebhookAllowPrivate, false},
 		{"ProxyMaxResponseBytes", c.ProxyMaxResponseBytes, int64(0)},
+		{"IdempotencyLimits", c.IdempotencyLimits, quota.DefaultAnswerLimits},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -81,6 +84,10 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "-1"},
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "1MB"},
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "99999999999999999999"},
+		{"TOLLGATE_IDEMPOTENCY_MAX_ANSWERS", "0"},
+		{"TOLLGATE_IDEMPOTENCY_MAX_ANSWERS", "many"},
+		{"TOLLGATE_IDEMPOTENCY_MAX_BYTES", "1048576"},
+		{"TOLLGATE_IDEMPOTENCY_MAX_BYTES", "64MiB"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {

@@ -33,12 +33,17 @@ import (
 //     route) releases its key: it did not happen, so a retry runs again;
 //   - a first request whose node died before storing the answer holds the
 //     key for the route's upstream timeout plus a margin (the lease); then a
-//     retry runs again.
+//     retry runs again;
+//   - a tenant's records take bounded room (quota.AnswerLimits): a new key
+//     past it is 429 before it runs, consuming nothing, and a first
+//     request holds room for the largest answer until its own is stored,
+//     so that an admitted request always has room for its answer.
 
 // MaxReplayBody is the largest answer body stored for replays. The first
 // answer to a larger body is sent as usual; its repeats get 409, since
-// running the request again is what the key forbids.
-const MaxReplayBody = 1 << 20
+// running the request again is what the key forbids. An answer whose
+// stored headers pass quota.MaxAnswerHeader is treated the same.
+const MaxReplayBody = quota.MaxAnswerBody
 
 // leaseMargin is added to a route's timeout for the in-flight lease.
 const leaseMargin = 30 * time.Second
@@ -79,6 +84,9 @@ func idempotent(c *fiber.Ctx, route *routes.Route, req *quota.Request) error {
 	}
 	req.IdempotencyKey = strings.Clone(key)
 	req.IdempotencyFingerprint = fingerprint(c)
+	// (the claim on the tenant's room, which storing or releasing the
+	// answer settles)
+	req.IdempotencyClaim = httpx.NewID()
 	req.IdempotencyLease = builtinLease
 	if route.UpstreamURL() != nil {
 		req.IdempotencyLease = route.UpstreamTimeout() + leaseMargin
@@ -86,10 +94,16 @@ func idempotent(c *fiber.Ctx, route *routes.Route, req *quota.Request) error {
 	return nil
 }
 
-// idemRefusal answers a request its idempotency key decided: in flight or
-// mismatched. It reports false for any other decision.
-func idemRefusal(d quota.Decision) error {
+// idemRefusal answers a request its idempotency key decided: in flight,
+// mismatched, or past the tenant's room for stored answers (with its
+// Retry-After). It reports nil for any other decision.
+func idemRefusal(c *fiber.Ctx, d quota.Decision) error {
 	switch d.Idem {
+	case quota.IdemLimit:
+		c.Set(fiber.HeaderRetryAfter, strconv.FormatInt(max(1, quota.CeilSeconds(d.RetryAfter)), 10))
+		return quota.Errorf(quota.CodeIdempotencyLimit,
+			"this tenant's stored idempotent answers fill their room (answers live 24 hours; a request in flight holds room for the largest answer); retry after %d s, or send the request without an Idempotency-Key",
+			max(1, quota.CeilSeconds(d.RetryAfter)))
 	case quota.IdemInFlight:
 		return quota.Errorf(quota.CodeConflict, "a request with this Idempotency-Key is still in flight; retry once it has answered")
 	case quota.IdemMismatch:
@@ -111,6 +125,11 @@ func (s *Server) replay(c *fiber.Ctx, req quota.Request, d quota.Decision) error
 	setRateLimitHeaders(c, d)
 	for _, line := range strings.Split(a.Header, "\n") {
 		if name, value, ok := strings.Cut(line, ": "); ok {
+			if n, ok := strings.CutPrefix(value, "headers "); ok && name == headerTooLarge {
+				return quota.Errorf(quota.CodeConflict,
+					"the first answer to this Idempotency-Key had %s bytes of headers to replay, more than the %d stored for replays; it ran once and is not run again",
+					n, quota.MaxAnswerHeader)
+			}
 			if name == headerTooLarge {
 				return quota.Errorf(quota.CodeConflict,
 					"the first answer to this Idempotency-Key (%s bytes) was larger than the %d bytes stored for replays; it ran once and is not run again",
@@ -146,9 +165,17 @@ func (s *Server) storeAnswer(c *fiber.Ctx, req quota.Request) {
 		if n := resp.Header.ContentLength(); n >= 0 {
 			size = strconv.Itoa(n)
 		}
+		hdr.Reset()
 		hdr.WriteString(headerTooLarge + ": " + size)
 	case len(resp.Body()) > MaxReplayBody:
+		hdr.Reset()
 		hdr.WriteString(headerTooLarge + ": " + strconv.Itoa(len(resp.Body())))
+	case hdr.Len() > quota.MaxAnswerHeader:
+		// (its room holds quota.AnswerReserve: the body and the headers
+		// of the largest answer)
+		n := hdr.Len()
+		hdr.Reset()
+		hdr.WriteString(headerTooLarge + ": headers " + strconv.Itoa(n))
 	default:
 		a.Body = resp.Body()
 	}
@@ -160,4 +187,12 @@ func (s *Server) storeAnswer(c *fiber.Ctx, req quota.Request) {
 		// meanwhile, never a second run.
 		s.log.Error("storing an idempotent answer failed", "tenant_id", req.TenantID, "err", err)
 	}
+}
+
+// idemOutcome is the metrics outcome of a request idemRefusal answered.
+func idemOutcome(d quota.Decision) string {
+	if d.Idem == quota.IdemLimit {
+		return "idempotency_limit"
+	}
+	return "idempotency_conflict"
 }

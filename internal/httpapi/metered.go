@@ -67,8 +67,8 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if len(d.Policies) > 0 {
 		s.countPolicies(d)
 	}
-	if err := idemRefusal(d); err != nil {
-		s.count(route, "idempotency_conflict", p.Tier.Slug)
+	if err := idemRefusal(c, d); err != nil {
+		s.count(route, idemOutcome(d), p.Tier.Slug)
 		return err
 	}
 	if d.Fallback != nil {
@@ -106,7 +106,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	}
 
 	// A settle route reserves the admission for settling (one more Redis
-	// round trip, for those routes only) under the process-unique id, which
+	// round trip, for those routes only) under a random id (UniqueID), which
 	// the upstream gets and the client is answered in Tollgate-Request-Id.
 	settleID := ""
 	if route.Settle {
@@ -383,5 +383,7 @@ func (s *Server) settleFromHeader(c *fiber.Ctx, tenantID string, route *routes.R
 	}
 	if st.Status == quota.SettleApplied {
 		c.Set("Tollgate-Settled-Cost", httpx.Itoa(actual))
+		s.settlements.recordLater(rctx, quota.SettleByUpstream,
+			quota.SettlementRecord{RequestID: id, TenantID: tenantID, ActualCost: actual, Delta: st.Delta})
 	}
 }

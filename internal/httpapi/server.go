@@ -55,7 +55,6 @@ type gate interface {
 	Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error)
 	Release(ctx context.Context, req quota.Request, d quota.Decision) error
 	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
-	SettleTenant(ctx context.Context, requestID string) (string, error)
 	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
 }
 
@@ -64,6 +63,8 @@ type gate interface {
 type records interface {
 	admin.Records
 	pages.Records
+	// AuditSettlement records a settlement in the audit log (settle.go).
+	AuditSettlement(ctx context.Context, actor string, r quota.SettlementRecord) error
 }
 
 // ReadyCheck is one dependency /readyz checks: Check returns nil when the
@@ -118,6 +119,8 @@ type Server struct {
 	pages    *pages.Pages
 	// ops is the operations listener's app (Options.Ops); nil: none.
 	ops *fiber.App
+	// settlements writes settlements to the audit log (settle.go).
+	settlements settlementLog
 }
 
 // New builds the Fiber app with every route registered. It fails only when
@@ -151,7 +154,7 @@ func New(d Deps, opts Options) (*Server, error) {
 		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),
-		pages: pg}
+		pages: pg, settlements: newSettlementLog(d.Store, d.Log)}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
 		BodyLimit:             opts.BodyLimit,

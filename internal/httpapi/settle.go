@@ -1,16 +1,24 @@
 package httpapi
 
 import (
+	"context"
+	"log/slog"
+	"sync"
+	"time"
+
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// SettleRequest is POST /v1/settle's body.
+// SettleRequest is POST /v1/settle's body. TenantID names the tenant whose
+// request it settles (the upstream learns it in X-Tollgate-Tenant-Id): a
+// request id is found under its own tenant only.
 type SettleRequest struct {
 	RequestID  string `json:"request_id"`
 	ActualCost *int64 `json:"actual_cost"`
+	TenantID   string `json:"tenant_id"`
 }
 
 // SettleResponse is its answer when the settle applied.
@@ -23,11 +31,13 @@ type SettleResponse struct {
 	Delta int64 `json:"delta"`
 }
 
-// settle settles a request of a settle route (its Tollgate-Request-Id) to
-// its actual cost, with the service token, exactly once and within
-// quota.SettleWindow: 200 when applied, 409 when settled before (by the
-// upstream's header or an earlier call, on any node), 404 when no
-// reservation is known (never made, or older than the window).
+// settle settles a request of a settle route (its Tollgate-Request-Id, of
+// the tenant tenant_id) to its actual cost, with the service token, exactly
+// once and within quota.SettleWindow: 200 when applied (and recorded in
+// the audit log), 409 when settled before (by the upstream's header or an
+// earlier call, on any node), 404 when the tenant has no reservation under
+// the id (never made, another tenant's, or older than the window: the
+// answer does not tell which).
 func (s *Server) settle(c *fiber.Ctx) error {
 	if err := s.guard.BearerAuth(c, s.guard.Service, s.opts.ServiceToken, "tollgate-service", "service token"); err != nil {
 		return err
@@ -47,15 +57,11 @@ func (s *Server) settle(c *fiber.Ctx) error {
 	if body.ActualCost == nil || *body.ActualCost < 0 || *body.ActualCost > quota.MaxQuantity {
 		return quota.FieldError("actual_cost", "must be an integer between 0 and %d", quota.MaxQuantity)
 	}
+	if !quota.ValidID(body.TenantID) {
+		return quota.FieldError("tenant_id", "must be the id (UUID) of the tenant whose request it is (X-Tollgate-Tenant-Id)")
+	}
 	ctx := c.UserContext()
-	tenantID, err := s.gate.SettleTenant(ctx, body.RequestID)
-	if err != nil {
-		return err
-	}
-	if tenantID == "" {
-		return quota.Errorf(quota.CodeNotFound, "no request %s to settle: unknown, or admitted more than 10 minutes ago (its route cost is final)", body.RequestID)
-	}
-	st, err := s.gate.Settle(ctx, tenantID, body.RequestID, *body.ActualCost)
+	st, err := s.gate.Settle(ctx, body.TenantID, body.RequestID, *body.ActualCost)
 	if err != nil {
 		return err
 	}
@@ -63,7 +69,86 @@ func (s *Server) settle(c *fiber.Ctx) error {
 	case quota.SettleAlready:
 		return quota.Errorf(quota.CodeConflict, "request %s was settled before; nothing changed", body.RequestID)
 	case quota.SettleUnknown:
-		return quota.Errorf(quota.CodeNotFound, "no request %s to settle: unknown, or admitted more than 10 minutes ago (its route cost is final)", body.RequestID)
+		return quota.Errorf(quota.CodeNotFound, "tenant %s has no request %s to settle: unknown, or admitted more than 10 minutes ago (its route cost is final)", body.TenantID, body.RequestID)
 	}
+	s.settlements.record(ctx, quota.SettleByService, quota.SettlementRecord{RequestID: body.RequestID, TenantID: body.TenantID,
+		ActualCost: *body.ActualCost, Delta: st.Delta, RemoteIP: s.guard.ClientIP(c).String()})
 	return c.JSON(SettleResponse{Settled: true, RequestID: body.RequestID, ActualCost: *body.ActualCost, Delta: st.Delta})
 }
+
+// settlementLog writes settlements to the audit log. POST /v1/settle's is
+// written before its answer; the upstream header's, from the metered path,
+// is written off it, by a goroutine of its own (at most maxAuditWriters at
+// once), so that a metered request never waits for Postgres. A settlement
+// the log does not take (Postgres away, or every writer busy) is logged by
+// the node instead, with every field of its entry: the settlement itself,
+// in Redis, is applied whatever the log does.
+type settlementLog struct {
+	store interface {
+		AuditSettlement(ctx context.Context, actor string, r quota.SettlementRecord) error
+	}
+	log     *slog.Logger
+	writers chan struct{}
+	wg      *sync.WaitGroup
+}
+
+// maxAuditWriters bounds the settlements being written off the metered
+// path at once.
+const maxAuditWriters = 64
+
+// auditTimeout bounds the writing of one entry.
+const auditTimeout = 5 * time.Second
+
+func newSettlementLog(store records, log *slog.Logger) settlementLog {
+	l := settlementLog{log: log, writers: make(chan struct{}, maxAuditWriters), wg: &sync.WaitGroup{}}
+	if store != nil {
+		l.store = store
+	}
+	return l
+}
+
+// record writes r by actor, now.
+func (l settlementLog) record(ctx context.Context, actor string, r quota.SettlementRecord) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
+	defer cancel()
+	var err error
+	if l.store != nil {
+		err = l.store.AuditSettlement(ctx, actor, r)
+	}
+	if err != nil || l.store == nil {
+		l.lost(actor, r, err)
+	}
+}
+
+// recordLater writes r by actor off the request's path.
+func (l settlementLog) recordLater(ctx context.Context, actor string, r quota.SettlementRecord) {
+	select {
+	case l.writers <- struct{}{}:
+	default:
+		l.lost(actor, r, errAuditBusy)
+		return
+	}
+	l.wg.Add(1)
+	go func() {
+		defer func() { <-l.writers; l.wg.Done() }()
+		l.record(ctx, actor, r)
+	}()
+}
+
+// wait returns once the settlements being written off the path are.
+func (l settlementLog) wait() { l.wg.Wait() }
+
+var errAuditBusy = quota.Errorf(quota.CodeUnavailable, "every audit writer is busy")
+
+func (l settlementLog) lost(actor string, r quota.SettlementRecord, err error) {
+	if l.log == nil {
+		return
+	}
+	l.log.Error("a settlement is not in the audit log", "actor", actor, "request_id", r.RequestID, "tenant_id", r.TenantID,
+		"actual_cost", r.ActualCost, "delta", r.Delta, "remote_ip", r.RemoteIP, "err", err)
+}
+
+// WaitAudits returns once the settlements this server writes to the audit
+// log off the metered path are written: at shutdown, before Postgres
+// closes.
+func (s *Server) WaitAudits() { s.settlements.wait() }

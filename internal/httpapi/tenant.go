@@ -144,7 +144,7 @@ func (s *Server) check(c *fiber.Ctx) error {
 	if len(d.Policies) > 0 {
 		s.countPolicies(d)
 	}
-	if err := idemRefusal(d); err != nil {
+	if err := idemRefusal(c, d); err != nil {
 		return err
 	}
 	setRateLimitHeaders(c, d)

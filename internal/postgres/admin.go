@@ -639,6 +639,16 @@ func (s *Store) ListGrants(ctx context.Context, tenantID string, p quota.Page) (
 	return items, next, nil
 }
 
+// AuditSettlement records a settlement in the audit log (entity
+// "settlement", its request id), by actor (quota.SettleByService or
+// quota.SettleByUpstream). The settlement itself was applied in Redis
+// before: its entry follows, in a transaction of its own.
+func (s *Store) AuditSettlement(ctx context.Context, actor string, r quota.SettlementRecord) error {
+	return pgx.BeginFunc(ctx, s.db, func(tx pgx.Tx) error {
+		return audit(ctx, tx, actor, "create", "settlement", r.RequestID, nil, r)
+	})
+}
+
 // ListAudit returns audit entries, newest first, optionally of one entity.
 func (s *Store) ListAudit(ctx context.Context, entity, entityID string, p quota.Page) ([]quota.AuditEntry, *string, error) {
 	c, err := decodeCursor(p.Cursor)

@@ -54,6 +54,11 @@ type Request struct {
 	// stored with StoreAnswer; zero stores the decision as the answer at once
 	// (POST /v1/check has no other answer).
 	IdempotencyLease time.Duration
+	// IdempotencyClaim names this request's claim on the tenant's room for
+	// stored answers (AnswerLimits): random, made by the caller that stores
+	// or releases the answer later, so that it finds its claim again; the
+	// Gate makes one when it is empty.
+	IdempotencyClaim string
 	// Now, when non-zero, replaces Redis server time. Tests only.
 	Now time.Time
 	// MeterQuotas are the tier's quotas per meter: the one of Meter, if
@@ -133,6 +138,10 @@ const (
 	IdemReplayed                    // answered from the first request's stored answer
 	IdemInFlight                    // the first request with the key is still running
 	IdemMismatch                    // the key was first used for another request
+	// IdemLimit: a new key found the tenant's room for stored answers full
+	// (AnswerLimits); the request was refused before it ran, consuming
+	// nothing, and RetryAfter says when room frees.
+	IdemLimit
 )
 
 // Replayed reports whether the decision is the stored answer to an earlier

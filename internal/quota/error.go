@@ -20,6 +20,9 @@ const (
 	CodeTooMany       = "too_many"       // too many failed attempts; retry later (429)
 	// CodeMismatch: an idempotency key reused for a different request (422).
 	CodeMismatch = "mismatch"
+	// CodeIdempotencyLimit: a new idempotency key past the tenant's room
+	// for stored answers (AnswerLimits); nothing ran (429).
+	CodeIdempotencyLimit = "idempotency_limit"
 )
 
 // Error is Tollgate's one error type for failures a caller should see.

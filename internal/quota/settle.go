@@ -28,3 +28,23 @@ type Settlement struct {
 	// OverageDelta is the change of the month's overage units.
 	OverageDelta int64
 }
+
+// SettlementRecord is a settlement as the audit log records it (entity
+// "settlement", its request id): who settled is the entry's actor
+// (SettleByService, SettleByUpstream).
+type SettlementRecord struct {
+	RequestID  string `json:"request_id"`
+	TenantID   string `json:"tenant_id"`
+	ActualCost int64  `json:"actual_cost"`
+	// Delta is actual cost - admitted cost, as applied.
+	Delta int64 `json:"delta"`
+	// RemoteIP is the address of the service that posted it (none for the
+	// upstream's header).
+	RemoteIP string `json:"remote_ip,omitempty"`
+}
+
+// The actors of settlements in the audit log.
+const (
+	SettleByService  = "service"  // POST /v1/settle, with the service token
+	SettleByUpstream = "upstream" // the upstream's Tollgate-Actual-Cost header
+)

@@ -20,6 +20,9 @@
 //	                                  cache's refusals (CountRefused); 14 days
 //	<prefix>:v1:{t:<id>}:flushing     the batch the worker claimed (claim.lua)
 //	<prefix>:v1:{t:<id>}:idem2:<hex>  idempotency record: fingerprint, state, first decision, stored answer; 24 h
+//	<prefix>:v1:{t:<id>}:idemroom     the room of the tenant's records: claim id -> ms it frees (sorted set)
+//	<prefix>:v1:{t:<id>}:idembytes    claim id -> bytes held, '$' -> their sum (lua/idem.lua); both
+//	                                  live as long as the latest claim
 //	<prefix>:v1:{t:<id>}:gcra, :bucket, :day, :month   the v1 layout: read, carried over into
 //	                                  the v2 hash and deleted (or, with LayoutV1, written)
 //
@@ -53,7 +56,10 @@
 //     and, once stored, its answer, counting no quota but passing the burst
 //     limits; a repeat while the first is in flight, or another request
 //     under the key, decides nothing (IdemInFlight, IdemMismatch). Dry runs
-//     and Peek ignore idempotency keys.
+//     and Peek ignore idempotency keys. A tenant's records are bounded in
+//     number and bytes (quota.AnswerLimits): ClaimAnswer takes a record's
+//     room before its admission (the Gate refuses past it), and storing,
+//     releasing or unclaiming settles it.
 //   - A change of limits starts GCRA and the bucket fresh where the new
 //     rate and burst are each at least as large as those the state was
 //     written under (kept beside it), and clamps the state to the worst

@@ -378,7 +378,8 @@ func TestTable(t *testing.T) {
 						}
 					},
 					func(key, fp string) bool {
-						ok, err := r.StoreAnswer(context.Background(), req0(tc).TenantID, key, fp, quota.StoredAnswer{Status: 200})
+						ok, err := r.StoreAnswer(context.Background(), quota.Request{TenantID: req0(tc).TenantID, IdempotencyKey: key,
+							IdempotencyFingerprint: fp, IdempotencyClaim: "claim-" + key}, quota.StoredAnswer{Status: 200})
 						if err != nil {
 							t.Fatalf("StoreAnswer: %v", err)
 						}

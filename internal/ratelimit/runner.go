@@ -56,6 +56,8 @@ type Runner struct {
 	layout string    // "v2" or "v1": see lua/state.lua
 	batch  *batcher  // admissions, coalesced into pipelines
 	active activeSet // tenants with usage counted since the last ReportActive
+	// answers bound each tenant's idempotency records (idem.go)
+	answers quota.AnswerLimits
 }
 
 // Layouts of the limit state (lua/state.lua).
@@ -74,7 +76,7 @@ func New(c redis.UniversalClient, prefix string) *Runner {
 	if strings.ContainsAny(prefix, "{}") {
 		panic(fmt.Sprintf("ratelimit: key prefix %q must not contain braces", prefix))
 	}
-	return &Runner{c: c, prefix: prefix, layout: LayoutV2, batch: newBatcher(c, admitScript)}
+	return &Runner{c: c, prefix: prefix, layout: LayoutV2, batch: newBatcher(c, admitScript), answers: quota.DefaultAnswerLimits}
 }
 
 // WithLayout sets the layout the runner writes (LayoutV2 by default; see

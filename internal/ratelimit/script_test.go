@@ -330,10 +330,13 @@ func testIdempotency(t *testing.T, c redis.UniversalClient) {
 			t.Errorf("repeat in flight: got %s (idem %d), want in flight", fmtDecision(d), d.Idem)
 		}
 		stored := quota.StoredAnswer{Status: 201, Header: "Content-Type: application/json", Body: []byte(`{"id":1}`)}
-		if ok, err := r.StoreAnswer(ctx, tenant, "order-1", "GET /other", stored); err != nil || ok {
+		answerOf := func(key, fp string) quota.Request {
+			return quota.Request{TenantID: tenant, IdempotencyKey: key, IdempotencyFingerprint: fp, IdempotencyClaim: "claim-" + key}
+		}
+		if ok, err := r.StoreAnswer(ctx, answerOf("order-1", "GET /other"), stored); err != nil || ok {
 			t.Errorf("StoreAnswer with another fingerprint: got %t, %v; want false", ok, err)
 		}
-		if ok, err := r.StoreAnswer(ctx, tenant, "order-1", "GET /a", stored); err != nil || !ok {
+		if ok, err := r.StoreAnswer(ctx, answerOf("order-1", "GET /a"), stored); err != nil || !ok {
 			t.Fatalf("StoreAnswer: got %t, %v; want true", ok, err)
 		}
 		for range 3 {
@@ -363,7 +366,7 @@ func testIdempotency(t *testing.T, c redis.UniversalClient) {
 		if d := mustAdmit(t, r, rel); !d.Allowed {
 			t.Fatalf("order-3: got %s, want allowed", fmtDecision(d))
 		}
-		if err := r.ReleaseKey(ctx, tenant, "order-3", "GET /a"); err != nil {
+		if err := r.ReleaseKey(ctx, answerOf("order-3", "GET /a")); err != nil {
 			t.Fatal(err)
 		}
 		if d := mustAdmit(t, r, rel); d.Idem != quota.IdemNone || d.Allowed {

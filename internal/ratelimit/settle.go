@@ -2,12 +2,9 @@ package ratelimit
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"strconv"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -19,14 +16,6 @@ var settleScript = script("state.lua", "meterq.lua", "adjust.lua", "settle.lua")
 // tag (settle.lua reads it atomically with the tenant's state).
 func (r *Runner) settleKey(tenantID, requestID string) string {
 	return r.key(tenantID, "settle:"+requestID)
-}
-
-// settleIndexKey names the tenant of a reservation by request id alone
-// (POST /v1/settle carries no tenant). It lives in the request id's slot,
-// not the tenant's: it is only read to find the entry, never trusted for
-// the exactly-once part, which settle.lua does under the tenant's tag.
-func (r *Runner) settleIndexKey(requestID string) string {
-	return r.prefix + ":v1:settle:{r:" + requestID + "}"
 }
 
 // checkRequestID bounds a request id used in keys.
@@ -43,11 +32,16 @@ func checkRequestID(id string) error {
 }
 
 // Reserve records the reservation of req, admitted by d on a route with
-// settle: true, under requestID (the process-unique id the API answered
-// in X-Request-ID), for quota.SettleWindow: its meter, cost, the
-// admission's hour, day and month (ids of req.Calendar) and its overage
-// units, which Settle needs to apply a difference. It is one pipelined
-// round trip beside the admission, made only for settle routes.
+// settle: true, under requestID (random: the API answers it in
+// Tollgate-Request-Id) and req's tenant, for quota.SettleWindow: its
+// meter, cost, the admission's hour, day and month (ids of req.Calendar)
+// and its overage units, which Settle needs to apply a difference. It is
+// one round trip beside the admission, made only for settle routes. The
+// entry is found by the tenant and the id together: a settle naming
+// another tenant finds nothing. (Nodes before this version also wrote an
+// index naming the tenant by the id alone, <prefix>:v1:settle:{r:<id>},
+// which this version neither writes nor reads: it expires with its
+// entry.)
 func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
 	if err := checkTenant(req.TenantID); err != nil {
 		return err
@@ -68,31 +62,10 @@ func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Reques
 		strconv.FormatInt(day, 10) + "|" + strconv.FormatInt(month, 10) + "|" +
 		strconv.FormatInt(d.OverageUnits, 10) + "|" + strconv.Itoa(bill) + "|" + strconv.FormatInt(mq, 10) + "|" +
 		settleMoney(req, d) + "|" + req.Meter
-	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.Set(ctx, r.settleKey(req.TenantID, requestID), entry, quota.SettleWindow)
-		p.Set(ctx, r.settleIndexKey(requestID), req.TenantID, quota.SettleWindow)
-		return nil
-	})
-	if err != nil {
+	if err := r.c.Set(ctx, r.settleKey(req.TenantID, requestID), entry, quota.SettleWindow).Err(); err != nil {
 		return fmt.Errorf("ratelimit: reserve: %w", err)
 	}
 	return nil
-}
-
-// SettleTenant returns the tenant of the reservation under requestID, or
-// "" when there is none (never made, or expired).
-func (r *Runner) SettleTenant(ctx context.Context, requestID string) (string, error) {
-	if err := checkRequestID(requestID); err != nil {
-		return "", err
-	}
-	t, err := r.c.Get(ctx, r.settleIndexKey(requestID)).Result()
-	if errors.Is(err, redis.Nil) {
-		return "", nil
-	}
-	if err != nil {
-		return "", fmt.Errorf("ratelimit: settle: %w", err)
-	}
-	return t, nil
 }
 
 // settleMoney is the settle entry's money (lua/settle.lua): "-" when

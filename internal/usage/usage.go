@@ -25,6 +25,7 @@ type counters interface {
 	PeekSpendCap(ctx context.Context, req quota.Request, now time.Time) (quota.LimitState, bool, error)
 	PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Prepaid) (int64, error)
 	Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error)
+	AnswerUsage(ctx context.Context, tenantID string) (quota.AnswerUsage, error)
 	PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error)
 }
 
@@ -123,12 +124,29 @@ type Report struct {
 	// For leaves the list empty for its caller to fill.
 	Policies []Policy       `json:"policies"`
 	Upgrade  *quota.Upgrade `json:"upgrade"`
+	// Idempotency is the room the tenant's idempotency records hold, of
+	// their limits (quota.AnswerLimits).
+	Idempotency IdempotencyRoom `json:"idempotency"`
 
 	// monthStart and periodEnd bound the billing period of Daily and
 	// Meters (by the admission side's time), whose dates are local to loc
 	monthStart, periodEnd time.Time
 	loc                   *time.Location
 	today                 string // the (local) date the limits were read on
+}
+
+// IdempotencyRoom is the room of a tenant's idempotency records as
+// /v1/usage shows it: the records (stored answers and first requests in
+// flight) and their bytes (a request in flight holds the largest answer's).
+type IdempotencyRoom struct {
+	Answers Room `json:"answers"`
+	Bytes   Room `json:"bytes"`
+}
+
+// Room is what is used of a limit.
+type Room struct {
+	Used  int64 `json:"used"`
+	Limit int64 `json:"limit"`
 }
 
 // MonthStart is the start of the billing period of Daily and Meters (for
@@ -261,6 +279,10 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 	if err != nil {
 		return Report{}, err
 	}
+	room, err := r.counters.AnswerUsage(ctx, p.Tenant.ID)
+	if err != nil {
+		return Report{}, err
+	}
 	for _, row := range pending {
 		if !row.Hour.Before(from) && row.Hour.Before(to) {
 			add(row.Hour, row.Meter, counts{row.Units, row.Requests, row.Rejected, row.ShadowRefused, row.Degraded})
@@ -268,7 +290,8 @@ func (r *Reader) For(ctx context.Context, p catalog.Principal) (Report, error) {
 	}
 	u := Report{TenantID: p.Tenant.ID, Tier: p.Tier.Slug, Limits: Limits(d), Upgrade: p.Upgrade(), monthStart: from,
 		periodEnd: to, loc: loc, today: d.Now.In(loc).Format(time.DateOnly),
-		Daily: make([]Day, 0, len(days)), Meters: make([]Meter, 0, len(meters)), Policies: []Policy{}}
+		Daily: make([]Day, 0, len(days)), Meters: make([]Meter, 0, len(meters)), Policies: []Policy{},
+		Idempotency: IdempotencyRoom{Answers: Room{room.Answers, room.Limits.Answers}, Bytes: Room{room.Bytes, room.Limits.Bytes}}}
 	for _, dj := range days {
 		u.Daily = append(u.Daily, *dj)
 	}

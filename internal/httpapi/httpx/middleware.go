@@ -131,10 +131,20 @@ func logRequest(ctx context.Context, log *slog.Logger, level slog.Level, c *fibe
 func CanonicalHeader(name string) []byte { return fasthttp.AppendNormalizedHeaderKey(nil, name) }
 
 // UniqueID returns an ID of the request that no other request of any node
-// has: the one this process makes (never the client's X-Request-ID, which
-// a client could repeat): a concurrency policy's lease, a sliding log's
-// entry.
-func UniqueID(c *fiber.Ctx) string {
-	var scratch [requestIDBytes]byte
-	return string(appendRequestID(scratch[:0], c.Context()))
+// has, and that nobody can guess: 128 bits from crypto/rand, in 32 hex
+// digits (never the client's X-Request-ID, which a client could repeat,
+// nor the X-Request-ID made here, whose process prefix every answer of
+// the node shows and whose counters follow one another). It names what
+// another party could act on: a settle route's request (settled by its
+// id), a concurrency policy's lease, a sliding log's entry. Each call
+// makes a new one.
+func UniqueID(*fiber.Ctx) string { return NewID() }
+
+// NewID returns 128 random bits from crypto/rand in 32 hex digits.
+func NewID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails
+	var h [32]byte
+	hex.Encode(h[:], b[:])
+	return string(h[:])
 }

@@ -43,7 +43,20 @@ var statusOf = map[string]int{
 	quota.CodeMismatch:      http.StatusUnprocessableEntity,
 	quota.CodeUnavailable:   http.StatusServiceUnavailable,
 	quota.CodeInternal:      http.StatusInternalServerError,
+
+	// (with a problem type of its own: typeOf)
+	quota.CodeIdempotencyLimit: http.StatusTooManyRequests,
 }
+
+// typeOf is the problem type of the codes that have one of their own
+// (about:blank for the others).
+var typeOf = map[string]string{
+	quota.CodeIdempotencyLimit: ProblemIdempotencyLimit,
+}
+
+// ProblemIdempotencyLimit is the type of the refusal of a new
+// idempotency key past the tenant's room for stored answers.
+const ProblemIdempotencyLimit = "https://tollgate.dev/problems/idempotency-limit"
 
 // ProblemBytes is room for a problem body without growing its buffer: a
 // refusal with an upgrade hint, or an error with a long detail.
@@ -126,7 +139,7 @@ func ErrorHandler(log *slog.Logger, isPage func(path string) bool, page func(*fi
 			if p.Status == 0 {
 				p.Status = http.StatusInternalServerError
 			}
-			p.Detail, p.Field = qe.Message, qe.Field
+			p.Detail, p.Field, p.Type = qe.Message, qe.Field, typeOf[qe.Code]
 			if p.Status == http.StatusInternalServerError {
 				log.Error("internal error", "err", err, "path", c.Path(), "request_id", RequestID(c))
 				p.Detail = "internal error"
