@@ -10,21 +10,57 @@ import (
 )
 
 // Sessions keeps the web pages' sign-in sessions in Redis, each under
-// <prefix>:v1:session:<key> until its TTL.
+// <prefix>:v1:session:<key> until its TTL. The sessions of one owner (a
+// tenant, or the admins) are bounded: a sorted set per owner,
+// <prefix>:v1:sessions-of:<owner>, lists its live ones by expiry, and a new
+// session past MaxPerOwner ends the owner's oldest, so that a holder of a
+// valid key cannot fill Redis by signing in again and again.
 type Sessions struct {
 	rdb    redis.UniversalClient
 	prefix string
+	owners string
 }
+
+// MaxPerOwner is how many sessions one owner keeps at once.
+const MaxPerOwner = 32
 
 // NewSessions returns the sessions kept in rdb under prefix.
 func NewSessions(rdb redis.UniversalClient, prefix string) *Sessions {
-	return &Sessions{rdb: rdb, prefix: prefix + ":v1:session:"}
+	return &Sessions{rdb: rdb, prefix: prefix + ":v1:session:", owners: prefix + ":v1:sessions-of:"}
 }
 
-// Put stores value under key for ttl.
-func (s *Sessions) Put(ctx context.Context, key string, value []byte, ttl time.Duration) error {
-	if err := s.rdb.Set(ctx, s.prefix+key, value, ttl).Err(); err != nil {
+// Put stores value under key for ttl, as one of owner's sessions: past
+// MaxPerOwner live ones, the owner's oldest end. The session and its
+// owner's list are in different cluster slots, so this is a few commands,
+// not one atomic step: two sign-ins at once may leave the owner one or two
+// sessions over the bound until its next sign-in; never unbounded.
+func (s *Sessions) Put(ctx context.Context, owner, key string, value []byte, ttl time.Duration) error {
+	now := time.Now()
+	list := s.owners + owner
+	var card *redis.IntCmd
+	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
+		p.Set(ctx, s.prefix+key, value, ttl)
+		p.ZRemRangeByScore(ctx, list, "-inf", fmt.Sprint(now.UnixMilli()))
+		p.ZAdd(ctx, list, redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: key})
+		p.PExpire(ctx, list, ttl)
+		card = p.ZCard(ctx, list)
+		return nil
+	})
+	if err != nil {
 		return fmt.Errorf("redisdb: store session: %w", err)
+	}
+	if over := card.Val() - MaxPerOwner; over > 0 {
+		old, err := s.rdb.ZPopMin(ctx, list, over).Result()
+		if err != nil {
+			return fmt.Errorf("redisdb: end an owner's oldest sessions: %w", err)
+		}
+		for _, z := range old {
+			if m, ok := z.Member.(string); ok {
+				if err := s.rdb.Del(ctx, s.prefix+m).Err(); err != nil {
+					return fmt.Errorf("redisdb: end an owner's oldest session: %w", err)
+				}
+			}
+		}
 	}
 	return nil
 }

@@ -135,7 +135,11 @@ func (s *Pages) startSession(c *fiber.Ctx, a area, sess session) error {
 	if err != nil {
 		return fmt.Errorf("httpapi: session: %w", err)
 	}
-	if err := s.sessions.Put(c.UserContext(), sessionKey(id), b, s.opts.SessionTTL); err != nil {
+	owner := "admin"
+	if a.kind == tenantArea.kind {
+		owner = "t:" + sess.TenantID
+	}
+	if err := s.sessions.Put(c.UserContext(), owner, sessionKey(id), b, s.opts.SessionTTL); err != nil {
 		return s.unavailable(fmt.Errorf("httpapi: store session: %w", err))
 	}
 	s.setCookie(c, a, a.cookie, id, a.base, s.opts.SessionTTL)

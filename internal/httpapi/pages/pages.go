@@ -32,9 +32,11 @@ type Records interface {
 }
 
 // SessionStore keeps sign-in sessions by key until their TTL
-// (*redisdb.Sessions); Get reports found false for a missing or expired one.
+// (*redisdb.Sessions), a bounded number per owner (Put ends the owner's
+// oldest past the bound); Get reports found false for a missing or expired
+// one.
 type SessionStore interface {
-	Put(ctx context.Context, key string, value []byte, ttl time.Duration) error
+	Put(ctx context.Context, owner, key string, value []byte, ttl time.Duration) error
 	Get(ctx context.Context, key string) (value []byte, found bool, err error)
 	Delete(ctx context.Context, key string) error
 }
