@@ -23,6 +23,8 @@ Every algorithm registers POL[alg] = {check, commit, undo, release}:
   undo(k, now, w, p)      rolls back a committed admission (the reservation
       of a policy in another slot, when the tenant's script refuses).
   release(k, now, w, p)   ends a lease (concurrency), else nil.
+  undo and release return true when they gave a slot back to a full
+  state (concurrency: queued requests may take it), else nil or false.
 p holds the parameters: p[1]..p[4] (a..d, numbers) and p.id (the request's
 id, a string unique per request: concurrency's lease, the log's member).
 

@@ -45,6 +45,11 @@ type Config struct {
 	// ProxyMaxResponseBytes is the largest upstream answer body the proxy
 	// passes on (TOLLGATE_PROXY_MAX_RESPONSE_BYTES); 0: no maximum.
 	ProxyMaxResponseBytes int64
+	// QueueWaiters bound the requests of one api node waiting in policy
+	// queues: in all (TOLLGATE_QUEUE_WAITERS), per tenant
+	// (TOLLGATE_QUEUE_WAITERS_PER_TENANT), per policy
+	// (TOLLGATE_QUEUE_WAITERS_PER_POLICY).
+	QueueWaiters, QueueWaitersPerTenant, QueueWaitersPerPolicy int
 }
 
 // Var documents one environment variable.
@@ -74,6 +79,9 @@ var Vars = []Var{
 	{"TOLLGATE_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of the proxies in front of the api whose X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto are believed; unset: the client is the connection's address, host and scheme"},
 	{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "false", "true lets webhook URLs reach loopback, link-local and private addresses (a lab, a receiver on the same network); keep false in production"},
 	{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "0", "largest upstream answer body the proxy passes on, in bytes (502 past it); 0: no maximum"},
+	{"TOLLGATE_QUEUE_WAITERS", "1024", "most requests of one api node waiting in policy queues at once (on_refuse queue); past it a refusal is answered at once"},
+	{"TOLLGATE_QUEUE_WAITERS_PER_TENANT", "64", "most of them one tenant's, at most TOLLGATE_QUEUE_WAITERS"},
+	{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "512", "most of them waiting on one policy, at most TOLLGATE_QUEUE_WAITERS"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -158,7 +166,25 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.ProxyMaxResponseBytes, err = strconv.ParseInt(get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"), 10, 64); err != nil || c.ProxyMaxResponseBytes < 0 {
 		return c, fmt.Errorf("config: TOLLGATE_PROXY_MAX_RESPONSE_BYTES: %q must be a number of bytes, 0 for no maximum", get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"))
 	}
+	if c.QueueWaiters, err = intBetween(get, "TOLLGATE_QUEUE_WAITERS", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.QueueWaitersPerTenant, err = intBetween(get, "TOLLGATE_QUEUE_WAITERS_PER_TENANT", 1, c.QueueWaiters); err != nil {
+		return c, err
+	}
+	if c.QueueWaitersPerPolicy, err = intBetween(get, "TOLLGATE_QUEUE_WAITERS_PER_POLICY", 1, c.QueueWaiters); err != nil {
+		return c, err
+	}
 	return c, nil
+}
+
+// intBetween reads an integer variable between min and max.
+func intBetween(get func(string) string, name string, min, max int) (int, error) {
+	n, err := strconv.Atoi(get(name))
+	if err != nil || n < min || n > max {
+		return 0, fmt.Errorf("config: %s: %q must be a whole number between %d and %d", name, get(name), min, max)
+	}
+	return n, nil
 }
 
 // ParsePrefixes parses a comma-separated list of IP addresses and CIDR

@@ -3,7 +3,6 @@ package httpapi
 import (
 	"context"
 	"net"
-	"syscall"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -17,8 +16,10 @@ const hangupPoll = 20 * time.Millisecond
 // the client closes its connection: a request waiting in a policy queue
 // (or for its leaky_bucket slot) leaves the queue when its client hung up.
 // fasthttp does not notice a peer's close while a handler runs, so the
-// connection is peeked (MSG_PEEK: the bytes of a pipelined next request
-// stay where they are) every hangupPoll until stop is called.
+// socket is asked every hangupPoll, until stop is called, whether the peer
+// closed it (peerClosed): whatever the client sent after its request and
+// left unread, a close is seen, and the bytes stay where they are for
+// fasthttp (a pipelined next request).
 func untilHangup(c *fiber.Ctx) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(c.UserContext())
 	tcp, ok := c.Context().Conn().(*net.TCPConn)
@@ -32,7 +33,6 @@ func untilHangup(c *fiber.Ctx) (ctx context.Context, stop func()) {
 	go func() {
 		t := time.NewTicker(hangupPoll)
 		defer t.Stop()
-		var b [1]byte
 		for {
 			select {
 			case <-ctx.Done():
@@ -40,12 +40,7 @@ func untilHangup(c *fiber.Ctx) (ctx context.Context, stop func()) {
 			case <-t.C:
 			}
 			closed := false
-			_ = raw.Read(func(fd uintptr) bool {
-				n, _, err := syscall.Recvfrom(int(fd), b[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
-				closed = n == 0 && err == nil
-				return true // never wait for data: this is a probe
-			})
-			if closed {
+			if raw.Control(func(fd uintptr) { closed = peerClosed(fd) }) != nil || closed {
 				cancel()
 				return
 			}

@@ -56,6 +56,9 @@ type Runner struct {
 	layout string    // "v2" or "v1": see lua/state.lua
 	batch  *batcher  // admissions, coalesced into pipelines
 	active activeSet // tenants with usage counted since the last ReportActive
+	// releaseArg is the channel of the releases (releases.go), boxed once
+	// for the script calls that release
+	releaseArg any
 }
 
 // Layouts of the limit state (lua/state.lua).
@@ -74,7 +77,9 @@ func New(c redis.UniversalClient, prefix string) *Runner {
 	if strings.ContainsAny(prefix, "{}") {
 		panic(fmt.Sprintf("ratelimit: key prefix %q must not contain braces", prefix))
 	}
-	return &Runner{c: c, prefix: prefix, layout: LayoutV2, batch: newBatcher(c, admitScript)}
+	r := &Runner{c: c, prefix: prefix, layout: LayoutV2, batch: newBatcher(c, admitScript)}
+	r.releaseArg = r.releases()
+	return r
 }
 
 // WithLayout sets the layout the runner writes (LayoutV2 by default; see
