@@ -368,3 +368,54 @@ func TestPolicyQueueLeavesRoomForOthers(t *testing.T) {
 		t.Fatalf("b's queued request: %d %s, want 200 after its turn", r.status, r.body)
 	}
 }
+
+// TestWaiterLeavesWhenItsCloseIsBehindMoreThanTheSocketHolds: a client that
+// sends 1 MiB behind its queued request and closes (more than the socket's
+// buffer: its close cannot arrive until the bytes are read) leaves the
+// queue all the same.
+func TestWaiterLeavesWhenItsCloseIsBehindMoreThanTheSocketHolds(t *testing.T) {
+	t.Parallel()
+	base, attacker, _ := pacedTenants(t, map[string]string{})
+	conn := rawWaiter(t, base, attacker)
+	waitQueued(t, base, 1, nil, "the request")
+	go func() {
+		_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
+		_, _ = conn.Write(make([]byte, 1<<20))
+		conn.Close()
+	}()
+	deadline := time.Now().Add(3 * time.Second)
+	for n := queueWaiters(t, base); n != 0; n = queueWaiters(t, base) {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d requests still wait 3 s after their client sent 1 MiB more and closed, want none", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// TestPipelinedWaiterIsServedThenClosed: a client that pipelines a request
+// behind its queued one keeps its place and is served in its turn; the
+// pipelined request, read off the socket while the first waited, is not
+// answered: the connection closes after the first answer (a pipelining
+// client retries what was left unanswered).
+func TestPipelinedWaiterIsServedThenClosed(t *testing.T) {
+	t.Parallel()
+	base, key, _ := pacedTenants(t, map[string]string{})
+	conn := rawWaiter(t, base, key)
+	waitQueued(t, base, 1, nil, "the request")
+	if _, err := io.WriteString(conn, "GET /api/demo/echo HTTP/1.1\r\nHost: tollgate.test\r\nAuthorization: Bearer "+key+"\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatalf("the queued request's answer: %v", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !resp.Close {
+		t.Fatalf("the queued request: %d, Connection %q: want 200 and the connection closed after it", resp.StatusCode, resp.Header.Get("Connection"))
+	}
+	if _, err := http.ReadResponse(br, nil); err == nil {
+		t.Fatal("the pipelined request read off the socket while the first waited was answered, want the connection closed")
+	}
+}

@@ -8,18 +8,36 @@ import (
 	"github.com/gofiber/fiber/v2"
 )
 
-// hangupPoll is how often a waiting request checks that its client is
-// still there.
-const hangupPoll = 20 * time.Millisecond
+const (
+	// hangupPoll is how often a waiting request checks that its client is
+	// still there.
+	hangupPoll = 20 * time.Millisecond
+	// hangupUnread bounds what a client may send behind its request while
+	// the request waits: past it the client is taken as gone.
+	hangupUnread = 64 << 10
+)
+
+// hangup is what the watch of one connection keeps (hangup_*.go).
+type hangup struct {
+	// drain: what the client sends behind its request may be read and
+	// dropped (its body is not streamed from the connection)
+	drain   bool
+	drained int // bytes read and dropped
+	scratch []byte
+}
 
 // untilHangup returns a context that ends with the request's own or when
-// the client closes its connection: a request waiting in a policy queue
-// (or for its leaky_bucket slot) leaves the queue when its client hung up.
-// fasthttp does not notice a peer's close while a handler runs, so the
-// socket is asked every hangupPoll, until stop is called, whether the peer
-// closed it (peerClosed): whatever the client sent after its request and
-// left unread, a close is seen, and the bytes stay where they are for
-// fasthttp (a pipelined next request).
+// the client is gone: a request waiting in a policy queue (or for its
+// leaky_bucket slot) leaves the queue when its client hung up. fasthttp
+// does not notice a peer's close while a handler runs, so the socket is
+// asked every hangupPoll, until stop is called, whether the peer closed or
+// reset it (hangup.gone). Bytes the client sent behind its request would
+// hide a close behind them (once they fill the socket's buffer, the close
+// cannot even arrive): they are read and dropped, and past hangupUnread
+// the client is taken as gone. A connection that lost bytes that way is
+// closed after the answer (stop), so that nothing is parsed from the gap;
+// a client that pipelined requests retries those left unanswered, as HTTP
+// allows.
 func untilHangup(c *fiber.Ctx) (ctx context.Context, stop func()) {
 	ctx, cancel := context.WithCancel(c.UserContext())
 	tcp, ok := c.Context().Conn().(*net.TCPConn)
@@ -30,7 +48,10 @@ func untilHangup(c *fiber.Ctx) (ctx context.Context, stop func()) {
 	if err != nil {
 		return ctx, cancel
 	}
+	h := &hangup{drain: !c.Request().IsBodyStream()}
+	done := make(chan struct{})
 	go func() {
+		defer close(done)
 		t := time.NewTicker(hangupPoll)
 		defer t.Stop()
 		for {
@@ -39,12 +60,18 @@ func untilHangup(c *fiber.Ctx) (ctx context.Context, stop func()) {
 				return
 			case <-t.C:
 			}
-			closed := false
-			if raw.Control(func(fd uintptr) { closed = peerClosed(fd) }) != nil || closed {
+			gone := false
+			if raw.Control(func(fd uintptr) { gone = h.gone(int(fd)) }) != nil || gone {
 				cancel()
 				return
 			}
 		}
 	}()
-	return ctx, cancel
+	return ctx, func() {
+		cancel()
+		<-done // (h is the watch's until then)
+		if h.drained > 0 {
+			c.Context().SetConnectionClose()
+		}
+	}
 }

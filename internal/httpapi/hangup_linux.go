@@ -2,12 +2,38 @@ package httpapi
 
 import "golang.org/x/sys/unix"
 
-// peerClosed reports whether the peer of the socket fd closed its side
-// (or reset it): poll's POLLRDHUP reports the peer's FIN even when bytes
-// it sent before are still unread, which a peek cannot see past. Nothing
-// is read.
-func peerClosed(fd uintptr) bool {
-	p := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLRDHUP}}
-	n, err := unix.Poll(p, 0)
-	return err == nil && n > 0 && p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0
+// gone reports whether the client of socket fd is gone: poll's POLLRDHUP
+// reports its close (POLLHUP, POLLERR a reset) even behind bytes it sent
+// that are still unread. When h.drain, those bytes are read and dropped
+// first, so that a close behind more of them than the socket's buffer
+// holds can arrive; past hangupUnread of them the client is gone too.
+func (h *hangup) gone(fd int) bool {
+	p := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
+	if n, err := unix.Poll(p[:], 0); err != nil || n == 0 {
+		return false
+	}
+	if p[0].Revents&(unix.POLLRDHUP|unix.POLLHUP|unix.POLLERR|unix.POLLNVAL) != 0 {
+		return true
+	}
+	if !h.drain || p[0].Revents&unix.POLLIN == 0 {
+		return false
+	}
+	if h.scratch == nil {
+		h.scratch = make([]byte, 4096)
+	}
+	for {
+		n, err := unix.Read(fd, h.scratch)
+		switch {
+		case n > 0:
+			h.drained += n
+			if h.drained > hangupUnread {
+				return true
+			}
+		case err == unix.EINTR:
+		case err == unix.EAGAIN:
+			return false
+		default:
+			return true // end of stream (n == 0), or a reset
+		}
+	}
 }
