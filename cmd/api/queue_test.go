@@ -375,8 +375,14 @@ func TestPolicyQueueLeavesRoomForOthers(t *testing.T) {
 // queue all the same.
 func TestWaiterLeavesWhenItsCloseIsBehindMoreThanTheSocketHolds(t *testing.T) {
 	t.Parallel()
-	base, attacker, _ := pacedTenants(t, map[string]string{})
-	conn := rawWaiter(t, base, attacker)
+	s := mustStack(t)
+	base := s.start()
+	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
+	_, key := s.tenant(tier.Slug)
+	// one request per 50 s: the second waits its whole max wait
+	mustPolicy(t, base, `{"name": "slow-q", "algorithm": "gcra", "rate": 0.02, "burst": 1, "on_refuse": "queue", "max_wait_ms": 60000}`)
+	waitPolicy(t, base, key, "slow-q")
+	conn := rawWaiter(t, base, key)
 	waitQueued(t, base, 1, nil, "the request")
 	go func() {
 		_ = conn.SetWriteDeadline(time.Now().Add(5 * time.Second))
