@@ -271,12 +271,13 @@ func (g *Gate) wait(ctx context.Context, req quota.Request, d quota.Decision, bu
 			return d, nil
 		}
 		left := deadline.Sub(g.now())
-		exact, ok := exactWait(d)
+		keys, heard := g.leaseKeys(req, d)
+		exact, ok := exactWait(d, heard)
 		if !ok || exact > left || left <= 0 {
 			return d, nil
 		}
 		wait := exact
-		if keys := g.leaseKeys(req, d); len(keys) > 0 {
+		if len(keys) > 0 {
 			if g.queue.watch(w, keys) {
 				// a release between the refusal and the watch went
 				// unseen: decide again now that none can
@@ -319,10 +320,10 @@ func refusing(d quota.Decision) []string {
 	return names
 }
 
-// exactWait is how long d's refusing policies other than concurrency ones
-// say it must wait at least (their retry); ok is false when one of them,
-// a concurrency one included, never admits it.
-func exactWait(d quota.Decision) (time.Duration, bool) {
+// exactWait is how long d's refusing policies say it must wait at least
+// (their retry), but for the concurrency ones whose releases are heard;
+// ok is false when one of them never admits it.
+func exactWait(d quota.Decision, heard bool) (time.Duration, bool) {
 	var wait time.Duration
 	for _, st := range d.Policies {
 		if st.Outcome != quota.PolicyRefused {
@@ -331,7 +332,7 @@ func exactWait(d quota.Decision) (time.Duration, bool) {
 		if st.RetryAfter < 0 {
 			return 0, false
 		}
-		if st.Policy.Algorithm != quota.AlgConcurrency {
+		if !heard || st.Policy.Algorithm != quota.AlgConcurrency {
 			wait = max(wait, st.RetryAfter)
 		}
 	}
@@ -339,9 +340,10 @@ func exactWait(d quota.Decision) (time.Duration, bool) {
 }
 
 // leaseKeys are the release keys of the concurrency policies that refused
-// d.
-func (g *Gate) leaseKeys(req quota.Request, d quota.Decision) []string {
-	var keys []string
+// d; heard is false when the store cannot name one of them (its releases
+// are not heard: its retry stands).
+func (g *Gate) leaseKeys(req quota.Request, d quota.Decision) (keys []string, heard bool) {
+	heard = true
 	for _, st := range d.Policies {
 		p := st.Policy
 		if st.Outcome != quota.PolicyRefused || p.Algorithm != quota.AlgConcurrency {
@@ -355,9 +357,14 @@ func (g *Gate) leaseKeys(req quota.Request, d quota.Decision) []string {
 				keys = append(keys, nodeLeaseKey(nodeSpecKey(c)))
 			} else if lk, ok := g.store.(leaseKeyer); ok {
 				keys = append(keys, lk.LeaseKey(req, c))
+			} else {
+				heard = false
 			}
 			break
 		}
 	}
-	return keys
+	if !heard {
+		return nil, false
+	}
+	return keys, true
 }

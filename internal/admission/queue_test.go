@@ -183,3 +183,32 @@ func TestWaitQueuePassesOnAWakeNotTaken(t *testing.T) {
 		t.Fatalf("after every waiter left: keys %v tenants %v total %d, want none", q.keys, q.tenants, q.len())
 	}
 }
+
+// plainStore hides the runner's LeaseKey: a store whose releases the gate
+// cannot hear.
+type plainStore struct{ Store }
+
+// TestQueuedConcurrencyUnheardKeepsItsRetry: when the store cannot name a
+// concurrency policy's state, its releases are not heard: the refusal's
+// retry (the lease's end, past the max wait) stands and the request is
+// refused after one decision, not decided again and again.
+func TestQueuedConcurrencyUnheardKeepsItsRetry(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	inner := &counting{Runner: ratelimit.New(rdb, testenv.Prefix(t, rdb))}
+	g := New(plainStore{inner}, time.Now)
+	tenant := "tn-" + testenv.RandomHex(6)
+	pol := queuedConcurrency("one-unheard", quota.ScopeTenant)
+	holder, waiter := withPolicies(tenant, 100, 1, pol), withPolicies(tenant, 100, 2, pol)
+	holder.Policies[0].Value, waiter.Policies[0].Value = tenant, tenant
+	if d, err := g.Admit(context.Background(), holder); err != nil || !d.Allowed {
+		t.Fatalf("holder: %v %+v", err, d)
+	}
+	d, err := g.Admit(context.Background(), waiter)
+	if err != nil || d.Allowed || d.RetryAfter < 29*time.Second {
+		t.Fatalf("waiter: %v allowed %t retry %v, want refused with the lease's end", err, d.Allowed, d.RetryAfter)
+	}
+	if n := inner.calls.Load(); n != 2 {
+		t.Fatalf("%d decisions for the holder and the waiter, want 2", n)
+	}
+}
