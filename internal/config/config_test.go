@@ -31,6 +31,9 @@ func TestLoadDefaults(t *testing.T) {
 		{"TrustedProxies", len(c.TrustedProxies), 0},
 		{"WebhookAllowPrivate", c.WebhookAllowPrivate, false},
 		{"ProxyMaxResponseBytes", c.ProxyMaxResponseBytes, int64(0)},
+		{"QueueWaiters", c.QueueWaiters, 1024},
+		{"QueueWaitersPerTenant", c.QueueWaitersPerTenant, 64},
+		{"QueueWaitersPerPolicy", c.QueueWaitersPerPolicy, 512},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -81,6 +84,12 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "-1"},
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "1MB"},
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "99999999999999999999"},
+		{"TOLLGATE_QUEUE_WAITERS", "0"},
+		{"TOLLGATE_QUEUE_WAITERS", "many"},
+		{"TOLLGATE_QUEUE_WAITERS_PER_TENANT", "0"},
+		{"TOLLGATE_QUEUE_WAITERS_PER_TENANT", "1025"}, // past the node's 1024
+		{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "-3"},
+		{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "2000"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {
