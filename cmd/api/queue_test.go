@@ -367,6 +367,12 @@ func TestPolicyQueueLeavesRoomForOthers(t *testing.T) {
 	if r := do(t, "GET", base+"/api/demo/echo", b, ""); r.status != 200 {
 		t.Fatalf("b's queued request: %d %s, want 200 after its turn", r.status, r.body)
 	}
+	m := string(do(t, "GET", base+"/metrics", "", "").body)
+	for _, line := range []string{`tollgate_policy_queue_full_total{bound="tenant"} 1`, `tollgate_policy_queue_full_total{bound="policy"} 1`} {
+		if !strings.Contains(m, line) {
+			t.Errorf("/metrics lacks %s", line)
+		}
+	}
 }
 
 // TestWaiterLeavesWhenItsCloseIsBehindMoreThanTheSocketHolds: a client that
