@@ -25,6 +25,8 @@ Every algorithm registers POL[alg] = {check, commit, undo, release}:
   release(k, now, w, p)   ends a lease (concurrency), else nil. An
       algorithm with a release is not committed for a replay
       (policies_commit).
+  undo and release return true when they gave a slot back to a full
+  state (concurrency: queued requests may take it), else nil or false.
 p holds the parameters: p[1]..p[4] (a..d, numbers) and p.id (the request's
 id, a string unique per request: concurrency's lease, the log's member).
 

@@ -16,6 +16,10 @@ ARGV
   [4] id       the request's id
   [5] n        the number of policies
   [6..]        n groups of policy.lua's POLICY_ARGS
+  [6+7n] chan  optional: the pub/sub channel on which 'release' and 'undo'
+               announce a slot that came back to a full queue policy
+               (how 1) whose release returns true (concurrency), the
+               policy's key as the message; absent or '' announces nothing
 
 Return: allowed (1/0: every enforced policy admits, none degrades), now
 (us), retry (us, the longest of the enforced refusals; -1 never), degraded
@@ -26,12 +30,18 @@ Return: allowed (1/0: every enforced policy admits, none degrades), now
 local now = clock(ARGV[2] + 0)
 local mode, id, n = ARGV[3], ARGV[4], ARGV[5] + 0
 if mode == 'undo' or mode == 'release' then
+  -- waiters of a queue policy wait for its slots: tell them of one only
+  -- when it was full (a PUBLISH reaches every API node, and in a Redis
+  -- Cluster crosses the cluster bus)
+  local chan = ARGV[6 + n * POLICY_ARGS] or ''
   for i = 0, n - 1 do
     local j = 6 + i * POLICY_ARGS
     local impl = policy_impl(ARGV[j])
     local p = {ARGV[j + 3] + 0, ARGV[j + 4] + 0, ARGV[j + 5] + 0, ARGV[j + 6] + 0, id = id}
     local f = impl and impl[mode]
-    if f then f(KEYS[1 + i], now, ARGV[j + 2] + 0, p) end
+    if f and f(KEYS[1 + i], now, ARGV[j + 2] + 0, p) and ARGV[j + 1] + 0 == 1 and chan ~= '' then
+      redis.call('PUBLISH', chan, KEYS[1 + i])
+    end
   end
   return {1, now, 0, 0}
 end

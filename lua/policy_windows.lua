@@ -327,10 +327,13 @@ local function load_windows()
   holder, ~30 bytes with 20-byte ids in a listpack (up to 128 holders),
   ~120 to 150 in a skiplist beyond.
   Commands: check ZREMRANGEBYSCORE, ZCARD, ZRANGE (one entry); commit ZADD, ZRANGE
-  -1 -1, PEXPIREAT (the latest lease's end, when the set is empty again).
+  -1 -1, PEXPIREAT (the latest lease's end, when the set is empty again);
+  release and undo ZCARD, ZREM, and return true when they freed a slot of
+  a full set (waiters of a queue policy may take it: policy_run.lua).
   An id admitted twice holds one slot (ZADD moves its lease). ]]
   local function cc_release(k, now, w, p)
-    call('ZREM', k, p.id)
+    local full = call('ZCARD', k) >= p[1]
+    return call('ZREM', k, p.id) == 1 and full
   end
 
   POL.concurrency = {

@@ -77,6 +77,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		log.Warn("redis admission failed", "err", err)
 	}
 	gate.OnDenyHit = metrics.DenyHits.Inc
+	gate.SetQueueLimits(admission.QueueLimits{Node: cfg.QueueWaiters, PerTenant: cfg.QueueWaitersPerTenant, PerPolicy: cfg.QueueWaitersPerPolicy})
+	gate.OnQueueFull = func(bound string) { metrics.QueueFull.WithLabelValues(bound).Inc() }
 	gate.OnRoom = func(ctx context.Context, tenantID string) {
 		if err := cat.Invalidate(ctx, catalog.KindRoom, tenantID); err != nil {
 			log.Warn("publishing a refund to the other nodes failed", "tenant_id", tenantID, "err", err)
@@ -97,6 +99,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	case <-subscribed:
 	case <-time.After(5 * time.Second):
 		log.Warn("cache invalidation channel not subscribed yet; continuing")
+	}
+	// Releases of concurrency leases wake this node's queued requests.
+	listening := make(chan struct{})
+	go runner.ListenReleases(bg, gate.Released, gate.ReleasesLost, listening)
+	select {
+	case <-listening:
+	case <-time.After(5 * time.Second):
+		log.Warn("concurrency release channel not subscribed yet; continuing")
 	}
 
 	// Tell the worker which tenants counted usage, and count the refusals

@@ -137,7 +137,7 @@ type Gate struct {
 	refused  map[refusalKey]int64
 
 	nBreakers atomic.Int32 // fast path: none kept
-	waiters   atomic.Int64 // requests waiting in a policy queue on this node
+	queue     *waitQueue   // requests waiting in a policy queue on this node (queue.go)
 
 	local  *locallimit.Limiter // fail-open decisions during an outage
 	outage *outage             // their usage, until Redis or the ledger has it
@@ -156,30 +156,30 @@ type Gate struct {
 	// Ledger, when set, takes fail-open usage that Redis did not take
 	// for outageLedgerAfter, or at shutdown (outage.go).
 	Ledger OutageLedger
+	// OnQueueFull is called when a request is refused at once because a
+	// bound of the policy queues is full: QueueFullNode, QueueFullTenant
+	// or QueueFullPolicy (metrics).
+	OnQueueFull func(bound string)
 }
 
 // New returns a Gate in front of the Redis store s.
 func New(s Store, now func() time.Time) *Gate {
 	return &Gate{store: s, now: now, deny: map[string]*denials{}, local: locallimit.NewLimiter(maxLocal),
 		node: locallimit.NewNode(maxLocal), adaptive: map[string]adaptiveEntry{},
-		breakers: map[string]*breaker{}, refused: map[refusalKey]int64{}, outage: newOutage(),
-		OnRedisError: func(error) {}, OnDenyHit: func() {}, OnRoom: func(context.Context, string) {}}
+		breakers: map[string]*breaker{}, refused: map[refusalKey]int64{}, outage: newOutage(), queue: newWaitQueue(),
+		OnRedisError: func(error) {}, OnDenyHit: func() {}, OnRoom: func(context.Context, string) {}, OnQueueFull: func(string) {}}
 }
-
-// MaxWaiters bounds the requests of one node waiting in policy queues at
-// once (on_refuse "queue"): past it a refusal is answered at once.
-const MaxWaiters = 1024
 
 // Admit decides on req. It returns an error only when the decision cannot be
 // taken: Redis failed and the tier fails closed (CodeUnavailable), the
 // request is invalid (CodeInvalid), or the context ended.
 //
-// A request refused only by policies whose on_refuse is "queue" waits for
-// the refusal's retry time and is decided again, as long as the wait stays
-// within the smallest max_wait_ms of those policies (counted from the first
-// decision) and fewer than MaxWaiters requests of this node wait; a waiter
-// whose ctx ends (its client hung up) leaves the queue with its last
-// refusal. Tier limits never queue.
+// A request refused only by policies whose on_refuse is "queue" waits and
+// is decided again (queue.go), as long as the wait stays within the
+// smallest max_wait_ms of those policies (counted from the first decision)
+// and the node's queue bounds leave it a slot; a waiter whose ctx ends (its
+// client hung up) leaves the queue with its last refusal. Tier limits
+// never queue.
 //
 // A request with an idempotency key claims the room of the record it may
 // write first (idem.go): past the tenant's room it is refused (IdemLimit)
@@ -201,34 +201,8 @@ func (g *Gate) admitQueued(ctx context.Context, req quota.Request) (quota.Decisi
 	if !ok {
 		return d, nil
 	}
-	deadline := g.now().Add(budget)
-	if g.waiters.Add(1) > MaxWaiters {
-		g.waiters.Add(-1)
-		return d, nil
-	}
-	defer g.waiters.Add(-1)
-	for !d.Allowed {
-		wait := d.RetryAfter
-		if _, ok := queueBudget(d); !ok || wait < 0 || g.now().Add(wait).After(deadline) {
-			return d, nil
-		}
-		t := time.NewTimer(max(wait, time.Millisecond))
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return d, nil
-		case <-t.C:
-		}
-		d, err = g.admitOnce(ctx, req)
-		if err != nil {
-			return d, err
-		}
-	}
-	return d, nil
+	return g.wait(ctx, req, d, budget)
 }
-
-// Waiters is the number of requests of this node waiting in policy queues.
-func (g *Gate) Waiters() int64 { return g.waiters.Load() }
 
 // queueBudget reports whether refusal d may wait in a queue (only policies
 // with on_refuse "queue" refused it) and how long at most.

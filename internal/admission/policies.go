@@ -64,12 +64,16 @@ func (g *Gate) localOf(req quota.Request) (*localPolicies, error) {
 		}
 		params := policyalg.ParamsOf(p, c.Limit)
 		lp.specs = append(lp.specs, locallimit.NodeSpec{
-			Key: p.Name + "|" + c.Value, Alg: p.Algorithm, Params: params, Weight: w,
+			Key: nodeSpecKey(c), Alg: p.Algorithm, Params: params, Weight: w,
 			Shadow: p.OnRefuse == quota.RefuseShadow})
 		lp.calls = append(lp.calls, i)
 	}
 	return lp, nil
 }
+
+// nodeSpecKey names a node policy's instance: the policy and its scope's
+// value.
+func nodeSpecKey(c quota.PolicyCall) string { return c.Policy.Name + "|" + c.Value }
 
 func (g *Gate) adaptiveOf(p *quota.Policy) (*locallimit.Adaptive, error) {
 	g.adaptMu.Lock()
@@ -191,6 +195,7 @@ func (g *Gate) admitWithLocal(ctx context.Context, req quota.Request) (quota.Dec
 		if commit {
 			// (a shadow refusal committed nothing: only the admitted go back)
 			_ = g.node.Undo(now, req.RequestID, lp.committed)
+			g.wakeNode(req, lp, lp.committed)
 		}
 		g.cancelAdaptive(lp, acquired)
 		if err != nil {
@@ -280,5 +285,22 @@ func (g *Gate) releaseLocal(req quota.Request, d quota.Decision) {
 	}
 	if len(leases) > 0 {
 		_ = g.node.Release(now.UnixMicro(), req.RequestID, leases)
+		g.wakeNode(req, lp, leases)
+	}
+}
+
+// wakeNode wakes a waiter of each queue concurrency policy among specs,
+// whose lease of req on this node just ended (queue.go).
+func (g *Gate) wakeNode(req quota.Request, lp *localPolicies, specs []locallimit.NodeSpec) {
+	for _, sp := range specs {
+		if sp.Alg != quota.AlgConcurrency {
+			continue
+		}
+		for j := range lp.specs {
+			if lp.specs[j].Key == sp.Key && req.Policies[lp.calls[j]].Policy.OnRefuse == quota.RefuseQueue {
+				g.queue.wake(nodeLeaseKey(sp.Key))
+				break
+			}
+		}
 	}
 }

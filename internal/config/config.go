@@ -50,6 +50,11 @@ type Config struct {
 	// IdempotencyLimits bound each tenant's idempotency records
 	// (TOLLGATE_IDEMPOTENCY_MAX_ANSWERS, TOLLGATE_IDEMPOTENCY_MAX_BYTES).
 	IdempotencyLimits quota.AnswerLimits
+	// QueueWaiters bound the requests of one api node waiting in policy
+	// queues: in all (TOLLGATE_QUEUE_WAITERS), per tenant
+	// (TOLLGATE_QUEUE_WAITERS_PER_TENANT), per policy
+	// (TOLLGATE_QUEUE_WAITERS_PER_POLICY).
+	QueueWaiters, QueueWaitersPerTenant, QueueWaitersPerPolicy int
 }
 
 // Var documents one environment variable.
@@ -82,6 +87,9 @@ var Vars = []Var{
 	{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "0", "largest upstream answer body the proxy passes on, in bytes (502 past it); 0: no maximum"},
 	{"TOLLGATE_IDEMPOTENCY_MAX_ANSWERS", "100000", "idempotency records a tenant may hold at once (stored answers and first requests in flight, each 24 h), 1 to 100000000; a new key past it is 429"},
 	{"TOLLGATE_IDEMPOTENCY_MAX_BYTES", "67108864", "bytes of stored idempotent answers a tenant may hold at once (a first request in flight holds 1064960, the largest answer), 1064960 to 1099511627776; a new key past it is 429"},
+	{"TOLLGATE_QUEUE_WAITERS", "1024", "most requests of one api node waiting in policy queues at once (on_refuse queue); past it a refusal is answered at once"},
+	{"TOLLGATE_QUEUE_WAITERS_PER_TENANT", "64", "most of them one tenant's, at most TOLLGATE_QUEUE_WAITERS"},
+	{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "512", "most of them waiting on one policy, at most TOLLGATE_QUEUE_WAITERS"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -181,7 +189,25 @@ func Load(getenv func(string) string) (Config, error) {
 	if l.Bytes, err = strconv.ParseInt(get("TOLLGATE_IDEMPOTENCY_MAX_BYTES"), 10, 64); err != nil || l.Bytes < quota.AnswerReserve || l.Bytes > 1<<40 {
 		return c, fmt.Errorf("config: TOLLGATE_IDEMPOTENCY_MAX_BYTES: %q must be a number of bytes between %d and %d", get("TOLLGATE_IDEMPOTENCY_MAX_BYTES"), quota.AnswerReserve, int64(1)<<40)
 	}
+	if c.QueueWaiters, err = intBetween(get, "TOLLGATE_QUEUE_WAITERS", 1, 1_000_000); err != nil {
+		return c, err
+	}
+	if c.QueueWaitersPerTenant, err = intBetween(get, "TOLLGATE_QUEUE_WAITERS_PER_TENANT", 1, c.QueueWaiters); err != nil {
+		return c, err
+	}
+	if c.QueueWaitersPerPolicy, err = intBetween(get, "TOLLGATE_QUEUE_WAITERS_PER_POLICY", 1, c.QueueWaiters); err != nil {
+		return c, err
+	}
 	return c, nil
+}
+
+// intBetween reads an integer variable between min and max.
+func intBetween(get func(string) string, name string, min, max int) (int, error) {
+	n, err := strconv.Atoi(get(name))
+	if err != nil || n < min || n > max {
+		return 0, fmt.Errorf("config: %s: %q must be a whole number between %d and %d", name, get(name), min, max)
+	}
+	return n, nil
 }
 
 // ParsePrefixes parses a comma-separated list of IP addresses and CIDR

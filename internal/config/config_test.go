@@ -34,6 +34,9 @@ func TestLoadDefaults(t *testing.T) {
 		{"WebhookAllowPrivate", c.WebhookAllowPrivate, false},
 		{"ProxyMaxResponseBytes", c.ProxyMaxResponseBytes, int64(0)},
 		{"IdempotencyLimits", c.IdempotencyLimits, quota.DefaultAnswerLimits},
+		{"QueueWaiters", c.QueueWaiters, 1024},
+		{"QueueWaitersPerTenant", c.QueueWaitersPerTenant, 64},
+		{"QueueWaitersPerPolicy", c.QueueWaitersPerPolicy, 512},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -88,6 +91,12 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_IDEMPOTENCY_MAX_ANSWERS", "many"},
 		{"TOLLGATE_IDEMPOTENCY_MAX_BYTES", "1048576"},
 		{"TOLLGATE_IDEMPOTENCY_MAX_BYTES", "64MiB"},
+		{"TOLLGATE_QUEUE_WAITERS", "0"},
+		{"TOLLGATE_QUEUE_WAITERS", "many"},
+		{"TOLLGATE_QUEUE_WAITERS_PER_TENANT", "0"},
+		{"TOLLGATE_QUEUE_WAITERS_PER_TENANT", "1025"}, // past the node's 1024
+		{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "-3"},
+		{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "2000"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {

@@ -49,12 +49,12 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		return err
 	}
 	ctx := c.UserContext()
+	var watch *hangupWatch
 	if len(calls) > 0 {
 		req.Policies, req.RequestID = calls, httpx.UniqueID(c)
 		if mayWait(calls) {
-			var stop func()
-			ctx, stop = untilHangup(c)
-			defer stop()
+			ctx, watch = untilHangup(c)
+			defer watch.finish()
 		}
 	}
 	start := time.Now()
@@ -103,6 +103,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 			}
 			return ctx.Err()
 		}
+		watch.end() // it waits no more
 	}
 
 	// A settle route reserves the admission for settling (one more Redis

@@ -19,6 +19,7 @@ type Metrics struct {
 	DenyHits     prometheus.Counter
 	AuthFailures prometheus.Counter
 	Policies     *prometheus.CounterVec // policy decisions by policy, algorithm, outcome
+	QueueFull    *prometheus.CounterVec // queued refusals answered at once: a queue bound was full, by bound
 
 	// requests caches the children of Requests (see request).
 	requestsMu sync.Mutex
@@ -60,8 +61,12 @@ func NewMetrics() *Metrics {
 			Name: "tollgate_policy_decisions_total",
 			Help: "Policy decisions by policy, algorithm and outcome (admitted, refused, shadow_refused, degraded).",
 		}, []string{"policy", "algorithm", "outcome"}),
+		QueueFull: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_policy_queue_full_total",
+			Help: "Refusals of queue policies answered at once because a bound of the node's queue was full (node, tenant, policy).",
+		}, []string{"bound"}),
 	}
-	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures, m.Policies,
+	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures, m.Policies, m.QueueFull,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -94,16 +94,20 @@ func (r *Runner) PolicyKey(tag, policy, value string) string {
 // in one Redis Cluster slot): in mode PolicyAdmit, every one is committed
 // when the enforced and degrade ones all admit; PolicyDry writes nothing;
 // PolicyUndo rolls back an admission of the same id, weights and
-// parameters; PolicyRelease ends the concurrency leases of id. now is in
-// us; 0 means Redis time.
+// parameters; PolicyRelease ends the concurrency leases of id. A release
+// or undo that frees a slot of a full queue policy announces it to every
+// node (ListenReleases). now is in us; 0 means Redis time.
 func (r *Runner) RunPolicies(ctx context.Context, mode string, now int64, id string, specs []PolicySpec) (PolicyResult, error) {
 	keys := make([]string, len(specs))
-	args := make([]any, 0, 5+len(specs)*7)
+	args := make([]any, 0, 6+len(specs)*7)
 	args = append(args, r.layout, now, mode, id, len(specs))
 	for i, s := range specs {
 		keys[i] = s.Key
 	}
 	args = appendPolicyArgs(args, specs)
+	if mode == PolicyRelease || mode == PolicyUndo {
+		args = append(args, r.releaseArg) // where a freed slot is announced (releases.go)
+	}
 	res, err := policyRunScript.Run(ctx, r.c, keys, args...).Int64Slice()
 	if err != nil {
 		return PolicyResult{}, fmt.Errorf("ratelimit: policies: %w", err)

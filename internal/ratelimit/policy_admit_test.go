@@ -302,13 +302,18 @@ func runReplayTakesNoLease(t *testing.T, c redis.UniversalClient) {
 			idem := func(n int) quota.Request {
 				req := policyReq(tenant, now.Add(time.Duration(n)*time.Second), n, 100, one, rate)
 				req.IdempotencyKey, req.IdempotencyFingerprint, req.IdempotencyLease = "k", "fp", time.Minute
+				req.IdempotencyClaim = "c-k"
 				return req
+			}
+			// (the room of its record, as the Gate claims it before an admission)
+			if _, err := r.ClaimAnswer(ctx, idem(0), false); err != nil {
+				t.Fatal(err)
 			}
 			first := mustAdmit(t, r, idem(0))
 			if !first.Allowed || first.Replayed() {
 				t.Fatalf("first request: %s", fmtDecision(first))
 			}
-			if _, err := r.StoreAnswer(ctx, tenant, "k", "fp", quota.StoredAnswer{Status: 200, Body: []byte("ok")}); err != nil {
+			if _, err := r.StoreAnswer(ctx, idem(0), quota.StoredAnswer{Status: 200, Body: []byte("ok")}); err != nil {
 				t.Fatal(err)
 			}
 			if err := r.ReleasePolicies(ctx, idem(0)); err != nil {

@@ -58,6 +58,9 @@ type Runner struct {
 	active activeSet // tenants with usage counted since the last ReportActive
 	// answers bound each tenant's idempotency records (idem.go)
 	answers quota.AnswerLimits
+	// releaseArg is the channel of the releases (releases.go), boxed once
+	// for the script calls that release
+	releaseArg any
 }
 
 // Layouts of the limit state (lua/state.lua).
@@ -76,7 +79,9 @@ func New(c redis.UniversalClient, prefix string) *Runner {
 	if strings.ContainsAny(prefix, "{}") {
 		panic(fmt.Sprintf("ratelimit: key prefix %q must not contain braces", prefix))
 	}
-	return &Runner{c: c, prefix: prefix, layout: LayoutV2, batch: newBatcher(c, admitScript), answers: quota.DefaultAnswerLimits}
+	r := &Runner{c: c, prefix: prefix, layout: LayoutV2, batch: newBatcher(c, admitScript), answers: quota.DefaultAnswerLimits}
+	r.releaseArg = r.releases()
+	return r
 }
 
 // WithLayout sets the layout the runner writes (LayoutV2 by default; see
