@@ -120,9 +120,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		ServiceToken: cfg.ServiceToken,
 		SessionTTL:   cfg.SessionTTL,
 
-		TrustedProxies:      cfg.TrustedProxies,
-		WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		MaxResponseBytes:    cfg.ProxyMaxResponseBytes,
+		TrustedProxies:         cfg.TrustedProxies,
+		WebhookAllowPrivate:    cfg.WebhookAllowPrivate,
+		MaxResponseBytes:       cfg.ProxyMaxResponseBytes,
+		MaxResponseHeaderBytes: cfg.ProxyMaxResponseHeaderBytes,
 	})
 	if err != nil {
 		return err

@@ -45,6 +45,10 @@ type Config struct {
 	// ProxyMaxResponseBytes is the largest upstream answer body the proxy
 	// passes on (TOLLGATE_PROXY_MAX_RESPONSE_BYTES); 0: no maximum.
 	ProxyMaxResponseBytes int64
+	// ProxyMaxResponseHeaderBytes is the largest header block of an
+	// upstream's answer the proxy reads
+	// (TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES).
+	ProxyMaxResponseHeaderBytes int
 }
 
 // Var documents one environment variable.
@@ -74,6 +78,7 @@ var Vars = []Var{
 	{"TOLLGATE_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of the proxies in front of the api whose X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto are believed; unset: the client is the connection's address, host and scheme"},
 	{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "false", "true lets webhook URLs reach loopback, link-local and private addresses (a lab, a receiver on the same network); keep false in production"},
 	{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "0", "largest upstream answer body the proxy passes on, in bytes (502 past it); 0: no maximum"},
+	{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "65536", "largest header block (status line and headers) of an upstream's answer the proxy reads, in bytes, 4096 to 1048576 (502 past it, not refunded)"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -158,6 +163,9 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.ProxyMaxResponseBytes, err = strconv.ParseInt(get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"), 10, 64); err != nil || c.ProxyMaxResponseBytes < 0 {
 		return c, fmt.Errorf("config: TOLLGATE_PROXY_MAX_RESPONSE_BYTES: %q must be a number of bytes, 0 for no maximum", get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"))
 	}
+	if c.ProxyMaxResponseHeaderBytes, err = byteSize(get, "TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", 4096, 1<<20); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 
@@ -204,6 +212,15 @@ func duration(get func(string) string, name string, min, max time.Duration) (tim
 		return 0, fmt.Errorf("config: %s: %s must be between %s and %s", name, d, min, max)
 	}
 	return d, nil
+}
+
+// byteSize reads a number of bytes between min and max.
+func byteSize(get func(string) string, name string, min, max int) (int, error) {
+	n, err := strconv.Atoi(get(name))
+	if err != nil || n < min || n > max {
+		return 0, fmt.Errorf("config: %s: %q must be a number of bytes between %d and %d", name, get(name), min, max)
+	}
+	return n, nil
 }
 
 func checkDatabaseURL(raw string) error {

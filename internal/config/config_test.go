@@ -31,6 +31,7 @@ func TestLoadDefaults(t *testing.T) {
 		{"TrustedProxies", len(c.TrustedProxies), 0},
 		{"WebhookAllowPrivate", c.WebhookAllowPrivate, false},
 		{"ProxyMaxResponseBytes", c.ProxyMaxResponseBytes, int64(0)},
+		{"ProxyMaxResponseHeaderBytes", c.ProxyMaxResponseHeaderBytes, 65536},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -81,6 +82,9 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "-1"},
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "1MB"},
 		{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "99999999999999999999"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "4095"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "1048577"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "64KiB"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {

@@ -41,6 +41,9 @@ type Options struct {
 	// MaxResponseBytes is the largest upstream answer body the proxy passes
 	// on (proxybody.go); 0: no maximum.
 	MaxResponseBytes int64
+	// MaxResponseHeaderBytes is the largest header block of an upstream's
+	// answer the proxy reads (proxybody.go); 0: defaultAnswerHeader.
+	MaxResponseHeaderBytes int
 }
 
 // gate is the door to quota state of the metered requests and /v1/check
@@ -143,7 +146,7 @@ func New(d Deps, opts Options) (*Server, error) {
 	}
 	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, gate: d.Gate, ready: d.Ready,
 		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, policies: d.Policies, opts: opts, guard: guard,
-		upstream: newUpstreamClient(opts.MaxResponseBytes),
+		upstream: newUpstreamClient(opts.MaxResponseBytes, opts.MaxResponseHeaderBytes),
 		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),
