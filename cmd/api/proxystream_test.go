@@ -91,8 +91,14 @@ func downloadStack(tb testing.TB) (*stack, string) {
 // interrupted, then killed, at cleanup.
 func startAPIProcess(tb testing.TB, env map[string]string) (int, string) {
 	tb.Helper()
+	return startAPICommand(tb, exec.Command(os.Args[0]), env)
+}
+
+// startAPICommand is startAPIProcess with the command that runs this test
+// binary given (through a shell that sets a limit first, say).
+func startAPICommand(tb testing.TB, cmd *exec.Cmd, env map[string]string) (int, string) {
+	tb.Helper()
 	env["TOLLGATE_ADDR"] = "127.0.0.1:0"
-	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(), "TOLLGATE_TEST_RUN_MAIN=1")
 	for k, v := range env {
 		cmd.Env = append(cmd.Env, k+"="+v)

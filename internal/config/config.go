@@ -45,6 +45,14 @@ type Config struct {
 	// ProxyMaxResponseBytes is the largest upstream answer body the proxy
 	// passes on (TOLLGATE_PROXY_MAX_RESPONSE_BYTES); 0: no maximum.
 	ProxyMaxResponseBytes int64
+	// MaxConns caps the client connections the api holds open at once
+	// (TOLLGATE_MAX_CONNS); 0: connlimit.DefaultMax.
+	MaxConns int
+	// MaxConnsPerIP caps them per client address
+	// (TOLLGATE_MAX_CONNS_PER_IP); 0: no cap.
+	MaxConnsPerIP int
+	ReadTimeout   time.Duration // TOLLGATE_READ_TIMEOUT
+	IdleTimeout   time.Duration // TOLLGATE_IDLE_TIMEOUT
 	// ProxyMaxResponseHeaderBytes is the largest header block of an
 	// upstream's answer the proxy reads
 	// (TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES).
@@ -78,6 +86,10 @@ var Vars = []Var{
 	{"TOLLGATE_TRUSTED_PROXIES", "", "comma-separated addresses or CIDRs of the proxies in front of the api whose X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto are believed; unset: the client is the connection's address, host and scheme"},
 	{"TOLLGATE_WEBHOOK_ALLOW_PRIVATE", "false", "true lets webhook URLs reach loopback, link-local and private addresses (a lab, a receiver on the same network); keep false in production"},
 	{"TOLLGATE_PROXY_MAX_RESPONSE_BYTES", "0", "largest upstream answer body the proxy passes on, in bytes (502 past it); 0: no maximum"},
+	{"TOLLGATE_MAX_CONNS", "0", "client connections the api holds open at once, 0 to 1000000; past it a new one is answered 503 and closed; 0: 10000, or half the process's open-file limit when that is lower"},
+	{"TOLLGATE_MAX_CONNS_PER_IP", "512", "client connections open at once from one address (an IPv6 client by its /64), 0 to 1000000; past it a new one is answered 429 and closed; the trusted proxies are not capped; 0: no cap"},
+	{"TOLLGATE_READ_TIMEOUT", "30s", "how long a client has to send a whole request, headers and body, from its first byte (a new connection: its first request), Go duration, 1s to 10m"},
+	{"TOLLGATE_IDLE_TIMEOUT", "120s", "how long a kept-alive connection may wait for its next request, Go duration, 1s to 1h"},
 	{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "65536", "largest header block (status line and headers) of an upstream's answer the proxy reads, in bytes, 4096 to 1048576 (502 past it, not refunded)"},
 }
 
@@ -163,6 +175,18 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.ProxyMaxResponseBytes, err = strconv.ParseInt(get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"), 10, 64); err != nil || c.ProxyMaxResponseBytes < 0 {
 		return c, fmt.Errorf("config: TOLLGATE_PROXY_MAX_RESPONSE_BYTES: %q must be a number of bytes, 0 for no maximum", get("TOLLGATE_PROXY_MAX_RESPONSE_BYTES"))
 	}
+	if c.MaxConns, err = count(get, "TOLLGATE_MAX_CONNS", 1_000_000); err != nil {
+		return c, err
+	}
+	if c.MaxConnsPerIP, err = count(get, "TOLLGATE_MAX_CONNS_PER_IP", 1_000_000); err != nil {
+		return c, err
+	}
+	if c.ReadTimeout, err = duration(get, "TOLLGATE_READ_TIMEOUT", time.Second, 10*time.Minute); err != nil {
+		return c, err
+	}
+	if c.IdleTimeout, err = duration(get, "TOLLGATE_IDLE_TIMEOUT", time.Second, time.Hour); err != nil {
+		return c, err
+	}
 	if c.ProxyMaxResponseHeaderBytes, err = byteSize(get, "TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", 4096, 1<<20); err != nil {
 		return c, err
 	}
@@ -212,6 +236,15 @@ func duration(get func(string) string, name string, min, max time.Duration) (tim
 		return 0, fmt.Errorf("config: %s: %s must be between %s and %s", name, d, min, max)
 	}
 	return d, nil
+}
+
+// count reads a whole number from 0 to max.
+func count(get func(string) string, name string, max int) (int, error) {
+	n, err := strconv.Atoi(get(name))
+	if err != nil || n < 0 || n > max {
+		return 0, fmt.Errorf("config: %s: %q must be a whole number from 0 to %d", name, get(name), max)
+	}
+	return n, nil
 }
 
 // byteSize reads a number of bytes between min and max.

@@ -32,6 +32,10 @@ func TestLoadDefaults(t *testing.T) {
 		{"WebhookAllowPrivate", c.WebhookAllowPrivate, false},
 		{"ProxyMaxResponseBytes", c.ProxyMaxResponseBytes, int64(0)},
 		{"ProxyMaxResponseHeaderBytes", c.ProxyMaxResponseHeaderBytes, 65536},
+		{"MaxConns", c.MaxConns, 0},
+		{"MaxConnsPerIP", c.MaxConnsPerIP, 512},
+		{"ReadTimeout", c.ReadTimeout, 30 * time.Second},
+		{"IdleTimeout", c.IdleTimeout, 120 * time.Second},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -85,6 +89,16 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "4095"},
 		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "1048577"},
 		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "64KiB"},
+		{"TOLLGATE_MAX_CONNS", "-1"},
+		{"TOLLGATE_MAX_CONNS", "many"},
+		{"TOLLGATE_MAX_CONNS", "1000001"},
+		{"TOLLGATE_MAX_CONNS_PER_IP", "-5"},
+		{"TOLLGATE_MAX_CONNS_PER_IP", "1e3"},
+		{"TOLLGATE_READ_TIMEOUT", "0s"},
+		{"TOLLGATE_READ_TIMEOUT", "11m"},
+		{"TOLLGATE_READ_TIMEOUT", "soon"},
+		{"TOLLGATE_IDLE_TIMEOUT", "500ms"},
+		{"TOLLGATE_IDLE_TIMEOUT", "2h"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {

@@ -4,6 +4,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/netip"
@@ -41,6 +42,13 @@ type Options struct {
 	// MaxResponseBytes is the largest upstream answer body the proxy passes
 	// on (proxybody.go); 0: no maximum.
 	MaxResponseBytes int64
+	// MaxConns is the listener's cap on connections (connlimit), which
+	// sizes the server's pool of connection workers; 0: fasthttp's default.
+	MaxConns int
+	// ReadTimeout bounds the reading of a request from its first byte (of
+	// a new connection, its first request); IdleTimeout the wait of a
+	// kept-alive connection for its next one. 0: 30 s and 120 s.
+	ReadTimeout, IdleTimeout time.Duration
 	// MaxResponseHeaderBytes is the largest header block of an upstream's
 	// answer the proxy reads (proxybody.go); 0: defaultAnswerHeader.
 	MaxResponseHeaderBytes int
@@ -156,9 +164,10 @@ func New(d Deps, opts Options) (*Server, error) {
 		BodyLimit:             opts.BodyLimit,
 		DisableStartupMessage: true,
 		ErrorHandler:          httpx.ErrorHandler(d.Log, pages.IsPage, s.pages.ErrorPage),
-		ReadTimeout:           30 * time.Second,
+		ReadTimeout:           cmp.Or(opts.ReadTimeout, 30*time.Second),
 		WriteTimeout:          60 * time.Second,
-		IdleTimeout:           120 * time.Second,
+		IdleTimeout:           cmp.Or(opts.IdleTimeout, 120*time.Second),
+		Concurrency:           workers(opts.MaxConns),
 		// No proxy is trusted by Fiber itself: c.Hostname(), c.Protocol()
 		// and c.IP() then never read X-Forwarded-* headers, which any
 		// client can send. The guard alone decides which peers are
@@ -169,6 +178,18 @@ func New(d Deps, opts Options) (*Server, error) {
 	s.app.Server().CloseOnShutdown = true
 	s.routesSetup()
 	return s, nil
+}
+
+// workers sizes fasthttp's pool of connection workers for a listener that
+// holds maxConns connections: a little above it, since the listener counts a
+// connection out as soon as it is closed, a moment before its worker is
+// free for the next one (fasthttp answers a connection past its pool with
+// a plain 503 of its own). 0: fasthttp's default.
+func workers(maxConns int) int {
+	if maxConns <= 0 {
+		return 0
+	}
+	return maxConns + maxConns/16 + 16
 }
 
 // App returns the Fiber app, for Listener and for tests' app.Test.
