@@ -37,6 +37,9 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		c.Context().SetConnectionClose() // where the request ends is unknown
 		return quota.FieldError("Content-Length", "must be stated once: two different lengths leave the end of the request unknown")
 	}
+	if err := httpx.ReadBody(c, s.bodyLimit); err != nil { // now that the key is known
+		return err
+	}
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: route.Meter, Cost: route.Cost, Limits: p.Limits,
 		Overage: p.Tier.Overage, OveragePriceCentsPer1K: p.Tier.OveragePriceCentsPer1K, FailOpen: p.Tier.FailOpen,

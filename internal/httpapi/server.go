@@ -122,9 +122,12 @@ type Server struct {
 	opts     Options
 	// upstream is the client of the proxied routes (newUpstreamClient).
 	upstream *fasthttp.Client
-	guard    *httpx.Guard
-	admin    *admin.API
-	pages    *pages.Pages
+	// bodyLimit is the largest request body read (Fiber's BodyLimit:
+	// Options.BodyLimit, or Fiber's default); see httpx.ReadBody.
+	bodyLimit int
+	guard     *httpx.Guard
+	admin     *admin.API
+	pages     *pages.Pages
 }
 
 // New builds the Fiber app with every route registered. It fails only when
@@ -168,17 +171,33 @@ func New(d Deps, opts Options) (*Server, error) {
 		WriteTimeout:          60 * time.Second,
 		IdleTimeout:           cmp.Or(opts.IdleTimeout, 120*time.Second),
 		Concurrency:           workers(opts.MaxConns),
+		// Bodies are read by the handlers once they know the sender
+		// (httpx.ReadBody, within BodyLimit); fasthttp reads readAhead
+		// bytes of one at most, whatever length it announces, and
+		// preparses no form.
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
 		// No proxy is trusted by Fiber itself: c.Hostname(), c.Protocol()
 		// and c.IP() then never read X-Forwarded-* headers, which any
 		// client can send. The guard alone decides which peers are
 		// trusted proxies (TOLLGATE_TRUSTED_PROXIES) and reads them.
 		EnableTrustedProxyCheck: true,
 	})
+	s.bodyLimit = s.app.Config().BodyLimit
+	// With StreamRequestBody, fasthttp's MaxRequestBodySize (Fiber sets it
+	// to BodyLimit) refuses nothing: it is how much of a body fasthttp
+	// reads before the handler runs.
+	s.app.Server().MaxRequestBodySize = readAhead
 	// Answers sent while shutting down say Connection: close.
 	s.app.Server().CloseOnShutdown = true
 	s.routesSetup()
 	return s, nil
 }
+
+// readAhead is the most of a request's body read before its handler runs,
+// that is, before anything is known of its sender: a body up to it is read
+// whole at once, a longer one by httpx.ReadBody.
+const readAhead = 4 << 10
 
 // workers sizes fasthttp's pool of connection workers for a listener that
 // holds maxConns connections: a little above it, since the listener counts a
@@ -200,6 +219,7 @@ func (s *Server) routesSetup() {
 	s.app.Use(httpx.RequestIDs)
 	s.app.Use(httpx.AccessLog(s.log, s.guard.ClientIP))
 	s.app.Use(recover.New())
+	s.app.Use(httpx.BodyGuard(s.bodyLimit))
 
 	s.app.Get("/healthz", s.healthz)
 	s.app.Get("/readyz", s.readyz)
@@ -213,7 +233,7 @@ func (s *Server) routesSetup() {
 	v1.Post("/check", s.check)
 	v1.Post("/settle", s.settle)
 
-	admin := s.app.Group("/admin/v1", s.admin.Auth, httpx.CheckQuery)
+	admin := s.app.Group("/admin/v1", s.admin.Auth, httpx.CheckQuery, httpx.PlainBody(s.bodyLimit))
 	admin.Get("/tiers", s.admin.ListTiers)
 	admin.Post("/tiers", s.admin.CreateTier)
 	admin.Get("/tiers/:slug", s.admin.GetTier)
