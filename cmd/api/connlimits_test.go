@@ -158,44 +158,68 @@ func TestConnectionCaps(t *testing.T) {
 	}
 }
 
-// TestOutOfDescriptorsTheAPIKeeps: an api process limited to 256 open
-// files (and a connection cap above that, so that the descriptors run out
-// first) takes 600 connections that each send half a request: it stays up,
-// answers /healthz (once the read timeout has closed enough of them), and
-// serves metered requests after the flood.
+// TestOutOfDescriptorsTheAPIKeepsServing: an api process limited to 256
+// open files takes 600 connections that each send half a request, more
+// than its connection cap and than its descriptors: with the default cap
+// (half the descriptors) the connections past it are answered 503, and
+// with a cap above the descriptors, which then run out first, the api
+// waits for some to close. Either way it stays up, answers /healthz (once
+// the read timeout has closed enough of the flood), and serves metered
+// requests after the flood.
 func TestOutOfDescriptorsTheAPIKeepsServing(t *testing.T) {
 	t.Parallel()
-	s := mustStack(t)
-	tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
-	_, key := s.tenant(tier.Slug)
-	env := s.env(map[string]string{"TOLLGATE_MAX_CONNS": "1000", "TOLLGATE_MAX_CONNS_PER_IP": "0", "TOLLGATE_READ_TIMEOUT": "3s"})
-	// ulimit sets the hard limit too: the Go runtime cannot raise it.
-	pid, base := startAPICommand(t, exec.Command("sh", "-c", `ulimit -n 256 && exec "$0"`, os.Args[0]), env)
-	if r := rawGet(t, base, "/api/demo/echo", key); r.status != 200 {
-		t.Fatalf("warm-up: %d %s", r.status, r.body)
-	}
+	for _, tc := range []struct {
+		name, maxConns string
+		refused        bool // the cap refuses some of the flood
+	}{
+		{"default cap", "0", true},
+		{"cap above the descriptors", "1000", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel()
+			s := mustStack(t)
+			tier := s.tier(1, quota.Limits{DailyQuota: quota.Ptr(int64(1000))})
+			_, key := s.tenant(tier.Slug)
+			env := s.env(map[string]string{"TOLLGATE_MAX_CONNS": tc.maxConns, "TOLLGATE_MAX_CONNS_PER_IP": "0", "TOLLGATE_READ_TIMEOUT": "3s"})
+			// ulimit sets the hard limit too: the Go runtime cannot raise it.
+			pid, base := startAPICommand(t, exec.Command("sh", "-c", `ulimit -n 256 && exec "$0"`, os.Args[0]), env)
+			if r := rawGet(t, base, "/api/demo/echo", key); r.status != 200 {
+				t.Fatalf("warm-up: %d %s", r.status, r.body)
+			}
 
-	flood := make([]net.Conn, 600)
-	for i := range flood {
-		flood[i] = dialFrom(t, base, "127.0.0.1")
-		_, _ = io.WriteString(flood[i], "GET /healthz HTTP/1.1\r\nHost: t\r\n")
-	}
-	hc := dialFrom(t, base, "127.0.0.1")
-	_, _ = io.WriteString(hc, "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
-	h := listen([]net.Conn{hc}, 60*time.Second)[0]
-	if err := syscall.Kill(pid, 0); err != nil {
-		t.Fatalf("the api process is gone after 600 connections with 256 descriptors: %v", err)
-	}
-	if h.status != 200 {
-		t.Fatalf("GET /healthz behind 600 connections with 256 descriptors: %d %s, want 200", h.status, h.body)
-	}
-	for _, c := range flood {
-		c.Close()
-	}
-	if r := rawGet(t, base, "/api/demo/echo", key); r.status != 200 {
-		t.Fatalf("a metered request after the flood: %d %s, want 200", r.status, r.body)
-	}
-	if err := syscall.Kill(pid, 0); err != nil {
-		t.Fatalf("the api process is gone: %v", err)
+			flood := make([]net.Conn, 600)
+			for i := range flood {
+				flood[i] = dialFrom(t, base, "127.0.0.1")
+				_, _ = io.WriteString(flood[i], "GET /healthz HTTP/1.1\r\nHost: t\r\n")
+			}
+			if got := tally(listen(flood, time.Second)); (got[503] > 0) != tc.refused {
+				t.Errorf("600 connections sending half a request: %v (status: count; 0 held), want 503s: %t", got, tc.refused)
+			}
+			healthy := false
+			for deadline := time.Now().Add(60 * time.Second); !healthy && time.Now().Before(deadline); {
+				hc := dialFrom(t, base, "127.0.0.1")
+				_, _ = io.WriteString(hc, "GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n")
+				healthy = listen([]net.Conn{hc}, 15*time.Second)[0].status == 200
+				hc.Close()
+				if !healthy {
+					time.Sleep(500 * time.Millisecond)
+				}
+			}
+			if err := syscall.Kill(pid, 0); err != nil {
+				t.Fatalf("the api process is gone after 600 connections with 256 descriptors: %v", err)
+			}
+			if !healthy {
+				t.Fatal("GET /healthz behind 600 connections with 256 descriptors: no 200 within 60 s")
+			}
+			for _, c := range flood {
+				c.Close()
+			}
+			if r := rawGet(t, base, "/api/demo/echo", key); r.status != 200 {
+				t.Fatalf("a metered request after the flood: %d %s, want 200", r.status, r.body)
+			}
+			if err := syscall.Kill(pid, 0); err != nil {
+				t.Fatalf("the api process is gone: %v", err)
+			}
+		})
 	}
 }
