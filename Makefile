@@ -49,7 +49,9 @@ bench: build
 # api is bin/api. loadgen waits until the three answer, then prints req/s,
 # p50/p99 and ratios, the open-loop p99 overhead, the Redis cost of an
 # admission and the goals of issue 12. All three are stopped on exit, even
-# on failure. LOADFLAGS='-duration 2s' for a quicker run.
+# on failure. LOADFLAGS='-duration 2s' for a quicker run. The load comes from
+# one address, whose connections (-conns a row, up to 1024, kept a minute)
+# the api's cap per address would refuse: TOLLGATE_MAX_CONNS_PER_IP=0.
 BENCH_ADDR ?= 127.0.0.1:18080
 BENCH_BARE_ADDR ?= 127.0.0.1:18081
 BENCH_REDIS_RATE_ADDR ?= 127.0.0.1:18082
@@ -58,7 +60,7 @@ LOADFLAGS ?= -duration 5s -conns 64
 API_BIN ?= bin/api
 bench-load: build
 	@$(SERVICES); \
-	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn \
+	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn TOLLGATE_MAX_CONNS_PER_IP=0 \
 		TOLLGATE_SERVICE_TOKEN=bench-service-token-0123456789 TOLLGATE_ADMIN_TOKEN=bench-admin-token-0123456789; \
 	pids=""; \
 	trap 'kill $$pids 2>/dev/null || true; wait $$pids 2>/dev/null || true' EXIT; \

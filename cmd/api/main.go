@@ -22,6 +22,7 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/config"
 	"github.com/tollgate/tollgate/internal/httpapi"
+	"github.com/tollgate/tollgate/internal/httpapi/connlimit"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/redisdb"
@@ -119,6 +120,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}()
 	defer func() { stopBG(); <-reported }()
 
+	maxConns := cfg.MaxConns
+	if maxConns == 0 {
+		maxConns = connlimit.DefaultMax()
+	}
 	srv, err := httpapi.New(httpapi.Deps{
 		Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, cfg.RedisPrefix), Catalog: cat, Gate: gate, Routes: table, Metrics: metrics, Now: time.Now,
 		Grants: catalog.NewGrants(store, runner, cat, time.Now, log), Plans: catalog.NewPlans(store, runner, cat, time.Now, log),
@@ -130,19 +135,29 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		ServiceToken: cfg.ServiceToken,
 		SessionTTL:   cfg.SessionTTL,
 
-		TrustedProxies:      cfg.TrustedProxies,
-		WebhookAllowPrivate: cfg.WebhookAllowPrivate,
-		MaxResponseBytes:    cfg.ProxyMaxResponseBytes,
-		Ops:                 cfg.OpsAddr != "",
+		TrustedProxies:         cfg.TrustedProxies,
+		WebhookAllowPrivate:    cfg.WebhookAllowPrivate,
+		MaxResponseBytes:       cfg.ProxyMaxResponseBytes,
+		MaxResponseHeaderBytes: cfg.ProxyMaxResponseHeaderBytes,
+		MaxConns:               maxConns,
+		ReadTimeout:            cfg.ReadTimeout,
+		IdleTimeout:            cfg.IdleTimeout,
+		Ops:                    cfg.OpsAddr != "",
 	})
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Addr)
+	tcp, err := net.Listen("tcp", cfg.Addr)
 	if err != nil {
 		return fmt.Errorf("TOLLGATE_ADDR: listen %s: %w", cfg.Addr, err)
 	}
-	log.Info("listening", "addr", ln.Addr().String())
+	// The listener caps connections and outlives a shortage of file
+	// descriptors (connlimit); the server tells it which ones it closed.
+	ln := connlimit.New(tcp, connlimit.Config{Max: maxConns, PerIP: cfg.MaxConnsPerIP, Exempt: cfg.TrustedProxies,
+		Log: log, Refused: func(reason string) { metrics.ConnsRefused.WithLabelValues(reason).Inc() }})
+	srv.App().Server().ConnState = ln.ConnState
+	metrics.WatchConns(ln.Open)
+	log.Info("listening", "addr", ln.Addr().String(), "max_conns", maxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
 	ops, err := serveOps(cfg.OpsAddr, srv.OpsApp(), log)
 	if err != nil {
 		ln.Close()

@@ -55,6 +55,18 @@ type Config struct {
 	// (TOLLGATE_QUEUE_WAITERS_PER_TENANT), per policy
 	// (TOLLGATE_QUEUE_WAITERS_PER_POLICY).
 	QueueWaiters, QueueWaitersPerTenant, QueueWaitersPerPolicy int
+	// MaxConns caps the client connections the api holds open at once
+	// (TOLLGATE_MAX_CONNS); 0: connlimit.DefaultMax.
+	MaxConns int
+	// MaxConnsPerIP caps them per client address
+	// (TOLLGATE_MAX_CONNS_PER_IP); 0: no cap.
+	MaxConnsPerIP int
+	ReadTimeout   time.Duration // TOLLGATE_READ_TIMEOUT
+	IdleTimeout   time.Duration // TOLLGATE_IDLE_TIMEOUT
+	// ProxyMaxResponseHeaderBytes is the largest header block of an
+	// upstream's answer the proxy reads
+	// (TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES).
+	ProxyMaxResponseHeaderBytes int
 }
 
 // Var documents one environment variable.
@@ -90,6 +102,11 @@ var Vars = []Var{
 	{"TOLLGATE_QUEUE_WAITERS", "1024", "most requests of one api node waiting in policy queues at once (on_refuse queue); past it a refusal is answered at once"},
 	{"TOLLGATE_QUEUE_WAITERS_PER_TENANT", "64", "most of them one tenant's, at most TOLLGATE_QUEUE_WAITERS"},
 	{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "512", "most of them waiting on one policy, at most TOLLGATE_QUEUE_WAITERS"},
+	{"TOLLGATE_MAX_CONNS", "0", "client connections the api holds open at once, 0 to 1000000; past it a new one is answered 503 and closed; 0: 10000, or half the process's open-file limit when that is lower"},
+	{"TOLLGATE_MAX_CONNS_PER_IP", "512", "client connections open at once from one address (an IPv6 client by its /64), 0 to 1000000; past it a new one is answered 429 and closed; the trusted proxies are not capped; 0: no cap"},
+	{"TOLLGATE_READ_TIMEOUT", "30s", "how long a client has to send a whole request, headers and body, from its first byte (a new connection: its first request), Go duration, 1s to 10m"},
+	{"TOLLGATE_IDLE_TIMEOUT", "120s", "how long a kept-alive connection may wait for its next request, Go duration, 1s to 1h"},
+	{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "65536", "largest header block (status line and headers) of an upstream's answer the proxy reads, in bytes, 4096 to 1048576 (502 past it, not refunded)"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -198,6 +215,21 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.QueueWaitersPerPolicy, err = intBetween(get, "TOLLGATE_QUEUE_WAITERS_PER_POLICY", 1, c.QueueWaiters); err != nil {
 		return c, err
 	}
+	if c.MaxConns, err = count(get, "TOLLGATE_MAX_CONNS", 1_000_000); err != nil {
+		return c, err
+	}
+	if c.MaxConnsPerIP, err = count(get, "TOLLGATE_MAX_CONNS_PER_IP", 1_000_000); err != nil {
+		return c, err
+	}
+	if c.ReadTimeout, err = duration(get, "TOLLGATE_READ_TIMEOUT", time.Second, 10*time.Minute); err != nil {
+		return c, err
+	}
+	if c.IdleTimeout, err = duration(get, "TOLLGATE_IDLE_TIMEOUT", time.Second, time.Hour); err != nil {
+		return c, err
+	}
+	if c.ProxyMaxResponseHeaderBytes, err = byteSize(get, "TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", 4096, 1<<20); err != nil {
+		return c, err
+	}
 	return c, nil
 }
 
@@ -266,6 +298,24 @@ func duration(get func(string) string, name string, min, max time.Duration) (tim
 		return 0, fmt.Errorf("config: %s: %s must be between %s and %s", name, d, min, max)
 	}
 	return d, nil
+}
+
+// count reads a whole number from 0 to max.
+func count(get func(string) string, name string, max int) (int, error) {
+	n, err := strconv.Atoi(get(name))
+	if err != nil || n < 0 || n > max {
+		return 0, fmt.Errorf("config: %s: %q must be a whole number from 0 to %d", name, get(name), max)
+	}
+	return n, nil
+}
+
+// byteSize reads a number of bytes between min and max.
+func byteSize(get func(string) string, name string, min, max int) (int, error) {
+	n, err := strconv.Atoi(get(name))
+	if err != nil || n < min || n > max {
+		return 0, fmt.Errorf("config: %s: %q must be a number of bytes between %d and %d", name, get(name), min, max)
+	}
+	return n, nil
 }
 
 func checkDatabaseURL(raw string) error {

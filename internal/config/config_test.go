@@ -37,6 +37,11 @@ func TestLoadDefaults(t *testing.T) {
 		{"QueueWaiters", c.QueueWaiters, 1024},
 		{"QueueWaitersPerTenant", c.QueueWaitersPerTenant, 64},
 		{"QueueWaitersPerPolicy", c.QueueWaitersPerPolicy, 512},
+		{"ProxyMaxResponseHeaderBytes", c.ProxyMaxResponseHeaderBytes, 65536},
+		{"MaxConns", c.MaxConns, 0},
+		{"MaxConnsPerIP", c.MaxConnsPerIP, 512},
+		{"ReadTimeout", c.ReadTimeout, 30 * time.Second},
+		{"IdleTimeout", c.IdleTimeout, 120 * time.Second},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -97,6 +102,19 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_QUEUE_WAITERS_PER_TENANT", "1025"}, // past the node's 1024
 		{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "-3"},
 		{"TOLLGATE_QUEUE_WAITERS_PER_POLICY", "2000"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "4095"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "1048577"},
+		{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "64KiB"},
+		{"TOLLGATE_MAX_CONNS", "-1"},
+		{"TOLLGATE_MAX_CONNS", "many"},
+		{"TOLLGATE_MAX_CONNS", "1000001"},
+		{"TOLLGATE_MAX_CONNS_PER_IP", "-5"},
+		{"TOLLGATE_MAX_CONNS_PER_IP", "1e3"},
+		{"TOLLGATE_READ_TIMEOUT", "0s"},
+		{"TOLLGATE_READ_TIMEOUT", "11m"},
+		{"TOLLGATE_READ_TIMEOUT", "soon"},
+		{"TOLLGATE_IDLE_TIMEOUT", "500ms"},
+		{"TOLLGATE_IDLE_TIMEOUT", "2h"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {

@@ -20,7 +20,7 @@ import (
 //
 //   - the key is scoped to the tenant for 24 hours; the first request with it
 //     is identified by its fingerprint: method, path and query as sent, and
-//     the SHA-256 of its body;
+//     the SHA-256 of its body as sent (encoded, if it came so);
 //   - a repeat of the same request is answered with the first answer,
 //     stored after it was sent: its status, the headers in replayHeaders and
 //     the body up to MaxReplayBody, marked Idempotent-Replayed: true; neither
@@ -63,9 +63,11 @@ var replayHeaders = []string{
 // headerTooLarge marks a stored answer whose body was not kept.
 const headerTooLarge = "Tollgate-Replay-Too-Large"
 
-// fingerprint identifies a metered request for its idempotency key.
+// fingerprint identifies a metered request for its idempotency key. The
+// body is hashed as it came, the bytes the upstream gets: Fiber's c.Body()
+// would inflate one sent with a Content-Encoding, without bound.
 func fingerprint(c *fiber.Ctx) string {
-	body := sha256.Sum256(c.Body())
+	body := sha256.Sum256(c.Request().Body())
 	h := sha256.New()
 	h.Write(c.Request().Header.Method())
 	h.Write([]byte{'\n'})

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"strconv"
 	"time"
 
@@ -35,6 +36,9 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if !oneContentLength(&c.Request().Header) {
 		c.Context().SetConnectionClose() // where the request ends is unknown
 		return quota.FieldError("Content-Length", "must be stated once: two different lengths leave the end of the request unknown")
+	}
+	if err := httpx.ReadBody(c, s.bodyLimit); err != nil { // now that the key is known
+		return err
 	}
 	req := quota.Request{
 		TenantID: p.Tenant.ID, Meter: route.Meter, Cost: route.Cost, Limits: p.Limits,
@@ -120,10 +124,11 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		}
 		cancel()
 	}
+	failed := false // what refund_on_5xx gives back: the upstream did not do the work
 	if route.UpstreamURL() != nil {
 		// An answer stored for idempotent repeats is read whole when it
 		// fits MaxReplayBody.
-		err = s.forward(c, route, p.Tenant.ID, settleID, req.IdempotencyKey != "" && !d.Degraded)
+		failed, err = s.forward(c, route, p.Tenant.ID, settleID, req.IdempotencyKey != "" && !d.Degraded)
 	} else {
 		err = s.builtin(c, route, p.Tenant.ID, p.Tier.Slug, d)
 	}
@@ -133,7 +138,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		s.settleFromHeader(c, p.Tenant.ID, route, settleID, err)
 	}
 	switch {
-	case route.RefundOn5xx && (err != nil || c.Response().StatusCode() >= 500):
+	case route.RefundOn5xx && (err != nil || failed):
 		rctx, cancel := detached(c)
 		if rerr := s.gate.Refund(rctx, req, d); rerr != nil {
 			s.log.Error("refund failed", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)
@@ -203,7 +208,12 @@ func (s *Server) count(r *routes.Route, outcome, tier string) {
 // these is removed (proxyheaders.go). whole reads an answer that fits
 // MaxReplayBody whole, so that it can be stored for idempotent repeats; a
 // longer one stays a stream, which storeAnswer records as too large.
-func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID, settleID string, whole bool) error {
+//
+// failed reports that the upstream did not do the work, as far as the
+// proxy knows: it did not answer at all (upstreamFailure), or answered
+// 5xx. An answer the proxy could not read or pass on is not a failure of
+// the upstream's: it answered.
+func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID, settleID string, whole bool) (failed bool, err error) {
 	target := proxyTarget(c, route) // before the request URI is rewritten
 	req := c.Request()
 	h := &req.Header
@@ -221,28 +231,52 @@ func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID, settleID s
 	req.SetRequestURI(target)
 	req.URI().SetScheme(route.UpstreamURL().Scheme)
 	up := fasthttp.AcquireResponse()
-	err := s.upstream.DoTimeout(req, up, route.UpstreamTimeout())
+	err = s.upstream.DoTimeout(req, up, route.UpstreamTimeout())
 	req.SetRequestURI(original)
+	// The upstream's status, when its header was read (200 when it was
+	// not: fasthttp's default, never 5xx).
+	upStatus := up.StatusCode()
 	if err == nil {
 		err = s.answer(c, up, route, settleID != "", whole)
 	} else {
 		fasthttp.ReleaseResponse(up)
 	}
 	if err == nil {
-		return nil
+		return upStatus >= 500, nil
 	}
 	c.Response().Reset()
-	status, detail := fiber.StatusBadGateway, "the upstream could not be reached"
+	status, detail, answered := upstreamFailure(err)
+	s.log.Warn("upstream failed", "meter", route.Meter, "answered", answered, "err", err)
+	return !answered || upStatus >= 500, httpx.WriteProblem(c, httpx.Problem{Status: status, Detail: detail, Instance: c.Path()})
+}
+
+// upstreamFailure is the client's answer to an exchange with the upstream
+// that failed, and whether the upstream answered: sent at least the start
+// of an answer, which the proxy could not read whole or would not pass on
+// (headers past the limit, a body past the maximum, an answer that broke
+// off). A refund_on_5xx route refunds the requests whose upstream did not
+// answer: it could not be dialled, the request could not be sent, the
+// connection closed or the timeout passed before a byte of answer came. An
+// error of no known kind counts as no answer.
+func upstreamFailure(err error) (status int, detail string, answered bool) {
+	var small *fasthttp.ErrSmallBuffer
+	// fasthttp reports a failure to read the first byte of an answer as
+	// io.EOF (ErrConnectionClosed) or ErrTimeout: a read error comes after.
+	var op *net.OpError
+	read := errors.As(err, &op) && op.Op == "read"
 	switch {
-	case errors.Is(err, fasthttp.ErrTimeout):
-		status, detail = fiber.StatusGatewayTimeout, "the upstream did not answer in time"
+	case errors.As(err, &small):
+		return fiber.StatusBadGateway, "the upstream's answer could not be read: its headers are larger than this API reads", true
 	case errors.Is(err, fasthttp.ErrBodyTooLarge), errors.Is(err, errAnswerTooLarge):
-		detail = "the upstream's answer is larger than this API passes on"
-	case errors.Is(err, errAnswerBroken):
-		detail = "the upstream's answer broke off"
+		return fiber.StatusBadGateway, "the upstream's answer is larger than this API passes on", true
+	case read && op.Timeout():
+		return fiber.StatusGatewayTimeout, "the upstream's answer did not arrive in time", true
+	case read, errors.Is(err, errAnswerBroken), errors.Is(err, io.ErrUnexpectedEOF):
+		return fiber.StatusBadGateway, "the upstream's answer broke off", true
+	case errors.Is(err, fasthttp.ErrTimeout):
+		return fiber.StatusGatewayTimeout, "the upstream did not answer in time", false
 	}
-	s.log.Warn("upstream failed", "meter", route.Meter, "err", err)
-	return httpx.WriteProblem(c, httpx.Problem{Status: status, Detail: detail, Instance: c.Path()})
+	return fiber.StatusBadGateway, "the upstream could not be reached", false
 }
 
 // errAnswerBroken: the upstream's answer ended before its body did, while

@@ -20,6 +20,7 @@ type Metrics struct {
 	AuthFailures prometheus.Counter
 	Policies     *prometheus.CounterVec // policy decisions by policy, algorithm, outcome
 	QueueFull    *prometheus.CounterVec // queued refusals answered at once: a queue bound was full, by bound
+	ConnsRefused *prometheus.CounterVec // client connections refused by the listener's caps, by reason
 
 	// requests caches the children of Requests (see request).
 	requestsMu sync.Mutex
@@ -65,8 +66,12 @@ func NewMetrics() *Metrics {
 			Name: "tollgate_policy_queue_full_total",
 			Help: "Refusals of queue policies answered at once because a bound of the node's queue was full (node, tenant, policy).",
 		}, []string{"bound"}),
+		ConnsRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_connections_refused_total",
+			Help: "Client connections refused by the listener: past TOLLGATE_MAX_CONNS (max) or TOLLGATE_MAX_CONNS_PER_IP (per_ip).",
+		}, []string{"reason"}),
 	}
-	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures, m.Policies, m.QueueFull,
+	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures, m.Policies, m.QueueFull, m.ConnsRefused,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -110,6 +115,14 @@ func (m *Metrics) watchWaiters(waiters func() int64) {
 	_ = m.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "tollgate_policy_queue_waiters", Help: "Requests of this node waiting in policy queues.",
 	}, func() float64 { return float64(waiters()) }))
+}
+
+// WatchConns adds the gauge of the client connections open, read from open
+// when scraped.
+func (m *Metrics) WatchConns(open func() int) {
+	_ = m.Registry.Register(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "tollgate_connections_open", Help: "Client connections the api holds open.",
+	}, func() float64 { return float64(open()) }))
 }
 
 // outageGate is what the fail-open usage series read of the gate

@@ -26,18 +26,35 @@ import (
 // by then), and the client sees the connection end before the body does.
 const bufferedAnswer = MaxReplayBody
 
+// defaultAnswerHeader is the largest header block of an answer the proxy
+// reads unless told otherwise (TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES).
+const defaultAnswerHeader = 64 << 10
+
 // newUpstreamClient is the client of every proxied route of a server; each
 // call bounds itself with the route's timeout, which also bounds the
 // reading of a streamed body (the connection's read deadline holds until it
 // is closed). DisablePathNormalizing sends the target's path as
 // routes.Target built it: fasthttp would otherwise unescape it (a%2Fb
 // becomes a/b), resolve its dot segments and escape it again.
-func newUpstreamClient(maxAnswer int64) *fasthttp.Client {
+//
+// An answer's status line and headers must fit the connection's read
+// buffer, so ReadBufferSize is the header limit (maxHeader; fasthttp's own
+// default is 4 KiB). A request is sent again only when its connection
+// closed before a byte of answer came (a pooled connection the upstream
+// had closed): never after an answer began, which the upstream may have
+// done the work for, whatever the method (RetryIf; fasthttp would resend
+// a GET, HEAD or PUT after any failure, up to five times).
+func newUpstreamClient(maxAnswer int64, maxHeader int) *fasthttp.Client {
 	buffered := bufferedAnswer
 	if maxAnswer > 0 && maxAnswer < int64(buffered) {
 		buffered = int(maxAnswer)
 	}
+	if maxHeader <= 0 {
+		maxHeader = defaultAnswerHeader
+	}
 	return &fasthttp.Client{
+		ReadBufferSize:           maxHeader,
+		RetryIf:                  func(*fasthttp.Request) bool { return false },
 		NoDefaultUserAgentHeader: true,
 		DisablePathNormalizing:   true,
 		MaxConnsPerHost:          1024,

@@ -4,6 +4,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/netip"
@@ -43,6 +44,16 @@ type Options struct {
 	// (OpsApp, for TOLLGATE_OPS_ADDR); the public app then has no /metrics
 	// and a /readyz without checks (ops.go).
 	Ops bool
+	// MaxConns is the listener's cap on connections (connlimit), which
+	// sizes the server's pool of connection workers; 0: fasthttp's default.
+	MaxConns int
+	// ReadTimeout bounds the reading of a request from its first byte (of
+	// a new connection, its first request); IdleTimeout the wait of a
+	// kept-alive connection for its next one. 0: 30 s and 120 s.
+	ReadTimeout, IdleTimeout time.Duration
+	// MaxResponseHeaderBytes is the largest header block of an upstream's
+	// answer the proxy reads (proxybody.go); 0: defaultAnswerHeader.
+	MaxResponseHeaderBytes int
 }
 
 // gate is the door to quota state of the metered requests and /v1/check
@@ -114,9 +125,12 @@ type Server struct {
 	opts     Options
 	// upstream is the client of the proxied routes (newUpstreamClient).
 	upstream *fasthttp.Client
-	guard    *httpx.Guard
-	admin    *admin.API
-	pages    *pages.Pages
+	// bodyLimit is the largest request body read (Fiber's BodyLimit:
+	// Options.BodyLimit, or Fiber's default); see httpx.ReadBody.
+	bodyLimit int
+	guard     *httpx.Guard
+	admin     *admin.API
+	pages     *pages.Pages
 	// ops is the operations listener's app (Options.Ops); nil: none.
 	ops *fiber.App
 	// settlements writes settlements to the audit log (settle.go).
@@ -150,7 +164,7 @@ func New(d Deps, opts Options) (*Server, error) {
 	}
 	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, gate: d.Gate, ready: d.Ready,
 		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, policies: d.Policies, opts: opts, guard: guard,
-		upstream: newUpstreamClient(opts.MaxResponseBytes),
+		upstream: newUpstreamClient(opts.MaxResponseBytes, opts.MaxResponseHeaderBytes),
 		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),
@@ -160,15 +174,27 @@ func New(d Deps, opts Options) (*Server, error) {
 		BodyLimit:             opts.BodyLimit,
 		DisableStartupMessage: true,
 		ErrorHandler:          httpx.ErrorHandler(d.Log, pages.IsPage, s.pages.ErrorPage),
-		ReadTimeout:           30 * time.Second,
+		ReadTimeout:           cmp.Or(opts.ReadTimeout, 30*time.Second),
 		WriteTimeout:          60 * time.Second,
-		IdleTimeout:           120 * time.Second,
+		IdleTimeout:           cmp.Or(opts.IdleTimeout, 120*time.Second),
+		Concurrency:           workers(opts.MaxConns),
+		// Bodies are read by the handlers once they know the sender
+		// (httpx.ReadBody, within BodyLimit); fasthttp reads readAhead
+		// bytes of one at most, whatever length it announces, and
+		// preparses no form.
+		StreamRequestBody:            true,
+		DisablePreParseMultipartForm: true,
 		// No proxy is trusted by Fiber itself: c.Hostname(), c.Protocol()
 		// and c.IP() then never read X-Forwarded-* headers, which any
 		// client can send. The guard alone decides which peers are
 		// trusted proxies (TOLLGATE_TRUSTED_PROXIES) and reads them.
 		EnableTrustedProxyCheck: true,
 	})
+	s.bodyLimit = s.app.Config().BodyLimit
+	// With StreamRequestBody, fasthttp's MaxRequestBodySize (Fiber sets it
+	// to BodyLimit) refuses nothing: it is how much of a body fasthttp
+	// reads before the handler runs.
+	s.app.Server().MaxRequestBodySize = readAhead
 	// Answers sent while shutting down say Connection: close.
 	s.app.Server().CloseOnShutdown = true
 	if opts.Ops {
@@ -176,6 +202,23 @@ func New(d Deps, opts Options) (*Server, error) {
 	}
 	s.routesSetup()
 	return s, nil
+}
+
+// readAhead is the most of a request's body read before its handler runs,
+// that is, before anything is known of its sender: a body up to it is read
+// whole at once, a longer one by httpx.ReadBody.
+const readAhead = 4 << 10
+
+// workers sizes fasthttp's pool of connection workers for a listener that
+// holds maxConns connections: a little above it, since the listener counts a
+// connection out as soon as it is closed, a moment before its worker is
+// free for the next one (fasthttp answers a connection past its pool with
+// a plain 503 of its own). 0: fasthttp's default.
+func workers(maxConns int) int {
+	if maxConns <= 0 {
+		return 0
+	}
+	return maxConns + maxConns/16 + 16
 }
 
 // App returns the Fiber app, for Listener and for tests' app.Test.
@@ -186,6 +229,7 @@ func (s *Server) routesSetup() {
 	s.app.Use(httpx.RequestIDs)
 	s.app.Use(httpx.AccessLog(s.log, s.guard.ClientIP))
 	s.app.Use(recover.New())
+	s.app.Use(httpx.BodyGuard(s.bodyLimit))
 
 	s.opsRoutes() // /healthz, /readyz, /metrics: here, or some on the ops app
 	s.app.Get("/openapi.json", s.openapi)
@@ -197,7 +241,7 @@ func (s *Server) routesSetup() {
 	v1.Post("/check", s.check)
 	v1.Post("/settle", s.settle)
 
-	admin := s.app.Group("/admin/v1", s.admin.Auth, httpx.CheckQuery)
+	admin := s.app.Group("/admin/v1", s.admin.Auth, httpx.CheckQuery, httpx.PlainBody(s.bodyLimit))
 	admin.Get("/tiers", s.admin.ListTiers)
 	admin.Post("/tiers", s.admin.CreateTier)
 	admin.Get("/tiers/:slug", s.admin.GetTier)

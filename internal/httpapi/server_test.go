@@ -68,8 +68,9 @@ func TestPanicBecomesProblem(t *testing.T) {
 	}
 }
 
-// TestOversizedBodyIs413 goes through a real listener: fasthttp refuses the
-// body before any handler runs, and the answer must still be problem+json.
+// TestOversizedBodyIs413 goes through a real listener: a body announced
+// past the limit is refused before any handler runs (httpx.BodyGuard), and
+// the answer must still be problem+json.
 func TestOversizedBodyIs413(t *testing.T) {
 	t.Parallel()
 	s := mustServer(t, nil)

@@ -24,7 +24,15 @@ func DecodeJSON(c *fiber.Ctx, v any) error {
 	if ct != fiber.MIMEApplicationJSON && !strings.HasSuffix(ct, "+json") {
 		return quota.Errorf(quota.CodeUnsupported, "the body must be application/json")
 	}
-	body := c.Body()
+	// The handlers decode after their authentication: the body is read
+	// here, if no middleware read it before (body.go).
+	if err := plain(c); err != nil {
+		return err
+	}
+	if err := ReadBody(c, c.App().Config().BodyLimit); err != nil {
+		return err
+	}
+	body := c.Request().Body()
 	if len(bytes.TrimSpace(body)) == 0 {
 		return quota.Errorf(quota.CodeInvalid, "the body is empty; send a JSON object")
 	}

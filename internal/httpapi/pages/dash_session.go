@@ -309,6 +309,9 @@ func (s *Pages) enter(c *fiber.Ctx, sess session) error {
 		if err := formPost(c); err != nil {
 			return err
 		}
+		if err := httpx.ReadBody(c, c.App().Config().BodyLimit); err != nil { // the session is known
+			return err
+		}
 		if err := s.checkCSRF(c, sess.CSRF); err != nil {
 			return err
 		}
@@ -378,6 +381,10 @@ func (s *Pages) showLogin(c *fiber.Ctx, a area) error {
 func (s *Pages) DashLoginForm(c *fiber.Ctx) error    { return s.showLogin(c, tenantArea) }
 func (s *Pages) ConsoleLoginForm(c *fiber.Ctx) error { return s.showLogin(c, adminArea) }
 
+// loginFormLimit bounds the body of a sign-in form, read before anything
+// is known of its sender: a few hundred bytes in use.
+const loginFormLimit = 8 << 10
+
 // checkLogin checks a sign-in POST: its form, origin and double-submit
 // token. It returns the form's fields. The secret itself is checked, and
 // failures limited, as the API checks it: a key as tenantAuth does, the admin
@@ -387,6 +394,9 @@ func (s *Pages) checkLogin(c *fiber.Ctx, secretField string) (map[string]string,
 		return nil, err
 	}
 	if err := s.sameOrigin(c); err != nil {
+		return nil, err
+	}
+	if err := httpx.ReadBody(c, loginFormLimit); err != nil {
 		return nil, err
 	}
 	f, err := readForm(c, csrfField, secretField, "next")
