@@ -158,7 +158,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	srv.App().Server().ConnState = ln.ConnState
 	metrics.WatchConns(ln.Open)
 	log.Info("listening", "addr", ln.Addr().String(), "max_conns", maxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
-	ops, err := serveOps(cfg.OpsAddr, srv.OpsApp(), log)
+	ops, err := serveOps(cfg.OpsAddr, srv, log)
 	if err != nil {
 		ln.Close()
 		return err

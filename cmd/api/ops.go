@@ -6,22 +6,26 @@ import (
 	"log/slog"
 	"net"
 	"time"
-
-	"github.com/gofiber/fiber/v2"
 )
+
+// opsServer serves the operations app (*httpapi.Server).
+type opsServer interface {
+	ServeOps(ln net.Listener) error
+	ShutdownOps(timeout time.Duration) error
+}
 
 // opsListener serves the operations app (/metrics, /readyz with its
 // checks) on TOLLGATE_OPS_ADDR, when it is set.
 type opsListener struct {
-	app  *fiber.App
+	srv  opsServer
 	done chan error // the app's Listener's end
 }
 
-// serveOps listens on addr and serves app there; with no addr it serves
-// nothing, and its failed channel never delivers.
-func serveOps(addr string, app *fiber.App, log *slog.Logger) (*opsListener, error) {
-	o := &opsListener{app: app}
-	if addr == "" || app == nil {
+// serveOps listens on addr and serves the operations app of srv there;
+// with no addr it serves nothing, and its failed channel never delivers.
+func serveOps(addr string, srv opsServer, log *slog.Logger) (*opsListener, error) {
+	o := &opsListener{srv: srv}
+	if addr == "" {
 		return o, nil
 	}
 	ln, err := net.Listen("tcp", addr)
@@ -30,7 +34,7 @@ func serveOps(addr string, app *fiber.App, log *slog.Logger) (*opsListener, erro
 	}
 	log.Info("operations listening", "addr", ln.Addr().String())
 	o.done = make(chan error, 1)
-	go func() { o.done <- app.Listener(ln) }()
+	go func() { o.done <- srv.ServeOps(ln) }()
 	return o, nil
 }
 
@@ -43,7 +47,7 @@ func (o *opsListener) shutdown(timeout time.Duration, log *slog.Logger) error {
 	if o.done == nil {
 		return nil
 	}
-	if err := o.app.ShutdownWithTimeout(timeout); err != nil {
+	if err := o.srv.ShutdownOps(timeout); err != nil {
 		log.Warn("operations listener shutdown timed out", "err", err)
 	}
 	if err := <-o.done; err != nil && !errors.Is(err, net.ErrClosed) {

@@ -3,6 +3,7 @@ package admission
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
 	"time"
 
@@ -139,6 +140,9 @@ func TestReplayHoldsNothingOnTheNode(t *testing.T) {
 	keyed := func(n int) quota.Request {
 		req := withPolicies(tenant, 100, n, shed, lease)
 		req.IdempotencyKey, req.IdempotencyFingerprint, req.IdempotencyLease = "k", "fp", time.Minute
+		// (its claim on the tenant's room, named by the caller as the
+		// HTTP layer names it, so that its answer can be stored)
+		req.IdempotencyClaim = "claim-" + strconv.Itoa(n)
 		return req
 	}
 	first := keyed(0)

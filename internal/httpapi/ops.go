@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"log/slog"
+	"net"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
@@ -10,6 +11,7 @@ import (
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/tollgate/tollgate/internal/httpapi/connlimit"
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 )
 
@@ -38,6 +40,25 @@ func newOpsApp(log *slog.Logger) *fiber.App {
 
 // OpsApp returns the operations listener's app, nil without Options.Ops.
 func (s *Server) OpsApp() *fiber.App { return s.ops }
+
+// maxOpsConns caps the operations listener's connections: its clients are
+// a few scrapers and probes.
+const maxOpsConns = 64
+
+// ServeOps serves the operations app on ln until ShutdownOps; it must not
+// be called without Options.Ops. The listener goes through connlimit, as
+// the public one does, so that a shortage of file descriptors in the
+// process pauses it instead of stopping it for good.
+func (s *Server) ServeOps(ln net.Listener) error {
+	l := connlimit.New(ln, connlimit.Config{Max: maxOpsConns, Log: s.log})
+	s.ops.Server().ConnState = l.ConnState
+	return s.ops.Listener(l)
+}
+
+// ShutdownOps stops the operations app within timeout.
+func (s *Server) ShutdownOps(timeout time.Duration) error {
+	return s.ops.ShutdownWithTimeout(timeout)
+}
 
 // opsRoutes registers the operations routes, on the public app or split
 // with the operations app.
