@@ -8,6 +8,10 @@
 #                                   browser of the dashboard tests: TOLLGATE_CHROMIUM
 #                                   when set, else chromium (or Chrome) on PATH, else
 #                                   Debian's chromium package, installed with apt-get
+#   scripts/services.sh wrk         prints `export TOLLGATE_WRK='…'`, the HTTP load
+#                                   generator of `make bench`: TOLLGATE_WRK when set,
+#                                   else wrk on PATH, else Debian's wrk package,
+#                                   installed with apt-get
 #
 # For each of the two, independently:
 #   1. REDIS_URL / DATABASE_URL set in the environment: used as is; nothing is
@@ -338,6 +342,24 @@ browser() {
 	printf 'export TOLLGATE_CHROMIUM=%s\n' "$(shquote "$path")" >&3
 }
 
+# --- the bench's load generator ------------------------------------------------------
+
+bench_wrk() {
+	local path
+	if [ -n "${TOLLGATE_WRK:-}" ]; then
+		path=$(command -v "$TOLLGATE_WRK") || die "TOLLGATE_WRK=$TOLLGATE_WRK is not an executable"
+	elif ! path=$(command -v wrk); then
+		howto_tail="or set TOLLGATE_WRK to a wrk you already have"
+		lock
+		path=$(command -v wrk) || {
+			apt_install wrk
+			path=$(command -v wrk) || die "wrk was installed but is not on PATH"
+		}
+	fi
+	log "wrk: $path"
+	printf 'export TOLLGATE_WRK=%s\n' "$(shquote "$path")" >&3
+}
+
 # --- main ------------------------------------------------------------------------
 
 find_pgbin || true
@@ -347,12 +369,16 @@ browser)
 	browser
 	exit 0
 	;;
+wrk)
+	bench_wrk
+	exit 0
+	;;
 stop)
 	stop_redis
 	stop_postgres
 	exit 0
 	;;
-*) die "usage: scripts/services.sh [up|stop|browser]" ;;
+*) die "usage: scripts/services.sh [up|stop|browser|wrk]" ;;
 esac
 
 # Find what there is; say at once everything that is missing.

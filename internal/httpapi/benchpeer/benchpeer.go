@@ -6,7 +6,9 @@
 //     the machine;
 //   - RedisRate: the same route behind one github.com/go-redis/redis_rate
 //     GCRA check (one EVALSHA per request), what a rate limiter costs when it
-//     does the least a Redis-backed limiter can do.
+//     does the least a Redis-backed limiter can do: on one key (Path), or on
+//     a key per client (KeyedPath: the value of the request's KeyHeader, as
+//     the api limits each tenant by its API key).
 //
 // cmd/loadgen serves them through Serve (`loadgen -peer bare -addr
 // 127.0.0.1:18081`), and so needs no Fiber of its own.
@@ -24,8 +26,15 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Path is the one route both apps serve.
+// Path is the route both apps serve.
 const Path = "/echo"
+
+// KeyedPath is RedisRate's route limited per client, by the value of the
+// request's KeyHeader (the header the api reads a tenant's API key from).
+const (
+	KeyedPath = "/keyed"
+	KeyHeader = "Authorization"
+)
 
 // Echo is the answer of both apps: small, typed, encoded by c.JSON as the
 // api's demo route is.
@@ -58,12 +67,13 @@ func Bare() *fiber.App {
 }
 
 // RedisRate returns a Fiber app answering GET Path with an Echo after one
-// redis_rate Allow of key on rdb (redis_rate stores it as "rate:" + key);
-// 429 if refused (never, at loopback rates), 503 if Redis fails.
+// redis_rate Allow of key on rdb (redis_rate stores it as "rate:" + key),
+// and GET KeyedPath the same way on key + ":" + the request's KeyHeader
+// (401 without one); 429 if refused (never, at loopback rates), 503 if
+// Redis fails.
 func RedisRate(rdb redis.UniversalClient, key string) *fiber.App {
 	limiter := redis_rate.NewLimiter(rdb)
-	app := newApp()
-	app.Get(Path, func(c *fiber.Ctx) error {
+	allow := func(c *fiber.Ctx, key string) error {
 		res, err := limiter.Allow(c.UserContext(), key, limit)
 		if err != nil {
 			return fiber.NewError(fiber.StatusServiceUnavailable, "redis: "+err.Error())
@@ -72,6 +82,15 @@ func RedisRate(rdb redis.UniversalClient, key string) *fiber.App {
 			return c.Status(fiber.StatusTooManyRequests).JSON(Echo{Method: c.Method(), Path: c.Path()})
 		}
 		return c.JSON(Echo{Method: c.Method(), Path: c.Path(), Allowed: true, Remaining: res.Remaining})
+	}
+	app := newApp()
+	app.Get(Path, func(c *fiber.Ctx) error { return allow(c, key) })
+	app.Get(KeyedPath, func(c *fiber.Ctx) error {
+		client := c.Get(KeyHeader)
+		if client == "" {
+			return fiber.NewError(fiber.StatusUnauthorized, "no "+KeyHeader+" header")
+		}
+		return allow(c, key+":"+client)
 	})
 	return app
 }

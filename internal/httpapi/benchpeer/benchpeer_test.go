@@ -132,3 +132,45 @@ func TestServeReportsAServerThatStops(t *testing.T) {
 		t.Fatal("Serve on a closed listener did not return within 10s")
 	}
 }
+
+// TestRedisRateKeyedByTheKeyHeader: KeyedPath limits each value of
+// KeyHeader on a key of its own, as the api limits each tenant, and
+// refuses a request without one.
+func TestRedisRateKeyedByTheKeyHeader(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	key := "test-" + testenv.RandomHex(6)
+	clients := []string{"Bearer a-" + testenv.RandomHex(4), "Bearer b-" + testenv.RandomHex(4)}
+	t.Cleanup(func() { testenv.DeleteKeys(rdb, "rate:"+key+"*") })
+	app := benchpeer.RedisRate(rdb, key)
+	get := func(client string) int {
+		t.Helper()
+		req := httptest.NewRequest("GET", benchpeer.KeyedPath, nil)
+		if client != "" {
+			req.Header.Set(benchpeer.KeyHeader, client)
+		}
+		resp, err := app.Test(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i := range 4 {
+		if got := get(clients[i%2]); got != 200 {
+			t.Fatalf("request %d of %q: status %d, want 200", i, clients[i%2], got)
+		}
+	}
+	if got := get(""); got != 401 {
+		t.Errorf("without %s: status %d, want 401", benchpeer.KeyHeader, got)
+	}
+	for _, c := range clients {
+		tat, err := rdb.Get(t.Context(), "rate:"+key+":"+c).Result()
+		if err != nil || tat == "" {
+			t.Errorf("rate:%s:%s = %q (err %v), want redis_rate's state of that client", key, c, tat, err)
+		}
+	}
+	if n, err := rdb.Exists(t.Context(), "rate:"+key).Result(); err != nil || n != 0 {
+		t.Errorf("rate:%s exists (%d, err %v): the keyed route used the one key", key, n, err)
+	}
+}
