@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"net/url"
@@ -11,7 +12,28 @@ import (
 	"time"
 
 	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
 )
+
+// A driver runs one row's closed loop: conns connections, each sending
+// its next request as soon as the previous one is answered, for d: the
+// saturating rate. Latency is each request's round trip. An error means
+// the driver could not run; failed requests are in the Result.
+type driver interface {
+	closedLoop(ctx context.Context, t *target, d time.Duration, conns int) (Result, error)
+	String() string
+}
+
+// ownDriver is loadgen's own closed loop (closedLoop), also bounded by
+// max requests a row.
+type ownDriver struct{ max int64 }
+
+func (o ownDriver) closedLoop(_ context.Context, t *target, d time.Duration, conns int) (Result, error) {
+	return closedLoop(t, d, o.max, conns), nil
+}
+
+func (ownDriver) String() string { return "loadgen's own (fasthttp, a goroutine per connection)" }
 
 // target is one row's request, sent through a fasthttp HostClient of its
 // own: one connection per driving goroutine, kept alive, no net/http.
@@ -22,6 +44,7 @@ type target struct {
 	base   string // scheme and host
 	uri    string // base + path
 	auth   string // Authorization header, if any
+	keys   []string // else values of benchpeer.KeyHeader, sent round robin
 	body   []byte // JSON body, if any
 	want   int    // the status that counts as success
 	refuse int    // a status counted as a refusal, not an error (0: none)
@@ -128,7 +151,8 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 
 // closedLoop drives t from conns goroutines, each sending its next request
 // as soon as the previous one is answered, for d or max requests: the
-// saturating rate. Latency is each request's round trip.
+// saturating rate. Latency is each request's round trip. With t.keys, each
+// goroutine sends them in turn, from its own place among them.
 func closedLoop(t *target, d time.Duration, max int64, conns int) Result {
 	var sent atomic.Int64
 	tl := newTally(conns)
@@ -140,10 +164,15 @@ func closedLoop(t *target, d time.Duration, max int64, conns int) Result {
 			req, resp, release := t.newRequest()
 			defer release()
 			lat := make([]time.Duration, 0, 1<<14)
+			key := w * len(t.keys) / conns // each connection from its own place, in turn
 			for sent.Add(1) <= max {
 				t0 := time.Now()
 				if !t0.Before(stop) {
 					break
+				}
+				if len(t.keys) > 0 {
+					req.Header.Set(benchpeer.KeyHeader, t.keys[key])
+					key = (key + 1) % len(t.keys)
 				}
 				err := t.send(req, resp)
 				lat = append(lat, time.Since(t0))

@@ -1,32 +1,42 @@
 // Command loadgen is `make bench`'s side-by-side measurement. In one run it
 // drives, with the same load, an api and two reference servers it also
-// serves itself (package internal/httpapi/benchpeer), and prints one table:
+// serves itself (package internal/httpapi/benchpeer), and prints:
 //
-//  1. closed loop, -conns connections for -duration each: req/s, p50, p99,
-//     errors and the ratio to bare Fiber's req/s of bare Fiber, Fiber +
-//     redis_rate, the api's /healthz, a metered route admitted, a metered
-//     route refused (from the api's deny cache) and POST /v1/check;
-//  2. open loop at half the metered route's saturating rate: p50/p99 of bare
-//     Fiber and of the metered route, and the p99 overhead;
-//  3. the Redis cost of an admission (INFO commandstats over the metered
-//     phase) and the bytes a tenant keeps in Redis (MEMORY USAGE);
-//  4. a PASS/FAIL line per goal of issue 12;
-//  5. the policies table (policies.go): per algorithm of API.md "Policies
+//  1. closed loop, -conns connections for -duration a row, driven by wrk
+//     (-wrk, Debian's package; without it, by loadgen's own goroutines):
+//     req/s, ratios to bare Fiber and to the matching redis_rate row, p50,
+//     p99 and errors of bare Fiber; Fiber + go-redis/redis_rate on one key,
+//     and on -tenants keys in turn; the api's /healthz; a metered route
+//     admitted for one hot tenant, and for -tenants tenants in turn (each
+//     of wrk's threads walks their API keys in order, wrk.lua); refused
+//     (from the api's deny cache); and POST /v1/check;
+//  2. open loop, by loadgen's own driver (wrk keeps no constant rate), at
+//     half the hot tenant's saturating rate: p50/p99 of bare Fiber and of
+//     the hot tenant's row, and the p99 overhead;
+//  3. per row, what Redis spent per answer (INFO commandstats: scripts,
+//     eval or fcall, and any other command clients sent) and the bytes a
+//     tenant keeps in Redis (MEMORY USAGE);
+//  4. per row, the CPU per request of the load generator, the server and
+//     Redis;
+//  5. a PASS/FAIL line per goal (goals.go), each with its figure;
+//  6. the policies table (policies.go): per algorithm of API.md "Policies
 //     (v2)", one policy created through the admin API for a tier of its own,
 //     and that tier's tenant driven closed-loop for half of -duration:
-//     req/s, ratios to bare and to the metered admitted row, p99, Redis µs
+//     req/s, ratios to bare and to the hot tenant's row, p99, Redis µs
 //     per decision, bytes per policy key and refusals. Each policy is
 //     deleted after its row (and those a killed run left, before the first).
 //
 // It creates its own tiers and tenants in Postgres (REDIS_URL, DATABASE_URL
-// and TOLLGATE_* are read as the api reads them). It exits 1 only when
-// requests failed: the goals are informational.
+// and TOLLGATE_* are read as the api reads them); the -tenants tenants are
+// deleted after the run. It exits 1 only when requests failed: the goals
+// are informational.
 //
 // Serving a peer instead: `loadgen -peer bare -addr 127.0.0.1:18081`, or
 // `-peer redis_rate` (Redis from REDIS_URL), until SIGINT or SIGTERM.
 //
 // It only listens on and targets loopback addresses, and every row stops
-// after -duration or -max requests, whichever comes first.
+// after -duration (wrk: rounded to whole seconds), or -max requests with
+// loadgen's own driver.
 package main
 
 import (
@@ -38,6 +48,7 @@ import (
 	"net"
 	"net/url"
 	"os"
+	"os/exec"
 	"os/signal"
 	"syscall"
 	"time"
@@ -63,6 +74,10 @@ type options struct {
 	duration                time.Duration
 	max                     int64
 	conns                   int
+	wrk                     string // the wrk binary; "": loadgen's own driver
+	threads                 int    // wrk's
+	tenants                 int    // of the many-tenant rows
+	barePID, redisRatePID   int    // the peers' processes, for their CPU time (0: unknown)
 	serviceToken, rdbPrefix string // from the environment, as the api reads them
 	adminToken              string // the policies table's admin calls; "" skips it
 }
@@ -77,7 +92,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.StringVar(&o.redisRate, "redis-rate", "http://127.0.0.1:18082", "base URL of a `loadgen -peer redis_rate` (loopback only)")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each row is driven (100ms to 10m)")
 	fs.Int64Var(&o.max, "max", 10_000_000, "most requests per row")
-	fs.IntVar(&o.conns, "conns", 64, "connections, each driven by its own goroutine (1 to 1024)")
+	fs.IntVar(&o.conns, "conns", 64, "connections a row (1 to 1024)")
+	fs.StringVar(&o.wrk, "wrk", "", "the wrk binary that drives the closed-loop rows (empty: loadgen's own goroutines, one a connection)")
+	fs.IntVar(&o.threads, "threads", 2, "wrk's threads (1 to 64, at most -conns)")
+	fs.IntVar(&o.tenants, "tenants", 400, "tenants (and redis_rate keys) of the rows that take them in turn (1 to 10000)")
+	fs.IntVar(&o.barePID, "bare-pid", 0, "the process id of the bare peer, to read its CPU time (0: unknown)")
+	fs.IntVar(&o.redisRatePID, "redis-rate-pid", 0, "the process id of the redis_rate peer, to read its CPU time (0: unknown)")
 	if err := fs.Parse(args); err != nil {
 		return err
 	}
@@ -91,6 +111,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		return fmt.Errorf("-max %d: must be at least 1", o.max)
 	case o.conns < 1 || o.conns > 1024:
 		return fmt.Errorf("-conns %d: must be between 1 and 1024", o.conns)
+	case o.threads < 1 || o.threads > 64:
+		return fmt.Errorf("-threads %d: must be between 1 and 64", o.threads)
+	case o.tenants < 1 || o.tenants > 10_000:
+		return fmt.Errorf("-tenants %d: must be between 1 and 10000", o.tenants)
+	case o.barePID < 0 || o.redisRatePID < 0:
+		return fmt.Errorf("-bare-pid %d, -redis-rate-pid %d: must be process ids, or 0", o.barePID, o.redisRatePID)
 	}
 	cfg, err := config.Load(getenv)
 	if err != nil {
@@ -108,7 +134,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	if o.serviceToken == "" {
 		return errors.New("TOLLGATE_SERVICE_TOKEN is not set: the /v1/check row needs the api's service token")
 	}
-	return measure(ctx, o, cfg, stdout)
+	var drv driver = ownDriver{max: o.max}
+	if o.wrk != "" {
+		path, err := exec.LookPath(o.wrk)
+		if err != nil {
+			return fmt.Errorf("-wrk: %w", err)
+		}
+		w, err := newWrkDriver(path, o.threads)
+		if err != nil {
+			return err
+		}
+		defer w.close()
+		drv = w
+	}
+	return measure(ctx, o, cfg, drv, stdout)
 }
 
 // servePeer serves one benchpeer app on addr until ctx ends.

@@ -2,11 +2,15 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
+	"os"
 	"path"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -48,6 +52,12 @@ func TestRunRefusesWhatItMustNotDo(t *testing.T) {
 		{[]string{"-duration", "1h"}, "-duration"},
 		{[]string{"-max", "0"}, "-max"},
 		{[]string{"-conns", "0"}, "-conns"},
+		{[]string{"-threads", "0"}, "-threads"},
+		{[]string{"-threads", "65"}, "-threads"},
+		{[]string{"-tenants", "0"}, "-tenants"},
+		{[]string{"-tenants", "10001"}, "-tenants"},
+		{[]string{"-bare-pid", "-1"}, "-bare-pid"},
+		{[]string{"-wrk", "/nonexistent/wrk"}, "-wrk"},
 	} {
 		err := run(t.Context(), tc.args, func(k string) string { return env[k] }, &strings.Builder{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {
@@ -341,8 +351,106 @@ func TestParseCPU(t *testing.T) {
 	if _, err := parseProcessCPU(strings.NewReader("go_goroutines 3\n")); err == nil {
 		t.Fatal("parseProcessCPU found a value in metrics without it")
 	}
-	c := cpuPerRequest("r", Result{Requests: 1000, RPS: 500}, cpuSample{loadgen: 1, api: 2, redis: 3}, cpuSample{loadgen: 1.01, api: 2.02, redis: 3.005})
-	if c.loadgen < 9.99 || c.loadgen > 10.01 || c.api < 19.99 || c.api > 20.01 || c.redis < 4.99 || c.redis > 5.01 || c.wall != 2 {
+	c := cpuPerRequest("r", Result{Requests: 1000, RPS: 500}, cpuSample{loadgen: 1, server: 2, redis: 3}, cpuSample{loadgen: 1.01, server: 2.02, redis: 3.005})
+	if c.loadgen < 9.99 || c.loadgen > 10.01 || c.server < 19.99 || c.server > 20.01 || c.redis < 4.99 || c.redis > 5.01 || c.wall != 2 {
 		t.Fatalf("cpuPerRequest = %+v, want loadgen 10, api 20, Redis 5 µs per request over 2 s", c)
+	}
+}
+
+func TestParseProcStat(t *testing.T) {
+	// utime 250 and stime 50 ticks, after a command name holding ") ("
+	stat := "4242 (loadgen) (x) S 1 4242 4242 0 -1 4194560 1500 0 0 0 250 50 0 0 20 0 9 0 123 456 789\n"
+	if got, err := parseProcStat(stat); err != nil || got != 3 {
+		t.Errorf("parseProcStat = %v, %v; want 3 s", got, err)
+	}
+	for _, bad := range []string{"", "4242 loadgen S 1", "4242 (x) S 1 2 3", "4242 (x) S 1 4242 4242 0 -1 4194560 1500 0 0 0 x 50 0"} {
+		if _, err := parseProcStat(bad); err == nil {
+			t.Errorf("parseProcStat(%q) took it", bad)
+		}
+	}
+	if procCPUOf(0) != nil {
+		t.Error("procCPUOf(0) reads something, want nil (unknown)")
+	}
+	if _, err := procCPUOf(os.Getpid())(t.Context()); err != nil {
+		t.Errorf("this process's CPU time: %v", err)
+	}
+}
+
+func TestTenantOf(t *testing.T) {
+	for key, want := range map[string]string{
+		"bench:v2:{t:7f3c}":           "7f3c",
+		"bench:v1:{t:7f3c}:mq":        "7f3c",
+		"bench:pol:{t:ab}:p.1:t":      "ab",
+		"bench:v2:{t:7f3c":            "",
+		"bench:deny:7f3c":             "",
+		"rate:bench:peer:Bearer x{t:": "",
+	} {
+		if got := tenantOf(key); got != want {
+			t.Errorf("tenantOf(%q) = %q, want %q", key, got, want)
+		}
+	}
+}
+
+func TestTenantsMemorySumsTheirKeys(t *testing.T) {
+	t.Parallel()
+	rdb := testenv.Redis(t)
+	prefix := testenv.Prefix(t, rdb)
+	ctx := context.Background()
+	for _, k := range []string{":v2:{t:a}", ":v1:{t:a}:mq", ":v2:{t:b}", ":v2:{t:c}", ":v2:{t:ab}"} {
+		if err := rdb.Set(ctx, prefix+k, "1", time.Minute).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	one, _, err := tenantsMemory(ctx, rdb, prefix, []string{"c"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bytes, keys, err := tenantsMemory(ctx, rdb, prefix, []string{"a", "b", "z"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keys != 3 || one <= 0 || bytes < 3*one {
+		t.Errorf("got %d bytes in %d keys (one key: %d), want 3 keys (a's two, b's; not c, ab or the absent z)", bytes, keys, one)
+	}
+}
+
+func TestInParallel(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[int]bool{}
+	err := inParallel(t.Context(), 50, func(_ context.Context, i int) error {
+		mu.Lock()
+		defer mu.Unlock()
+		seen[i] = true
+		return nil
+	})
+	if err != nil || len(seen) != 50 {
+		t.Fatalf("inParallel = %v after %d calls, want nil after 50", err, len(seen))
+	}
+	boom := errors.New("boom")
+	var calls atomic.Int64
+	err = inParallel(t.Context(), 10_000, func(ctx context.Context, i int) error {
+		calls.Add(1)
+		if i == 3 {
+			return boom
+		}
+		<-ctx.Done() // the others wait for the failure
+		return nil
+	})
+	if !errors.Is(err, boom) || calls.Load() >= 10_000 {
+		t.Errorf("inParallel = %v after %d calls, want boom, the calls after it skipped", err, calls.Load())
+	}
+}
+
+func TestRowLine(t *testing.T) {
+	bare := &row{t: &target{row: "bare Fiber"}, res: Result{RPS: 100_000}}
+	peer := &row{t: &target{row: "redis_rate, 1 key"}, res: Result{RPS: 40_000}}
+	r := &row{t: &target{row: "admitted, 1 tenant"}, peer: peer,
+		res: Result{RPS: 30_000, P50: 1500 * time.Microsecond, P99: 4 * time.Millisecond, Requests: 150_000, Errors: 2}}
+	want := []string{"admitted,", "1", "tenant", "30000", "0.30", "0.75", "1.500ms", "4.000ms", "150000", "2"}
+	if got := strings.Fields(r.line(bare)); !slices.Equal(got, want) {
+		t.Errorf("line = %q, want %q", got, want)
+	}
+	if got := strings.Fields(bare.line(bare)); got[4] != "-" || got[3] != "1.00" {
+		t.Errorf("bare's line = %q, want ×bare 1.00 and no ×redis_rate", got)
 	}
 }

@@ -7,73 +7,115 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"runtime"
+	"strings"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/config"
 	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
-	"github.com/tollgate/tollgate/internal/postgres"
-	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/redisdb"
 )
 
-// The goals of issue 12.
-const (
-	goalAdmittedVsRedisRate = 1.5 // metered admitted req/s ≥ this × redis_rate's
-	goalRefusedVsBare       = 0.8 // metered refused req/s ≥ this × bare's
-	goalRedisMicros         = 12  // Redis µs per admission ≤ this
-	goalTenantBytes         = 256 // bytes a tenant keeps in Redis ≤ this
-	goalP99Overhead         = time.Millisecond
-)
+// row is one line of the closed-loop table, and what was measured
+// around it.
+type row struct {
+	t     *target
+	peer  *row // the redis_rate row its req/s is compared with, if any
+	redis bool // its Redis cost is measured (INFO commandstats)
+	cpu   bool // it has a line in the CPU table
+	// server reads the CPU seconds its server has used so far; nil: unknown.
+	server func(context.Context) (float64, error)
 
-// measure runs every row against running servers and prints the table.
-func measure(ctx context.Context, o options, cfg config.Config, out io.Writer) error {
+	res  Result
+	cost cmdStats // INFO commandstats over the measured run, when redis
+	use  cpuRow
+}
+
+// rows are the closed-loop table's rows, in the order they run.
+type rows struct {
+	bare, redisRate, redisRateKeys, healthz, hot, many, refused, check *row
+}
+
+func (rs rows) all() []*row {
+	return []*row{rs.bare, rs.redisRate, rs.redisRateKeys, rs.healthz, rs.hot, rs.many, rs.refused, rs.check}
+}
+
+// measure runs every row against running servers and prints the tables.
+func measure(ctx context.Context, o options, cfg config.Config, drv driver, out io.Writer) error {
 	var badURL error
-	add := func(row, base, method, path string, want int) *target {
-		t, err := newTarget(row, base, method, path, want, o.conns)
+	add := func(label, base, method, path string, want int) *row {
+		t, err := newTarget(label, base, method, path, want, o.conns)
 		badURL = cmp.Or(badURL, err)
-		return t
+		return &row{t: t}
 	}
-	bare := add("bare", o.bare, "GET", benchpeer.Path, 200)
-	redisRate := add("redis_rate", o.redisRate, "GET", benchpeer.Path, 200)
-	healthz := add("healthz", o.api, "GET", "/healthz", 200)
-	admitted := add("metered admitted", o.api, "GET", "/api/demo/echo", 200)
-	refused := add("metered refused", o.api, "GET", "/api/demo/echo", 429)
-	check := add("/v1/check", o.api, "POST", "/v1/check", 200)
+	rs := rows{
+		bare:          add("bare Fiber", o.bare, "GET", benchpeer.Path, 200),
+		redisRate:     add("redis_rate, 1 key", o.redisRate, "GET", benchpeer.Path, 200),
+		redisRateKeys: add(fmt.Sprintf("redis_rate, %d keys", o.tenants), o.redisRate, "GET", benchpeer.KeyedPath, 200),
+		healthz:       add("api /healthz", o.api, "GET", "/healthz", 200),
+		hot:           add("admitted, 1 tenant", o.api, "GET", "/api/demo/echo", 200),
+		many:          add(fmt.Sprintf("admitted, %d tenants", o.tenants), o.api, "GET", "/api/demo/echo", 200),
+		refused:       add("refused (deny cache)", o.api, "GET", "/api/demo/echo", 429),
+		check:         add("POST /v1/check", o.api, "POST", "/v1/check", 200),
+	}
 	if badURL != nil {
 		return badURL
 	}
-	for _, t := range []*target{bare, redisRate} {
-		if err := waitReady(ctx, t, benchpeer.Path); err != nil {
+	rs.hot.peer, rs.refused.peer, rs.check.peer, rs.many.peer = rs.redisRate, rs.redisRate, rs.redisRate, rs.redisRateKeys
+	for _, r := range []*row{rs.redisRate, rs.redisRateKeys, rs.hot, rs.many, rs.refused, rs.check} {
+		r.redis = true
+	}
+	for _, r := range []*row{rs.bare, rs.redisRate, rs.redisRateKeys, rs.hot, rs.many, rs.refused} {
+		r.cpu = true
+	}
+	rs.bare.server, rs.redisRate.server, rs.redisRateKeys.server = procCPUOf(o.barePID), procCPUOf(o.redisRatePID), procCPUOf(o.redisRatePID)
+	for _, r := range []*row{rs.healthz, rs.hot, rs.many, rs.refused, rs.check} {
+		r.server = apiCPUOf(o.api)
+	}
+
+	for _, r := range []*row{rs.bare, rs.redisRate} {
+		if err := waitReady(ctx, r.t, benchpeer.Path); err != nil {
 			return err
 		}
 	}
-	if err := waitReady(ctx, healthz, "/readyz"); err != nil {
+	if err := waitReady(ctx, rs.healthz.t, "/readyz"); err != nil {
 		return err
 	}
 
-	ten, err := newTenants(ctx, cfg.DatabaseURL)
+	// Every tier is made now, before the api's first metered request
+	// loads the tiers.
+	ten, err := newTenants(ctx, cfg.DatabaseURL, o.tenants)
 	if err != nil {
 		return err
 	}
-	// (made now, before the api's first metered request loads the tiers)
+	defer func() {
+		// a fresh context: the run's may have ended
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Minute)
+		defer cancel()
+		if err := deleteTenants(cctx, cfg.DatabaseURL, ten.manyIDs); err != nil {
+			fmt.Fprintf(out, "deleting the %d tenants of this run: %v\n", len(ten.manyIDs), err)
+		}
+	}()
 	polTenants, err := newPolicyTenants(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
-	admitted.auth = "Bearer " + ten.admittedKey
-	refused.auth = "Bearer " + ten.refusedKey
-	check.auth = "Bearer " + o.serviceToken
-	check.body, _ = json.Marshal(map[string]any{"tenant_id": ten.admittedID, "meter": "demo", "cost": 1})
+	rs.hot.t.auth = "Bearer " + ten.admittedKey
+	rs.refused.t.auth = "Bearer " + ten.refusedKey
+	rs.check.t.auth = "Bearer " + o.serviceToken
+	rs.check.t.body, _ = json.Marshal(map[string]any{"tenant_id": ten.admittedID, "meter": "demo", "cost": 1})
+	for _, k := range ten.manyKeys {
+		// the api's key, and the peer's key of the same client
+		rs.many.t.keys = append(rs.many.t.keys, "Bearer "+k)
+	}
+	rs.redisRateKeys.t.keys = rs.many.t.keys
 	// The refused tenant's one request of the day, so that the next is
 	// refused by Redis and every later one by the api's deny cache.
-	refused.want = 200
-	if err := once(refused); err != nil {
-		return fmt.Errorf("using the refused tenant's daily quota: %w", err)
-	}
-	refused.want = 429
-	if err := once(refused); err != nil {
-		return fmt.Errorf("the refused tenant's second request: %w", err)
+	if err := primeRefused(rs.refused.t); err != nil {
+		return err
 	}
 
 	rdb, err := redisdb.Open(ctx, cfg.Redis)
@@ -83,111 +125,73 @@ func measure(ctx context.Context, o options, cfg config.Config, out io.Writer) e
 	defer rdb.Close()
 
 	warm := min(o.duration/10, 500*time.Millisecond)
-	fmt.Fprintf(out, "api %s, bare %s, redis_rate %s; %d CPUs shared by them, Redis and loadgen\n\n",
+	fmt.Fprintf(out, "api %s, bare %s, redis_rate %s; %d CPUs shared by them, Redis and the load generator\n\n",
 		o.api, o.bare, o.redisRate, runtime.NumCPU())
-	fmt.Fprintf(out, "closed loop: %d connections, %s per row (after %s of warm-up)\n", o.conns, o.duration, warm)
-	fmt.Fprintf(out, "%-17s %10s %7s %10s %10s %10s %8s\n", "row", "req/s", "×bare", "p50", "p99", "requests", "errors")
-	res := map[string]Result{}
-	redisCost := map[string]cmdStats{} // of the phases that call Redis on every request
-	var cpu []cpuRow                   // where the rows' CPU went
+	fmt.Fprintf(out, "closed loop: %d connections, %s a row (after %s of warm-up by loadgen's own driver), driven by %s\n",
+		o.conns, o.duration, warm, drv)
+	fmt.Fprintf(out, "%-22s %10s %6s %11s %10s %10s %10s %8s\n", "row", "req/s", "×bare", "×redis_rate", "p50", "p99", "requests", "errors")
 	failed := false
-	for _, t := range []*target{bare, redisRate, healthz, admitted, refused, check} {
+	for _, r := range rs.all() {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		closedLoop(t, warm, o.max, o.conns)
-		counted := t == redisRate || t == admitted
-		var before cmdStats
-		if counted {
-			if before, err = commandStats(ctx, rdb); err != nil {
-				return err
-			}
-		}
-		cpuBefore, err := sampleCPU(ctx, t, rdb, t.base == o.api)
-		if err != nil {
+		if err := runRow(ctx, r, drv, rdb, warm, o); err != nil {
 			return err
 		}
-		r := closedLoop(t, o.duration, o.max, o.conns)
-		cpuAfter, err := sampleCPU(ctx, t, rdb, t.base == o.api)
-		if err != nil {
-			return err
-		}
-		if t == bare || t == redisRate || t == admitted || t == refused {
-			cpu = append(cpu, cpuPerRequest(t.row, r, cpuBefore, cpuAfter))
-		}
-		if counted {
-			after, err := commandStats(ctx, rdb)
-			if err != nil {
-				return err
-			}
-			redisCost[t.row] = after.sub(before)
-		}
-		res[t.row] = r
-		ratio := 0.0
-		if b := res["bare"].RPS; b > 0 {
-			ratio = r.RPS / b
-		}
-		fmt.Fprintf(out, "%-17s %10.0f %7.2f %10s %10s %10d %8d\n", r.Row, r.RPS, ratio, fmtDur(r.P50), fmtDur(r.P99), r.Requests, r.Errors)
-		failed = reportErrors(out, r) || failed
+		fmt.Fprintln(out, r.line(rs.bare))
+		failed = reportErrors(out, r.res) || failed
 	}
-	memBytes, memKeys, err := tenantMemory(ctx, rdb, o.rdbPrefix, ten.admittedID)
+	hotBytes, hotKeys, err := tenantMemory(ctx, rdb, o.rdbPrefix, ten.admittedID)
+	if err != nil {
+		return err
+	}
+	manyBytes, manyKeys, err := tenantsMemory(ctx, rdb, o.rdbPrefix, ten.manyIDs)
 	if err != nil {
 		return err
 	}
 
-	rate := res["metered admitted"].RPS / 2
-	var overhead time.Duration
+	manyMean := int64(-1)
+	if manyKeys > 0 {
+		manyMean = manyBytes / int64(len(ten.manyIDs))
+	}
+	f := figures{
+		hotVsRedisRate:  ratioOf(rs.hot.res.RPS, rs.redisRate.res.RPS),
+		manyVsRedisRate: ratioOf(rs.many.res.RPS, rs.redisRateKeys.res.RPS),
+		refusedVsBare:   ratioOf(rs.refused.res.RPS, rs.bare.res.RPS),
+		hotMicros:       redisMicros(rs.hot),
+		manyMicros:      redisMicros(rs.many),
+		tenantBytes:     manyMean,
+		tenants:         o.tenants,
+	}
+	if hotKeys > 0 {
+		f.tenantBytes = max(f.tenantBytes, hotBytes)
+	}
+	rate := rs.hot.res.RPS / 2
 	if rate >= 1 {
-		fmt.Fprintf(out, "\nopen loop: %.0f req/s (half of metered admitted's saturating rate), %s per row, latency from each request's due time\n", rate, o.duration)
-		fmt.Fprintf(out, "%-17s %10s %10s %10s %8s\n", "row", "p50", "p99", "requests", "errors")
+		fmt.Fprintf(out, "\nopen loop (loadgen's own driver): %.0f req/s (half of %s's saturating rate), %s a row, latency from each request's due time\n",
+			rate, rs.hot.t.row, o.duration)
+		fmt.Fprintf(out, "%-22s %10s %10s %10s %8s\n", "row", "p50", "p99", "requests", "errors")
 		var fixed [2]Result
-		for i, t := range []*target{bare, admitted} {
+		for i, t := range []*target{rs.bare.t, rs.hot.t} {
 			fixed[i] = openLoop(t, rate, o.duration, o.max, o.conns)
-			fmt.Fprintf(out, "%-17s %10s %10s %10d %8d\n", fixed[i].Row, fmtDur(fixed[i].P50), fmtDur(fixed[i].P99), fixed[i].Requests, fixed[i].Errors)
+			fmt.Fprintf(out, "%-22s %10s %10s %10d %8d\n", fixed[i].Row, fmtDur(fixed[i].P50), fmtDur(fixed[i].P99), fixed[i].Requests, fixed[i].Errors)
 			failed = reportErrors(out, fixed[i]) || failed
 		}
-		overhead = fixed[1].P99 - fixed[0].P99
-		fmt.Fprintf(out, "p99 overhead (metered admitted − bare): %s (goal ≤ %s)\n", fmtDur(overhead), fmtDur(goalP99Overhead))
+		f.p99Overhead, f.openLoop = fixed[1].P99-fixed[0].P99, true
+		fmt.Fprintf(out, "p99 overhead (%s − bare Fiber): %s\n", rs.hot.t.row, fmtDur(f.p99Overhead))
 	}
 
-	micros, err := printRedis(out, res, redisCost)
-	if err != nil {
+	if err := printRedis(out, rs.all()); err != nil {
 		return err
 	}
-	fmt.Fprintf(out, "bytes per tenant: %d (MEMORY USAGE of %d keys %s:*{t:%s}*)\n", memBytes, memKeys, o.rdbPrefix, ten.admittedID)
-	printCPU(out, cpu, goalAdmittedVsRedisRate*res["redis_rate"].RPS)
+	fmt.Fprintf(out, "bytes per tenant: %d for %s (MEMORY USAGE of its %d keys %s:*{t:<id>}*), %d on average for the %d tenants (%d keys)\n",
+		hotBytes, rs.hot.t.row, hotKeys, o.rdbPrefix, max(manyMean, 0), len(ten.manyIDs), manyKeys)
+	printCPU(out, rs, goalHotVsRedisRate*rs.redisRate.res.RPS)
 
-	ratio := func(a, b string) float64 {
-		if res[b].RPS == 0 {
-			return 0
-		}
-		return res[a].RPS / res[b].RPS
-	}
-	admittedVsRedisRate, refusedVsBare := ratio("metered admitted", "redis_rate"), ratio("metered refused", "bare")
-	fmt.Fprintf(out, "\ngoals of issue 12:\n")
-	for _, g := range []struct {
-		pass      bool
-		goal, got string
-	}{
-		{admittedVsRedisRate >= goalAdmittedVsRedisRate,
-			fmt.Sprintf("metered admitted ≥ %.1f× redis_rate", goalAdmittedVsRedisRate), fmt.Sprintf("%.2f×", admittedVsRedisRate)},
-		{refusedVsBare >= goalRefusedVsBare,
-			fmt.Sprintf("metered refused ≥ %.1f× bare", goalRefusedVsBare), fmt.Sprintf("%.2f×", refusedVsBare)},
-		{res["metered admitted"].OK > 0 && micros <= goalRedisMicros,
-			fmt.Sprintf("Redis µs per admission ≤ %d", goalRedisMicros), fmt.Sprintf("%.2f", micros)},
-		{memKeys > 0 && memBytes <= goalTenantBytes,
-			fmt.Sprintf("bytes per tenant ≤ %d", goalTenantBytes), fmt.Sprintf("%d", memBytes)},
-		{rate >= 1 && overhead <= goalP99Overhead,
-			fmt.Sprintf("p99 overhead ≤ %s", fmtDur(goalP99Overhead)), fmtDur(overhead)},
-	} {
-		verdict := "FAIL"
-		if g.pass {
-			verdict = "PASS"
-		}
-		fmt.Fprintf(out, "  %s  %-38s got %s\n", verdict, g.goal, g.got)
-	}
+	fmt.Fprintf(out, "\ngoals (ratios of this run):\n")
+	printGoals(out, evaluate(f))
 
-	polFailed, err := measurePolicies(ctx, o, rdb, polTenants, res, redisCost, warm, out)
+	polFailed, err := measurePolicies(ctx, o, drv, rdb, polTenants, rs, warm, out)
 	if err != nil {
 		return err
 	}
@@ -198,40 +202,107 @@ func measure(ctx context.Context, o options, cfg config.Config, out io.Writer) e
 	return nil
 }
 
-// printRedis prints what Redis spent per request during the redis_rate
-// and metered admitted rows, and returns the µs per admission.
-func printRedis(out io.Writer, res map[string]Result, cost map[string]cmdStats) (float64, error) {
+// runRow warms r's server up, then drives r with drv, measuring Redis
+// and CPU around it.
+func runRow(ctx context.Context, r *row, drv driver, rdb redis.UniversalClient, warm time.Duration, o options) error {
+	closedLoop(r.t, warm, o.max, o.conns)
+	var before cmdStats
+	var err error
+	if r.redis {
+		if before, err = commandStats(ctx, rdb); err != nil {
+			return err
+		}
+	}
+	cpuBefore, err := sampleCPU(ctx, rdb, r.server)
+	if err != nil {
+		return err
+	}
+	if r.res, err = drv.closedLoop(ctx, r.t, o.duration, o.conns); err != nil {
+		return err
+	}
+	cpuAfter, err := sampleCPU(ctx, rdb, r.server)
+	if err != nil {
+		return err
+	}
+	r.use = cpuPerRequest(r.t.row, r.res, cpuBefore, cpuAfter)
+	if r.redis {
+		after, err := commandStats(ctx, rdb)
+		if err != nil {
+			return err
+		}
+		r.cost = after.sub(before)
+	}
+	return nil
+}
+
+// line formats r under the closed-loop table's header.
+func (r *row) line(bare *row) string {
+	vsPeer := "-"
+	if r.peer != nil {
+		vsPeer = fmt.Sprintf("%.2f", ratioOf(r.res.RPS, r.peer.res.RPS))
+	}
+	return fmt.Sprintf("%-22s %10.0f %6.2f %11s %10s %10s %10d %8d", r.t.row, r.res.RPS, ratioOf(r.res.RPS, bare.res.RPS), vsPeer,
+		fmtDur(r.res.P50), fmtDur(r.res.P99), r.res.Requests, r.res.Errors)
+}
+
+// primeRefused spends the refused tenant's one request of the day, then
+// sees the next refused.
+func primeRefused(t *target) error {
+	want := t.want
+	defer func() { t.want = want }()
+	t.want = 200
+	if err := once(t); err != nil {
+		return fmt.Errorf("using the refused tenant's daily quota: %w", err)
+	}
+	t.want = 429
+	if err := once(t); err != nil {
+		return fmt.Errorf("the refused tenant's second request: %w", err)
+	}
+	return nil
+}
+
+// redisMicros is Redis's µs per admission of r: the usec of the commands
+// clients sent during the row (scripts with the commands they run, and
+// any other) over its admissions; NaN when nothing was admitted.
+func redisMicros(r *row) float64 {
+	scripted, err := scriptedCommands()
+	if err != nil || r.res.OK == 0 {
+		return math.NaN()
+	}
+	return float64(r.cost.total(scripted).usec) / float64(r.res.OK)
+}
+
+// printRedis prints what Redis spent per answer of each row that calls it.
+func printRedis(out io.Writer, rows []*row) error {
 	scripted, err := scriptedCommands()
 	if err != nil {
-		return 0, err
+		return err
 	}
-	fmt.Fprintf(out, "\nRedis, from INFO commandstats of every master before and after the row (other clients of the server count too):\n")
-	fmt.Fprintf(out, "%-17s %12s %14s %12s %18s\n", "row", "µs/request", "commands/req", "evalsha µs", "µs/req, all cmds")
-	micros := 0.0
-	for _, row := range []string{"redis_rate", "metered admitted"} {
-		n, c := res[row].OK, cost[row]
-		if n == 0 {
+	fmt.Fprintf(out, "\nRedis, from INFO commandstats of every master before and after each row:\n")
+	fmt.Fprintf(out, "%-22s %10s %12s %11s %13s %13s  %s\n", "row", "answers", "scripts/ans", "µs/script", "µs/answer", "all cmds µs", "scripts run")
+	for _, r := range rows {
+		n := r.res.OK
+		if !r.redis || n == 0 {
 			continue
 		}
-		top, all := c.total(scripted), c.total(nil)
-		perReq := float64(top.usec) / float64(n)
-		if row == "metered admitted" {
-			micros = perReq
+		top, all, scripts := r.cost.total(scripted), r.cost.total(nil), scriptCost(r.cost)
+		perScript, ran := "-", []string{}
+		if scripts.calls > 0 {
+			perScript = fmt.Sprintf("%.2f", float64(scripts.usec)/float64(scripts.calls))
 		}
-		perCall := "-"
-		if e := c["evalsha"]; e.calls > 0 {
-			perCall = fmt.Sprintf("%.2f", float64(e.usec)/float64(e.calls))
-		}
-		fmt.Fprintf(out, "%-17s %12.2f %14.2f %12s %18.2f\n", row, perReq, float64(top.calls)/float64(n), perCall, float64(all.usec)/float64(n))
-		for _, name := range []string{"evalsha_ro", "fcall", "fcall_ro"} {
-			if e := c[name]; e.calls > 0 {
-				fmt.Fprintf(out, "  %s: cmdstat_%s %d calls, %.2f µs per call\n", row, name, e.calls, float64(e.usec)/float64(e.calls))
+		for _, name := range scriptCommands {
+			if c := r.cost[name]; c.calls > 0 {
+				ran = append(ran, fmt.Sprintf("%s %d", name, c.calls))
 			}
 		}
+		fmt.Fprintf(out, "%-22s %10d %12.2f %11s %13.2f %13.2f  %s\n", r.t.row, n, float64(scripts.calls)/float64(n), perScript,
+			float64(top.usec)/float64(n), float64(all.usec)/float64(n), cmp.Or(strings.Join(ran, ", "), "none"))
 	}
-	fmt.Fprintf(out, "µs/request sums the usec of the commands clients sent: a script's includes the commands it runs, which Redis\n"+
-		"also counts on their own; the last column adds those too, counting them twice.\n")
-	return micros, nil
+	fmt.Fprintf(out, "answers: the row's wanted answers (admissions; the refused row's 429s). scripts: eval, evalsha, fcall and their _ro\n"+
+		"forms. µs/answer: usec of the commands clients sent (scripts with the commands they run, and any other), per\n"+
+		"answer: Redis's time per admission. all cmds µs adds the commands scripts run once more (Redis counts them\n"+
+		"on their own too). Every client of the server counts: the bench's own Redis has no others.\n")
+	return nil
 }
 
 // reportErrors prints a row's first error, and says whether it had any.
@@ -273,63 +344,4 @@ func waitReady(ctx context.Context, t *target, path string) error {
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
-}
-
-// tenants are loadgen's own, made afresh on every run.
-type tenants struct {
-	admittedID, admittedKey string // on a tier whose limits the load cannot reach
-	refusedKey              string // on a tier of one request a day
-}
-
-func newTenants(ctx context.Context, dbURL string) (tenants, error) {
-	db, err := postgres.Open(ctx, dbURL)
-	if err != nil {
-		return tenants{}, err
-	}
-	defer db.Close()
-	store := postgres.NewStore(db)
-	var ten tenants
-	for _, tc := range []struct {
-		tier    quota.Tier
-		id, key *string
-	}{
-		{quota.Tier{Slug: "loadgen", Name: "Load generator", Rank: 1_000_000, Overage: quota.OverageBlock,
-			Limits: unreachableLimits()}, &ten.admittedID, &ten.admittedKey},
-		{quota.Tier{Slug: "loadgen-refused", Name: "Load generator, one request a day", Rank: 999_999, Overage: quota.OverageBlock,
-			Limits: quota.Limits{DailyQuota: quota.Ptr(int64(1))}}, nil, &ten.refusedKey},
-	} {
-		id, key, err := tenantOn(ctx, store, tc.tier)
-		if err != nil {
-			return tenants{}, err
-		}
-		if tc.id != nil {
-			*tc.id = id
-		}
-		*tc.key = key
-	}
-	return ten, nil
-}
-
-// unreachableLimits are the limits of a tier the load cannot reach.
-func unreachableLimits() quota.Limits {
-	big := quota.Ptr(quota.MaxQuantity)
-	return quota.Limits{BurstRate: quota.Ptr(1e6), Burst: quota.Ptr(int64(1e9)), BucketCapacity: quota.Ptr(int64(1e9)),
-		BucketRefillPerSec: quota.Ptr(1e6), DailyQuota: big, MonthlyQuota: big}
-}
-
-// tenantOn creates the tier (unless it exists), a new tenant on it and
-// a key of that tenant.
-func tenantOn(ctx context.Context, store *postgres.Store, tier quota.Tier) (id, key string, err error) {
-	if _, err := store.CreateTier(ctx, "loadgen", tier); err != nil && quota.ErrorCode(err) != quota.CodeConflict {
-		return "", "", err
-	}
-	t, err := store.CreateTenant(ctx, "loadgen", "loadgen", tier.Slug)
-	if err != nil {
-		return "", "", err
-	}
-	k, err := store.IssueKey(ctx, "loadgen", t.ID, "loadgen")
-	if err != nil {
-		return "", "", err
-	}
-	return t.ID, k.Secret, nil
 }

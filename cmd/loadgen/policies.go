@@ -333,10 +333,10 @@ func newPolicyTenants(ctx context.Context, dbURL string) ([]policyTenant, error)
 }
 
 // measurePolicies prints the policies table: a row per algorithm, driven
-// closed-loop for half of -duration, beside bare's and the plain metered
-// route's rows of the same run. It says whether requests failed.
-func measurePolicies(ctx context.Context, o options, rdb redis.UniversalClient, tens []policyTenant,
-	res map[string]Result, redisCost map[string]cmdStats, warm time.Duration, out io.Writer) (bool, error) {
+// closed-loop by drv for half of -duration, beside bare's and the hot
+// tenant's rows of the same run. It says whether requests failed.
+func measurePolicies(ctx context.Context, o options, drv driver, rdb redis.UniversalClient, tens []policyTenant,
+	rs rows, warm time.Duration, out io.Writer) (bool, error) {
 	fmt.Fprintf(out, "\npolicies: ")
 	if o.adminToken == "" {
 		fmt.Fprintf(out, "skipped: TOLLGATE_ADMIN_TOKEN is not set\n")
@@ -386,11 +386,11 @@ func measurePolicies(ctx context.Context, o options, rdb redis.UniversalClient, 
 
 	rowDur := max(o.duration/2, 100*time.Millisecond)
 	fmt.Fprintf(out, "one per row, on a tier of its own (match: tiers), scope tenant (adaptive: node), cost requests, on_refuse reject;\n"+
-		"closed loop, %d connections, %s per row (after %s of warm-up); run %s\n", o.conns, rowDur, warm, run)
+		"closed loop, %d connections, %s a row (after %s of warm-up), driven as the rows above; run %s\n", o.conns, rowDur, warm, run)
 	printPolicyHeader(out)
-	bareRPS, plain := res["bare"].RPS, res["metered admitted"]
+	bareRPS, plain := rs.bare.res.RPS, rs.hot.res
 	fmt.Fprintln(out, policyRow{label: "(no policy)", rps: plain.RPS, vsBare: ratioOf(plain.RPS, bareRPS), vsPlain: ratioOf(plain.RPS, plain.RPS),
-		p99: plain.P99, requests: plain.Requests, script: scriptCost(redisCost["metered admitted"]),
+		p99: plain.P99, requests: plain.Requests, script: scriptCost(rs.hot.cost),
 		refused: plain.Refused, errors: plain.Errors})
 
 	failed := false
@@ -409,7 +409,7 @@ func measurePolicies(ctx context.Context, o options, rdb redis.UniversalClient, 
 			return failed, fmt.Errorf("creating the %s policy: POST /admin/v1/policies: status %d: %.300s", pt.alg, status, body)
 		}
 		created[name] = true
-		row, err := policyRun(ctx, o, rdb, pt, name, warm, rowDur)
+		row, err := policyRun(ctx, o, drv, rdb, pt, name, warm, rowDur)
 		if err != nil {
 			return failed, err
 		}
@@ -427,10 +427,11 @@ func measurePolicies(ctx context.Context, o options, rdb redis.UniversalClient, 
 			failed = true
 		}
 	}
-	fmt.Fprintf(out, "µs/decision: usec of the script commands (eval, evalsha and their _ro forms, fcall) during the row over its\n"+
-		"requests, evals/req their calls per request (concurrency adds the lease's release after the answer); (no policy) is\n"+
-		"the metered admitted row above. bytes/key: MEMORY USAGE of the policy's keys (%s) halfway\n"+
-		"through the row, per key; adaptive keeps no keys (node-local). refused: 429s, counted apart from errors.\n",
+	fmt.Fprintf(out, "µs/decision: usec of the script commands (eval, evalsha, fcall and their _ro forms) during the row over\n"+
+		"its requests, evals/req their calls per request (concurrency adds the lease's release after the answer); (no policy)\n"+
+		"is the hot tenant's row above. bytes/key: MEMORY USAGE of the policy's keys (%s) halfway\n"+
+		"through the row, per key; adaptive keeps no keys (node-local). refused: 429s (wrk: every answer of 400 or more),\n"+
+		"counted apart from errors.\n",
 		policyKeyPattern(o.rdbPrefix, "<tenant>", "<name>"))
 	if len(short) > 0 {
 		fmt.Fprintf(out, "note: near or below the rate driven: %s\n", strings.Join(short, "; "))
@@ -442,7 +443,7 @@ func measurePolicies(ctx context.Context, o options, rdb redis.UniversalClient, 
 // then drives the metered route for that tenant: warm, then rowDur
 // measured, with the Redis cost of the row and the policy's memory
 // halfway through it.
-func policyRun(ctx context.Context, o options, rdb redis.UniversalClient, pt policyTenant, name string, warm, rowDur time.Duration) (policyRow, error) {
+func policyRun(ctx context.Context, o options, drv driver, rdb redis.UniversalClient, pt policyTenant, name string, warm, rowDur time.Duration) (policyRow, error) {
 	row := policyRow{label: string(pt.alg), inRedis: pt.inRedis}
 	t, err := newTarget(string(pt.alg), o.api, "GET", "/api/demo/echo", 200, o.conns)
 	if err != nil {
@@ -482,7 +483,10 @@ func policyRun(ctx context.Context, o options, rdb redis.UniversalClient, pt pol
 		b, k, err := keysMemory(ctx, rdb, policyKeyPattern(o.rdbPrefix, pt.id, name))
 		mem <- sample{b, k, err}
 	}()
-	r := closedLoop(t, rowDur, o.max, o.conns)
+	r, err := drv.closedLoop(ctx, t, rowDur, o.conns)
+	if err != nil {
+		return row, err
+	}
 	after, err := commandStats(ctx, rdb)
 	if err != nil {
 		return row, err

@@ -140,13 +140,45 @@ func tenantMemory(ctx context.Context, rdb redis.UniversalClient, prefix, tenant
 	return keysMemory(ctx, rdb, prefix+":*{t:"+tenantID+"}*")
 }
 
+// tenantsMemory sums MEMORY USAGE over the keys of the tenants with these
+// ids on every master, in one SCAN of the prefix's tenant keys.
+func tenantsMemory(ctx context.Context, rdb redis.UniversalClient, prefix string, ids []string) (bytes int64, keys int, err error) {
+	want := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		want[id] = true
+	}
+	return scanMemory(ctx, rdb, prefix+":*{t:*}*", func(key string) bool { return want[tenantOf(key)] })
+}
+
+// tenantOf is the tenant id of a key's hash tag {t:<id>}, or "".
+func tenantOf(key string) string {
+	_, rest, ok := strings.Cut(key, "{t:")
+	if !ok {
+		return ""
+	}
+	id, _, ok := strings.Cut(rest, "}")
+	if !ok {
+		return ""
+	}
+	return id
+}
+
 // keysMemory sums MEMORY USAGE over the keys that match the SCAN pattern
 // on every master.
 func keysMemory(ctx context.Context, rdb redis.UniversalClient, pattern string) (bytes int64, keys int, err error) {
+	return scanMemory(ctx, rdb, pattern, nil)
+}
+
+// scanMemory sums MEMORY USAGE over the keys that match the SCAN pattern
+// on every master, and that keep accepts (nil: all).
+func scanMemory(ctx context.Context, rdb redis.UniversalClient, pattern string, keep func(string) bool) (bytes int64, keys int, err error) {
 	var mu sync.Mutex
 	err = forEachMaster(ctx, rdb, func(ctx context.Context, c *redis.Client) error {
 		iter := c.Scan(ctx, 0, pattern, 1000).Iterator()
 		for iter.Next(ctx) {
+			if keep != nil && !keep(iter.Val()) {
+				continue
+			}
 			n, err := c.MemoryUsage(ctx, iter.Val()).Result()
 			if err == redis.Nil {
 				continue // expired since SCAN saw it
