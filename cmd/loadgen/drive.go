@@ -41,13 +41,13 @@ type target struct {
 	row    string
 	client *fasthttp.HostClient
 	method string
-	base   string // scheme and host
-	uri    string // base + path
-	auth   string // Authorization header, if any
+	base   string   // scheme and host
+	uri    string   // base + path
+	auth   string   // Authorization header, if any
 	keys   []string // else values of benchpeer.KeyHeader, sent round robin
-	body   []byte // JSON body, if any
-	want   int    // the status that counts as success
-	refuse int    // a status counted as a refusal, not an error (0: none)
+	body   []byte   // JSON body, if any
+	want   int      // the status that counts as success
+	refuse int      // a status counted as a refusal, not an error (0: none)
 }
 
 func newTarget(row, base, method, path string, want, conns int) (*target, error) {
