@@ -14,6 +14,8 @@ BENCHFLAGS ?=
 SERVICES = svc=$$(scripts/services.sh) && eval "$$svc"
 # The headless Chromium of the dashboard's browser tests (installed when missing).
 BROWSER = brw=$$(scripts/services.sh browser) && eval "$$brw"
+# wrk, the bench's load generator, and its tests' (installed when missing).
+WRK = wrk=$$(scripts/services.sh wrk) && eval "$$wrk"
 # $(call token,VAR,FILE): keep VAR from the environment, else read it from
 # .data/FILE, made once with 32 random hex characters.
 token = if [ -z "$${$(1):-}" ]; then \
@@ -35,9 +37,9 @@ run: build
 	trap 'kill $$worker 2>/dev/null || true; wait $$worker 2>/dev/null || true' EXIT; \
 	bin/api
 
-## test: go vet, then every test with -race against real Redis, Postgres and a headless Chromium
+## test: go vet, then every test with -race against real Redis, Postgres, a headless Chromium and wrk
 test:
-	@$(SERVICES) && $(BROWSER) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
+	@$(SERVICES) && $(BROWSER) && $(WRK) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
 
 ## bench: the Go benchmarks, then bench-load (its table and goals last)
 bench: build
@@ -63,22 +65,22 @@ LOADFLAGS ?= -duration 5s -conns 64 -threads 2 -tenants 400
 # API_BIN: the api binary to measure (another build, to compare two versions).
 API_BIN ?= bin/api
 bench-load: build
-	@$(SERVICES); \
-	wrk=$$(scripts/services.sh wrk) && eval "$$wrk"; \
+	@$(SERVICES) && $(WRK) || exit 1; \
 	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn TOLLGATE_MAX_CONNS_PER_IP=0 \
 		TOLLGATE_SERVICE_TOKEN=bench-service-token-0123456789 TOLLGATE_ADMIN_TOKEN=bench-admin-token-0123456789; \
-	pids=""; \
-	trap 'kill $$pids 2>/dev/null || true; wait $$pids 2>/dev/null || true' EXIT; \
+	pids="" redis=""; \
+	trap 'kill $$pids 2>/dev/null || true; wait $$pids 2>/dev/null || true; \
+		if [ -n "$$redis" ]; then kill $$redis 2>/dev/null || true; wait $$redis 2>/dev/null || true; fi' EXIT; \
 	if [ -n "$(BENCH_REDIS_PORT)" ]; then \
 		command -v redis-server >/dev/null || { echo "bench: no redis-server for the bench's own Redis; BENCH_REDIS_PORT= uses REDIS_URL's" >&2; exit 1; }; \
 		if (exec 3<>/dev/tcp/127.0.0.1/$(BENCH_REDIS_PORT)) 2>/dev/null; then \
 			echo "bench: 127.0.0.1:$(BENCH_REDIS_PORT) is taken; choose another BENCH_REDIS_PORT" >&2; exit 1; fi; \
 		redis-server --bind 127.0.0.1 --port $(BENCH_REDIS_PORT) --save '' --appendonly no --loglevel warning >/dev/null & \
-		redis=$$!; pids="$$pids $$redis"; \
+		redis=$$!; \
 		for _ in $$(seq 50); do (exec 3<>/dev/tcp/127.0.0.1/$(BENCH_REDIS_PORT)) 2>/dev/null && break; sleep 0.1; done; \
 		kill -0 $$redis 2>/dev/null || { echo "bench: the bench's Redis did not start on 127.0.0.1:$(BENCH_REDIS_PORT)" >&2; exit 1; }; \
 		export REDIS_URL=redis://127.0.0.1:$(BENCH_REDIS_PORT)/0; \
-		echo "bench: Redis of its own on 127.0.0.1:$(BENCH_REDIS_PORT) ($$(redis-server --version | cut -d' ' -f3))" >&2; \
+		echo "bench: a Redis of its own on 127.0.0.1:$(BENCH_REDIS_PORT), stopped last ($$(redis-server --version | sed 's/ sha=.*//'))" >&2; \
 	fi; \
 	bin/loadgen -peer bare -addr $(BENCH_BARE_ADDR) & bare=$$!; pids="$$pids $$bare"; \
 	bin/loadgen -peer redis_rate -addr $(BENCH_REDIS_RATE_ADDR) & redis_rate=$$!; pids="$$pids $$redis_rate"; \

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"runtime"
 	"strings"
 	"time"
@@ -64,7 +65,8 @@ func measure(ctx context.Context, o options, cfg config.Config, drv driver, out 
 	if badURL != nil {
 		return badURL
 	}
-	rs.hot.peer, rs.refused.peer, rs.check.peer, rs.many.peer = rs.redisRate, rs.redisRate, rs.redisRate, rs.redisRateKeys
+	// (the refused row's reference is bare Fiber: it calls no Redis)
+	rs.hot.peer, rs.check.peer, rs.many.peer = rs.redisRate, rs.redisRate, rs.redisRateKeys
 	for _, r := range []*row{rs.redisRate, rs.redisRateKeys, rs.hot, rs.many, rs.refused, rs.check} {
 		r.redis = true
 	}
@@ -125,8 +127,8 @@ func measure(ctx context.Context, o options, cfg config.Config, drv driver, out 
 	defer rdb.Close()
 
 	warm := min(o.duration/10, 500*time.Millisecond)
-	fmt.Fprintf(out, "api %s, bare %s, redis_rate %s; %d CPUs shared by them, Redis and the load generator\n\n",
-		o.api, o.bare, o.redisRate, runtime.NumCPU())
+	fmt.Fprintf(out, "api %s, bare %s, redis_rate %s; %d CPUs shared by them, Redis and the load generator%s\n\n",
+		o.api, o.bare, o.redisRate, runtime.NumCPU(), loadAverage())
 	fmt.Fprintf(out, "closed loop: %d connections, %s a row (after %s of warm-up by loadgen's own driver), driven by %s\n",
 		o.conns, o.duration, warm, drv)
 	fmt.Fprintf(out, "%-22s %10s %6s %11s %10s %10s %10s %8s\n", "row", "req/s", "×bare", "×redis_rate", "p50", "p99", "requests", "errors")
@@ -200,6 +202,16 @@ func measure(ctx context.Context, o options, cfg config.Config, drv driver, out 
 		return errors.New("some requests failed; the figures above are not to be trusted")
 	}
 	return nil
+}
+
+// loadAverage says how busy the machine was before the run (other work
+// on it slows every row), from /proc/loadavg; "" where there is none.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) >= 3 {
+		return fmt.Sprintf(" (load average before the run: %s %s %s)", f[0], f[1], f[2])
+	}
+	return ""
 }
 
 // runRow warms r's server up, then drives r with drv, measuring Redis
