@@ -64,18 +64,22 @@ func sampleCPU(ctx context.Context, rdb redis.UniversalClient, server func(conte
 
 // apiCPUOf reads the CPU seconds of the api at base from its /metrics.
 func apiCPUOf(base string) func(context.Context) (float64, error) {
-	return func(ctx context.Context) (float64, error) {
-		req, err := http.NewRequestWithContext(ctx, "GET", base+"/metrics", nil)
-		if err != nil {
-			return 0, err
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			return 0, fmt.Errorf("the api's /metrics: %w", err)
-		}
-		defer resp.Body.Close()
-		return parseProcessCPU(resp.Body)
+	return func(ctx context.Context) (float64, error) { return apiMetric(ctx, base, "process_cpu_seconds_total") }
+}
+
+// apiMetric reads the value of an unlabelled metric of the api at base
+// from its /metrics.
+func apiMetric(ctx context.Context, base, name string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, "GET", base+"/metrics", nil)
+	if err != nil {
+		return 0, err
 	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, fmt.Errorf("the api's /metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	return parseMetric(resp.Body, name)
 }
 
 // procCPUOf reads the CPU seconds of process pid from /proc; nil for pid 0
@@ -145,17 +149,23 @@ func parseRedisCPU(info string) (float64, error) {
 
 // parseProcessCPU reads process_cpu_seconds_total from Prometheus text.
 func parseProcessCPU(r io.Reader) (float64, error) {
+	return parseMetric(r, "process_cpu_seconds_total")
+}
+
+// parseMetric reads the value of the unlabelled metric name from
+// Prometheus text.
+func parseMetric(r io.Reader, name string) (float64, error) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "process_cpu_seconds_total "); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), name+" "); ok {
 			return strconv.ParseFloat(strings.TrimSpace(v), 64)
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return 0, err
 	}
-	return 0, fmt.Errorf("no process_cpu_seconds_total in the api's /metrics")
+	return 0, fmt.Errorf("no %s in the api's /metrics", name)
 }
 
 // cpuRow is one row's CPU per request, in µs.

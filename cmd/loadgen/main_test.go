@@ -454,3 +454,22 @@ func TestRowLine(t *testing.T) {
 		t.Errorf("bare's line = %q, want ×bare 1.00 and no ×redis_rate", got)
 	}
 }
+
+func TestParseMetricAndFromDenyCache(t *testing.T) {
+	text := "# HELP tollgate_deny_cache_hits_total x\ntollgate_deny_cache_hits_total_x 1\ntollgate_deny_cache_hits_total 2.5e+06\n"
+	if v, err := parseMetric(strings.NewReader(text), "tollgate_deny_cache_hits_total"); err != nil || v != 2.5e6 {
+		t.Fatalf("parseMetric = %v, %v; want 2500000", v, err)
+	}
+	r := Result{Row: "refused", Requests: 1000, OK: 990, Errors: 10, FirstErr: "no answer"}
+	if got := fromDenyCache(r, 1050); got != r {
+		t.Errorf("with more deny-cache refusals than answers (in flight at the end): %+v, want %+v unchanged", got, r)
+	}
+	got := fromDenyCache(r, 900)
+	if got.OK != 900 || got.Errors != 100 || got.Requests != 1000 || got.FirstErr != "no answer" {
+		t.Errorf("90 answers not the deny cache's: %+v, want 900 ok, 100 errors of 1000, the first error kept", got)
+	}
+	r.Errors, r.OK, r.FirstErr = 0, 1000, ""
+	if got := fromDenyCache(r, 0); got.OK != 0 || got.Errors != 1000 || !strings.Contains(got.FirstErr, "deny cache") {
+		t.Errorf("no deny-cache refusals: %+v, want every answer an error naming the deny cache", got)
+	}
+}
