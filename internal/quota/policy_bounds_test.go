@@ -71,8 +71,10 @@ func TestPolicyBounds(t *testing.T) {
 		// limit × bucket length (10 s / 10 = 10^6 µs) below 2^52: 4503599627
 		{"sliding_window at the weight's bound", `"name": "a", "algorithm": "sliding_window", "limit": 4503599627, "window_seconds": 10, "buckets": 10`, ""},
 		{"sliding_window past it", `"name": "a", "algorithm": "sliding_window", "limit": 4503599628, "window_seconds": 10, "buckets": 10`, "limit"},
-		{"warm_up at its bound", `"name": "a", "algorithm": "warm_up", "rate": 0.001, "warmup_seconds": 60, "cold_factor": 100`, ""},
-		{"warm_up too slow", `"name": "a", "algorithm": "warm_up", "rate": 0.00001, "warmup_seconds": 60, "cold_factor": 100`, "rate"},
+		// the coldest interval, cold_factor × 1e6/rate µs, at most 2^40 µs:
+		// 64 × 2^34 at 1e6/2^34 per second
+		{"warm_up at its bound", `"name": "a", "algorithm": "warm_up", "rate": 5.820766091346741e-05, "warmup_seconds": 60, "cold_factor": 64`, ""},
+		{"warm_up past it", `"name": "a", "algorithm": "warm_up", "rate": 5.820766091346741e-05, "warmup_seconds": 60, "cold_factor": 65`, "rate"},
 		// adaptive and concurrency count requests
 		{"adaptive counting units", `"name": "a", "algorithm": "adaptive", "max_concurrency": 10, "target_latency_ms": 60, "cost": "units"`, "cost"},
 		{"fixed_window counting units", fw + `, "cost": "units"`, ""},

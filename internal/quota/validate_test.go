@@ -198,3 +198,20 @@ func TestMeterQuotaRules(t *testing.T) {
 		}
 	}
 }
+
+// TestErrorText: an error's text names its code, and its field when it
+// has one: what the logs show of an error the API answers.
+func TestErrorText(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct {
+		err  error
+		want string
+	}{
+		{FieldError("time_zone", "unknown time zone %q", "Mars/Olympus"), `tollgate invalid: time_zone: unknown time zone "Mars/Olympus"`},
+		{Errorf(CodeConflict, "tier %s is in use", "pro"), "tollgate conflict: tier pro is in use"},
+	} {
+		if got := tc.err.Error(); got != tc.want {
+			t.Errorf("got %q, want %q", got, tc.want)
+		}
+	}
+}
