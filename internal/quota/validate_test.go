@@ -194,7 +194,7 @@ func TestMeterQuotaRules(t *testing.T) {
 		{MeterQuota{Overage: OverageBlock, MonthlyQuota: Ptr(int64(5))}, false},
 	} {
 		if got := tc.q.Bills(); got != tc.want {
-			t.Errorf("Bills of overage %q, monthly %v: got %t, want %t", tc.q.Overage, tc.q.MonthlyQuota, got, tc.want)
+			t.Errorf("Bills of overage %q, a monthly quota %t: got %t, want %t", tc.q.Overage, tc.q.MonthlyQuota != nil, got, tc.want)
 		}
 	}
 }
