@@ -328,13 +328,9 @@ func (c Calendar) Boundaries(t time.Time) string {
 	return string(b)
 }
 
-// normMonth normalizes a month out of 1..12 into the year before or after.
+// normMonth normalizes a month out of 1..12 into the year before or after,
+// as time.Date does.
 func normMonth(y int, m time.Month) (int, time.Month) {
-	for m < time.January {
-		y, m = y-1, m+12
-	}
-	for m > time.December {
-		y, m = y+1, m-12
-	}
-	return y, m
+	d := time.Date(y, m, 1, 0, 0, 0, 0, time.UTC)
+	return d.Year(), d.Month()
 }

@@ -203,11 +203,7 @@ func checkCount(field string, v, min int64) error {
 // units in whole microseconds, rounded to nearest and at least 1. The Lua
 // script and the Go models both use this integer, so they agree exactly.
 func IntervalMicros(perSec float64) int64 {
-	iv := int64(math.Round(1e6 / perSec))
-	if iv < 1 {
-		return 1
-	}
-	return iv
+	return max(int64(math.Round(1e6/perSec)), 1)
 }
 
 // Ptr returns a pointer to v; handy for optional limits.

@@ -35,6 +35,8 @@ func TestCheckTierLimits(t *testing.T) {
 			[]string{"1 tenant with", "tenant-0 (overrides.burst: burst_rate and burst are both set or both null)"}, nil},
 		{"a window past the bounds", gcra(1, 10), tenants(1, bigBurst),
 			[]string{"tenant-0 (overrides.burst: burst / burst_rate must be at most"}, nil},
+		{"five tenants: all named", quota.Limits{}, tenants(5, halfGCRA),
+			[]string{"5 tenants with", "tenant-0 (", "tenant-4 ("}, []string{"more"}},
 		{"many tenants: the first five named", quota.Limits{}, tenants(7, halfGCRA),
 			[]string{"7 tenants with", "tenant-0 (", "tenant-4 (", "and 2 more"}, []string{"tenant-5"}},
 	} {

@@ -3,6 +3,7 @@ package quota
 import (
 	"math"
 	"slices"
+	"strings"
 )
 
 // The upgrade hint names a tier worth moving to, never merely the next
@@ -112,7 +113,7 @@ func (p plan) room(name LimitName) (limitRoom, bool) {
 	}
 	s := string(name)
 	for _, suffix := range []string{".daily", ".monthly"} {
-		if meter, ok := cutSuffix(s, suffix); ok && meter != "" {
+		if meter, ok := strings.CutSuffix(s, suffix); ok && meter != "" {
 			d, m := p.meterRoom(meter)
 			if suffix == ".daily" {
 				return d, true
@@ -121,13 +122,6 @@ func (p plan) room(name LimitName) (limitRoom, bool) {
 		}
 	}
 	return limitRoom{}, false
-}
-
-func cutSuffix(s, suffix string) (string, bool) {
-	if len(s) >= len(suffix) && s[len(s)-len(suffix):] == suffix {
-		return s[:len(s)-len(suffix)], true
-	}
-	return "", false
 }
 
 // tierLimits are the limits of a tier itself, beside its meters'.
