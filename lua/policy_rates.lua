@@ -136,7 +136,7 @@ warm_up (a = S us per permit at the stable rate, b = W warm-up us, c = cold
   rate), and up to w*F*S while cold (storedPermits above the threshold).
 ]]
 
-local function load_rates()
+do
   local MAXW = 1125899906842624 -- 2^50: the longest time a state may hold
   local SLACK_MS = 1000
 
@@ -361,7 +361,3 @@ local function load_rates()
     end,
   }
 end
-POL_LOAD.token_bucket = load_rates
-POL_LOAD.gcra = load_rates
-POL_LOAD.leaky_bucket = load_rates
-POL_LOAD.warm_up = load_rates
