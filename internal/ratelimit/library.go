@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -189,19 +188,22 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 		}
 		return nil
 	}
-	var err error
-	switch c := c.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, load)
-	case *redis.Client:
-		err = load(ctx, c)
-	default:
-		err = fmt.Errorf("unsupported client %T", c)
-	}
-	if err != nil {
+	if err := forEachMaster(ctx, c, load); err != nil {
 		return fmt.Errorf("ratelimit: load the Redis Function library %s (Redis 7.0 or later): %w", l.name, err)
 	}
 	return nil
+}
+
+// forEachMaster runs f on every master of c (concurrently in a cluster),
+// or on c's one server.
+func forEachMaster(ctx context.Context, c redis.UniversalClient, f func(context.Context, *redis.Client) error) error {
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, f)
+	case *redis.Client:
+		return f(ctx, c)
+	}
+	return fmt.Errorf("unsupported client %T", c)
 }
 
 // call runs the function f (FCALL); when Redis does not have it, the
@@ -328,16 +330,7 @@ func (r *Runner) otherLibraries(ctx context.Context) ([]string, error) {
 		}
 		return nil
 	}
-	var err error
-	switch c := r.c.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, list)
-	case *redis.Client:
-		err = list(ctx, c)
-	default:
-		err = errors.ErrUnsupported
-	}
-	if err != nil {
+	if err := forEachMaster(ctx, r.c, list); err != nil {
 		return nil, fmt.Errorf("ratelimit: list the Redis Function libraries: %w", err)
 	}
 	slices.Sort(others)

@@ -103,19 +103,12 @@ func privateLibrary(tb testing.TB, r *Runner) *library {
 // FLUSH: the server's other libraries are not the test's).
 func deleteLibrary(tb testing.TB, c redis.UniversalClient, l *library) {
 	tb.Helper()
-	del := func(ctx context.Context, n *redis.Client) error {
+	if err := forEachMaster(context.Background(), c, func(ctx context.Context, n *redis.Client) error {
 		if err := n.FunctionDelete(ctx, l.name).Err(); err != nil && !redis.HasErrorPrefix(err, "Library not found") {
 			return err
 		}
 		return nil
-	}
-	var err error
-	if cc, ok := c.(*redis.ClusterClient); ok {
-		err = cc.ForEachMaster(context.Background(), del)
-	} else {
-		err = del(context.Background(), c.(*redis.Client))
-	}
-	if err != nil {
+	}); err != nil {
 		tb.Fatal(err)
 	}
 }

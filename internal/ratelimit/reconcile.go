@@ -119,16 +119,7 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 		}
 		return nil
 	}
-	var err error
-	switch c := r.c.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, scan)
-	case *redis.Client:
-		err = scan(ctx, c)
-	default:
-		err = fmt.Errorf("unsupported client %T", r.c)
-	}
-	if err != nil {
+	if err := forEachMaster(ctx, r.c, scan); err != nil {
 		return nil, fmt.Errorf("ratelimit: sweep: %w", err)
 	}
 	out := make([]string, 0, len(seen))
