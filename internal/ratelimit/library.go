@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io/fs"
 	"log/slog"
@@ -288,22 +289,31 @@ func (r *Runner) fcall(ctx context.Context, f fn, keys []string, args ...any) *r
 // pipeline (Runner.pipelined).
 func (r *Runner) fname(f fn) string { return r.lib.names[f] }
 
+// ErrNoFunctions is LoadFunctions's error for a Redis that has no
+// Functions (older than 7.0), on which Tollgate cannot run.
+var ErrNoFunctions = errors.New("ratelimit: Redis has no Functions: Tollgate needs Redis 7.0 or later")
+
 // LoadFunctions loads the Function library on every master of the
-// runner's Redis, as the API and the worker do when they start (a call
-// loads it again when Redis does not have it). It fails on a Redis older
-// than 7.0, which has no Functions. The other releases' libraries it finds
-// there (tollgate_<v>, left by a rolling upgrade) are logged, if log is not
-// nil: FUNCTION DELETE removes each once no node of its release runs.
+// runner's Redis, as the API and the worker do when they start, and logs
+// (log may be nil) the other versions' libraries it finds there
+// (tollgate_<v>, left by a rolling upgrade): FUNCTION DELETE removes each
+// once no node of its version runs. It fails, with ErrNoFunctions, only on
+// a Redis older than 7.0; any other failure (a master that does not
+// answer) is logged, and the calls load the library when they find it
+// missing, as they do after a restart.
 func (r *Runner) LoadFunctions(ctx context.Context, log *slog.Logger) error {
-	if err := r.lib.load(ctx, r.c); err != nil {
-		return err
+	err := r.lib.load(ctx, r.c)
+	var others []string
+	if err == nil {
+		others, err = r.otherLibraries(ctx)
 	}
-	others, err := r.otherLibraries(ctx)
-	if err != nil {
-		return err
-	}
-	if len(others) > 0 && log != nil {
-		log.Info("Redis holds the Function libraries of other releases: FUNCTION DELETE each once no node of its release runs",
+	switch {
+	case redis.HasErrorPrefix(err, "unknown command"):
+		return fmt.Errorf("%w (%w)", ErrNoFunctions, err)
+	case err != nil && log != nil:
+		log.Warn("the Redis Function library is not loaded everywhere yet: calls load it where it is missing", "err", err)
+	case len(others) > 0 && log != nil:
+		log.Info("Redis holds the Function libraries of other versions: FUNCTION DELETE each once no node of its version runs",
 			"libraries", others, "library", r.lib.name)
 	}
 	return nil

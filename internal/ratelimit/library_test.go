@@ -1,10 +1,16 @@
 package ratelimit
 
 import (
+	"bufio"
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
+	"log/slog"
+	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -262,4 +268,78 @@ func (h *cmdRecorder) names() []string {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return append([]string(nil), h.cmds...)
+}
+
+// fakeOldRedis answers every command on a loopback port as Redis 6.2
+// answers FUNCTION (an unknown command), and returns a client of it.
+func fakeOldRedis(t *testing.T) *redis.Client {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					// a command: *<n>, then n times $<len> and the string
+					line, err := r.ReadString('\n')
+					if err != nil || !strings.HasPrefix(line, "*") {
+						return
+					}
+					n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+					var args []string
+					for range n {
+						if _, err := r.ReadString('\n'); err != nil {
+							return
+						}
+						s, err := r.ReadString('\n')
+						if err != nil {
+							return
+						}
+						args = append(args, strings.TrimSpace(s))
+					}
+					fmt.Fprintf(c, "-ERR unknown command `%s`, with args beginning with: \r\n", args[0])
+				}
+			}()
+		}
+	}()
+	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), Protocol: 2, DisableIdentity: true, MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// TestLoadFunctionsOnRedisWithoutFunctions: a Redis older than 7.0 stops
+// the node at its start with ErrNoFunctions; a Redis that does not answer
+// (a master down) does not: the failure is logged, and calls load the
+// library when they can.
+func TestLoadFunctionsOnRedisWithoutFunctions(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	err := New(fakeOldRedis(t), "tg").LoadFunctions(ctx, nil)
+	if !errors.Is(err, ErrNoFunctions) || !strings.Contains(err.Error(), "Redis 7.0 or later") {
+		t.Errorf("on Redis 6: %v, want ErrNoFunctions", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing answers there
+	down := redis.NewClient(&redis.Options{Addr: addr, MaxRetries: -1, DialTimeout: time.Second})
+	defer down.Close()
+	var logged bytes.Buffer
+	if err := New(down, "tg").LoadFunctions(ctx, slog.New(slog.NewTextHandler(&logged, nil))); err != nil {
+		t.Errorf("with Redis down: %v, want nil (the calls load the library)", err)
+	}
+	if !strings.Contains(logged.String(), "level=WARN") {
+		t.Errorf("with Redis down, logged %q, want a warning", logged.String())
+	}
 }
