@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -289,7 +290,8 @@ func fakeOldRedis(t *testing.T) *redis.Client {
 				defer c.Close()
 				r := bufio.NewReader(c)
 				for {
-					// a command: *<n>, then n times $<len> and the string
+					// a command: *<n>, then n times $<len> and that many
+					// bytes (the library's text holds line ends) and CRLF
 					line, err := r.ReadString('\n')
 					if err != nil || !strings.HasPrefix(line, "*") {
 						return
@@ -297,14 +299,16 @@ func fakeOldRedis(t *testing.T) *redis.Client {
 					n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
 					var args []string
 					for range n {
-						if _, err := r.ReadString('\n'); err != nil {
+						head, err := r.ReadString('\n')
+						if err != nil || !strings.HasPrefix(head, "$") {
 							return
 						}
-						s, err := r.ReadString('\n')
-						if err != nil {
+						size, _ := strconv.Atoi(strings.TrimSpace(head[1:]))
+						arg := make([]byte, size+2)
+						if _, err := io.ReadFull(r, arg); err != nil {
 							return
 						}
-						args = append(args, strings.TrimSpace(s))
+						args = append(args, string(arg[:size]))
 					}
 					fmt.Fprintf(c, "-ERR unknown command `%s`, with args beginning with: \r\n", args[0])
 				}
