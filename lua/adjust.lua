@@ -1,6 +1,6 @@
---[[ adjust.lua: the prelude of the scripts that count units after their
-admission (refund.lua, settle.lua: an admitted request's numbers changed;
-outage.lua: usage admitted in process while Redis was away), after
+--[[ adjust.lua: shared by the library's functions that count units after
+their admission (refund.lua, settle.lua: an admitted request's numbers
+changed; outage.lua: usage admitted in process while Redis was away), after
 state.lua and meterq.lua: one way to move units, overage and money in the
 day, month and hour they were admitted in, whenever the change arrives.
 The month is the state's or the month before it (state.lua's month_load,
@@ -66,7 +66,7 @@ end
 -- (month_load), with ovd to its overage; the same to q, the meter's
 -- counters of month (meterq_month, in the hash mkey), with mdov to its
 -- overage; nothing goes below 0. It writes them back.
-local function adjust_counters(s, c, q, mkey, meter, day, month, units, ovd, mdov, pxat, now)
+local function adjust_counters(s, c, q, mkey, meter, day, month, units, ovd, mdov, now)
   local parts = {}
   if s.d == day and units ~= 0 then
     s.du = math.max(0, s.du + units)
@@ -76,7 +76,7 @@ local function adjust_counters(s, c, q, mkey, meter, day, month, units, ovd, mdo
     c.mu, c.mo = math.max(0, c.mu + units), math.max(0, c.mo + ovd)
     month_store(s, month, c, parts)
   end
-  if #parts > 0 then save_state(s, 0, nil, parts, pxat, now) end
+  if #parts > 0 then save_state(s, 0, nil, now) end
   if q then
     if q.today then q.du = math.max(0, q.du + units) end
     q.mu, q.mo = math.max(0, q.mu + units), math.max(0, q.mo + mdov)
@@ -96,16 +96,16 @@ end
 
 -- adjust_pending adds units, ovd, mdov and reqs (requests; nil: none) to
 -- the pending usage of f ("<hour start, unix s>|<meter>|"): "u", "o", "m"
--- and "r", in the v2 hash when the state lives there (it lives 14 days
--- after an admission), else in the v1 pending hash kp.
+-- and "r", in the state hash when it holds the state (it lives 14 days
+-- after an admission), else in the pending hash kp.
 local function adjust_pending(s, kp, f, units, ovd, mdov, reqs)
   local key, pre = kp, ''
-  if s.v2 then key, pre = KS, 'p' end
+  if s.held then key, pre = KS, 'p' end
   redis.call('HINCRBY', key, pre .. f .. 'u', units)
   if reqs and reqs ~= 0 then redis.call('HINCRBY', key, pre .. f .. 'r', reqs) end
   if ovd ~= 0 then redis.call('HINCRBY', key, pre .. f .. 'o', ovd) end
   if mdov ~= 0 then redis.call('HINCRBY', key, pre .. f .. 'm', mdov) end
-  if not s.v2 and redis.call('PTTL', kp) < 0 then
+  if not s.held and redis.call('PTTL', kp) < 0 then
     redis.call('PEXPIRE', kp, 14 * 86400 * 1000)
   end
 end

@@ -1,16 +1,18 @@
---[[ admit.lua: one admission decision for one tenant and one request.
+--[[ admit.lua: one admission decision for one tenant and one request: the
+library's function admit (lua/embed.go).
 
 It checks GCRA (requests), the token bucket (cost units), the daily quota and
 the monthly quota together and commits all of them or none: every active limit
 is checked first, and state is written only when all of them pass. A refused
 request changes no limit state; it only counts a refusal in the pending usage.
 internal/ratelimit runs it; internal/ratelimit/model.go is its pure-Go
-reference, and the tests hold the two to identical answers. Needs Redis 6.2
-or later (SET ... PXAT; TIME before writes relies on effects replication).
+reference, and the tests hold the two to identical answers. Needs Redis 7.0
+or later (Redis Functions; TIME before writes relies on effects
+replication).
 
 Units, epoch, precision
   Times are integer microseconds since the Unix epoch, UTC. Time is Redis
-  TIME (sec*1e6 + usec) unless ARGV[2] gives an explicit time (tests only).
+  TIME (sec*1e6 + usec) unless ARGV[1] gives an explicit time (tests only).
   Every quantity is an integer held in a Lua double, exact below 2^53: the
   Go side bounds limits by quota.MaxQuantity and every window (B*T, C*U) by
   2^50 us (~35 years), and now is ~2^50.6 us today, so sums stay below 2^53.
@@ -19,19 +21,20 @@ Units, epoch, precision
   large numbers as 1e+15); only a count of hours, far below 1e14, is joined
   by '..'.
 
-The state's keys, layouts and the shared functions (clock, calendar,
-load_state, save_state) are lua/state.lua's, prepended to this script. The
-common case (the state in the v2 hash, no new day or month) is read and
+The state's keys, layout and the shared functions (clock, calendar,
+load_state, save_state) are lua/state.lua's, earlier in the library. The
+common case (the state in the hash, no new day or month) is read and
 written here, on locals, with the fields that did not change left as they
 are; anything else goes through load_state and save_state.
 
 KEYS (the Go side builds them; every key carries the hash tag {t:<tenant id>},
 so one call touches one Redis Cluster slot)
-  KEYS[1..5] the state (state.lua): the v2 hash, then the v1 keys
-  KEYS[6] <prefix>:v1:{t:<id>}:pending hash: "<hour start, unix s>|<meter>|u"
-                                       units, "|r" requests, "|x" refused
-                                       requests, "|o" overage units
-  KEYS[7] <prefix>:v1:{t:<id>}:idem2:<sha256 hex of the idempotency key>
+  KEYS[1] the state hash (state.lua)
+  KEYS[2] <prefix>:v1:{t:<id>}:pending hash (state.lua): the pending usage
+                                       of a tenant whose hash holds no state:
+                                       "<hour start, unix s>|<meter>|x"
+                                       refused requests, "|d", "|s"
+  KEYS[3] <prefix>:v1:{t:<id>}:idem2:<sha256 hex of the idempotency key>
                                        hash (optional key): fp (request
                                        fingerprint), st ('run' while the first
                                        request is in flight, 'done' once its
@@ -43,36 +46,34 @@ so one call touches one Redis Cluster slot)
                                        idem.lua when the answer is stored
 
 ARGV
-  [1]  layout      'v2' | 'v1' (state.lua)
-  [2]  now_us      explicit time in us; 0 = Redis TIME
-  [3]  mode        'admit' | 'dry' (decide, write nothing) | 'peek' (report
+  [1]  now_us      explicit time in us; 0 = Redis TIME
+  [2]  mode        'admit' | 'dry' (decide, write nothing) | 'peek' (report
                    the current room without any request; the Go side passes
                    cost 1 and overage 'block')
-  [4]  cost        cost units, 1..2^40
-  [5]  meter       the route's meter, for pending usage fields
-  [6]  overage     'block' | 'bill'
-  [7]  gcra_T      GCRA emission interval T in us (0 = unlimited)
-  [8]  gcra_B      GCRA burst B, requests
-  [9]  bucket_U    token bucket interval U per unit in us (0 = unlimited)
-  [10] bucket_C    token bucket capacity C, units
-  [11] daily       daily quota, units (-1 = unlimited)
-  [12] monthly     monthly quota, units (-1 = unlimited)
-  [13] fp          request fingerprint (with KEYS[7]): method, path, body
-  [14] lease_us    how long a first request may stay in flight, us; 0 =
+  [3]  cost        cost units, 1..2^40
+  [4]  meter       the route's meter, for pending usage fields
+  [5]  overage     'block' | 'bill'
+  [6]  gcra_T      GCRA emission interval T in us (0 = unlimited)
+  [7]  gcra_B      GCRA burst B, requests
+  [8]  bucket_U    token bucket interval U per unit in us (0 = unlimited)
+  [9]  bucket_C    token bucket capacity C, units
+  [10] daily       daily quota, units (-1 = unlimited)
+  [11] monthly     monthly quota, units (-1 = unlimited)
+  [12] fp          request fingerprint (with KEYS[3]): method, path, body
+  [13] lease_us    how long a first request may stay in flight, us; 0 =
                    the record is 'done' at once (no answer to store)
-  [15] ocap        the spend cap: overage units the month may hold at most
+  [14] ocap        the spend cap: overage units the month may hold at most
                    (-1 = no cap; quota.SpendCapUnits; only with 'bill')
-  [16] np          policies decided with the tenant's limits (absent or 0:
-                   none; only admit.lua's policy variant, which has
-                   policy.lua and the algorithms before it, takes more)
-  [17] id          the request's id (concurrency leases, log entries)
-  [18] outside     what the policies of other slots (reserved before this
+  [15] np          policies decided with the tenant's limits (absent or 0:
+                   none)
+  [16] id          the request's id (concurrency leases, log entries)
+  [17] outside     what the policies of other slots (reserved before this
                    call: ratelimit/policy.go) made of the request: '' none
                    refused, or letters: 'x' an enforced one refused (the
                    request is refused: mask 16), 'd' a degrade one refused
                    (degraded, when nothing else refuses), 's' a shadow one
                    refused; counted here, in the same pending fields
-  [19] mq          the meter quota of the request's meter (see "Meter
+  [18] mq          the meter quota of the request's meter (see "Meter
                    quotas"): '' none, or "dq,mq,bill,price,tprice,capm":
                    the meter's daily and monthly quotas (-1 = unlimited),
                    1 when its overage is billed, its price per 1,000
@@ -87,22 +88,22 @@ ARGV
                    meters' overage. A prepaid tenant's has five more,
                    ",bal,bid,prev,lines,pexp" (see "Prepaid"), and is passed on
                    every request
-  [20] cal         the tenant's billing calendar (see "Calendars"): '' the
+  [19] cal         the tenant's billing calendar (see "Calendars"): '' the
                    default one (UTC days and calendar months), or
                    quota.Calendar.Boundaries of Go's now (calendar.lua)
-  [21..]           np groups of policy.lua's POLICY_ARGS; their keys are
+  [20..]           np groups of policy.lua's POLICY_ARGS; their keys are
                    the last np KEYS before the meter quota's (after the
                    idempotency key, if any), all under the tenant's hash tag
-  ([16..20] are all absent, or all present: the plain variant takes them
-  when np is 0 and the meter has a quota or the tenant a calendar; the
-  KEYS do not change with a calendar)
+  ([15..19] are all absent, or all present: a call without policies takes
+  them when the meter has a quota or the tenant a calendar; the KEYS do
+  not change with a calendar)
 
-Return: an error reply "CALENDAR <now us>" when ARGV[20]'s days do not
+Return: an error reply "CALENDAR <now us>" when ARGV[19]'s days do not
 reach the script's now (see "Calendars"), or "PREPAID <now us>" when the
-balance of ARGV[19] is of another period than now's (see "Prepaid"),
+balance of ARGV[18] is of another period than now's (see "Prepaid"),
 written nothing; else a flat
 array of 22 integers, then 9 of the meter quota (when
-ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
+ARGV[18] names one), then policy.lua's POLICY_ITEM integers per policy
 (none when np is 0; idempotency codes 2, 3 return the 22 alone)
   [1] allowed (1/0)
   [2] violated bitmask: 1 burst, 2 bucket, 4 daily, 8 monthly, 16 a policy
@@ -129,8 +130,8 @@ ARGV[19] names one), then policy.lua's POLICY_ITEM integers per policy
   a refusal, in dry-run refusals and in peek, the state as it is.
 
 Limit changes: fresh or clamp
-  GCRA and the bucket keep their state as a time (TAT, FULL), and the v2
-  hash's field L = "T,B,U,C" (ARGV[7..10] as sent) names the limits it was
+  GCRA and the bucket keep their state as a time (TAT, FULL), and the
+  hash's field L = "T,B,U,C" (ARGV[6..9] as sent) names the limits it was
   written under: one more field of the HMGET, and one string comparison
   per call (L is written only when it changes). Under other limits than
   L's, each of GCRA and the bucket whose new limits are each at least as
@@ -138,7 +139,7 @@ Limit changes: fresh or clamp
   limited) starts fresh: its state is read as 0, no debt, so an upgrade
   never leaves more waiting than the new limits allow. Any other change
   (a move down, a faster rate with a smaller burst, a limit that was
-  unlimited, no L yet, the v1 keys) keeps the state, clamped to the most
+  unlimited, no L yet) keeps the state, clamped to the most
   indebted state the CURRENT limits allow: TAT <= now + B*T and FULL <=
   now + C*U. Under unchanged limits the clamp never bites (admissions keep
   both below it), so it changes nothing there; after a change of limits
@@ -181,7 +182,7 @@ UTC days and calendar months by default; see "Calendars")
   nothing; retry = next month start - now, or -1 when cost > quota + ocap
   (it would pass the cap even in a fresh month, which has no grant).
 
-Calendars (ARGV[20] not '')
+Calendars (ARGV[19] not '')
   A tenant's billing calendar (quota.Calendar: an anchor day 1..28 and an
   IANA zone) makes its days run from local midnight to local midnight (23
   or 25 hours across a DST change) and its months from the anchor day's
@@ -202,7 +203,7 @@ Calendars (ARGV[20] not '')
   clocks more than about a day apart), the call answers the error
   "CALENDAR <now us>" and writes nothing; Go computes the boundaries of
   that now and calls once more. The default calendar ('' or absent) takes
-  the UTC path of before, at no cost but the test of ARGV[20].
+  the UTC path of before, at no cost but the test of ARGV[19].
 
 Policies (np > 0)
   Decided with the tier's limits, all or nothing: policies_check (policy.lua)
@@ -214,7 +215,7 @@ Policies (np > 0)
   every policy that admitted it, in the same call. Peek and dry runs check
   and write nothing. Pending fields: "|d" degraded, "|s" shadow refusals.
 
-Meter quotas (ARGV[19] not '')
+Meter quotas (ARGV[18] not '')
   A tier's quota of one meter (quota.MeterQuota), beside the tier-wide
   ones and decided with them, all or nothing. Its state is one field of
   the hash <prefix>:v1:{t:<id>}:mq (the last of KEYS), named by the meter:
@@ -236,7 +237,7 @@ Meter quotas (ARGV[19] not '')
   month of its last write + 1 h (PEXPIREAT when a field's month changes).
   Replays answer the meter items as they are now.
 
-Prepaid (ARGV[19] ends in ",bal,bid,prev,lines,pexp")
+Prepaid (ARGV[18] ends in ",bal,bid,prev,lines,pexp")
   A prepaid tenant's units past its monthly quotas (the tier's overage at
   tprice and the meter's at price, as billed) are paid from its credit,
   drawn down here, atomically with the limits: the field 'P' of the meter
@@ -266,7 +267,7 @@ Prepaid (ARGV[19] ends in ",bal,bid,prev,lines,pexp")
   period and calls again). While prepaid, the hash lives 40 days past the
   end of its month, so that pmc outlasts the previous invoice's grace.
 
-Idempotency (KEYS[6] present, mode 'admit')
+Idempotency (KEYS[3] present, mode 'admit')
   A record younger than 24 h (by its own 'at', so that explicit test times
   see the same window) decides first: another fingerprint is a mismatch (3);
   a 'run' record whose lease has not passed is in flight (2); a 'done' record
@@ -282,9 +283,10 @@ Idempotency (KEYS[6] present, mode 'admit')
   and peeks ignore the key.
 
 Expiry (each key lives no longer than its state needs, give or take an hour)
-  the v2 hash: until the end of its month (or day, or TAT/FULL, whichever
-  is last) + 1 h, sent only when that passes the expiry it has (field x);
-  v1 keys as the v1 scripts had them; idem: 24 h; pending: 14 days after
+  the state hash: until the end of its month (or day, or TAT/FULL,
+  whichever is last) + 1 h, sent only when that passes the expiry it has
+  (field x), and 14 days after an admission's pending usage; idem: 24 h;
+  the pending hash: 14 days after
   the first write of a field (so at least hourly while the tenant is
   active; the worker flushes it far sooner, the TTL only bounds what an
   abandoned tenant leaves behind). Expiries are absolute in script time;
@@ -292,41 +294,39 @@ Expiry (each key lives no longer than its state needs, give or take an hour)
   that test state lives as long as it would have.
 ]]
 
+do
 local IDEM_US = DAY_US
 local PENDING_US = 14 * DAY_US
 local PENDING_MS = 14 * 86400 * 1000
 local PREPAID_KEEP_US = 40 * DAY_US
+
+-- (The body is not indented: it was the script's chunk.)
+function FN.admit()
 local call = redis.call
+KS = KEYS[1]
+local now = clock(ARGV[1] + 0)
 
-local now, shift = clock(ARGV[2] + 0)
--- pxat turns an expiry in script time (us) into PEXPIREAT milliseconds,
--- rounded up so that a key never disappears before its state is empty.
-local function pxat(us)
-  return fmt(-idiv(-(us + shift), 1000))
-end
-
-local mode = ARGV[3]
+local mode = ARGV[2]
 -- (the Go side sends decimal integers: arithmetic converts each once, where
 -- tonumber, a function call, would convert twice)
-local cost = ARGV[4] + 0
-local costs = ARGV[4]
-local meter = ARGV[5]
-local bill = ARGV[6] == 'bill'
-local gT, gB = ARGV[7] + 0, ARGV[8] + 0
-local bU, bC = ARGV[9] + 0, ARGV[10] + 0
-local dq, mq = ARGV[11] + 0, ARGV[12] + 0
-local fp, lease = ARGV[13], ARGV[14] + 0
-local ocap = ARGV[15] + 0
-local KP, idem = KEYS[6], KEYS[7]
+local cost = ARGV[3] + 0
+local meter = ARGV[4]
+local bill = ARGV[5] == 'bill'
+local gT, gB = ARGV[6] + 0, ARGV[7] + 0
+local bU, bC = ARGV[8] + 0, ARGV[9] + 0
+local dq, mq = ARGV[10] + 0, ARGV[11] + 0
+local fp, lease = ARGV[12], ARGV[13] + 0
+local ocap = ARGV[14] + 0
+local KP, idem = KEYS[2], KEYS[3]
 local np = 0
--- mqs: the meter quota's ARGV[19] (nil or ''); its key is the last of KEYS
-local mqs, nq = ARGV[19], 0
+-- mqs: the meter quota's ARGV[18] (nil or ''); its key is the last of KEYS
+local mqs, nq = ARGV[18], 0
 if mqs == '' then mqs = nil end
 if mqs then nq = 1 end
-if ARGV[16] then
-  np = ARGV[16] + 0
-  -- the idempotency key is KEYS[7] only when the policies' keys leave it
-  if #KEYS - np - nq < 7 then idem = nil end
+if ARGV[15] then
+  np = ARGV[15] + 0
+  -- the idempotency key is KEYS[3] only when the policies' keys leave it
+  if #KEYS - np - nq < 3 then idem = nil end
 end
 
 -- replay holds the stored decision of a finished first request.
@@ -354,12 +354,12 @@ if mode == 'admit' and idem then
   end
 end
 
--- The state, as locals (a table costs on every call). The v2 hash is read
--- here, with the hour's pending field; a state in the v1 keys comes from
--- load_state. The raw strings of the v2 hash's fields are kept: a field an
--- admission does not change is not formatted again (see "commit").
+-- The state, as locals (a table costs on every call). The hash is read
+-- here, with the hour's pending field (no state: load_state's empty one).
+-- The raw strings of the hash's fields are kept: a field an admission does
+-- not change is not formatted again (see "commit").
 local hour = idiv(now, HOUR_US)
--- the hour's "units,requests" field of the v2 hash (state.lua); an hour
+-- the hour's "units,requests" field of the hash (state.lua); an hour
 -- count is far below 1e14, where '..' prints an integer exactly
 local pk = 'p' .. hour .. '|' .. meter .. '|'
 -- lim: the burst limits the state was written under (field L; see "Limit
@@ -372,10 +372,10 @@ else
   h = call('HMGET', KS, 't', 'q', 'c', 'L')
   lim, h[4] = h[4], false
 end
-local v2 = h[1] and true or false
-local g, b, d, du, dg, dov, m, mu, mg, mo, gn, x, mn
-local ds, dgs, ms, qtail, mns, pend -- raw fields of the v2 hash
-if v2 then
+local held = h[1] and true or false
+local g, b, d, du, dg, m, mu, mg, mo, gn, x, mn
+local ds, dgs, ms, qtail, mns, pend -- raw fields of the hash
+if held then
   local gs, bs, dus, mus, xs
   gs, bs = string.match(h[1], '^(%-?%d*),(%-?%d*)$')
   -- (one match: the tail is a capture holding the last three's captures)
@@ -389,22 +389,22 @@ if v2 then
   local day0 = d * DAY_US
   if gs ~= '' then g = gs + day0 else g = 0 end
   if bs ~= '' then b = bs + day0 else b = 0 end
-  du, dg, dov, m, mu, mg, mo, gn = dus + 0, dgs + 0, 0, ms + 0, mus + 0, mgs + 0, mos + 0, gns + 0
+  du, dg, m, mu, mg, mo, gn = dus + 0, dgs + 0, ms + 0, mus + 0, mgs + 0, mos + 0, gns + 0
   x, mn = xs * HOUR_US, mns * DAY_US
   pend = h[4]
 else
   local s = load_state(pk, h)
-  g, b, d, du, dg, dov, m, mu, mg, mo, gn, x, mn =
-    s.g, s.b, s.d, s.du, s.dg, s.dov, s.m, s.mu, s.mg, s.mo, s.gn, s.x, s.mn
+  g, b, d, du, dg, m, mu, mg, mo, gn, x, mn =
+    s.g, s.b, s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.gn, s.x, s.mn
 end
 
 -- quota periods (day_of and month_of of state.lua, on the locals): a past
 -- period's counters reset (the reset is written only with an admission);
 -- moved is set when the calendar changed the state's day or month bounds,
 -- which then is written in full by save_state.
--- cal: the tenant's billing calendar (ARGV[20]; see "Calendars"), nil for
+-- cal: the tenant's billing calendar (ARGV[19]; see "Calendars"), nil for
 -- the default one, whose path below is the one of before calendars.
-local cal = ARGV[20]
+local cal = ARGV[19]
 if cal == '' then cal = nil end
 local day, dnext, month, mnext
 -- mprev: the month that ends, kept as the month before (state.lua's field w)
@@ -417,7 +417,7 @@ if cal then
     return redis.error_reply('CALENDAR ' .. fmt(now))
   end
   if day ~= d then
-    d, du, dg, dov, moved = day, 0, 0, 0, true
+    d, du, dg, moved = day, 0, 0, true
   end
   if month ~= m then
     -- (state.lua's month_roll, on the locals)
@@ -433,7 +433,7 @@ else
   day = idiv(now, DAY_US)
   dnext = (day + 1) * DAY_US
   if day ~= d then
-    d, du, dg, dov, moved = day, 0, 0, 0, true
+    d, du, dg, moved = day, 0, 0, true
   end
   -- (a month is at most 31 days: a clock set back past the month's start
   -- is caught unless it moved less than that)
@@ -455,8 +455,8 @@ end
 -- least as large in rate and burst, and is clamped in the others
 local sig, relim
 if gT > 0 or bU > 0 then
-  sig = ARGV[7] .. ',' .. ARGV[8] .. ',' .. ARGV[9] .. ',' .. ARGV[10]
-  if lim ~= sig and (v2 or LAYOUT == 'v2') then
+  sig = ARGV[6] .. ',' .. ARGV[7] .. ',' .. ARGV[8] .. ',' .. ARGV[9]
+  if lim ~= sig then
     relim = true
     local lT, lB, lU, lC = string.match(lim or '', '^(%d+),(%d+),(%d+),(%d+)$')
     if lT then
@@ -468,7 +468,7 @@ if gT > 0 or bU > 0 then
 end
 
 local ok, mask, retry = true, 0, 0
--- (refusals inline: a closure costs on every call) a refusal adds its bit
+-- (refusals inline, without a function call each) a refusal adds its bit
 -- and keeps the longest wait; -1 (never) wins over any.
 
 -- GCRA
@@ -632,10 +632,10 @@ end
 
 -- policies (see "Policies"): precs holds what commit and report need
 local precs, degraded, shadowed = nil, false, false
-if np > 0 or (ARGV[18] and ARGV[18] ~= '') then
+if np > 0 or (ARGV[17] and ARGV[17] ~= '') then
   local pass, degr, pretry
-  pass, degr, pretry, precs = policies_check(#KEYS - np - nq + 1, 21, np, now, ARGV[17])
-  local outside = ARGV[18]
+  pass, degr, pretry, precs = policies_check(#KEYS - np - nq + 1, 20, np, now, ARGV[16])
+  local outside = ARGV[17]
   if string.find(outside, 'x', 1, true) then pass = false end
   if string.find(outside, 'd', 1, true) then degr = true end
   if string.find(outside, 's', 1, true) then shadowed = true end
@@ -654,8 +654,8 @@ if not ok or mode == 'peek' then overage, qover = 0, 0 end
 
 -- commit: only when every limit passed, only in admit mode
 if mode == 'admit' then
-  -- wg, wb, wd, wm: the parts written (v1: the keys 'g', 'b', 'd', 'm';
-  -- v2: g and b are the field t, the day and month the field q)
+  -- wg, wb, wd, wm: the parts written (g and b are the field t, the day and
+  -- month the field q)
   local need, wg, wb, wd, wm = 0, false, false, false, false
   if ok then
     if gT > 0 then g, need, wg = gnew, gnew, true end
@@ -701,21 +701,19 @@ if mode == 'admit' then
     if pfresh then call('PEXPIREAT', KQ, pxat(mnext + PREPAID_KEEP_US)) end
   end
   local dirty = wg or wb or wd or wm
-  -- Pending usage: in the v2 hash, written by the same HSET, when the
-  -- state lives there (or moves there now); else in the v1 pending hash.
-  local counted = ok and not replay
+  -- Pending usage: in the state hash, written by the same HSET.
   local extra = false
-  if counted and (v2 or LAYOUT == 'v2') then
+  if ok and not replay then
     local u, r = 0, 0
     if pend then
       local a, c = string.match(pend, '^(%-?%d+),(%-?%d+)$')
       u, r = a + 0, c + 0
     end
     pend = string.format('%d,%d', u + cost, r + 1)
-    extra, dirty, counted = true, true, false
+    extra, dirty = true, true
     if now + PENDING_US > need then need = now + PENDING_US end
   end
-  if dirty and v2 and not moved then
+  if dirty and held and not moved then
     -- The common case: one HSET of the fields that changed, each formatted
     -- as state.lua's packed would (the others are as they were).
     local was = x
@@ -757,14 +755,10 @@ if mode == 'admit' then
     end
     if c then call('PEXPIREAT', KS, pxat(x)) end
   elseif dirty then
-    -- a new day or month, or a state in the v1 keys: state.lua's save_state
-    local s = {v2 = v2, rolled = rolled, x = x, g = g, b = b, d = d, du = du, dg = dg,
-      dov = dov, m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal, w = mprev}
-    local parts, xs = {}, nil
-    if wg then parts[#parts + 1] = 'g' end
-    if wb then parts[#parts + 1] = 'b' end
-    if wd then parts[#parts + 1] = 'd' end
-    if wm then parts[#parts + 1] = 'm' end
+    -- a new day or month, or a new state: state.lua's save_state
+    local s = {held = held, rolled = rolled, x = x, g = g, b = b, d = d, du = du, dg = dg,
+      m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal, w = mprev}
+    local xs = nil
     if extra then
       s[pk], xs = pend, {pk}
     end
@@ -772,11 +766,11 @@ if mode == 'admit' then
       s.L, xs = sig, xs or {}
       xs[#xs + 1] = 'L'
     end
-    save_state(s, need, xs, parts, pxat, now)
-    v2 = s.v2
+    save_state(s, need, xs, now)
+    held = s.held
   end
-  -- the v1 pending fields (with "p" before them in the v2 hash)
-  if v2 then
+  -- the pending hash's fields (with "p" before them in the state hash)
+  if held then
     if ok and overage > 0 and not replay then
       call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|o', overage)
     end
@@ -786,16 +780,10 @@ if mode == 'admit' then
     if not ok then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. (degraded and '|d' or '|x'), 1) end
     if shadowed then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|s', 1) end
   elseif not (ok and replay) then
+    -- a refusal of a tenant without state (an admission always writes the
+    -- state): the pending hash, which has an expiry of its own
     local pf = fmt(hour * 3600) .. '|' .. meter .. '|'
-    local fresh
-    if counted then
-      fresh = call('HINCRBY', KP, pf .. 'u', costs) == cost
-      call('HINCRBY', KP, pf .. 'r', 1)
-      if overage > 0 then call('HINCRBY', KP, pf .. 'o', fmt(overage)) end
-      if qover > 0 then call('HINCRBY', KP, pf .. 'm', fmt(qover)) end
-    else
-      fresh = call('HINCRBY', KP, pf .. (degraded and 'd' or 'x'), 1) == 1
-    end
+    local fresh = call('HINCRBY', KP, pf .. (degraded and 'd' or 'x'), 1) == 1
     if shadowed then call('HINCRBY', KP, pf .. 's', 1) end
     -- A field that is new may be a hash that is new (the worker renamed the
     -- last one away): only then can it lack its expiry.
@@ -874,3 +862,5 @@ if ok and mode == 'admit' and idem then
 end
 if precs then policies_report(res, precs, consumed) end
 return res
+end
+end

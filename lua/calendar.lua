@@ -1,13 +1,13 @@
 --[[ calendar.lua: a tenant's billing calendar (its days and billing months in
-its time zone, from its anchor day), for the scripts that count its quotas
-by them. A prelude: internal/ratelimit prepends it to the scripts that need
-it, as it does state.lua.
+its time zone, from its anchor day), shared by the library's functions that
+count its quotas by them (admit, grant). It stands alone as well (the
+calendar tests run it with EVAL).
 
-Lua knows no time zones, and the scripts take the time from Redis TIME,
+Lua knows no time zones, and the functions take the time from Redis TIME,
 not from Go, so Go cannot tell them which day it is. Instead Go
 (quota.Calendar.Boundaries) passes the calendar around its own now: four
 consecutive local days and three consecutive billing months, with their
-starts, and the script picks those of its now. Its argument, decimal
+starts, and the function picks those of its now. Its argument, decimal
 integers in ASCII:
 
   <d0>,<s0>,<s1>,<s2>,<s3>,<s4>|<p0>,<q0>,<p1>,<q1>,<p2>,<q2>,<q3>

@@ -1,36 +1,47 @@
-// Package lua holds Tollgate's Redis scripts, embedded so that the binaries
-// carry them and load them with SCRIPT LOAD / EVALSHA at run time.
+// Package lua holds Tollgate's Redis Function library, as the Lua files it
+// is made of, embedded so that the binaries carry them.
 //
-// The scripts live here rather than next to their Go runner because go:embed
-// cannot reach a parent directory. internal/ratelimit reads them from FS and
-// joins each script to the preludes it needs (Redis scripts cannot include
-// one another); cmd/loadgen reads them only to list the commands they run.
+// The files live here rather than next to their Go runner because go:embed
+// cannot reach a parent directory. internal/ratelimit (library.go) joins
+// them into one library, tollgate_<v> (v: the first 12 hex digits of the
+// SHA-256 of its text), loads it with FUNCTION LOAD (Redis 7.0 or later)
+// and calls its functions, tg<v>_<name>, with FCALL; cmd/loadgen reads the
+// files only to list the commands they run.
+//
+// The library holds, in this order: a header (KEYS and ARGV, which each
+// function sets at its entry, and FN, the functions by name); the code the
+// functions share: calendar.lua (a tenant's billing calendar: the day and
+// period of a function's now), state.lua (the limit state's hash, the
+// clock, the UTC calendar, the month before), pending_fields.lua (the
+// pending usage a state hash holds), meterq.lua (the meter quotas'
+// counters, the spend cap's and the credit's money, month by month),
+// adjust.lua (units counted after their admission, in its day and month),
+// policy.lua with policy_windows.lua and policy_rates.lua (the policies'
+// framework and algorithms); then the functions, one file each but the
+// two peeks: admit (admit.lua: the admission decision), grant (extra units
+// for the current day or month), refund (units of a failed request given
+// back), settle (a request settled to its actual cost), reset (a tier
+// change's quota reset), outage (usage admitted in process while Redis was
+// away), restore, restore_meters and restore_prepaid (repair of the
+// counters after Redis lost data), idem (storing or releasing an
+// idempotent answer, and the tenant's room for them), pending (a tenant's
+// usage not yet flushed), claim and finish (the worker's exactly-once
+// flushing), policy_run (policies decided outside an admission),
+// meter_peek and spend_peek (peek.lua: the meter quotas and the spend cap
+// as they stand); and last the registration of each, named for the
+// version (pending and the peeks flagged no-writes).
+//
+// A function's definitions are made once, when the library is loaded:
+// the files define their helpers at the library's top level (each
+// function's private ones in a do ... end block of its file) and per-call
+// values are set at a function's entry (Redis runs one function at a
+// time). Lua 5.1 bounds a function to 200 locals (the library's chunk
+// included) and 60 upvalues.
 package lua
 
 import "embed"
 
-// FS holds the *.lua scripts. Some are preludes, prepended by
-// internal/ratelimit: calendar.lua (a tenant's billing calendar: the day and
-// period of the script's now) to admit.lua and grant.lua; state.lua (the
-// limit state's keys and layouts, the clock, the UTC calendar, the month
-// before) to admit.lua, grant.lua, refund.lua, settle.lua, reset.lua,
-// outage.lua, restore.lua and policy_run.lua; meterq.lua (the meter quotas'
-// counters, the spend cap's and the credit's money, month by month) to
-// refund.lua, settle.lua, outage.lua, reset.lua and restore_meters.lua;
-// adjust.lua (units counted after their admission, in its day and month) to
-// refund.lua, settle.lua and outage.lua; pending_fields.lua (the pending
-// usage a v2 state hash holds) to claim.lua, pending.lua and restore.lua;
-// the policies' (policy.lua and its algorithms policy_windows.lua and
-// policy_rates.lua, or policy_none.lua for none) to admit.lua, and to
-// policy_run.lua. The others: admit.lua (the admission decision), grant.lua
-// (extra units for the current day or month), refund.lua (units of a failed
-// request given back), settle.lua (a request settled to its actual cost),
-// reset.lua (a tier change's quota reset), outage.lua (usage admitted in
-// process while Redis was away), restore.lua, restore_meters.lua and
-// restore_prepaid.lua (repair of the counters after Redis lost data),
-// idem.lua (storing or releasing an idempotent answer), pending.lua (a
-// tenant's usage not yet flushed), and the worker's claim.lua and finish.lua
-// (exactly-once flushing).
+// FS holds the *.lua files.
 //
 //go:embed *.lua
 var FS embed.FS

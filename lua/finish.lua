@@ -1,12 +1,15 @@
---[[ finish.lua: drop a flushed batch, once Postgres has recorded it.
+--[[ finish.lua: the library's function finish: drop a flushed batch, once
+Postgres has recorded it.
 
 KEYS[1] flushing hash of the tenant (see claim.lua)
 ARGV[1] the batch id that was recorded
 Return: 1 when the batch was dropped, 0 when the flushing hash holds another
 batch (or none): then nothing is touched.
 ]]
+function FN.finish()
 if redis.call('HGET', KEYS[1], 'batch') == ARGV[1] then
   redis.call('DEL', KEYS[1])
   return 1
 end
 return 0
+end

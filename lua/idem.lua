@@ -1,5 +1,5 @@
---[[ idem.lua: the answer half of an idempotency record (see admit.lua),
-and the tenant's room for records.
+--[[ idem.lua: the library's function idem: the answer half of an
+idempotency record (see admit.lua), and the tenant's room for records.
 
 admit.lua writes the record of a first request with an Idempotency-Key as
 'run' while the request is in flight. Once the answer is known, the API node
@@ -73,27 +73,17 @@ Units: times are integer ms since the Unix epoch (the record's 'lease' and
 'at' are admit.lua's us); bytes are string lengths.
 ]]
 
+do
 local DAY_MS = 86400000
 local MARGIN_MS = 300000 -- the claim's lead over its record: the admission (and a queue's wait) follows the claim
 local PURGE = 1024       -- claims dropped per call at most
 local WALK = 64          -- claims a refusal walks to find when the bytes free
 
-local ROOM, BYTES, REC = KEYS[1], KEYS[2], KEYS[3]
-local op = ARGV[1]
-local id, fp = ARGV[3], ARGV[4]
-
-local t = redis.call('TIME')
-local real = t[1] * 1000 + math.floor(t[2] / 1000)
-local now = ARGV[2] + 0
-if now <= 0 then now = real end
--- shift moves the keys' expiry of an explicit past time to as long as it
--- would have lived (tests)
-local shift = 0
-if real > now then shift = real - now end
-
-local function fmt(x)
-  return string.format('%d', x)
-end
+-- The keys and values of the call running, set at idem's entry (Redis
+-- runs one function at a time): the keys, the claim id and fingerprint,
+-- now (ms) and shift, which moves the keys' expiry of an explicit past
+-- time to as long as it would have lived (tests).
+local ROOM, BYTES, REC, id, fp, now, shift
 
 local function total()
   return tonumber(redis.call('HGET', BYTES, '$') or '0')
@@ -168,6 +158,18 @@ local function wait(n, bytes, reserve, maxn, maxb)
   return math.max(at - now, 1)
 end
 
+function FN.idem()
+ROOM, BYTES, REC = KEYS[1], KEYS[2], KEYS[3]
+local op = ARGV[1]
+id, fp = ARGV[3], ARGV[4]
+
+local t = redis.call('TIME')
+local real = t[1] * 1000 + math.floor(t[2] / 1000)
+now = ARGV[2] + 0
+if now <= 0 then now = real end
+shift = 0
+if real > now then shift = real - now end
+
 purge()
 if op == 'room' then
   return {redis.call('ZCARD', ROOM), total()}
@@ -218,3 +220,5 @@ else
   put(-math.floor(-tonumber(h[3]) / 1000) + DAY_MS, size)
 end
 return 1
+end
+end

@@ -1,7 +1,7 @@
---[[ meterq.lua: the prelude of the scripts that change a meter quota's
-counters outside admission (refund.lua, settle.lua, outage.lua, reset.lua,
-restore_meters.lua; admit.lua reads and writes them inline): the meter quotas'
-hash of admit.lua ("Meter quotas"), one field per meter "d,du,m,mu,mo"
+--[[ meterq.lua: shared by the library's functions that change a meter
+quota's counters outside admission (refund.lua, settle.lua, outage.lua,
+reset.lua, restore_meters.lua; admit.lua reads and writes them inline):
+the meter quotas' hash of admit.lua ("Meter quotas"), one field per meter "d,du,m,mu,mo"
 (day id and used units; month id, used and overage units) and '$' =
 "m,mc", the month's millicents of all meters' overage (the spend cap's);
 and a prepaid tenant's credit draws 'P' = "m,mc,pm,pmc" (admit.lua,

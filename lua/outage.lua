@@ -1,10 +1,11 @@
---[[ outage.lua: record the usage an API node admitted in process while Redis
-was away (fail-open tiers), exactly once per batch.
+--[[ outage.lua: the library's function outage: record the usage an API node
+admitted in process while Redis was away (fail-open tiers), exactly once per
+batch.
 
 The node keeps that usage per meter, UTC hour and local day, and sends a
 tenant's rows here as one batch under an id (internal/admission). The
 first call with the id applies the batch and keeps what it counted under
-the id (KEYS[8], 14 days); a later call with the same id (a retry after a
+the id (KEYS[4], 14 days); a later call with the same id (a retry after a
 timeout whose call had landed) changes nothing and answers the same
 counts. Each row, in order, is counted as an admission of its units at
 its time would have been, without deciding anything (it was served), in
@@ -38,27 +39,25 @@ units admitted were overage, a unit past both quotas the meter's), at
 most the meter's and the tier's overage units the row names (adjust.lua's
 adjust_give_back, as a refund gives back), with their money.
 
-The state's keys, layouts and shared functions are lua/state.lua's, the
-meter quotas' hash lua/meterq.lua's, the counting lua/adjust.lua's, all
-prepended. Units: integer units; money: millicents (1/1000 cent); times
+The state's keys, layout and shared functions are lua/state.lua's, the
+meter quotas' hash lua/meterq.lua's, the counting lua/adjust.lua's. Units: integer units; money: millicents (1/1000 cent); times
 integer microseconds since the Unix epoch, UTC, but where ARGV says
 seconds.
 
 KEYS (the tenant's hash tag {t:<id>})
-  KEYS[1..5] the state (state.lua)
-  KEYS[6] <prefix>:v1:{t:<id>}:pending (v1 layout, as settle.lua)
-  KEYS[7] <prefix>:v1:{t:<id>}:mq, the meter quotas' hash (admit.lua)
-  KEYS[8] <prefix>:v1:{t:<id>}:outage:<batch id>, the batch's mark
+  KEYS[1] the state hash (state.lua)
+  KEYS[2] <prefix>:v1:{t:<id>}:pending (as settle.lua)
+  KEYS[3] <prefix>:v1:{t:<id>}:mq, the meter quotas' hash (admit.lua)
+  KEYS[4] <prefix>:v1:{t:<id>}:outage:<batch id>, the batch's mark
 
 ARGV
-  [1] layout 'v2' | 'v1' (state.lua)
-  [2] the tier: "bill,mq,tprice,capm,cal": 1 when it bills overage, its
+  [1] the tier: "bill,mq,tprice,capm,cal": 1 when it bills overage, its
       monthly quota (-1 none), its overage price per 1,000 units (0 unless
       it bills), the spend cap in millicents (-1 none; it bounds the
       tier's and the meters' overage together), 1 for a billing
       calendar that is not the default one (its month's end is not cached
       in the state: see admit.lua, "Calendars")
-  [3..] 11 per row: hour start (unix s), meter, day id, the day's end
+  [2..] 11 per row: hour start (unix s), meter, day id, the day's end
       (unix s), period id, the period's end (unix s), units, requests,
       the meter's quota ('-' none, else "mq,price": its monthly quota, -1
       none, and its overage price per 1,000 units, -1 when not billed),
@@ -70,26 +69,26 @@ counted (negative: given back)}: applied 1, or 0 when the batch was
 recorded before (its counts as recorded then).
 ]]
 
+do
 local OUTAGE_MS = 14 * 86400 * 1000
 local PENDING_US = 14 * DAY_US
 
-local prev = redis.call('GET', KEYS[8])
+function FN.outage()
+KS = KEYS[1]
+local prev = redis.call('GET', KEYS[4])
 if prev then
   local out = {0}
   for v in string.gmatch(prev, '[^,]+') do out[#out + 1] = tonumber(v) end
   return out
 end
 -- marked first: a run that failed half way is never applied twice
-redis.call('SET', KEYS[8], '', 'PX', OUTAGE_MS)
+redis.call('SET', KEYS[4], '', 'PX', OUTAGE_MS)
 
-local now, shift = clock(0)
-local function pxat(us)
-  return fmt(-idiv(-(us + shift), 1000))
-end
+local now = clock(0)
 
-local t1, t2, t3, t4, t5 = string.match(ARGV[2], '^([01]),(%-?%d+),(%d+),(%-?%d+),([01])$')
+local t1, t2, t3, t4, t5 = string.match(ARGV[1], '^([01]),(%-?%d+),(%d+),(%-?%d+),([01])$')
 local bill, mq, tprice, capm = t1 == '1', t2 + 0, t3 + 0, t4 + 0
-local KQ = KEYS[7]
+local KQ = KEYS[3]
 
 local s = load_state()
 if t5 == '1' then s.cal = true end
@@ -98,14 +97,14 @@ if t5 == '1' then s.cal = true end
 local pend, order = {}, {}
 
 local counted = {}
-for i = 3, #ARGV, 11 do
+for i = 2, #ARGV, 11 do
   local hour, meter = ARGV[i], ARGV[i + 1]
   local day, dend, month, mend = ARGV[i + 2] + 0, ARGV[i + 3] * US, ARGV[i + 4] + 0, ARGV[i + 5] * US
   local units, reqs, mspec = ARGV[i + 6] + 0, ARGV[i + 7] + 0, ARGV[i + 8]
 
   -- the tier's day and month: a state of an earlier one starts the row's
   -- (the month as admit.lua rolls it, keeping the month before)
-  if s.d < day then s.d, s.du, s.dg, s.dov = day, 0, 0, 0 end
+  if s.d < day then s.d, s.du, s.dg = day, 0, 0 end
   if s.d == day then s.dn = dend end
   if s.m < month then month_roll(s, month) end
   if s.m == month then s.mn = mend end
@@ -131,7 +130,7 @@ for i = 3, #ARGV, 11 do
   else
     ot, om = adjust_charge(c, q, units, bill, mq, qmq, qprice, capm, tprice, KQ, month)
   end
-  adjust_counters(s, c, q, KQ, meter, day, month, units, ot, om, pxat, now)
+  adjust_counters(s, c, q, KQ, meter, day, month, units, ot, om, now)
   if capm < 0 then qprice = -1 end -- the spend cap's '$' counts the meter's overage
   adjust_money(KQ, month, ot, om, qprice)
 
@@ -146,19 +145,21 @@ for i = 3, #ARGV, 11 do
   counted[#counted + 1] = fmt(om)
 end
 
--- the pending usage lives in the v2 hash once the state does (state.lua),
--- 14 days as an admission's
-if s.v2 then
+-- the pending usage lives in the state hash once it holds the state
+-- (state.lua), 14 days as an admission's
+if s.held then
   local need = state_need(s, now)
   if now + PENDING_US > need then need = now + PENDING_US end
-  save_state(s, need, nil, {}, pxat, now)
+  save_state(s, need, nil, now)
 end
 for _, f in ipairs(order) do
   local p = pend[f]
-  adjust_pending(s, KEYS[6], f, p[1], p[3], p[4], p[2])
+  adjust_pending(s, KEYS[2], f, p[1], p[3], p[4], p[2])
 end
 
-redis.call('SET', KEYS[8], table.concat(counted, ','), 'KEEPTTL')
+redis.call('SET', KEYS[4], table.concat(counted, ','), 'KEEPTTL')
 local out = {1}
 for _, v in ipairs(counted) do out[#out + 1] = tonumber(v) end
 return out
+end
+end

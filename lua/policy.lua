@@ -1,7 +1,8 @@
---[[ policy.lua: the policies' framework, a prelude (after state.lua, before
-the algorithms of policy_windows.lua and policy_rates.lua) of admit.lua's
-policy variant and of policy_run.lua. internal/policyalg holds the pure-Go
-reference of every algorithm; the tests hold the two to identical answers.
+--[[ policy.lua: the policies' framework, shared by the library's functions
+admit (admit.lua) and policy_run (policy_run.lua); after state.lua, before
+the algorithms of policy_windows.lua and policy_rates.lua. internal/policyalg
+holds the pure-Go reference of every algorithm; the tests hold the two to
+identical answers.
 
 A policy instance is one Redis key (the Go side names it: the policy, its
 scope and the scope's value) and one group of POLICY_ARGS arguments:
@@ -38,27 +39,24 @@ Outcomes, per policy, as reported:
     consumed or charged
 ]]
 
+-- POL maps an algorithm to its functions, defined once, when the library
+-- is loaded (policy_windows.lua, policy_rates.lua).
 local POL = {}
--- POL_LOAD maps an algorithm to the function that defines its file's
--- algorithms in POL (policy_windows.lua, policy_rates.lua): run on first
--- use in a call, so that a call makes the closures of the algorithms it
--- uses only (a script's functions are made anew on every call; all of
--- them cost ~5 us a call, measured with redis-benchmark).
-local POL_LOAD = {}
 local POLICY_ARGS = 7
 
--- policy_impl returns POL[alg], defining it first when needed; nil for an
--- unknown algorithm.
+-- POL_SHIFT is the (TIME - now) of the expiries that policy_windows.lua's
+-- algorithms write in the call running, read at its first expiry: nil
+-- until then (policies_begin).
+local POL_SHIFT
+
+-- policies_begin starts a call's policies: the first expiry reads TIME.
+local function policies_begin()
+  POL_SHIFT = nil
+end
+
+-- policy_impl returns POL[alg]; nil for an unknown algorithm.
 local function policy_impl(alg)
-  local impl = POL[alg]
-  if not impl then
-    local load = POL_LOAD[alg]
-    if load then
-      load()
-      impl = POL[alg]
-    end
-  end
-  return impl
+  return POL[alg]
 end
 local POLICY_ITEM = 7 -- outcome, limit, remaining, reset, retry, delay, how
 
@@ -68,6 +66,7 @@ local POLICY_ITEM = 7 -- outcome, limit, remaining, reset, retry, delay, how
 -- retry of the refusing enforced ones (-1 wins), and the per-policy
 -- records {alg, key, w, p, ok, st, how, item...} for commit and report.
 local function policies_check(k0, a0, n, now, id)
+  policies_begin()
   local pass, degraded, retry = true, false, 0
   local recs = {}
   for i = 0, n - 1 do

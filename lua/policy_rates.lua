@@ -134,9 +134,12 @@ warm_up (a = S us per permit at the stable rate, b = W warm-up us, c = cold
   request, but for Guava's truncations (< 3 us). Guarantee: the gaps
   between admissions are each request's price: at least w*S (the stable
   rate), and up to w*F*S while cold (storedPermits above the threshold).
+
+Everything is inside one block, run once when the library is loaded; only
+POL's entries leave it.
 ]]
 
-local function load_rates()
+do
   local MAXW = 1125899906842624 -- 2^50: the longest time a state may hold
   local SLACK_MS = 1000
 
@@ -170,9 +173,9 @@ local function load_rates()
     return r
   end
 
-  -- vsched is the token bucket and GCRA (one implementation: each script
-  -- call makes every closure of this file anew, so fewer is faster): p[1]
-  -- units of capacity (burst), p[2] us each (see the header).
+  -- vsched is the token bucket and GCRA (one implementation of the same
+  -- arithmetic): p[1] units of capacity (burst), p[2] us each (see the
+  -- header).
   local function vsched_check(k, now, w, p)
     local c, u = p[1], p[2]
     local cu = c * u
@@ -361,7 +364,3 @@ local function load_rates()
     end,
   }
 end
-POL_LOAD.token_bucket = load_rates
-POL_LOAD.gcra = load_rates
-POL_LOAD.leaky_bucket = load_rates
-POL_LOAD.warm_up = load_rates

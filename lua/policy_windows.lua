@@ -25,27 +25,23 @@ undo's now: fixed_window and sliding_window find the window or bucket an
 admission went to from now, so undo must be given the admission's own time
 (PolicyResult.Now); sliding_log and concurrency find it by p.id.
 
-Everything is inside load_windows, which policy.lua's policy_impl runs the
-first time a call meets one of these algorithms (so that a call pays for
-the definitions of the algorithms it uses only: closures are made anew on
-every script call); only POL's entries leave it. (It also keeps the
-chunk's 200 locals for state.lua, policy.lua and the driver.)
+Everything is inside one block, run once when the library is loaded; only
+POL's entries leave it (so that its locals do not count against the
+library's 200).
 ]]
 
-local function load_windows()
-  local call = redis.call
-  local shift -- (TIME - now) for expiries, read once per script call
-
+do
   -- pxat returns the PEXPIREAT / SET PXAT milliseconds of us (script time),
-  -- rounded up so that a key never disappears before its state is empty.
+  -- rounded up so that a key never disappears before its state is empty;
+  -- (TIME - now) is read once per call (policy.lua's POL_SHIFT).
   local function pxat(now, us)
-    if not shift then
-      local t = call('TIME')
+    if not POL_SHIFT then
+      local t = redis.call('TIME')
       local real = t[1] * US + t[2]
-      shift = 0
-      if real > now then shift = real - now end
+      POL_SHIFT = 0
+      if real > now then POL_SHIFT = real - now end
     end
-    return fmt(-idiv(-(us + shift), 1000))
+    return fmt(-idiv(-(us + POL_SHIFT), 1000))
   end
 
   --[[ fixed_window: p = limit L, window W (us).
@@ -64,7 +60,7 @@ local function load_windows()
   admission's time); at 0 the key goes. ]]
   local function fw_count(k, now, W)
     local x = idiv(now, W)
-    local v = call('GET', k)
+    local v = redis.call('GET', k)
     if v then
       local kx, c = string.match(v, '^(%-?%d+),(%-?%d+)$')
       if kx and kx + 0 == x then return x, c + 0 end
@@ -86,15 +82,15 @@ local function load_windows()
     commit = function(k, now, w, p, count)
       local W = p[2]
       local x = idiv(now, W)
-      call('SET', k, fmt(x) .. ',' .. fmt(count + w), 'PXAT', pxat(now, (x + 1) * W))
+      redis.call('SET', k, fmt(x) .. ',' .. fmt(count + w), 'PXAT', pxat(now, (x + 1) * W))
     end,
     undo = function(k, now, w, p)
       local x, count = fw_count(k, now, p[2])
       if count <= 0 then return end
       if count - w <= 0 then
-        call('DEL', k)
+        redis.call('DEL', k)
       else
-        call('SET', k, fmt(x) .. ',' .. fmt(count - w), 'KEEPTTL')
+        redis.call('SET', k, fmt(x) .. ',' .. fmt(count - w), 'KEEPTTL')
       end
     end,
   }
@@ -135,7 +131,7 @@ local function load_windows()
       local edge = now - W -- entries at or before it have left
       local hi = edge
       if hi < 0 then hi = 0 end
-      local old = call('ZRANGEBYSCORE', k, '-inf', fmt(hi), 'WITHSCORES')
+      local old = redis.call('ZRANGEBYSCORE', k, '-inf', fmt(hi), 'WITHSCORES')
       local sum, freed, gone = 0, 0, false
       for i = 1, #old, 2 do
         if old[i] == '#' then
@@ -146,10 +142,10 @@ local function load_windows()
       end
       if gone then
         sum = sum - freed
-        call('ZREMRANGEBYSCORE', k, '1', fmt(edge))
-        call('ZADD', k, fmt(-sum), '#')
+        redis.call('ZREMRANGEBYSCORE', k, '1', fmt(edge))
+        redis.call('ZADD', k, fmt(-sum), '#')
       end
-      local top = call('ZRANGE', k, -1, -1, 'WITHSCORES')
+      local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
       local newest
       if top[1] and top[1] ~= '#' then newest = top[2] + 0 end
       local room = L - sum
@@ -165,7 +161,7 @@ local function load_windows()
       local excess, acc, from, n = sum + w - L, 0, 1, 16
       while true do
         if n > excess then n = excess end
-        local e = call('ZRANGE', k, from, from + n - 1, 'WITHSCORES')
+        local e = redis.call('ZRANGE', k, from, from + n - 1, 'WITHSCORES')
         if #e == 0 then break end
         for i = 1, #e, 2 do
           acc = acc + sl_weight(e[i])
@@ -180,14 +176,14 @@ local function load_windows()
       return false, reset - now, L, room, reset, 0
     end,
     commit = function(k, now, w, p, st)
-      if call('ZADD', k, fmt(now), fmt(w) .. '|' .. p.id) == 1 then
-        call('ZADD', k, fmt(-(st[1] + w)), '#')
+      if redis.call('ZADD', k, fmt(now), fmt(w) .. '|' .. p.id) == 1 then
+        redis.call('ZADD', k, fmt(-(st[1] + w)), '#')
       end
-      call('PEXPIREAT', k, pxat(now, st[2] + p[2]))
+      redis.call('PEXPIREAT', k, pxat(now, st[2] + p[2]))
     end,
     undo = function(k, now, w, p)
-      if call('ZREM', k, fmt(w) .. '|' .. p.id) == 1 then
-        call('ZINCRBY', k, fmt(w), '#')
+      if redis.call('ZREM', k, fmt(w) .. '|' .. p.id) == 1 then
+        redis.call('ZINCRBY', k, fmt(w), '#')
       end
     end,
   }
@@ -236,7 +232,7 @@ local function load_windows()
     local N = p[3]
     local bw = idiv(p[2], N)
     local i = idiv(now, bw)
-    local h = call('HGETALL', k)
+    local h = redis.call('HGETALL', k)
     local js, cs, stale = {}, {}, nil
     local S, old, newest = 0, 0, nil
     for x = 1, #h, 2 do
@@ -251,7 +247,7 @@ local function load_windows()
         if not newest or j > newest then newest = j end
       end
     end
-    if stale then call('HDEL', k, unpack(stale)) end
+    if stale then redis.call('HDEL', k, unpack(stale)) end
     return {bw = bw, i = i, off = now - i * bw, S = S, old = old, newest = newest, js = js, cs = cs}
   end
 
@@ -293,19 +289,19 @@ local function load_windows()
     end,
     commit = function(k, now, w, p, s)
       local i = s.i
-      call('HINCRBY', k, fmt(i), fmt(w))
+      redis.call('HINCRBY', k, fmt(i), fmt(w))
       if not s.newest or i > s.newest then
-        call('PEXPIREAT', k, pxat(now, (i + p[3] + 1) * s.bw))
+        redis.call('PEXPIREAT', k, pxat(now, (i + p[3] + 1) * s.bw))
       end
     end,
     undo = function(k, now, w, p)
       local f = fmt(idiv(now, idiv(p[2], p[3])))
-      local c = call('HGET', k, f)
+      local c = redis.call('HGET', k, f)
       if not c then return end
       if c - w <= 0 then
-        call('HDEL', k, f)
+        redis.call('HDEL', k, f)
       else
-        call('HINCRBY', k, f, fmt(-w))
+        redis.call('HINCRBY', k, f, fmt(-w))
       end
     end,
   }
@@ -332,37 +328,33 @@ local function load_windows()
   a full set (waiters of a queue policy may take it: policy_run.lua).
   An id admitted twice holds one slot (ZADD moves its lease). ]]
   local function cc_release(k, now, w, p)
-    local full = call('ZCARD', k) >= p[1]
-    return call('ZREM', k, p.id) == 1 and full
+    local full = redis.call('ZCARD', k) >= p[1]
+    return redis.call('ZREM', k, p.id) == 1 and full
   end
 
   POL.concurrency = {
     check = function(k, now, w, p)
       local L, B = p[1], p[2]
-      call('ZREMRANGEBYSCORE', k, '-inf', fmt(now))
-      local n = call('ZCARD', k)
+      redis.call('ZREMRANGEBYSCORE', k, '-inf', fmt(now))
+      local n = redis.call('ZCARD', k)
       if n < L then
         local reset = now + B
-        local first = call('ZRANGE', k, 0, 0, 'WITHSCORES')
+        local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
         if first[2] and first[2] + 0 < reset then reset = first[2] + 0 end
         return true, 0, L, L - n - 1, reset, 0
       end
       if L <= 0 then return false, -1, L, 0, now, 0 end
       -- a slot comes back when the (n-L+1)th earliest lease ends (the
       -- first, unless the limit was lowered under the leases held)
-      local at = call('ZRANGE', k, n - L, n - L, 'WITHSCORES')[2] + 0
+      local at = redis.call('ZRANGE', k, n - L, n - L, 'WITHSCORES')[2] + 0
       return false, at - now, L, 0, at, 0
     end,
     commit = function(k, now, w, p)
-      call('ZADD', k, fmt(now + p[2]), p.id)
-      local top = call('ZRANGE', k, -1, -1, 'WITHSCORES')
-      call('PEXPIREAT', k, pxat(now, top[2] + 0))
+      redis.call('ZADD', k, fmt(now + p[2]), p.id)
+      local top = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+      redis.call('PEXPIREAT', k, pxat(now, top[2] + 0))
     end,
     undo = cc_release,
     release = cc_release,
   }
 end
-POL_LOAD.fixed_window = load_windows
-POL_LOAD.sliding_log = load_windows
-POL_LOAD.sliding_window = load_windows
-POL_LOAD.concurrency = load_windows

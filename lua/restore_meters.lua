@@ -1,6 +1,7 @@
---[[ restore_meters.lua: give a tenant's meter quotas (admit.lua, "Meter
-quotas") their counters back from the ledger after Redis lost data
-(internal/billing's Repair, beside restore.lua).
+--[[ restore_meters.lua: the library's function restore_meters: give a
+tenant's meter quotas (admit.lua, "Meter quotas") their counters back from
+the ledger after Redis lost data (internal/billing's Repair, beside
+restore.lua).
 
 For each meter: a field absent, or of an earlier month, starts the month
 as admit.lua starts it (meterq.lua's meterq_month: the month it held is
@@ -25,6 +26,7 @@ ARGV [1] day id, [2] month id (of the tenant's calendar), [3] the month's
      month units, month overage units.
 Return: the number of fields written.
 ]]
+function FN.restore_meters()
 local day, month = tonumber(ARGV[1]), tonumber(ARGV[2])
 local spent = tonumber(ARGV[4]) - meterq_spent(KEYS[1], month)
 if spent > 0 then meterq_spend(KEYS[1], month, spent) end
@@ -41,3 +43,4 @@ for i = 5, #ARGV, 4 do
 end
 if n > 0 then redis.call('PEXPIREAT', KEYS[1], ARGV[3]) end
 return n
+end

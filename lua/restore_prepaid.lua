@@ -1,6 +1,7 @@
---[[ restore_prepaid.lua: give a prepaid tenant's credit draws (admit.lua,
-"Prepaid": the field 'P' of the meter quotas' hash, "m,mc,pm,pmc") back
-from the ledger after Redis lost data (internal/billing's Repair).
+--[[ restore_prepaid.lua: the library's function restore_prepaid: give a
+prepaid tenant's credit draws (admit.lua, "Prepaid": the field 'P' of the
+meter quotas' hash, "m,mc,pm,pmc") back from the ledger after Redis lost
+data (internal/billing's Repair).
 
 Each period keeps the larger of the field's draws and the ledger's (draws
 since the loss are in the field, those before it in the ledger: the larger
@@ -17,6 +18,7 @@ ARGV [1] the period id, [2] its draws by the ledger, [3] the previous
      period's id, [4] its draws, [5] the period's end + 40 days, unix ms
 Return: 1, or 0 when a later period's field was left as it is
 ]]
+function FN.restore_prepaid()
 local m, mc, pm, pmc = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
 local cur = redis.call('HGET', KEYS[1], 'P')
 if cur then
@@ -40,3 +42,4 @@ if ttl < 0 or redis.call('TIME')[1] * 1000 + ttl < at then
   redis.call('PEXPIREAT', KEYS[1], ARGV[5])
 end
 return 1
+end

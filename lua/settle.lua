@@ -1,10 +1,9 @@
---[[ settle.lua: settle a request admitted on a route with settle: true to
-the cost its upstream reported (the Tollgate-Actual-Cost response header or
+--[[ settle.lua: the library's function settle: settle a request admitted on
+a route with settle: true to the cost its upstream reported (the Tollgate-Actual-Cost response header or
 POST /v1/settle), exactly once.
 
-The state's keys, layouts and shared functions are lua/state.lua's,
-prepended to this script with meterq.lua and adjust.lua (the changes it
-shares with refund.lua). The admission wrote a settle entry
+The state's keys, layout and shared functions are lua/state.lua's, with
+meterq.lua's and adjust.lua's (the changes it shares with refund.lua). The admission wrote a settle entry
 (internal/ratelimit/settle.go) under the tenant's hash tag, living 10
 minutes. This script reads it and, in the same atomic call, marks it settled (the value "done", keeping its expiry) and
 applies the difference between the actual cost and the admitted cost, in
@@ -40,9 +39,9 @@ A second settle of the entry finds "done" and changes nothing; an entry
 that expired is gone: both change nothing.
 
 KEYS
-  KEYS[1..5] the state (state.lua)
-  KEYS[6] <prefix>:v1:{t:<id>}:pending (v1 layout, as refund.lua)
-  KEYS[7] <prefix>:v1:{t:<id>}:settle:<request id>, the entry:
+  KEYS[1] the state hash (state.lua)
+  KEYS[2] <prefix>:v1:{t:<id>}:pending (as refund.lua)
+  KEYS[3] <prefix>:v1:{t:<id>}:settle:<request id>, the entry:
           "<cost>|<hour start unix s>|<day id>|<month id>|<overage>|<bill 0/1>|<monthly quota, -1 none>|<money>|<meter>"
           where money is '-' when the meter has no quota, the tenant is
           postpaid and its tier has no spend cap, else
@@ -59,11 +58,10 @@ KEYS
           "<mq>,<price>,<capped>[,<tpp>]") are read as they were written:
           without mover the meter gives back its month's overage first, as
           those nodes did, and without capm no cap bounds a charge
-  KEYS[8] <prefix>:v1:{t:<id>}:mq, the meter quotas' hash (meterq.lua)
+  KEYS[4] <prefix>:v1:{t:<id>}:mq, the meter quotas' hash (meterq.lua)
 
 ARGV
-  [1] layout 'v2' | 'v1' (state.lua)
-  [2] the actual cost, 0..quota.MaxQuantity
+  [1] the actual cost, 0..quota.MaxQuantity
 
 Return: {status, delta, overage delta}: status 1 applied, 0 no entry
 (unknown or expired), -1 settled before; delta = actual - cost (negative
@@ -71,10 +69,12 @@ for a refund); overage delta the change of the month's (tier's) overage
 units.
 ]]
 
-local e = redis.call('GET', KEYS[7])
+function FN.settle()
+KS = KEYS[1]
+local e = redis.call('GET', KEYS[3])
 if not e then return {0, 0, 0} end
 if e == 'done' then return {-1, 0, 0} end
-redis.call('SET', KEYS[7], 'done', 'KEEPTTL')
+redis.call('SET', KEYS[3], 'done', 'KEEPTTL')
 
 local cost, hour, day, month, over, bill, mq, mspec, meter = string.match(e,
   '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([01])|(%-?%d+)|([%d,%-]+)|(.+)$')
@@ -87,7 +87,7 @@ end
 if not cost then return redis.error_reply('settle: bad entry') end
 cost, over, mq = tonumber(cost), tonumber(over), tonumber(mq)
 day, month = tonumber(day), tonumber(month)
-local actual = tonumber(ARGV[2])
+local actual = tonumber(ARGV[1])
 local diff = actual - cost
 if diff == 0 then return {1, 0, 0} end
 
@@ -109,25 +109,23 @@ if mspec ~= '-' then
 end
 local mpp = math.max(price, 0)
 
-local now, shift = clock(0)
-local function pxat(us)
-  return fmt(-idiv(-(us + shift), 1000))
-end
+local now = clock(0)
 
 local s = load_state()
 -- the admission's month (state.lua) and its meter's counters (meterq.lua)
 local c = month_load(s, month)
-local q = hasq and meterq_month(KEYS[8], meter, day, month)
+local q = hasq and meterq_month(KEYS[4], meter, day, month)
 -- ovd, mdov: the change of the tier's and the meter's overage units
 local ovd, mdov
 if diff < 0 then
   ovd, mdov = adjust_give_back(-diff, over, took, q and q.mo)
 else
   -- the charged units past the quotas, within the admission month's cap
-  ovd, mdov = adjust_charge(c, q, diff, bill == '1', mq, qmq, price, capm, tprice, KEYS[8], month)
+  ovd, mdov = adjust_charge(c, q, diff, bill == '1', mq, qmq, price, capm, tprice, KEYS[4], month)
 end
-adjust_counters(s, c, q, KEYS[8], meter, day, month, diff, ovd, mdov, pxat, now)
+adjust_counters(s, c, q, KEYS[4], meter, day, month, diff, ovd, mdov, now)
 if not capped then price = -1 end
-adjust_money(KEYS[8], month, ovd, mdov, price, tpp, mpp)
-adjust_pending(s, KEYS[6], hour .. '|' .. meter .. '|', diff, ovd, mdov)
+adjust_money(KEYS[4], month, ovd, mdov, price, tpp, mpp)
+adjust_pending(s, KEYS[2], hour .. '|' .. meter .. '|', diff, ovd, mdov)
 return {1, diff, ovd}
+end

@@ -1,64 +1,60 @@
---[[ state.lua: the prelude of every script that reads or writes a tenant's
-limit state (admit.lua, grant.lua, refund.lua, settle.lua, reset.lua,
-outage.lua, restore.lua). internal/ratelimit prepends it to each of them,
-so they share one definition of the state, the clock and the calendar.
+--[[ state.lua: the shared definition of a tenant's limit state, the clock
+and the UTC calendar, for the library's functions that read or write the
+state (admit, grant, refund, settle, reset, outage, restore; policy_run
+uses the clock).
 
-Layouts
-  v2 (the default): all of a tenant's limit state in one hash,
-    <prefix>:v2:{t:<id>}  fields
-      t, q, c  the state, packed in three fields of integers joined by ','
-          (few listpack entries; each under hash-max-listpack-value, 64
-          bytes, which a longer value would turn into a hash table):
-            t = g,b       GCRA TAT, time the token bucket is full again: us
-                after the start of the day d (shorter than since the
-                epoch); empty for 0 (no state)
-            q = d,du,dg,m,mu,mg,mo,gn   day id (days since the epoch), used,
-                grant; month id (year*100+month), used, grant, overage; how
-                many grant marks the hash holds
-            c = x,mn      the hash's expiry (hours since the epoch, rounded
-                up): PEXPIREAT is sent only when the state needs to live
-                longer than that; the next month's start (days since the
-                epoch), so that the calendar runs once a month, not on
-                every call; 0 for a tenant with a billing calendar (its
-                day and month ids are those of its calendar, from
-                calendar.lua: see admit.lua, "Calendars")
-      w = m,mu,mg,mo  the month before: its id, used, grant and overage
-          units as they stood when the next month began (written with
-          the state that starts it: month_roll), so that a refund or a
-          settlement of a request admitted in it, or outage usage of it,
-          arriving after the roll, moves that month's counters and rates
-          its overage (month_load, month_store)
-      L = T,B,U,C  the burst limits the state was written under (admit.lua,
-          "Limit changes")
-      g:<grant id>  grants already applied (grant.lua)
-      p<hours since the epoch>|<meter>|  the pending usage not yet flushed
-          of an hour and meter, "units,requests" (one field, written by
-          admit.lua; the hour short, as it is in most of the hash's bytes)
-      p<hour start, unix s>|<meter>|u, |x, |o  more of it: units given back
-          (refund.lua, negative), refused requests, overage units: the
-          fields of the v1 pending hash, with a "p" before them.
-          The worker's claim.lua moves all of them out, summed.
-    One HMGET reads it (the hour's pending fields included), one HSET writes
-    it. It lives 14 days after its last admission (the pending usage's
-    bound, as the v1 pending hash had), at least to the end of its month +
-    1 h.
-  v1 (before): four keys, <prefix>:v1:{t:<id>}:gcra and :bucket (strings),
-    :day and :month (hashes: period, used, grant, overage, g:<grant id>;
-    the month's also w, the month before, as the v2 hash's).
+The layout: all of a tenant's limit state in one hash,
+  <prefix>:v2:{t:<id>}  fields
+    t, q, c  the state, packed in three fields of integers joined by ','
+        (few listpack entries; each under hash-max-listpack-value, 64
+        bytes, which a longer value would turn into a hash table):
+          t = g,b       GCRA TAT, time the token bucket is full again: us
+              after the start of the day d (shorter than since the
+              epoch); empty for 0 (no state)
+          q = d,du,dg,m,mu,mg,mo,gn   day id (days since the epoch), used,
+              grant; month id (year*100+month), used, grant, overage; how
+              many grant marks the hash holds
+          c = x,mn      the hash's expiry (hours since the epoch, rounded
+              up): PEXPIREAT is sent only when the state needs to live
+              longer than that; the next month's start (days since the
+              epoch), so that the calendar runs once a month, not on
+              every call; 0 for a tenant with a billing calendar (its
+              day and month ids are those of its calendar, from
+              calendar.lua: see admit.lua, "Calendars")
+    w = m,mu,mg,mo  the month before: its id, used, grant and overage
+        units as they stood when the next month began (written with
+        the state that starts it: month_roll), so that a refund or a
+        settlement of a request admitted in it, or outage usage of it,
+        arriving after the roll, moves that month's counters and rates
+        its overage (month_load, month_store)
+    L = T,B,U,C  the burst limits the state was written under (admit.lua,
+        "Limit changes")
+    g:<grant id>  grants already applied (grant.lua)
+    p<hours since the epoch>|<meter>|  the pending usage not yet flushed
+        of an hour and meter, "units,requests" (one field, written by
+        admit.lua; the hour short, as it is in most of the hash's bytes)
+    p<hour start, unix s>|<meter>|u, |x, |o, |m, |d, |s  more of it: units
+        given back (refund.lua, negative), refused requests, overage
+        units, ...: the fields of the pending hash (below), with a "p"
+        before them.
+        The worker's claim.lua moves all of them out, summed.
+  One HMGET reads it (the hour's pending fields included), one HSET writes
+  it. It lives 14 days after its last admission (the pending usage's
+  bound, as the pending hash has), at least to the end of its month + 1 h.
+  A tenant without the hash (or whose hash holds pending usage only) has
+  no state: load_state reads it as empty, and its first write of the
+  state (save_state) creates it.
+The pending hash <prefix>:v1:{t:<id>}:pending holds the pending usage of a
+tenant that has no state hash (a refusal, a refund of a state that
+expired), and the deny cache's refusals (internal/ratelimit's
+CountRefused): "<hour start, unix s>|<meter>|<kind>" -> count, 14 days;
+claim.lua flushes it with the hash's. (Releases before the Function
+library could also keep the state in four v1 keys, :gcra, :bucket, :day
+and :month; this one neither reads nor writes them: README.md, "Redis
+state, and upgrading it".)
 
-  ARGV[1] of every state script names the layout this node writes:
-    'v2'  state found in v1 keys is carried over into the v2 hash (grant
-          marks included) and the v1 keys are deleted, at the first write;
-    'v1'  state is written where it is: the v2 hash if one exists, else the
-          v1 keys exactly as the v1 scripts wrote them.
-  So a rolling upgrade from a version that knows only v1 stays exact: first
-  every node runs this version with TOLLGATE_KEY_LAYOUT=v1 (sharing the v1
-  keys with the old nodes), then with v2; nodes of either setting read the
-  v2 hash once it exists. Pending usage goes into the v2 hash once the
-  state lives there, else into the v1 pending hash (the worker claims
-  both). Idempotency records and the worker's keys keep their v1 names.
-
-KEYS[1] the v2 hash; KEYS[2..5] the v1 gcra, bucket, day and month keys.
+KS, the state hash, is KEYS[1] of every function that uses the state; it
+sets KS at its entry.
 
 Units, epoch, precision: integer microseconds since the Unix epoch, UTC;
 every quantity an integer in a Lua double, exact below 2^53 (see admit.lua).
@@ -85,45 +81,50 @@ local function fmt(x)
   return string.format('%d', x)
 end
 
+-- civil_from_days and days_from_civil are Howard Hinnant's algorithms for
+-- the proleptic Gregorian calendar, as Go's time package uses for UTC.
+local function civil_from_days(z)
+  z = z + 719468
+  local era = idiv(z, 146097)
+  local doe = z - era * 146097
+  local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
+  local y = yoe + era * 400
+  local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
+  local mp = idiv(5 * doy + 2, 153)
+  local m = mp + 3
+  if mp >= 10 then m = mp - 9 end
+  if m <= 2 then y = y + 1 end
+  return y, m
+end
+
+local function days_from_civil(y, m, d)
+  if m <= 2 then y = y - 1 end
+  local era = idiv(y, 400)
+  local yoe = y - era * 400
+  local mp = m - 3
+  if m <= 2 then mp = m + 9 end
+  local doy = idiv(153 * mp + 2, 5) + d - 1
+  local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
+  return era * 146097 + doe - 719468
+end
+
 -- month_at returns the month id (year*100+month), its start and the next
--- month's start (us) for time now (us). The calendar's functions are made
--- here, not at the top: a closure costs on every script call, and the
--- calendar runs about once a month per tenant (see month_of).
+-- month's start (us) for time now (us). It runs about once a month per
+-- tenant (see month_of).
 local function month_at(now)
-  -- civil_from_days and days_from_civil are Howard Hinnant's algorithms for
-  -- the proleptic Gregorian calendar, as Go's time package uses for UTC.
-  local function civil_from_days(z)
-    z = z + 719468
-    local era = idiv(z, 146097)
-    local doe = z - era * 146097
-    local yoe = idiv(doe - idiv(doe, 1460) + idiv(doe, 36524) - idiv(doe, 146096), 365)
-    local y = yoe + era * 400
-    local doy = doe - (365 * yoe + idiv(yoe, 4) - idiv(yoe, 100))
-    local mp = idiv(5 * doy + 2, 153)
-    local m = mp + 3
-    if mp >= 10 then m = mp - 9 end
-    if m <= 2 then y = y + 1 end
-    return y, m
-  end
-  local function days_from_civil(y, m, d)
-    if m <= 2 then y = y - 1 end
-    local era = idiv(y, 400)
-    local yoe = y - era * 400
-    local mp = m - 3
-    if m <= 2 then mp = m + 9 end
-    local doy = idiv(153 * mp + 2, 5) + d - 1
-    local doe = yoe * 365 + idiv(yoe, 4) - idiv(yoe, 100) + doy
-    return era * 146097 + doe - 719468
-  end
   local y, m = civil_from_days(idiv(now, DAY_US))
   local ny, nm = y, m + 1
   if nm > 12 then ny, nm = y + 1, 1 end
   return y * 100 + m, days_from_civil(y, m, 1) * DAY_US, days_from_civil(ny, nm, 1) * DAY_US
 end
 
+-- SHIFT is the shift of the call running (see clock), for pxat: set by
+-- clock, which every function that writes an expiry calls first.
+local SHIFT = 0
+
 -- clock returns now (us) and the shift that moves an expiry written at an
 -- explicit past time (tests) to as long as it would have lived: Redis TIME
--- unless explicit > 0.
+-- unless explicit > 0. It keeps the shift in SHIFT.
 local function clock(explicit)
   local t = redis.call('TIME')
   local real = t[1] * US + t[2] -- (arithmetic converts a string once; tonumber twice)
@@ -131,15 +132,23 @@ local function clock(explicit)
   if now <= 0 then now = real end
   local shift = 0
   if real > now then shift = real - now end
+  SHIFT = shift
   return now, shift
 end
 
-local LAYOUT = ARGV[1]
-local KS, KG, KB, KD, KM = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+-- pxat turns an expiry in script time (us) into PEXPIREAT milliseconds,
+-- rounded up so that a key never disappears before its state is empty.
+local function pxat(us)
+  return fmt(-idiv(-(us + SHIFT), 1000))
+end
 
--- load_state reads the tenant's state: the v2 hash, else the v1 keys.
--- Absent parts read as empty (d and m -1: no period). pk, when given, is
--- a pending field of the v2 hash read in the same HMGET (admit's
+-- KS is the state hash of the call running (KEYS[1], set at the entry of
+-- the functions that use the state).
+local KS
+
+-- load_state reads the tenant's state from the hash: empty (d and m -1: no
+-- period; held false) when the hash holds none. pk, when given, is a
+-- pending field of the hash read in the same HMGET (admit's
 -- "units,requests" of the hour and meter), as s[pk] (nil when absent).
 -- h, when given, is that HMGET's answer, already read.
 local function load_state(pk, h)
@@ -159,25 +168,14 @@ local function load_state(pk, h)
     local day0 = d * DAY_US
     if g ~= '' then g = g + day0 else g = 0 end
     if b ~= '' then b = b + day0 else b = 0 end
-    local s = {v2 = true, x = x * HOUR_US, g = g, b = b, d = d + 0,
+    local s = {held = true, x = x * HOUR_US, g = g, b = b, d = d + 0,
       du = du + 0, dg = dg + 0, m = m + 0, mu = mu + 0, mg = mg + 0,
       mo = mo + 0, mn = mn * DAY_US, gn = gn + 0}
     if pk and h[4] then s[pk] = h[4] end
     return s
   end
-  local s = {v2 = false, x = 0, g = 0, b = 0, d = -1, du = 0, dg = 0, dov = 0,
+  return {held = false, x = 0, g = 0, b = 0, d = -1, du = 0, dg = 0,
     m = -1, mu = 0, mg = 0, mo = 0, mn = 0, gn = 0}
-  s.g = tonumber(redis.call('GET', KG) or '0')
-  s.b = tonumber(redis.call('GET', KB) or '0')
-  local d = redis.call('HMGET', KD, 'period', 'used', 'grant', 'overage')
-  if d[1] then
-    s.d, s.du, s.dg, s.dov = tonumber(d[1]), tonumber(d[2]) or 0, tonumber(d[3]) or 0, tonumber(d[4]) or 0
-  end
-  local m = redis.call('HMGET', KM, 'period', 'used', 'grant', 'overage')
-  if m[1] then
-    s.m, s.mu, s.mg, s.mo = tonumber(m[1]), tonumber(m[2]) or 0, tonumber(m[3]) or 0, tonumber(m[4]) or 0
-  end
-  return s
 end
 
 -- month_pack is the field w of a month's counters (see the layout).
@@ -199,11 +197,7 @@ end
 local function month_load(s, id)
   if s.m == id then return {mu = s.mu, mg = s.mg, mo = s.mo} end
   local v = s.w
-  if not v then
-    local key = KS
-    if not s.v2 then key = KM end
-    v = redis.call('HGET', key, 'w')
-  end
+  if not v then v = redis.call('HGET', KS, 'w') end
   if not v then return nil end
   local m, mu, mg, mo = string.match(v, '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
   if not m or m + 0 ~= id then return nil end
@@ -211,11 +205,10 @@ local function month_load(s, id)
 end
 
 -- month_store writes back c, month_load's counters of the month id: the
--- month before at once (field w, before any save_state, which carries it
--- from the v1 keys into the v2 hash; into s.w, with 'm' added to parts,
--- when this script rolled the month: save_state writes it with the
--- month), the state's own month into s, with 'm' added to parts for
--- save_state.
+-- month before at once (field w; into s.w, with 'm' added to parts, when
+-- this call rolled the month: save_state writes it with the month), the
+-- state's own month into s, with 'm' added to parts for save_state
+-- (parts lists what changed: 'd' the day, 'm' the month).
 local function month_store(s, id, c, parts)
   if c.w and s.w then
     s.w = month_pack(id, c.mu, c.mg, c.mo)
@@ -223,9 +216,7 @@ local function month_store(s, id, c, parts)
     return
   end
   if c.w then
-    local key = KS
-    if not s.v2 then key = KM end
-    redis.call('HSET', key, 'w', month_pack(id, c.mu, c.mg, c.mo))
+    redis.call('HSET', KS, 'w', month_pack(id, c.mu, c.mg, c.mo))
     return
   end
   s.mu, s.mg, s.mo = c.mu, c.mg, c.mo
@@ -252,20 +243,19 @@ end
 local function day_of(s, now)
   local id = idiv(now, DAY_US)
   if id ~= s.d then
-    s.d, s.du, s.dg, s.dov = id, 0, 0, 0
+    s.d, s.du, s.dg = id, 0, 0
   end
   s.dn = (id + 1) * DAY_US
   return id, s.dn
 end
 
 -- Beside the fields of the layout, a state s may hold: dn, the next day's
--- start (us) when the script knows it (the day's expiry in layout v1;
--- scripts that only change a day they did not compute, refund.lua and
--- settle.lua, leave the keys' expiries as they are), and cal, true for a
+-- start (us) when the call knows it (calls that only change a day they did
+-- not compute, refund and settle, leave it unset), and cal, true for a
 -- tenant with a billing calendar (admit.lua, "Calendars"), whose ids are
 -- local days and anchored months: its mn is written as 0.
 
--- packed returns the v2 hash's fields t, q and c for the state s (see the
+-- packed returns the hash's fields t, q and c for the state s (see the
 -- layout above).
 local function packed(s)
   local g, b = '', ''
@@ -277,7 +267,7 @@ local function packed(s)
 end
 
 -- state_need is when the state s is empty again as of now (us): the end of
--- its day and month + 1 h, its TAT and FULL. A state new to the v2 hash
+-- its day and month + 1 h, its TAT and FULL. A state new to the hash
 -- expires no sooner.
 local function state_need(s, now)
   local need = now + HOUR_US
@@ -297,33 +287,11 @@ local function state_need(s, now)
 end
 
 -- save_state writes s, which needs to live until need (us; at least
--- state_need when it is new to the v2 hash). extra lists fields beside the
--- state that changed in s (admit's pending usage: s[name] is the value);
--- parts lists which v1 keys to write in layout v1: 'g', 'b', 'd', 'm'.
--- pxat turns a time in us into PEXPIREAT ms (see clock).
-local function save_state(s, need, extra, parts, pxat, now)
-  if not s.v2 and LAYOUT ~= 'v2' then
-    -- v1, exactly as the v1 scripts wrote it
-    for _, p in ipairs(parts) do
-      if p == 'g' then
-        redis.call('SET', KG, fmt(s.g), 'PXAT', pxat(s.g))
-      elseif p == 'b' then
-        redis.call('SET', KB, fmt(s.b), 'PXAT', pxat(s.b))
-      elseif p == 'd' then
-        redis.call('HSET', KD, 'period', fmt(s.d), 'used', fmt(s.du), 'grant', fmt(s.dg), 'overage', fmt(s.dov))
-        -- (without dn, the day is one the key holds: its expiry stays)
-        if s.dn then redis.call('PEXPIREAT', KD, pxat(s.dn + HOUR_US)) end
-      elseif p == 'm' then
-        redis.call('HSET', KM, 'period', fmt(s.m), 'used', fmt(s.mu), 'grant', fmt(s.mg), 'overage', fmt(s.mo))
-        if s.w then redis.call('HSET', KM, 'w', s.w) end
-        -- (without mn, the month is one the key holds: its expiry stays)
-        if s.mn > 0 then redis.call('PEXPIREAT', KM, pxat(s.mn + HOUR_US)) end
-      end
-    end
-    return
-  end
+-- state_need when it is new to the hash). extra lists fields beside the
+-- state that changed in s (admit's pending usage: s[name] is the value).
+local function save_state(s, need, extra, now)
   local was = s.x
-  if s.v2 and not s.rolled and (not extra or #extra == 1) then
+  if s.held and not s.rolled and (not extra or #extra == 1) then
     -- the common case, without a table for HSET's arguments
     if need > s.x then s.x = -idiv(-(need + DAY_US), HOUR_US) * HOUR_US end
     local t, q, c = packed(s)
@@ -346,27 +314,11 @@ local function save_state(s, need, extra, parts, pxat, now)
     args[#args + 1] = 'w'
     args[#args + 1] = s.w
   end
-  if not s.v2 then
-    -- carried over from v1: the grant marks and the month before come
-    -- along, the v1 keys go
+  if not s.held then
     local sn = state_need(s, now)
     if sn > need then need = sn end
-    for _, k in ipairs({KD, KM}) do
-      local h = redis.call('HGETALL', k)
-      for i = 1, #h, 2 do
-        if string.sub(h[i], 1, 2) == 'g:' then
-          args[#args + 1] = h[i]
-          args[#args + 1] = h[i + 1]
-          s.gn = s.gn + 1
-        elseif h[i] == 'w' and k == KM and not s.w then
-          args[#args + 1] = 'w'
-          args[#args + 1] = h[i + 1]
-        end
-      end
-    end
-    redis.call('DEL', KG, KB, KD, KM)
   end
-  if s.v2 and s.rolled and s.gn > 0 then
+  if s.held and s.rolled and s.gn > 0 then
     -- a new month: the grant marks of the past ones go
     local h = redis.call('HGETALL', KS)
     for i = 1, #h, 2 do
@@ -381,10 +333,8 @@ local function save_state(s, need, extra, parts, pxat, now)
   end
   args[2], args[4], args[6] = packed(s)
   redis.call('HSET', KS, unpack(args))
-  if s.x ~= was or not s.v2 then
+  if s.x ~= was or not s.held then
     redis.call('PEXPIREAT', KS, pxat(s.x))
   end
-  s.v2 = true
+  s.held = true
 end
-
--- ---------------------------------------------------------------------------

@@ -24,6 +24,8 @@
 #      our own is started on loopback, its data under .data/ (ignored by git):
 #      on port 6379 / 5432, or on the next free port when a server we cannot use
 #      (one asking for a password) holds it.
+# A Redis older than 7.0, found in any of these ways, is refused: Tollgate's Redis
+# code is a Redis Function library (FUNCTION LOAD, FCALL: Redis 7.0 and later).
 # Stdout carries only the two export lines; every message goes to stderr.
 set -euo pipefail
 
@@ -33,7 +35,7 @@ redis_dir=$data/redis
 redis_port=6379
 pg_port=5432
 pg_location=$data/postgres.location # our cluster's data dir, when not $data/postgres
-howto_tail="or set REDIS_URL and DATABASE_URL to servers you already have (any Redis 6+ and PostgreSQL 13+ will do)"
+howto_tail="or set REDIS_URL and DATABASE_URL to servers you already have (any Redis 7+ and PostgreSQL 13+ will do)"
 
 # Keep stdout (fd 3) for the export lines; everything else writes to stderr.
 # Daemons we start get `3>&- 9>&-`, or `$(scripts/services.sh)` would wait for
@@ -125,6 +127,41 @@ find_redis() {
 		return 1
 	fi
 	echo "$port"
+}
+
+# redis_version URL: the version a Redis answers INFO with; nothing when it cannot
+# tell (no answer, a password, TLS without redis-cli).
+redis_version() {
+	local url=$1 hostport
+	[[ $url == *://* ]] || url=redis://$url
+	if have redis-cli; then
+		timeout 5 redis-cli -u "$url" INFO server 2>/dev/null | tr -d '\r' | sed -n 's/^redis_version://p' || true
+		return
+	fi
+	hostport=${url#*://}
+	hostport=${hostport##*@}
+	hostport=${hostport%%/*}
+	timeout 5 bash -c '
+		exec 3<>"/dev/tcp/$1/$2" && printf "INFO server\r\n" >&3 || exit
+		while IFS= read -r -t 3 line <&3; do
+			line=${line%$'"'"'\r'"'"'}
+			case $line in redis_version:*) echo "${line#redis_version:}"; exit ;; esac
+		done' _ "${hostport%:*}" "${hostport##*:}" 2>/dev/null || true
+}
+
+# require_redis7 URL...: stops unless each Redis (REDIS_URL's addresses) is 7.0 or
+# later; one whose version cannot be read is let through with a word.
+require_redis7() {
+	local url v shown
+	for url in "$@"; do
+		shown=$(printf '%s' "$url" | sed 's#//[^@/]*@#//…@#') # no password in messages
+		v=$(redis_version "$url")
+		if [ -z "$v" ]; then
+			log "Redis: could not read the version of $shown; Tollgate needs Redis 7.0 or later"
+		elif ! [ "${v%%.*}" -ge 7 ] 2>/dev/null; then
+			die "Redis at $shown is version $v; Tollgate needs Redis 7.0 or later (its Redis code is a Redis Function library): upgrade it, or set REDIS_URL to a Redis 7"
+		fi
+	done
 }
 
 start_redis() {
@@ -385,8 +422,12 @@ esac
 need=() rport="" pport=""
 if [ -n "${REDIS_URL:-}" ]; then
 	log "Redis: using REDIS_URL from the environment"
+	IFS=, read -ra redis_urls <<<"$REDIS_URL"
+	require_redis7 "${redis_urls[@]}"
 elif ! rport=$(find_redis); then
 	have redis-server || need+=(redis-server)
+else
+	require_redis7 "redis://127.0.0.1:$rport/0"
 fi
 if [ -n "${DATABASE_URL:-}" ]; then
 	log "Postgres: using DATABASE_URL from the environment"
@@ -402,7 +443,10 @@ if { [ -z "${REDIS_URL:-}" ] && [ -z "$rport" ]; } || { [ -z "${DATABASE_URL:-}"
 fi
 if [ "${#need[@]}" -gt 0 ]; then apt_install "${need[@]}"; fi
 if [ -z "${REDIS_URL:-}" ]; then
-	[ -n "$rport" ] || rport=$(start_redis)
+	if [ -z "$rport" ]; then
+		rport=$(start_redis)
+		require_redis7 "redis://127.0.0.1:$rport/0"
+	fi
 	REDIS_URL=redis://127.0.0.1:$rport/0
 fi
 if [ -z "${DATABASE_URL:-}" ]; then

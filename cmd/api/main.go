@@ -71,7 +71,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now).WithBalances(billing.NewLedger(db))
 	cat.Hits = metrics.CacheLookups.WithLabelValues("hit").Inc
 	cat.Misses = metrics.CacheLookups.WithLabelValues("miss").Inc
-	runner := ratelimit.New(rdb, cfg.RedisPrefix).WithLayout(cfg.KeyLayout).WithAnswerLimits(cfg.IdempotencyLimits)
+	runner := ratelimit.New(rdb, cfg.RedisPrefix).WithAnswerLimits(cfg.IdempotencyLimits)
+	if err := runner.LoadFunctions(ctx, log); err != nil {
+		return err
+	}
 	gate := admission.New(runner, time.Now)
 	gate.OnRedisError = func(err error) {
 		metrics.RedisErrors.Inc()

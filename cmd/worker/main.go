@@ -55,7 +55,10 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer rdb.Close()
 
-	runner := ratelimit.New(rdb, cfg.RedisPrefix).WithLayout(cfg.KeyLayout)
+	runner := ratelimit.New(rdb, cfg.RedisPrefix)
+	if err := runner.LoadFunctions(ctx, log); err != nil {
+		return err
+	}
 	rec := billing.NewReconciler(db, runner, time.Now, log)
 	alerts := billing.NewDeliverer(db, nil, time.Now)
 	alerts.AllowPrivate = cfg.WebhookAllowPrivate

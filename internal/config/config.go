@@ -25,7 +25,6 @@ type Config struct {
 	RedisURL          string                  // REDIS_URL
 	Redis             *redis.UniversalOptions // parsed from RedisURL
 	RedisPrefix       string                  // TOLLGATE_REDIS_PREFIX
-	KeyLayout         string                  // TOLLGATE_KEY_LAYOUT
 	DatabaseURL       string                  // DATABASE_URL
 	Addr              string                  // TOLLGATE_ADDR
 	OpsAddr           string                  // TOLLGATE_OPS_ADDR; empty: operations on Addr
@@ -86,7 +85,6 @@ var Vars = []Var{
 	{"TOLLGATE_RECONCILE_INTERVAL", "10s", "worker cycle, Go duration, 100ms to 1h"},
 	{"TOLLGATE_ROUTES", "", "path of the route table file; unset: the built-in demo routes"},
 	{"TOLLGATE_REDIS_PREFIX", "tg", "prefix of every Redis key (letters, digits, - and _)"},
-	{"TOLLGATE_KEY_LAYOUT", "v2", "layout of the limit state in Redis: v2 (one hash per tenant), or v1 while older versions still run (rolling upgrade, see the README)"},
 	{"TOLLGATE_LOG_LEVEL", "info", "debug, info, warn or error"},
 	{"TOLLGATE_LOG_FORMAT", "json", "json or text"},
 	{"TOLLGATE_SHUTDOWN_TIMEOUT", "10s", "how long graceful shutdown waits for in-flight work"},
@@ -133,9 +131,13 @@ func Load(getenv func(string) string) (Config, error) {
 	if !validPrefix(c.RedisPrefix) {
 		return c, fmt.Errorf("config: TOLLGATE_REDIS_PREFIX: %q must be 1 to 32 letters, digits, - or _", c.RedisPrefix)
 	}
-	c.KeyLayout = get("TOLLGATE_KEY_LAYOUT")
-	if c.KeyLayout != "v1" && c.KeyLayout != "v2" {
-		return c, fmt.Errorf("config: TOLLGATE_KEY_LAYOUT: %q must be v1 or v2", c.KeyLayout)
+	// The setting of earlier releases, whose v1 layout this one neither
+	// reads nor writes: a node still told to share it with old nodes
+	// stops here instead of ignoring their state (README, "Redis state,
+	// and upgrading it").
+	if l := strings.TrimSpace(getenv("TOLLGATE_KEY_LAYOUT")); l != "" && l != "v2" {
+		return c, fmt.Errorf("config: TOLLGATE_KEY_LAYOUT: %q: the limit state has one layout now (v2, one hash per tenant); "+
+			"run the previous release with v2 first, then unset it", l)
 	}
 	c.DatabaseURL = get("DATABASE_URL")
 	if err := checkDatabaseURL(c.DatabaseURL); err != nil {

@@ -177,3 +177,19 @@ func TestVarsHaveMeanings(t *testing.T) {
 		}
 	}
 }
+
+// TestLoadRefusesTheV1Layout: the limit state's v1 layout is gone, so a
+// node started with the setting of a rolling upgrade from it
+// (TOLLGATE_KEY_LAYOUT=v1) refuses to start instead of ignoring the state
+// that layout holds; v2, the only layout, is accepted and changes nothing.
+func TestLoadRefusesTheV1Layout(t *testing.T) {
+	for _, v := range []string{"v1", "v3"} {
+		_, err := Load(env(map[string]string{"TOLLGATE_KEY_LAYOUT": v}))
+		if err == nil || !strings.Contains(err.Error(), "TOLLGATE_KEY_LAYOUT") {
+			t.Errorf("TOLLGATE_KEY_LAYOUT=%s: got %v, want an error naming it", v, err)
+		}
+	}
+	if _, err := Load(env(map[string]string{"TOLLGATE_KEY_LAYOUT": "v2"})); err != nil {
+		t.Errorf("TOLLGATE_KEY_LAYOUT=v2: %v", err)
+	}
+}

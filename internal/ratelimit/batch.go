@@ -9,7 +9,8 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Coalescing. Every admission is one script call, but the calls of
+// Coalescing. Every admission is one function call (FCALL of the
+// library's admit: library.go), but the calls of
 // concurrent requests need not each pay a round trip of their own: a few
 // sender goroutines take whatever admissions are waiting and send them to
 // Redis as one pipeline (go-redis splits a pipeline by node in a Redis
@@ -17,7 +18,7 @@ import (
 // one write and one read instead of N of each, on the API node and in
 // Redis. There is no timer: an admission that finds a sender idle leaves at
 // once, so latency does not grow at low load; while a batch is in flight,
-// the next one fills. Each script call stays its own atomic decision.
+// the next one fills. Each call stays its own atomic decision.
 
 const (
 	// senders is how many batches may be in flight at once.
@@ -30,30 +31,29 @@ const (
 	batchTimeout = 10 * time.Second
 )
 
-// call is one script call waiting for a sender.
+// call is one admit call waiting for a sender.
 type call struct {
-	script *redis.Script // nil: the batcher's
-	keys   []string
-	args   []any
-	res    []int64
-	err    error
-	done   chan struct{}
+	keys []string
+	args []any
+	res  []int64
+	err  error
+	done chan struct{}
 }
 
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 type batcher struct {
-	c      redis.UniversalClient
-	script *redis.Script
-	queue  chan *call
-	once   sync.Once
+	c     redis.UniversalClient
+	lib   *library
+	queue chan *call
+	once  sync.Once
 	// shared counts the calls sent in a batch of more than one (tests see
 	// that batches form).
 	shared atomic.Int64
 }
 
-func newBatcher(c redis.UniversalClient, script *redis.Script) *batcher {
-	return &batcher{c: c, script: script, queue: make(chan *call, senders*maxBatch)}
+func newBatcher(c redis.UniversalClient, l *library) *batcher {
+	return &batcher{c: c, lib: l, queue: make(chan *call, senders*maxBatch)}
 }
 
 func (b *batcher) start() {
@@ -62,15 +62,15 @@ func (b *batcher) start() {
 	}
 }
 
-// do runs the script with keys and args in the next batch and waits for
+// do calls admit with keys and args in the next batch and waits for
 // its answer, or for ctx to end. With finish, a call once queued is waited
 // for whatever ctx says (batchTimeout bounds it): a call that may take
 // what only its caller gives back (a concurrency lease) is never left to
 // run unseen.
-func (b *batcher) do(ctx context.Context, s *redis.Script, keys []string, args []any, finish bool) ([]int64, error) {
+func (b *batcher) do(ctx context.Context, keys []string, args []any, finish bool) ([]int64, error) {
 	b.once.Do(b.start)
 	c := callPool.Get().(*call)
-	c.script, c.keys, c.args, c.res, c.err = s, keys, args, nil, nil
+	c.keys, c.args, c.res, c.err = keys, args, nil, nil
 	select {
 	case b.queue <- c:
 	case <-ctx.Done():
@@ -84,7 +84,7 @@ func (b *batcher) do(ctx context.Context, s *redis.Script, keys []string, args [
 	select {
 	case <-c.done:
 		res, err := c.res, c.err
-		c.script, c.keys, c.args, c.res = nil, nil, nil, nil
+		c.keys, c.args, c.res = nil, nil, nil
 		callPool.Put(c)
 		return res, err
 	case <-gone:
@@ -116,40 +116,30 @@ func (b *batcher) send() {
 	}
 }
 
-// scriptOf is the script of call c.
-func (b *batcher) scriptOf(c *call) *redis.Script {
-	if c.script != nil {
-		return c.script
-	}
-	return b.script
-}
-
-// run sends the batch as one pipeline of calls of admit.lua. (One call
-// for the whole batch was measured too: it saved ~10% of Redis's time per
+// run sends the batch as one pipeline of calls of admit. (One call for
+// the whole batch was measured too: it saved ~10% of Redis's time per
 // admission and doubled the p99 at half load, since a batch's admissions
-// then wait for each other inside Redis.) Calls that fail with NOSCRIPT
-// (Redis restarted or its script cache was flushed) are run again by
-// Script.Run, which loads the script.
+// then wait for each other inside Redis.) Calls that Redis answers
+// "Function not found" (restarted, flushed, a new master) are sent again
+// once the library is loaded (library.go).
 func (b *batcher) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	if len(batch) == 1 {
 		c := batch[0]
-		c.res, c.err = b.scriptOf(c).Run(ctx, b.c, c.keys, c.args...).Int64Slice()
+		c.res, c.err = b.lib.call(ctx, b.c, fnAdmit, c.keys, c.args...).Int64Slice()
 		return cmds
 	}
 	b.shared.Add(int64(len(batch)))
 	_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, c := range batch {
-			cmds = append(cmds, b.scriptOf(c).EvalSha(ctx, p, c.keys, c.args...))
+			cmds = append(cmds, p.FCall(ctx, b.lib.names[fnAdmit], c.keys, c.args...))
 		}
 		return nil
 	})
+	b.lib.retryMissing(ctx, b.c, cmds)
 	for i, c := range batch {
 		c.res, c.err = cmds[i].Int64Slice()
-		if c.err != nil && redis.HasErrorPrefix(c.err, "NOSCRIPT") {
-			c.res, c.err = b.scriptOf(c).Run(ctx, b.c, c.keys, c.args...).Int64Slice()
-		}
 	}
 	return cmds
 }

@@ -23,7 +23,7 @@ func benchLimits() quota.Limits {
 }
 
 // BenchmarkAdmit is one admission with all four limits, serially: one
-// EVALSHA round trip each.
+// FCALL round trip each.
 func BenchmarkAdmit(b *testing.B) {
 	c := testenv.Redis(b)
 	r, _ := mustRunner(b, c)
@@ -57,7 +57,8 @@ func BenchmarkAdmitParallel(b *testing.B) {
 }
 
 // BenchmarkTrivialEvalSha is the floor under BenchmarkAdmit: EVALSHA of
-// "return 1" on the same server, so the difference is the script's own work.
+// "return 1" on the same server (a call of a function costs as little),
+// so the difference is the function's own work.
 func BenchmarkTrivialEvalSha(b *testing.B) {
 	c := testenv.Redis(b)
 	s := redis.NewScript("return 1")
@@ -71,9 +72,9 @@ func BenchmarkTrivialEvalSha(b *testing.B) {
 }
 
 // BenchmarkTenantMemory admits one request for a tenant with all four
-// limits active and reports the summed MEMORY USAGE of its keys (gcra,
-// bucket, day, month, pending; idempotency keys are per request, not per
-// tenant, and are left out).
+// limits active and reports the summed MEMORY USAGE of its keys (the
+// state hash and the pending hash; idempotency keys are per request, not
+// per tenant, and are left out).
 func BenchmarkTenantMemory(b *testing.B) {
 	c := testenv.Redis(b)
 	r, _ := mustRunner(b, c)
@@ -88,8 +89,8 @@ func BenchmarkTenantMemory(b *testing.B) {
 		if _, err := r.Admit(ctx, req); err != nil {
 			b.Fatal(err)
 		}
-		// Every key admit.lua may touch; those it did not write (the v1
-		// keys once the state is in the v2 hash) have no memory.
+		// Every key admit may touch; those it did not write (the pending
+		// hash, written only for a tenant without state) have no memory.
 		bytes = 0
 		for _, k := range r.keys(tenant, "") {
 			n, err := c.MemoryUsage(ctx, k, 0).Result()

@@ -17,8 +17,8 @@ import (
 )
 
 // calendarScript is lua/calendar.lua with a body that returns what cal_at
-// returns (an empty array for nil) for ARGV[1] and now = ARGV[2]. The
-// tests send it with EVAL, not EVALSHA: other tests flush the script cache.
+// returns (an empty array for nil) for ARGV[1] and now = ARGV[2]: the file
+// alone, not the library, sent with EVAL.
 func calendarScript(tb testing.TB) string {
 	tb.Helper()
 	src, err := fs.ReadFile(lua.FS, "calendar.lua")

@@ -281,9 +281,9 @@ func TestCalendarClockSkew(t *testing.T) {
 		t.Fatalf("%s, want allowed, 4 left", fmtDecision(d))
 	}
 	wantPeriods(t, cal, d)
-	// the script itself: an error naming its now, nothing written
+	// the function itself: an error naming its now, nothing written
 	keys := r.keys(req.TenantID, "")
-	err := admitScript.Run(context.Background(), c, keys, LayoutV2, 0, "admit", 1, "demo", "block",
+	err := r.fcall(context.Background(), fnAdmit, keys, 0, "admit", 1, "demo", "block",
 		0, 0, 0, 0, 5, 50, "", 0, -1, 0, "", "", "", stale.arg).Err()
 	if at := calendarNow(err); at <= 0 || time.Since(time.UnixMicro(at)).Abs() > time.Minute {
 		t.Fatalf("script with stale boundaries: %v, want CALENDAR <now>", err)
@@ -394,46 +394,30 @@ func wantDaily(tb testing.TB, cal quota.Calendar, d quota.Decision) {
 // calendar's state keeps no cached month end).
 func TestCalendarChange(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []string{LayoutV2, LayoutV1} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			r, prefix := mustRunner(t, testenv.Redis(t))
-			r.WithLayout(layout)
-			ny15 := mustCalendar(t, "America/New_York", 15)
-			ny := ny15.Zone
-			tenant := newTenant()
-			now := time.Date(2026, 3, 20, 12, 0, 0, 0, ny)
-			admit := func(cal quota.Calendar, wantLeft int64) {
-				t.Helper()
-				req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Calendar: cal, Now: now,
-					Limits: quota.Limits{DailyQuota: i64(100), MonthlyQuota: i64(10)}}
-				d := mustAdmit(t, r, req)
-				if l := limitOf(t, d, quota.LimitMonthly); !d.Allowed || l.Remaining != wantLeft {
-					t.Fatalf("%v at %s: %s, want allowed with %d left", cal, now, fmtDecision(d), wantLeft)
-				}
-				wantPeriods(t, cal, d)
-			}
-			admit(ny15, 9)
-			admit(ny15, 8)
-			admit(quota.Calendar{}, 7) // the UTC month 202603: the same id
-			admit(ny15, 6)
-			admit(mustCalendar(t, "America/New_York", 25), 9) // the period from 2026-02-25: another id
-			admit(ny15, 9)                                    // and back: 202603 again, from 0
-			now = time.Date(2026, 4, 2, 12, 0, 0, 0, ny)
-			admit(quota.Calendar{}, 9) // April in UTC
-			admit(ny15, 9)             // New York's 202603 again: the state held 202604
-			if layout == LayoutV1 {
-				// the v1 day key lives to the end of the local day, at
-				// least (expiries of explicit times are shifted to
-				// last as long from the real time: state.lua's clock)
-				ttl := r.c.PTTL(context.Background(), r.key(tenant, "day")).Val()
-				_, end := ny15.Day(now)
-				if ttl < end.Sub(now) {
-					t.Errorf("v1 day key's TTL %s, want at least %s (prefix %s)", ttl, end.Sub(now), prefix)
-				}
-			}
-		})
+	r, _ := mustRunner(t, testenv.Redis(t))
+	ny15 := mustCalendar(t, "America/New_York", 15)
+	ny := ny15.Zone
+	tenant := newTenant()
+	now := time.Date(2026, 3, 20, 12, 0, 0, 0, ny)
+	admit := func(cal quota.Calendar, wantLeft int64) {
+		t.Helper()
+		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Calendar: cal, Now: now,
+			Limits: quota.Limits{DailyQuota: i64(100), MonthlyQuota: i64(10)}}
+		d := mustAdmit(t, r, req)
+		if l := limitOf(t, d, quota.LimitMonthly); !d.Allowed || l.Remaining != wantLeft {
+			t.Fatalf("%v at %s: %s, want allowed with %d left", cal, now, fmtDecision(d), wantLeft)
+		}
+		wantPeriods(t, cal, d)
 	}
+	admit(ny15, 9)
+	admit(ny15, 8)
+	admit(quota.Calendar{}, 7) // the UTC month 202603: the same id
+	admit(ny15, 6)
+	admit(mustCalendar(t, "America/New_York", 25), 9) // the period from 2026-02-25: another id
+	admit(ny15, 9)                                    // and back: 202603 again, from 0
+	now = time.Date(2026, 4, 2, 12, 0, 0, 0, ny)
+	admit(quota.Calendar{}, 9) // April in UTC
+	admit(ny15, 9)             // New York's 202603 again: the state held 202604
 }
 
 // TestCalendarSettle: a settle reservation names the admission's local day

@@ -1,7 +1,8 @@
-// Package ratelimit is the Redis side of admission: it runs lua/admit.lua,
+// Package ratelimit is the Redis side of admission: it calls the functions
+// of Tollgate's Redis Function library (lua/, loaded by library.go): admit,
 // which checks a tenant's GCRA burst limit, token bucket, daily quota and
-// monthly quota together and commits all of them or none in one EVALSHA, and
-// lua/grant.lua, which adds units to the current day or month.
+// monthly quota together and commits all of them or none in one FCALL,
+// grant, which adds units to the current day or month, and the others.
 //
 // Model is the pure-Go reference of the script, with the same integer
 // arithmetic; the tests hold the script to it request by request.
@@ -16,15 +17,15 @@
 //	                                  and the month before, grant marks) and
 //	                                  the pending usage ("p" fields), one hash (lua/state.lua);
 //	                                  14 days after the last admission, at least to the month's end + 1 h
-//	<prefix>:v1:{t:<id>}:pending      pending usage while the state is in v1 keys, and the deny
-//	                                  cache's refusals (CountRefused); 14 days
+//	<prefix>:v1:{t:<id>}:pending      pending usage of a tenant without state (a refusal), and the
+//	                                  deny cache's refusals (CountRefused); 14 days
 //	<prefix>:v1:{t:<id>}:flushing     the batch the worker claimed (claim.lua)
 //	<prefix>:v1:{t:<id>}:idem2:<hex>  idempotency record: fingerprint, state, first decision, stored answer; 24 h
 //	<prefix>:v1:{t:<id>}:idemroom     the room of the tenant's records: claim id -> ms it frees (sorted set)
 //	<prefix>:v1:{t:<id>}:idembytes    claim id -> bytes held, '$' -> their sum (lua/idem.lua); both
 //	                                  live as long as the latest claim
-//	<prefix>:v1:{t:<id>}:gcra, :bucket, :day, :month   the v1 layout: read, carried over into
-//	                                  the v2 hash and deleted (or, with LayoutV1, written)
+//	<prefix>:v1:{t:<id>}:mq           the meter quotas, their overage millicents and a prepaid
+//	                                  tenant's credit draws (lua/admit.lua, "Meter quotas", "Prepaid")
 //
 // Pending usage fields are "<hour start, unix s>|<meter>|u" (units), "|r"
 // (admitted requests), "|x" (refused requests) and "|o" (overage units),
@@ -91,7 +92,7 @@
 //
 // # Time and units
 //
-// The script reads Redis TIME in microseconds since the Unix epoch (UTC), so
+// The functions read Redis TIME in microseconds since the Unix epoch (UTC), so
 // every API node shares one clock. All arithmetic is on integers: rates
 // become whole-microsecond intervals through quota.IntervalMicros, and limits
 // are bounded (quota.MaxQuantity, and 2^50 us for a burst or bucket window)

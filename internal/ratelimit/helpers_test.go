@@ -123,7 +123,7 @@ func at(tb testing.TB, s string) time.Time {
 func i64(v int64) *int64     { return &v }
 func f64(v float64) *float64 { return &v }
 
-// stateOf reads a tenant's limit state from its v2 hash, in the model's
+// stateOf reads a tenant's limit state from its state hash, in the model's
 // terms (lua/state.lua: the packed field s).
 func stateOf(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string) Model {
 	tb.Helper()

@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -18,8 +16,6 @@ import (
 // request that may write a record claims its room before its admission
 // (ClaimAnswer), and gives the claim back when it wrote none
 // (UnclaimAnswer); storing or releasing the answer settles the claim.
-
-var idemScript = redis.NewScript(mustRead("idem.lua"))
 
 // WithAnswerLimits sets the room of each tenant's idempotency records
 // (quota.DefaultAnswerLimits unless set) and returns r.
@@ -75,13 +71,13 @@ func (r *Runner) ClaimAnswer(ctx context.Context, req quota.Request, force bool)
 	}
 	keys := r.idemKeys(req.TenantID, req.IdempotencyKey)
 	if force {
-		if err := idemScript.Run(ctx, r.c, keys, "count", millis(req.Now), req.IdempotencyClaim,
+		if err := r.fcall(ctx, fnIdem, keys, "count", millis(req.Now), req.IdempotencyClaim,
 			req.IdempotencyFingerprint, reserve(req)).Err(); err != nil {
 			return quota.AnswerClaim{}, fmt.Errorf("ratelimit: count an idempotency record: %w", err)
 		}
 		return quota.AnswerClaim{Status: quota.ClaimTaken}, nil
 	}
-	res, err := idemScript.Run(ctx, r.c, keys, "claim", millis(req.Now), req.IdempotencyClaim,
+	res, err := r.fcall(ctx, fnIdem, keys, "claim", millis(req.Now), req.IdempotencyClaim,
 		req.IdempotencyFingerprint, reserve(req), r.answers.Answers, r.answers.Bytes).Int64Slice()
 	if err != nil {
 		return quota.AnswerClaim{}, fmt.Errorf("ratelimit: claim an idempotency record: %w", err)
@@ -107,7 +103,7 @@ func (r *Runner) UnclaimAnswer(ctx context.Context, req quota.Request) error {
 	if err := checkClaim(req); err != nil {
 		return err
 	}
-	err := idemScript.Run(ctx, r.c, r.idemKeys(req.TenantID, req.IdempotencyKey), "unclaim", millis(req.Now),
+	err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "unclaim", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint).Err()
 	if err != nil {
 		return fmt.Errorf("ratelimit: give back an idempotency claim: %w", err)
@@ -121,7 +117,7 @@ func (r *Runner) AnswerUsage(ctx context.Context, tenantID string) (quota.Answer
 	if err := checkTenant(tenantID); err != nil {
 		return quota.AnswerUsage{}, err
 	}
-	res, err := idemScript.Run(ctx, r.c, r.idemKeys(tenantID, ""), "room", 0).Int64Slice()
+	res, err := r.fcall(ctx, fnIdem, r.idemKeys(tenantID, ""), "room", 0).Int64Slice()
 	if err != nil {
 		return quota.AnswerUsage{}, fmt.Errorf("ratelimit: idempotency room: %w", err)
 	}
@@ -141,7 +137,7 @@ func (r *Runner) StoreAnswer(ctx context.Context, req quota.Request, a quota.Sto
 	if err := checkClaim(req); err != nil {
 		return false, err
 	}
-	n, err := idemScript.Run(ctx, r.c, r.idemKeys(req.TenantID, req.IdempotencyKey), "store", millis(req.Now),
+	n, err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "store", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint, a.Status, a.Header, a.Body, quota.AnswerReserve).Int()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: store idempotent answer: %w", err)
@@ -155,7 +151,7 @@ func (r *Runner) ReleaseKey(ctx context.Context, req quota.Request) error {
 	if err := checkClaim(req); err != nil {
 		return err
 	}
-	err := idemScript.Run(ctx, r.c, r.idemKeys(req.TenantID, req.IdempotencyKey), "release", millis(req.Now),
+	err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "release", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint).Err()
 	if err != nil {
 		return fmt.Errorf("ratelimit: release idempotency key: %w", err)

@@ -7,20 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/internal/quota"
 )
-
-// meterPeekScript reads the meter quota hash (lua/admit.lua, "Meter
-// quotas") with the script's clock: Redis TIME, then the fields of
-// ARGV (absent ones as empty strings).
-var meterPeekScript = redis.NewScript(`
-local t = redis.call('TIME')
-local v = redis.call('HMGET', KEYS[1], unpack(ARGV))
-local out = {t[1], t[2]}
-for i = 1, #ARGV do out[#out + 1] = v[i] or '' end
-return out`)
 
 // PeekMeterQuotas reports the tenant's meter quotas qs as they stand, in
 // their order: for each, its "<meter>.daily" and "<meter>.monthly" limits
@@ -38,7 +26,8 @@ func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, cal quota
 	for i, q := range qs {
 		args[i] = q.Meter
 	}
-	res, err := meterPeekScript.Run(ctx, r.c, []string{r.key(tenantID, "mq")}, args...).StringSlice()
+	// the hash with the function's clock (lua/peek.lua)
+	res, err := r.fcall(ctx, fnMeterPeek, []string{r.key(tenantID, "mq")}, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: peek meter quotas: %w", err)
 	}

@@ -248,78 +248,72 @@ func TestSettleDownGivesBackTheRequestsOwnOverage(t *testing.T) {
 // the overage of March: A (10 units at 23:55) settled to 30 bills 20
 // units of overage in March's hour; two requests of March (5 units each)
 // settled to 15 each after the roll bill 20 in either order, as they do
-// settled before it. April's counters are not touched. In both layouts.
+// settled before it. April's counters are not touched.
 func TestSettleAfterTheMonthRolledRatesTheAdmissionsMonth(t *testing.T) {
 	t.Parallel()
 	c := testenv.Redis(t)
 	ctx := context.Background()
 	march, april := at(t, "2031-03-31T23:55:00Z"), at(t, "2031-04-01T00:01:00Z")
-	for _, layout := range []string{LayoutV2, LayoutV1} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			r, _ := mustRunner(t, c)
-			r.WithLayout(layout)
-			req := func(tenant string, cost int64, now time.Time) quota.Request {
-				return quota.Request{TenantID: tenant, Meter: "gen", Cost: cost, Now: now,
-					Limits: quota.Limits{MonthlyQuota: i64(10)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
-			}
-			reserve := func(req quota.Request, id string) {
-				t.Helper()
-				d := mustAdmit(t, r, req)
-				if !d.Allowed {
-					t.Fatalf("admission: %s", fmtDecision(d))
-				}
-				if err := r.Reserve(ctx, id, req, d); err != nil {
-					t.Fatal(err)
-				}
-			}
-			settle := func(tenant, id string, actual, overage int64) {
-				t.Helper()
-				s, err := r.Settle(ctx, tenant, id, actual)
-				if err != nil || s.Status != quota.SettleApplied || s.OverageDelta != overage {
-					t.Fatalf("settle %s to %d: %+v %v, want applied with %d units of overage", id, actual, s, err, overage)
-				}
-			}
-			roll := func(tenant string) {
-				t.Helper()
-				if d := mustAdmit(t, r, req(tenant, 1, april)); !d.Allowed || d.OverageUnits != 0 {
-					t.Fatalf("April's first admission: %s", fmtDecision(d))
-				}
-			}
+	r, _ := mustRunner(t, c)
+	req := func(tenant string, cost int64, now time.Time) quota.Request {
+		return quota.Request{TenantID: tenant, Meter: "gen", Cost: cost, Now: now,
+			Limits: quota.Limits{MonthlyQuota: i64(10)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
+	}
+	reserve := func(req quota.Request, id string) {
+		t.Helper()
+		d := mustAdmit(t, r, req)
+		if !d.Allowed {
+			t.Fatalf("admission: %s", fmtDecision(d))
+		}
+		if err := r.Reserve(ctx, id, req, d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	settle := func(tenant, id string, actual, overage int64) {
+		t.Helper()
+		s, err := r.Settle(ctx, tenant, id, actual)
+		if err != nil || s.Status != quota.SettleApplied || s.OverageDelta != overage {
+			t.Fatalf("settle %s to %d: %+v %v, want applied with %d units of overage", id, actual, s, err, overage)
+		}
+	}
+	roll := func(tenant string) {
+		t.Helper()
+		if d := mustAdmit(t, r, req(tenant, 1, april)); !d.Allowed || d.OverageUnits != 0 {
+			t.Fatalf("April's first admission: %s", fmtDecision(d))
+		}
+	}
 
-			// one request, settled up after the roll
-			tenant := newTenant()
-			reserve(req(tenant, 10, march), "a-"+tenant)
+	// one request, settled up after the roll
+	tenant := newTenant()
+	reserve(req(tenant, 10, march), "a-"+tenant)
+	roll(tenant)
+	settle(tenant, "a-"+tenant, 30, 20)
+	if u, o := pendingAt(t, r, tenant, march, "gen", "u"), pendingAt(t, r, tenant, march, "gen", "o"); u != 30 || o != 20 {
+		t.Errorf("March's pending usage: %d units, %d of overage; want 30 and 20", u, o)
+	}
+	if d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "gen", Cost: 1, Now: april, DryRun: true,
+		Limits: quota.Limits{MonthlyQuota: i64(10)}, Overage: quota.OverageBill}); limitOf(t, d, "monthly").Remaining != 8 {
+		t.Errorf("April's quota after a settlement of March: %s, want 8 left after a dry run of 1 (April's 1 unit only)", fmtDecision(d))
+	}
+
+	// two requests, settled in either order after the roll, or before it
+	for _, order := range []string{"ab", "ba", "before"} {
+		tenant := newTenant()
+		reserve(req(tenant, 5, march.Add(-time.Minute)), "a-"+tenant)
+		reserve(req(tenant, 5, march), "b-"+tenant)
+		if order != "before" {
 			roll(tenant)
-			settle(tenant, "a-"+tenant, 30, 20)
-			if u, o := pendingAt(t, r, tenant, march, "gen", "u"), pendingAt(t, r, tenant, march, "gen", "o"); u != 30 || o != 20 {
-				t.Errorf("March's pending usage: %d units, %d of overage; want 30 and 20", u, o)
-			}
-			if d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "gen", Cost: 1, Now: april, DryRun: true,
-				Limits: quota.Limits{MonthlyQuota: i64(10)}, Overage: quota.OverageBill}); limitOf(t, d, "monthly").Remaining != 8 {
-				t.Errorf("April's quota after a settlement of March: %s, want 8 left after a dry run of 1 (April's 1 unit only)", fmtDecision(d))
-			}
-
-			// two requests, settled in either order after the roll, or before it
-			for _, order := range []string{"ab", "ba", "before"} {
-				tenant := newTenant()
-				reserve(req(tenant, 5, march.Add(-time.Minute)), "a-"+tenant)
-				reserve(req(tenant, 5, march), "b-"+tenant)
-				if order != "before" {
-					roll(tenant)
-				}
-				first, second := "a-", "b-"
-				if order == "ba" {
-					first, second = second, first
-				}
-				settle(tenant, first+tenant, 15, 10)
-				settle(tenant, second+tenant, 15, 10)
-				// (both in March's last hour)
-				if o := pendingAt(t, r, tenant, march, "gen", "o"); o != 20 {
-					t.Errorf("%s: March's overage %d, want 20", order, o)
-				}
-			}
-		})
+		}
+		first, second := "a-", "b-"
+		if order == "ba" {
+			first, second = second, first
+		}
+		settle(tenant, first+tenant, 15, 10)
+		settle(tenant, second+tenant, 15, 10)
+		// (both in March's last hour)
+		if o := pendingAt(t, r, tenant, march, "gen", "o"); o != 20 {
+			t.Errorf("%s: March's overage %d, want 20", order, o)
+		}
 	}
 }
 
@@ -550,18 +544,8 @@ func TestAdjustingLastMonthLeavesThisMonthAlone(t *testing.T) {
 // 20 of the meter's overage, and the new period holds its own unit only.
 func TestRefundAndSettleAfterTheTenantsPeriodRolled(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []string{LayoutV2, LayoutV1} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			refundAndSettleAfterThePeriodRolled(t, layout)
-		})
-	}
-}
-
-func refundAndSettleAfterThePeriodRolled(t *testing.T, layout string) {
 	c := testenv.Redis(t)
 	r, _ := mustRunner(t, c)
-	r.WithLayout(layout)
 	ctx := context.Background()
 	cal := mustCalendar(t, "America/New_York", 15)
 	tenant := newTenant()
@@ -602,11 +586,7 @@ func refundAndSettleAfterThePeriodRolled(t *testing.T, layout string) {
 		t.Errorf("the new period's quota: %s, want 8 left", fmtDecision(d))
 	}
 	// the tier's old period: 15 units, less B's 5, plus A's 20
-	key, field := r.stateKeys(tenant)[0], "w"
-	if layout == LayoutV1 {
-		key = r.stateKeys(tenant)[4]
-	}
-	if w, err := r.c.HGet(ctx, key, field).Result(); err != nil || w != "203102,30,0,0" {
+	if w, err := r.c.HGet(ctx, r.stateKeys(tenant)[0], "w").Result(); err != nil || w != "203102,30,0,0" {
 		t.Errorf("the tier's old period %q (%v), want 30 units, none of the tier's overage (the meter's only)", w, err)
 	}
 }

@@ -14,11 +14,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// outageScript records a batch of fail-open usage exactly once:
-// lua/outage.lua.
-var outageScript = script("state.lua", "meterq.lua", "adjust.lua", "outage.lua")
-
-// outageArgs is how many ARGV one row of outage.lua takes.
+// outageArgs is how many ARGV one row of outage (lua/outage.lua) takes.
 const outageArgs = 11
 
 // RecoverOutage records the usage an API node admitted in process while
@@ -55,11 +51,11 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 	if !req.Calendar.IsDefault() {
 		cal = "1"
 	}
-	args := make([]any, 0, 2+outageArgs*len(b.Rows))
+	args := make([]any, 0, 1+outageArgs*len(b.Rows))
 	// (the spend cap whenever the tier has one: outage.lua bounds billed
 	// overage by it, tier's and meters' alike, as admit.lua does with
-	// ARGV[19] and settle.lua with a settle entry's)
-	args = append(args, r.layout, bill+","+strconv.FormatInt(mq, 10)+","+strconv.FormatInt(tprice, 10)+","+
+	// ARGV[18] and settle.lua with a settle entry's)
+	args = append(args, bill+","+strconv.FormatInt(mq, 10)+","+strconv.FormatInt(tprice, 10)+","+
 		strconv.FormatInt(capMillicents(req), 10)+","+cal)
 	for _, row := range b.Rows {
 		if n := len(row.Meter); n == 0 || n > maxMeterLen || strings.Contains(row.Meter, "|") {
@@ -76,7 +72,7 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 			row.Units, row.Requests, outageMeterSpec(req, row.Meter), give[0], give[1])
 	}
 	keys := r.stateKeys(req.TenantID, "pending", "mq", "outage:"+b.ID)
-	res, err := outageScript.Run(ctx, r.c, keys, args...).Int64Slice()
+	res, err := r.fcall(ctx, fnOutage, keys, args...).Int64Slice()
 	if err != nil {
 		if notSent(err) {
 			err = errors.Join(quota.ErrNotSent, err)

@@ -38,48 +38,42 @@ func outageRow(meter string, units, requests int64) quota.OutageRow {
 // pending usage and the quota counters, once: sent again under its id (a
 // retry after a timeout), it changes nothing and answers the same counts.
 // A later row of negative units gives back the units and the overage it
-// names. In both key layouts.
+// names.
 func TestRecoverOutageCountsOnceAndMovesQuotas(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []string{"v2", "v1"} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			r, _ := mustRunner(t, testenv.Redis(t))
-			r = r.WithLayout(layout)
-			req := quota.Request{TenantID: newTenant(), Meter: "demo", Cost: 8, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
-				Limits: quota.Limits{DailyQuota: i64(100), MonthlyQuota: i64(10)}}
-			mustAdmit(t, r, req)
-			b := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req, Rows: []quota.OutageRow{outageRow("demo", 5, 2)}}
-			for try := range 2 {
-				if err := r.RecoverOutage(ctx, b); err != nil {
-					t.Fatal(err)
-				}
-				if got := b.Rows[0].Overage; got != 3 {
-					t.Fatalf("try %d: overage %d, want 3 (8 + 5 past a quota of 10)", try, got)
-				}
-				if got := pendingTotals(t, r, req.TenantID); got.Units != 13 || got.Requests != 3 || got.Overage != 3 {
-					t.Fatalf("try %d: pending %+v, want 13 units, 3 requests, 3 overage (counted once)", try, got)
-				}
-				d, err := r.Peek(ctx, req.TenantID, req.Limits, time.Time{})
-				if err != nil {
-					t.Fatal(err)
-				}
-				day, _ := d.Limit(quota.LimitDaily)
-				month, _ := d.Limit(quota.LimitMonthly)
-				if day.Remaining != 100-13 || month.Remaining != 0 {
-					t.Fatalf("try %d: daily %d monthly %d remaining, want %d and 0", try, day.Remaining, month.Remaining, 100-13)
-				}
-			}
-			back := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req, Rows: []quota.OutageRow{outageRow("demo", -5, 0)}}
-			back.Rows[0].Overage = 3
-			if err := r.RecoverOutage(ctx, back); err != nil {
-				t.Fatal(err)
-			}
-			if got := pendingTotals(t, r, req.TenantID); got.Units != 8 || got.Requests != 3 || got.Overage != 0 {
-				t.Fatalf("after giving back: pending %+v, want 8 units, 3 requests, 0 overage", got)
-			}
-		})
+	ctx := context.Background()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	req := quota.Request{TenantID: newTenant(), Meter: "demo", Cost: 8, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000,
+		Limits: quota.Limits{DailyQuota: i64(100), MonthlyQuota: i64(10)}}
+	mustAdmit(t, r, req)
+	b := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req, Rows: []quota.OutageRow{outageRow("demo", 5, 2)}}
+	for try := range 2 {
+		if err := r.RecoverOutage(ctx, b); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Rows[0].Overage; got != 3 {
+			t.Fatalf("try %d: overage %d, want 3 (8 + 5 past a quota of 10)", try, got)
+		}
+		if got := pendingTotals(t, r, req.TenantID); got.Units != 13 || got.Requests != 3 || got.Overage != 3 {
+			t.Fatalf("try %d: pending %+v, want 13 units, 3 requests, 3 overage (counted once)", try, got)
+		}
+		d, err := r.Peek(ctx, req.TenantID, req.Limits, time.Time{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		day, _ := d.Limit(quota.LimitDaily)
+		month, _ := d.Limit(quota.LimitMonthly)
+		if day.Remaining != 100-13 || month.Remaining != 0 {
+			t.Fatalf("try %d: daily %d monthly %d remaining, want %d and 0", try, day.Remaining, month.Remaining, 100-13)
+		}
+	}
+	back := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req, Rows: []quota.OutageRow{outageRow("demo", -5, 0)}}
+	back.Rows[0].Overage = 3
+	if err := r.RecoverOutage(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	if got := pendingTotals(t, r, req.TenantID); got.Units != 8 || got.Requests != 3 || got.Overage != 0 {
+		t.Fatalf("after giving back: pending %+v, want 8 units, 3 requests, 0 overage", got)
 	}
 }
 
@@ -154,15 +148,11 @@ func outageRowAt(meter string, t time.Time, units, requests int64) quota.OutageR
 	return quota.OutageRow{Meter: meter, Hour: t.Truncate(time.Hour), At: t, Units: units, Requests: requests}
 }
 
-// monthBefore reads the tenant's month before (state.lua's field w: "m,mu,mg,mo")
-// where the layout keeps it: the v2 hash, or the v1 month hash.
-func monthBefore(tb testing.TB, r *Runner, tenant, layout string) string {
+// monthBefore reads the tenant's month before (state.lua's field w:
+// "m,mu,mg,mo").
+func monthBefore(tb testing.TB, r *Runner, tenant string) string {
 	tb.Helper()
-	key := r.stateKeys(tenant)[0]
-	if layout == LayoutV1 {
-		key = r.stateKeys(tenant)[4]
-	}
-	w, err := r.c.HGet(context.Background(), key, "w").Result()
+	w, err := r.c.HGet(context.Background(), r.stateKeys(tenant)[0], "w").Result()
 	if err != nil && err != redis.Nil {
 		tb.Fatal(err)
 	}
@@ -189,9 +179,9 @@ func meterHash(tb testing.TB, r *Runner, tenant string, fields ...string) []stri
 // test's terms): the tier's month before (w), search's month before
 // ("search|w"), the meters' overage millicents ('$w', '$') and search's
 // field as [month, units, overage].
-func wantMonths(tb testing.TB, r *Runner, tenant, layout, when, w string, mq [3]string, search [3]int64) {
+func wantMonths(tb testing.TB, r *Runner, tenant, when, w string, mq [3]string, search [3]int64) {
 	tb.Helper()
-	if got := monthBefore(tb, r, tenant, layout); got != w {
+	if got := monthBefore(tb, r, tenant); got != w {
 		tb.Errorf("%s: the tier's month before %q, want %q", when, got, w)
 	}
 	if got := meterHash(tb, r, tenant, "search|w", "$w", "$"); [3]string(got) != mq {
@@ -207,44 +197,37 @@ func wantMonths(tb testing.TB, r *Runner, tenant, layout, when, w string, mq [3]
 // April yet). They start April as an admission does: March's counters stay
 // the month before (the tier's w, the meter's "search|w", the meters'
 // spend-cap total '$w'), where a refund or a settlement of a March request
-// arriving after the roll finds them; April starts from the rows. In both
-// key layouts.
+// arriving after the roll finds them; April starts from the rows.
 func TestRecoverOutageRollKeepsTheMonthBefore(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []string{LayoutV2, LayoutV1} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			r, _ := mustRunner(t, testenv.Redis(t))
-			r = r.WithLayout(layout)
-			march, april := at(t, "2031-03-31T23:50:00Z"), at(t, "2031-04-01T00:10:00Z")
-			tenant := newTenant()
-			req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 12, Now: march,
-				MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(0), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}},
-				Limits:      quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(100)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
-			if d := mustAdmit(t, r, req); !d.Allowed || d.OverageUnits != 2 {
-				t.Fatalf("March's demo: %s, want 2 units of overage", fmtDecision(d))
-			}
-			s := req
-			s.Meter, s.Cost = "search", 3
-			if d := mustAdmit(t, r, s); !d.Allowed || d.MeterOverageUnits != 3 {
-				t.Fatalf("March's search: %s, want 3 units of the meter's overage", fmtDecision(d))
-			}
-			b := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req,
-				Rows: []quota.OutageRow{outageRowAt("demo", april, 1, 1), outageRowAt("search", april, 1, 1)}}
-			if err := r.RecoverOutage(ctx, b); err != nil {
-				t.Fatal(err)
-			}
-			if b.Rows[0].Overage != 0 || b.Rows[1].MeterOverage != 1 || b.Rows[1].Overage != 0 {
-				t.Errorf("April's rows counted %+v, want no overage for demo, 1 of the meter's for search", b.Rows)
-			}
-			// March: 15 units, 2 of the tier's overage; search's 3 units and
-			// 3 of overage, 3,000 millicents; April: search's 1 unit of
-			// overage, 1,000 millicents
-			wantMonths(t, r, tenant, layout, "after the outage", "203103,15,0,2",
-				[3]string{"203103,3,3", "203103,3000", "203104,1000"}, [3]int64{203104, 1, 1})
-		})
+	ctx := context.Background()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	march, april := at(t, "2031-03-31T23:50:00Z"), at(t, "2031-04-01T00:10:00Z")
+	tenant := newTenant()
+	req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 12, Now: march,
+		MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(0), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}},
+		Limits:      quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(100)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
+	if d := mustAdmit(t, r, req); !d.Allowed || d.OverageUnits != 2 {
+		t.Fatalf("March's demo: %s, want 2 units of overage", fmtDecision(d))
 	}
+	s := req
+	s.Meter, s.Cost = "search", 3
+	if d := mustAdmit(t, r, s); !d.Allowed || d.MeterOverageUnits != 3 {
+		t.Fatalf("March's search: %s, want 3 units of the meter's overage", fmtDecision(d))
+	}
+	b := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req,
+		Rows: []quota.OutageRow{outageRowAt("demo", april, 1, 1), outageRowAt("search", april, 1, 1)}}
+	if err := r.RecoverOutage(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Rows[0].Overage != 0 || b.Rows[1].MeterOverage != 1 || b.Rows[1].Overage != 0 {
+		t.Errorf("April's rows counted %+v, want no overage for demo, 1 of the meter's for search", b.Rows)
+	}
+	// March: 15 units, 2 of the tier's overage; search's 3 units and
+	// 3 of overage, 3,000 millicents; April: search's 1 unit of
+	// overage, 1,000 millicents
+	wantMonths(t, r, tenant, "after the outage", "203103,15,0,2",
+		[3]string{"203103,3,3", "203103,3000", "203104,1000"}, [3]int64{203104, 1, 1})
 }
 
 // TestRecoverOutageOfTheMonthBeforeBillsItsOverage: an outage across the
@@ -258,60 +241,54 @@ func TestRecoverOutageRollKeepsTheMonthBefore(t *testing.T) {
 // 6 in all), search 4 (the meter's overage; 2 cents of room: 2 billed).
 func TestRecoverOutageOfTheMonthBeforeBillsItsOverage(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []string{LayoutV2, LayoutV1} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			r, _ := mustRunner(t, testenv.Redis(t))
-			r = r.WithLayout(layout)
-			march, late, april := at(t, "2031-03-31T23:50:00Z"), at(t, "2031-03-31T23:58:00Z"), at(t, "2031-04-01T00:01:00Z")
-			tenant := newTenant()
-			req := func(meter string, cost int64, now time.Time) quota.Request {
-				return quota.Request{TenantID: tenant, Meter: meter, Cost: cost, Now: now,
-					MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(0), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}},
-					Limits:      quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(8)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
-			}
-			for _, q := range []quota.Request{req("demo", 10, march), req("search", 2, march), req("search", 1, april)} {
-				if d := mustAdmit(t, r, q); !d.Allowed {
-					t.Fatalf("%s at %v: %s", q.Meter, q.Now, fmtDecision(d))
-				}
-			}
-			b := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req("demo", 1, time.Time{}),
-				Rows: []quota.OutageRow{outageRowAt("demo", late, 4, 4), outageRowAt("search", late, 4, 4)}}
-			if err := r.RecoverOutage(ctx, b); err != nil {
-				t.Fatal(err)
-			}
-			if b.Rows[0].Overage != 4 || b.Rows[1].Overage != 0 || b.Rows[1].MeterOverage != 2 {
-				t.Errorf("March's rows counted %+v, want demo 4 of the tier's overage, search 2 of the meter's", b.Rows)
-			}
-			// March: 20 units, 4 of the tier's overage; search's 6 units, 4
-			// of overage, 4,000 millicents; April as it was
-			wantMonths(t, r, tenant, layout, "after the outage", "203103,20,0,4",
-				[3]string{"203103,6,4", "203103,4000", "203104,1000"}, [3]int64{203104, 1, 1})
-			if o, m := pendingAt(t, r, tenant, late, "demo", "o"), pendingAt(t, r, tenant, late, "search", "m"); o != 4 || m != 4 {
-				t.Errorf("March's last hour bills %d of the tier's overage, %d of the meter's; want 4 and 4 (8 cents: the cap)", o, m)
-			}
-			if got := capLeft(t, r, req("search", 1, april), april); got != 7 {
-				t.Errorf("April's spend cap room %d cents, want 7", got)
-			}
-			// the rows' requests refunded (a later batch): March gives back
-			// what they counted
-			back := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: b.Request,
-				Rows: []quota.OutageRow{outageRowAt("demo", late, -4, 0), outageRowAt("search", late, -4, 0)}}
-			back.Rows[0].Overage, back.Rows[1].MeterOverage = 4, 2
-			if err := r.RecoverOutage(ctx, back); err != nil {
-				t.Fatal(err)
-			}
-			if back.Rows[0].Overage != -4 || back.Rows[1].MeterOverage != -2 || back.Rows[1].Overage != 0 {
-				t.Errorf("given back %+v, want demo 4 of the tier's overage, search 2 of the meter's", back.Rows)
-			}
-			wantMonths(t, r, tenant, layout, "after the give-back", "203103,12,0,0",
-				[3]string{"203103,2,2", "203103,2000", "203104,1000"}, [3]int64{203104, 1, 1})
-			if d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Now: april, DryRun: true,
-				Limits: quota.Limits{MonthlyQuota: i64(10)}}); limitOf(t, d, "monthly").Remaining != 8 {
-				t.Errorf("April's quota: %s, want 8 left after a dry run of 1 (April's 1 unit only)", fmtDecision(d))
-			}
-		})
+	ctx := context.Background()
+	r, _ := mustRunner(t, testenv.Redis(t))
+	march, late, april := at(t, "2031-03-31T23:50:00Z"), at(t, "2031-03-31T23:58:00Z"), at(t, "2031-04-01T00:01:00Z")
+	tenant := newTenant()
+	req := func(meter string, cost int64, now time.Time) quota.Request {
+		return quota.Request{TenantID: tenant, Meter: meter, Cost: cost, Now: now,
+			MeterQuotas: []quota.MeterQuota{{Meter: "search", MonthlyQuota: i64(0), Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}},
+			Limits:      quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(8)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
+	}
+	for _, q := range []quota.Request{req("demo", 10, march), req("search", 2, march), req("search", 1, april)} {
+		if d := mustAdmit(t, r, q); !d.Allowed {
+			t.Fatalf("%s at %v: %s", q.Meter, q.Now, fmtDecision(d))
+		}
+	}
+	b := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: req("demo", 1, time.Time{}),
+		Rows: []quota.OutageRow{outageRowAt("demo", late, 4, 4), outageRowAt("search", late, 4, 4)}}
+	if err := r.RecoverOutage(ctx, b); err != nil {
+		t.Fatal(err)
+	}
+	if b.Rows[0].Overage != 4 || b.Rows[1].Overage != 0 || b.Rows[1].MeterOverage != 2 {
+		t.Errorf("March's rows counted %+v, want demo 4 of the tier's overage, search 2 of the meter's", b.Rows)
+	}
+	// March: 20 units, 4 of the tier's overage; search's 6 units, 4
+	// of overage, 4,000 millicents; April as it was
+	wantMonths(t, r, tenant, "after the outage", "203103,20,0,4",
+		[3]string{"203103,6,4", "203103,4000", "203104,1000"}, [3]int64{203104, 1, 1})
+	if o, m := pendingAt(t, r, tenant, late, "demo", "o"), pendingAt(t, r, tenant, late, "search", "m"); o != 4 || m != 4 {
+		t.Errorf("March's last hour bills %d of the tier's overage, %d of the meter's; want 4 and 4 (8 cents: the cap)", o, m)
+	}
+	if got := capLeft(t, r, req("search", 1, april), april); got != 7 {
+		t.Errorf("April's spend cap room %d cents, want 7", got)
+	}
+	// the rows' requests refunded (a later batch): March gives back
+	// what they counted
+	back := &quota.OutageBatch{ID: "outage-" + testenv.RandomHex(8), Request: b.Request,
+		Rows: []quota.OutageRow{outageRowAt("demo", late, -4, 0), outageRowAt("search", late, -4, 0)}}
+	back.Rows[0].Overage, back.Rows[1].MeterOverage = 4, 2
+	if err := r.RecoverOutage(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	if back.Rows[0].Overage != -4 || back.Rows[1].MeterOverage != -2 || back.Rows[1].Overage != 0 {
+		t.Errorf("given back %+v, want demo 4 of the tier's overage, search 2 of the meter's", back.Rows)
+	}
+	wantMonths(t, r, tenant, "after the give-back", "203103,12,0,0",
+		[3]string{"203103,2,2", "203103,2000", "203104,1000"}, [3]int64{203104, 1, 1})
+	if d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Now: april, DryRun: true,
+		Limits: quota.Limits{MonthlyQuota: i64(10)}}); limitOf(t, d, "monthly").Remaining != 8 {
+		t.Errorf("April's quota: %s, want 8 left after a dry run of 1 (April's 1 unit only)", fmtDecision(d))
 	}
 }
 

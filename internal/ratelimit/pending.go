@@ -12,8 +12,6 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-var refundScript = script("state.lua", "meterq.lua", "adjust.lua", "refund.lua")
-
 // ParsePending turns a pending-usage hash ("<hour unix s>|<meter>|<kind>"
 // to counts; kind u units, r requests, x refused, o overage units, s shadow
 // refusals, d degraded: lua/admit.lua) into rows ordered by hour and meter.
@@ -78,18 +76,16 @@ func (r *Runner) Pending(ctx context.Context, tenantID string) ([]quota.PendingR
 	if err := checkTenant(tenantID); err != nil {
 		return nil, err
 	}
-	flat, err := pendingScript.Run(ctx, r.c, r.pendingKeys(tenantID), "get").StringSlice()
+	flat, err := r.fcall(ctx, fnPending, r.pendingKeys(tenantID), "get").StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: pending: %w", err)
 	}
 	return ParsePending(pairs(flat))
 }
 
-// pendingScript reads pending usage wherever it lives (lua/pending.lua).
-var pendingScript = script("pending_fields.lua", "pending.lua")
-
-// pendingKeys are pending.lua's KEYS: the v1 pending hash, the v2 state
-// hash and the flushing hash.
+// pendingKeys are the KEYS of pending (lua/pending.lua, which reads pending
+// usage wherever it lives): the pending hash, the state hash and the
+// flushing hash.
 func (r *Runner) pendingKeys(tenantID string) []string {
 	return []string{r.key(tenantID, "pending"), r.stateKey(tenantID), r.key(tenantID, "flushing")}
 }
@@ -112,18 +108,10 @@ func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]qu
 			return nil, err
 		}
 	}
-	cmds := make([]*redis.Cmd, len(ids))
-	if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range ids {
-			cmds[i] = pendingScript.EvalSha(ctx, p, r.pendingKeys(id), "get")
-		}
-		return nil
-	}); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err := r.loadScripts(ctx, pendingScript); err != nil {
-			return nil, err
-		}
-		return r.PendingMany(ctx, ids)
-	} else if err != nil {
+	cmds, err := r.pipelined(ctx, len(ids), func(p redis.Pipeliner, i int) *redis.Cmd {
+		return p.FCall(ctx, r.fname(fnPending), r.pendingKeys(ids[i]), "get")
+	})
+	if err != nil {
 		return nil, fmt.Errorf("ratelimit: pending: %w", err)
 	}
 	out := make(map[string][]quota.PendingRow, len(ids))
@@ -185,20 +173,21 @@ func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.D
 	return r.refund(ctx, req.TenantID, req.Meter, req.Calendar, req.Cost, d.OverageUnits, d.Now, q, price, pp, d.MeterOverageUnits)
 }
 
-// refund runs refund.lua; q, when not nil, is the meter's quota, and
-// price its overage price when the spend cap counts it (else -1); pp, for
-// a prepaid tenant, the tier's and the meter's overage prices (ARGV[9]);
+// refund runs refund (lua/refund.lua); q, when not nil, is the meter's
+// quota, and price its overage price when the spend cap counts it (else
+// -1); pp, for a prepaid tenant, the tier's and the meter's overage prices
+// (ARGV[8]);
 // mover the meter overage units the admission took.
 func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time,
 	q *quota.MeterQuota, price int64, pp string, mover int64) error {
 	day, month := periodIDs(cal, at)
 	keys := r.stateKeys(tenantID, "pending")
-	args := []any{r.layout, day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage}
+	args := []any{day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage}
 	if q != nil || pp != "" {
 		keys = append(keys, r.key(tenantID, "mq"))
 		args = append(args, price, pp, mover)
 	}
-	if err := refundScript.Run(ctx, r.c, keys, args...).Err(); err != nil {
+	if err := r.fcall(ctx, fnRefund, keys, args...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)
 	}
 	r.active.add(tenantID)

@@ -45,75 +45,69 @@ func TestParsePending(t *testing.T) {
 // TestPendingCountsShadowRefusalsAndDegraded: the admission script's
 // policy counters ("|s" a shadow policy would have refused, admitted or
 // not; "|d" answered with a degrade policy's fallback) reach Pending beside
-// the requests and refusals, in both layouts, and nothing else counts them.
+// the requests and refusals, and nothing else counts them.
 func TestPendingCountsShadowRefusalsAndDegraded(t *testing.T) {
 	t.Parallel()
-	for _, layout := range []string{LayoutV2, LayoutV1} {
-		t.Run(layout, func(t *testing.T) {
-			t.Parallel()
-			ctx := context.Background()
-			c := testenv.Redis(t)
-			r, _ := mustRunner(t, c)
-			r.WithLayout(layout)
-			tenant := newTenant()
-			// token buckets of 1 and 2 that refill one per 1000 s: empty for the test
-			shadow := quota.Policy{Name: "shadow-one", Algorithm: quota.AlgTokenBucket, Capacity: quota.Ptr(int64(1)),
-				RefillPerSec: quota.Ptr(0.001), OnRefuse: quota.RefuseShadow}
-			degrade := quota.Policy{Name: "degrade-two", Algorithm: quota.AlgTokenBucket, Capacity: quota.Ptr(int64(2)),
-				RefillPerSec: quota.Ptr(0.001), OnRefuse: quota.RefuseDegrade,
-				Fallback: &quota.Fallback{Status: 200, ContentType: "text/plain", Body: "later"}}
-			for _, p := range []*quota.Policy{&shadow, &degrade} {
-				p.Defaults()
-				if err := p.Validate(); err != nil {
-					t.Fatal(err)
-				}
-			}
-			calls := []quota.PolicyCall{{Policy: &shadow, Value: tenant, Limit: 1}, {Policy: &degrade, Value: tenant, Limit: 2}}
-			now := time.Date(2026, 11, 22, 10, 30, 0, 0, time.UTC)
-			limits := quota.Limits{DailyQuota: quota.Ptr(int64(3))}
-			for i, step := range []struct {
-				cost int64
-				want string // admitted, degraded, refused
-			}{
-				{1, "admitted"}, // both policies admit
-				{1, "admitted"}, // shadow refuses: counted, admitted
-				{1, "degraded"}, // degrade refuses, the tier admits: the fallback
-				{2, "refused"},  // the daily quota refuses first: a refusal, not degraded
-			} {
-				d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: step.cost, Limits: limits,
-					Policies: calls, RequestID: fmt.Sprintf("req-%d", i), Now: now.Add(time.Duration(i) * time.Second)})
-				got := "refused"
-				switch {
-				case d.Allowed:
-					got = "admitted"
-				case d.Fallback != nil:
-					got = "degraded"
-				}
-				if got != step.want {
-					t.Fatalf("request %d: %s (%+v), want %s", i+1, got, d, step.want)
-				}
-			}
-			rows, err := r.Pending(ctx, tenant)
-			if err != nil {
-				t.Fatal(err)
-			}
-			want := quota.PendingRow{Hour: now.Truncate(time.Hour), Meter: "demo", Units: 2, Requests: 2, Rejected: 1,
-				ShadowRefused: 3, Degraded: 1}
-			if len(rows) != 1 || rows[0] != want {
-				t.Fatalf("pending: got %+v, want [%+v]", rows, want)
-			}
-			many, err := r.PendingMany(ctx, []string{tenant})
-			if err != nil || len(many[tenant]) != 1 || many[tenant][0] != want {
-				t.Fatalf("PendingMany: got %+v, %v; want [%+v]", many[tenant], err, want)
-			}
-			batches, err := r.Claim(ctx, []string{tenant})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if len(batches) != 1 || batches[0].Err != nil || len(batches[0].Rows) != 1 || batches[0].Rows[0] != want {
-				t.Fatalf("claimed: got %+v, want one batch of [%+v]", batches, want)
-			}
-		})
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	// token buckets of 1 and 2 that refill one per 1000 s: empty for the test
+	shadow := quota.Policy{Name: "shadow-one", Algorithm: quota.AlgTokenBucket, Capacity: quota.Ptr(int64(1)),
+		RefillPerSec: quota.Ptr(0.001), OnRefuse: quota.RefuseShadow}
+	degrade := quota.Policy{Name: "degrade-two", Algorithm: quota.AlgTokenBucket, Capacity: quota.Ptr(int64(2)),
+		RefillPerSec: quota.Ptr(0.001), OnRefuse: quota.RefuseDegrade,
+		Fallback: &quota.Fallback{Status: 200, ContentType: "text/plain", Body: "later"}}
+	for _, p := range []*quota.Policy{&shadow, &degrade} {
+		p.Defaults()
+		if err := p.Validate(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	calls := []quota.PolicyCall{{Policy: &shadow, Value: tenant, Limit: 1}, {Policy: &degrade, Value: tenant, Limit: 2}}
+	now := time.Date(2026, 11, 22, 10, 30, 0, 0, time.UTC)
+	limits := quota.Limits{DailyQuota: quota.Ptr(int64(3))}
+	for i, step := range []struct {
+		cost int64
+		want string // admitted, degraded, refused
+	}{
+		{1, "admitted"}, // both policies admit
+		{1, "admitted"}, // shadow refuses: counted, admitted
+		{1, "degraded"}, // degrade refuses, the tier admits: the fallback
+		{2, "refused"},  // the daily quota refuses first: a refusal, not degraded
+	} {
+		d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: step.cost, Limits: limits,
+			Policies: calls, RequestID: fmt.Sprintf("req-%d", i), Now: now.Add(time.Duration(i) * time.Second)})
+		got := "refused"
+		switch {
+		case d.Allowed:
+			got = "admitted"
+		case d.Fallback != nil:
+			got = "degraded"
+		}
+		if got != step.want {
+			t.Fatalf("request %d: %s (%+v), want %s", i+1, got, d, step.want)
+		}
+	}
+	rows, err := r.Pending(ctx, tenant)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := quota.PendingRow{Hour: now.Truncate(time.Hour), Meter: "demo", Units: 2, Requests: 2, Rejected: 1,
+		ShadowRefused: 3, Degraded: 1}
+	if len(rows) != 1 || rows[0] != want {
+		t.Fatalf("pending: got %+v, want [%+v]", rows, want)
+	}
+	many, err := r.PendingMany(ctx, []string{tenant})
+	if err != nil || len(many[tenant]) != 1 || many[tenant][0] != want {
+		t.Fatalf("PendingMany: got %+v, %v; want [%+v]", many[tenant], err, want)
+	}
+	batches, err := r.Claim(ctx, []string{tenant})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(batches) != 1 || batches[0].Err != nil || len(batches[0].Rows) != 1 || batches[0].Rows[0] != want {
+		t.Fatalf("claimed: got %+v, want one batch of [%+v]", batches, want)
 	}
 }
 

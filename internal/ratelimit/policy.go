@@ -12,17 +12,6 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// policyPreludes are the files that define the policies' algorithms for a
-// script: the framework, then the algorithms (see lua/policy.lua).
-var policyPreludes = []string{"state.lua", "policy.lua", "policy_windows.lua", "policy_rates.lua"}
-
-var (
-	policyRunScript = script(append(append([]string{}, policyPreludes...), "policy_run.lua")...)
-	// admitPolicyScript is admit.lua with the policies: the variant a
-	// request runs when Redis policies under the tenant's hash tag match it.
-	admitPolicyScript = script(append(append([]string{"calendar.lua"}, policyPreludes...), "admit.lua")...)
-)
-
 // Refusal modes as the scripts take them (lua/policy.lua "how").
 const (
 	HowReject  = 0
@@ -99,8 +88,8 @@ func (r *Runner) PolicyKey(tag, policy, value string) string {
 // node (ListenReleases). now is in us; 0 means Redis time.
 func (r *Runner) RunPolicies(ctx context.Context, mode string, now int64, id string, specs []PolicySpec) (PolicyResult, error) {
 	keys := make([]string, len(specs))
-	args := make([]any, 0, 6+len(specs)*7)
-	args = append(args, r.layout, now, mode, id, len(specs))
+	args := make([]any, 0, 5+len(specs)*7)
+	args = append(args, now, mode, id, len(specs))
 	for i, s := range specs {
 		keys[i] = s.Key
 	}
@@ -108,7 +97,7 @@ func (r *Runner) RunPolicies(ctx context.Context, mode string, now int64, id str
 	if mode == PolicyRelease || mode == PolicyUndo {
 		args = append(args, r.releaseArg) // where a freed slot is announced (releases.go)
 	}
-	res, err := policyRunScript.Run(ctx, r.c, keys, args...).Int64Slice()
+	res, err := r.fcall(ctx, fnPolicyRun, keys, args...).Int64Slice()
 	if err != nil {
 		return PolicyResult{}, fmt.Errorf("ratelimit: policies: %w", err)
 	}

@@ -20,12 +20,6 @@ import (
 // have usage to flush, taking and dropping batches, and repairing counters
 // after Redis lost data. The Postgres side is internal/billing.
 
-var (
-	claimScript   = script("pending_fields.lua", "claim.lua")
-	finishScript  = redis.NewScript(mustRead("finish.lua"))
-	restoreScript = script("state.lua", "pending_fields.lua", "restore.lua")
-)
-
 // activeTTL bounds the active-tenant set if no worker ever reads it.
 const activeTTL = 7 * 24 * time.Hour
 
@@ -102,9 +96,9 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 	seen := map[string]struct{}{}
 	var mu sync.Mutex
 	scan := func(ctx context.Context, c *redis.Client) error {
-		// v1 pending and flushing hashes, and v2 state hashes (which hold
-		// the pending usage of tenants in layout v2: a claim of one with
-		// nothing pending claims nothing).
+		// pending and flushing hashes, and state hashes (which hold the
+		// pending usage of tenants with state: a claim of one with nothing
+		// pending claims nothing).
 		for _, pat := range [][2]string{{":v1:{t:*", "}:pending"}, {":v1:{t:*", "}:flushing"}, {":v2:{t:*", "}"}} {
 			suffix := pat[1]
 			iter := c.Scan(ctx, 0, r.prefix+pat[0]+suffix, 1000).Iterator()
@@ -125,37 +119,22 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 		}
 		return nil
 	}
-	var err error
-	switch c := r.c.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachMaster(ctx, scan)
-	case *redis.Client:
-		err = scan(ctx, c)
-	default:
-		err = fmt.Errorf("unsupported client %T", r.c)
-	}
-	if err != nil {
+	if err := forEachMaster(ctx, r.c, scan); err != nil {
 		return nil, fmt.Errorf("ratelimit: sweep: %w", err)
 	}
 	out := make([]string, 0, len(seen))
 	for id := range seen {
 		out = append(out, id)
 	}
-	// A v2 state hash holds pending usage only for some of its life: keep
-	// the tenants that have some (or a v1 hash), in pipelined checks.
-	if err := r.loadScripts(ctx, pendingScript); err != nil {
-		return nil, err
-	}
+	// A state hash holds pending usage only for some of its life: keep the
+	// tenants that have some (or a pending hash), in pipelined checks.
 	var kept []string
 	for start := 0; start < len(out); start += 500 {
 		ids := out[start:min(start+500, len(out))]
-		has := make([]*redis.Cmd, len(ids))
-		if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-			for i, id := range ids {
-				has[i] = pendingScript.EvalSha(ctx, p, r.pendingKeys(id), "any")
-			}
-			return nil
-		}); err != nil {
+		has, err := r.pipelined(ctx, len(ids), func(p redis.Pipeliner, i int) *redis.Cmd {
+			return p.FCall(ctx, r.fname(fnPending), r.pendingKeys(ids[i]), "any")
+		})
+		if err != nil {
 			return nil, fmt.Errorf("ratelimit: sweep: %w", err)
 		}
 		for i, id := range ids {
@@ -177,22 +156,13 @@ func newBatchID() string {
 // batch already in flight), in one pipelined round trip. Tenants with
 // nothing to flush are left out.
 func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
-	cmds := make([]*redis.Cmd, len(tenantIDs))
 	proposed := make([]string, len(tenantIDs))
-	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range tenantIDs {
-			proposed[i] = newBatchID()
-			cmds[i] = claimScript.EvalSha(ctx, p, []string{r.key(id, "pending"), r.key(id, "flushing"), r.stateKey(id)},
-				proposed[i], quota.FlushingTTL.Milliseconds())
-		}
-		return nil
+	cmds, err := r.pipelined(ctx, len(tenantIDs), func(p redis.Pipeliner, i int) *redis.Cmd {
+		id := tenantIDs[i]
+		proposed[i] = newBatchID()
+		return p.FCall(ctx, r.fname(fnClaim), []string{r.key(id, "pending"), r.key(id, "flushing"), r.stateKey(id)},
+			proposed[i], quota.FlushingTTL.Milliseconds())
 	})
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err := r.loadScripts(ctx, claimScript, finishScript); err != nil {
-			return nil, err
-		}
-		return r.Claim(ctx, tenantIDs)
-	}
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: claim: %w", err)
 	}
@@ -221,18 +191,10 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, 
 
 // Finish drops batches Postgres has recorded, in one pipelined round trip.
 func (r *Runner) Finish(ctx context.Context, batches []quota.Batch) error {
-	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, b := range batches {
-			finishScript.EvalSha(ctx, p, []string{r.key(b.TenantID, "flushing")}, b.ID)
-		}
-		return nil
+	_, err := r.pipelined(ctx, len(batches), func(p redis.Pipeliner, i int) *redis.Cmd {
+		b := batches[i]
+		return p.FCall(ctx, r.fname(fnFinish), []string{r.key(b.TenantID, "flushing")}, b.ID)
 	})
-	if err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err := r.loadScripts(ctx, claimScript, finishScript); err != nil {
-			return err
-		}
-		return r.Finish(ctx, batches)
-	}
 	if err != nil {
 		return fmt.Errorf("ratelimit: finish: %w", err)
 	}
@@ -247,18 +209,10 @@ func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
-	exists := make([]*redis.Cmd, len(tenantIDs))
-	if _, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i, id := range tenantIDs {
-			exists[i] = pendingScript.EvalSha(ctx, p, r.pendingKeys(id), "any")
-		}
-		return nil
-	}); err != nil && redis.HasErrorPrefix(err, "NOSCRIPT") {
-		if err := r.loadScripts(ctx, pendingScript); err != nil {
-			return err
-		}
-		return r.Done(ctx, tenantIDs)
-	} else if err != nil {
+	exists, err := r.pipelined(ctx, len(tenantIDs), func(p redis.Pipeliner, i int) *redis.Cmd {
+		return p.FCall(ctx, r.fname(fnPending), r.pendingKeys(tenantIDs[i]), "any")
+	})
+	if err != nil {
 		return fmt.Errorf("ratelimit: done: %w", err)
 	}
 	var members []any
@@ -272,30 +226,6 @@ func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
 	}
 	if err := r.c.SRem(ctx, r.activeKey(), members...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: done: %w", err)
-	}
-	return nil
-}
-
-// loadScripts loads scripts on every node (pipelined EVALSHA does not fall
-// back to EVAL by itself).
-func (r *Runner) loadScripts(ctx context.Context, scripts ...*redis.Script) error {
-	load := func(ctx context.Context, c *redis.Client) error {
-		for _, s := range scripts {
-			if err := s.Load(ctx, c).Err(); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	var err error
-	switch c := r.c.(type) {
-	case *redis.ClusterClient:
-		err = c.ForEachShard(ctx, load)
-	case *redis.Client:
-		err = load(ctx, c)
-	}
-	if err != nil {
-		return fmt.Errorf("ratelimit: load scripts: %w", err)
 	}
 	return nil
 }
@@ -444,14 +374,6 @@ func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool)
 	return nil
 }
 
-// restoreMetersScript gives the meter quotas their counters back
-// (lua/restore_meters.lua).
-var restoreMetersScript = script("meterq.lua", "restore_meters.lua")
-
-// restorePrepaidScript gives prepaid tenants' credit draws back
-// (lua/restore_prepaid.lua).
-var restorePrepaidScript = script("restore_prepaid.lua")
-
 // prepaidKeep is how long past its period's end a prepaid tenant's draws
 // are kept (admit.lua's PREPAID_KEEP_US).
 const prepaidKeep = 40 * 24 * time.Hour
@@ -459,12 +381,10 @@ const prepaidKeep = 40 * 24 * time.Hour
 // RestorePrepaid gives prepaid tenants' credit draws back from the ledger
 // after Redis lost data (lua/restore_prepaid.lua), pipelined.
 func (r *Runner) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error {
-	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, rec := range recs {
-			restorePrepaidScript.Eval(ctx, p, []string{r.key(rec.TenantID, "mq")},
-				rec.Period, rec.Millicents, rec.Prev, rec.PrevMillicents, rec.Until.Add(prepaidKeep).UnixMilli())
-		}
-		return nil
+	_, err := r.pipelined(ctx, len(recs), func(p redis.Pipeliner, i int) *redis.Cmd {
+		rec := recs[i]
+		return p.FCall(ctx, r.fname(fnRestorePrepaid), []string{r.key(rec.TenantID, "mq")},
+			rec.Period, rec.Millicents, rec.Prev, rec.PrevMillicents, rec.Until.Add(prepaidKeep).UnixMilli())
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: restore prepaid: %w", err)
@@ -472,7 +392,8 @@ func (r *Runner) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorde
 	return nil
 }
 
-// meterRestoreArgs are restore_meters.lua's ARGV for rec at at.
+// meterRestoreArgs are restore_meters's ARGV (lua/restore_meters.lua) for
+// rec at at.
 func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {
 	day, month := periodIDs(rec.Calendar, at)
 	_, end := rec.Calendar.Period(at)
@@ -497,26 +418,29 @@ func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorde
 	at = at.UTC()
 	day, month := quota.DayStart(at), quota.MonthStart(at)
 	y, m, _ := at.Date()
-	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, rec := range recs {
-			if len(rec.Meters) > 0 {
-				restoreMetersScript.Eval(ctx, p, []string{r.key(rec.TenantID, "mq")}, meterRestoreArgs(rec, at)...)
-			}
-			// Pipelined EVALSHA cannot fall back on NOSCRIPT; repairs are
-			// rare, so send the script itself.
-			keys := r.stateKeys(rec.TenantID, "pending")
-			if cal := rec.Calendar; !cal.IsDefault() {
-				ds, de := cal.Day(at)
-				ps, pe := cal.Period(at)
-				restoreScript.Eval(ctx, p, keys, r.layout, cal.DayID(at), cal.PeriodID(at), ds.Unix(), ps.Unix(),
-					rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage, de.Unix(), pe.Unix())
-				continue
-			}
-			restoreScript.Eval(ctx, p, keys, r.layout,
-				day.Unix()/86400, y*100+int(m), day.Unix(), month.Unix(),
-				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage)
+	type restoreCall struct {
+		f    fn
+		keys []string
+		args []any
+	}
+	var calls []restoreCall
+	for _, rec := range recs {
+		if len(rec.Meters) > 0 {
+			calls = append(calls, restoreCall{fnRestoreMeters, []string{r.key(rec.TenantID, "mq")}, meterRestoreArgs(rec, at)})
 		}
-		return nil
+		keys := r.stateKeys(rec.TenantID, "pending")
+		if cal := rec.Calendar; !cal.IsDefault() {
+			ds, de := cal.Day(at)
+			ps, pe := cal.Period(at)
+			calls = append(calls, restoreCall{fnRestore, keys, []any{cal.DayID(at), cal.PeriodID(at), ds.Unix(), ps.Unix(),
+				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage, de.Unix(), pe.Unix()}})
+			continue
+		}
+		calls = append(calls, restoreCall{fnRestore, keys, []any{day.Unix() / 86400, y*100 + int(m), day.Unix(), month.Unix(),
+			rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage}})
+	}
+	_, err := r.pipelined(ctx, len(calls), func(p redis.Pipeliner, i int) *redis.Cmd {
+		return p.FCall(ctx, r.fname(calls[i].f), calls[i].keys, calls[i].args...)
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: restore: %w", err)

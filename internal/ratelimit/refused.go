@@ -13,7 +13,7 @@ import (
 
 // CountRefused adds refusals answered outside the script (an API node's deny
 // cache) to the tenants' pending usage, as the "|x" counters admit.lua keeps,
-// in one pipeline. They go to the v1 pending hash (which has an expiry of
+// in one pipeline. They go to the pending hash (which has an expiry of
 // its own, unlike a state hash a bare HINCRBY could create), and claim.lua
 // flushes them with the rest of the usage.
 func (r *Runner) CountRefused(ctx context.Context, counts []quota.RefusalCount) error {

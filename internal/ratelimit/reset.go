@@ -8,8 +8,6 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-var resetScript = script("state.lua", "meterq.lua", "reset.lua")
-
 // ResetQuotas empties the tenant's day and month counters (their used
 // units; grants stay, and so does the month's overage, which the spend
 // cap keeps bounding) for a tier change with quota reset
@@ -36,7 +34,7 @@ func (r *Runner) ResetQuotasIn(ctx context.Context, tenantID string, cal quota.C
 		return false, quota.FieldError("at", "must be after 1970-01-01")
 	}
 	day, month := periodIDs(cal, at)
-	res, err := resetScript.Run(ctx, r.c, r.stateKeys(tenantID, "mq"), r.layout, 0, at.UnixMicro(), day, month).Int64Slice()
+	res, err := r.fcall(ctx, fnReset, r.stateKeys(tenantID, "mq"), 0, at.UnixMicro(), day, month).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: reset: %w", err)
 	}

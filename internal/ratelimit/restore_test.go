@@ -46,7 +46,7 @@ func TestRestoreKeepsTheMonthBefore(t *testing.T) {
 	}
 	// March: 20 units (the tier's and search's), 10 of search's overage,
 	// its 10,000 millicents; April: the ledger's 3 units
-	wantMonths(t, r, tenant, LayoutV2, "after the settlement", "203103,20,0,0",
+	wantMonths(t, r, tenant, "after the settlement", "203103,20,0,0",
 		[3]string{"203103,20,10", "", "203103,10000"}, [3]int64{203104, 3, 0})
 }
 

@@ -3,7 +3,6 @@ package ratelimit
 import (
 	"context"
 	"fmt"
-	"io/fs"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -12,39 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/lua"
 )
-
-var (
-	// admitScript is admit.lua without policies (policy_none.lua stands in
-	// for the policy preludes): what most requests run.
-	admitScript = script("calendar.lua", "state.lua", "policy_none.lua", "admit.lua")
-	grantScript = script("calendar.lua", "state.lua", "grant.lua")
-)
-
-// stateScript is a script that reads or writes limit state: lua/state.lua
-// (the layouts, clock and calendar) followed by the script itself.
-func stateScript(name string) *redis.Script { return script("state.lua", name) }
-
-// script joins embedded files into one script: preludes first (Redis
-// scripts cannot include one another).
-func script(names ...string) *redis.Script {
-	parts := make([]string, len(names))
-	for i, n := range names {
-		parts[i] = mustRead(n)
-	}
-	return redis.NewScript(strings.Join(parts, "\n"))
-}
-
-// mustRead reads an embedded script; a missing one is a build mistake, not a
-// run-time condition.
-func mustRead(name string) string {
-	b, err := fs.ReadFile(lua.FS, name)
-	if err != nil {
-		panic("ratelimit: " + err.Error())
-	}
-	return string(b)
-}
 
 // Runner admits requests with one Redis round trip each. It is safe for
 // concurrent use and holds no state of its own beyond the client: every
@@ -53,7 +20,7 @@ func mustRead(name string) string {
 type Runner struct {
 	c      redis.UniversalClient
 	prefix string
-	layout string    // "v2" or "v1": see lua/state.lua
+	lib    *library  // the Function library it calls (library.go)
 	batch  *batcher  // admissions, coalesced into pipelines
 	active activeSet // tenants with usage counted since the last ReportActive
 	// answers bound each tenant's idempotency records (idem.go)
@@ -62,12 +29,6 @@ type Runner struct {
 	// for the script calls that release
 	releaseArg any
 }
-
-// Layouts of the limit state (lua/state.lua).
-const (
-	LayoutV1 = "v1" // the four keys of earlier versions: for rolling upgrades from them
-	LayoutV2 = "v2" // one hash per tenant
-)
 
 var _ quota.Admitter = (*Runner)(nil)
 
@@ -79,18 +40,8 @@ func New(c redis.UniversalClient, prefix string) *Runner {
 	if strings.ContainsAny(prefix, "{}") {
 		panic(fmt.Sprintf("ratelimit: key prefix %q must not contain braces", prefix))
 	}
-	r := &Runner{c: c, prefix: prefix, layout: LayoutV2, batch: newBatcher(c, admitScript), answers: quota.DefaultAnswerLimits}
+	r := &Runner{c: c, prefix: prefix, lib: lib, batch: newBatcher(c, lib), answers: quota.DefaultAnswerLimits}
 	r.releaseArg = r.releases()
-	return r
-}
-
-// WithLayout sets the layout the runner writes (LayoutV2 by default; see
-// lua/state.lua for the rolling upgrade from LayoutV1) and returns r.
-func (r *Runner) WithLayout(layout string) *Runner {
-	if layout != LayoutV1 {
-		layout = LayoutV2
-	}
-	r.layout = layout
 	return r
 }
 
@@ -99,26 +50,23 @@ func (r *Runner) key(tenantID, name string) string {
 	return r.prefix + ":v1:{t:" + tenantID + "}:" + name
 }
 
-// stateKeys returns the KEYS of the state (lua/state.lua): the v2 hash,
-// then the v1 gcra, bucket, day and month keys, then extra.
+// stateKeys returns the KEYS of a function of the state (lua/state.lua):
+// the state hash, then extra.
 func (r *Runner) stateKeys(tenantID string, extra ...string) []string {
-	k := make([]string, 5, 5+len(extra)+1)
+	k := make([]string, 1, 1+len(extra)+1)
 	k[0] = r.stateKey(tenantID)
-	for i, name := range [4]string{"gcra", "bucket", "day", "month"} {
-		k[i+1] = r.key(tenantID, name)
-	}
 	for _, name := range extra {
 		k = append(k, r.key(tenantID, name))
 	}
 	return k
 }
 
-// stateKey is the tenant's v2 state hash (lua/state.lua).
+// stateKey is the tenant's state hash (lua/state.lua).
 func (r *Runner) stateKey(tenantID string) string {
 	return r.prefix + ":v2:{t:" + tenantID + "}"
 }
 
-// keys returns admit.lua's KEYS in order; the idempotency key only when
+// keys returns admit's KEYS in order; the idempotency key only when
 // idem is set.
 func (r *Runner) keys(tenantID, idem string) []string {
 	if idem != "" {
@@ -201,16 +149,17 @@ func (r *Runner) PeekIn(ctx context.Context, tenantID string, cal quota.Calendar
 	return decode(res, p, cal, b), nil
 }
 
-// run calls admit.lua; pol, when not nil, are the policies decided in the
-// same call (admit.lua's policy variant), with the request's id. cal is
+// run calls admit (lua/admit.lua); pol, when not nil, are the policies
+// decided in the same call, with the request's id. cal is
 // the tenant's calendar: unless it is the default, the script takes its
 // Boundaries around now (Go's clock when now is 0), which run returns for
 // decode. When Redis's clock is outside them (the script answers
 // "CALENDAR <its now>", having written nothing), run calls once more with
 // the boundaries of the script's now.
 func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64, pol *inSlot, cal quota.Calendar) ([]int64, *calBounds, error) {
-	// The batcher coalesces concurrent calls into pipelines (batch.go);
-	// NOSCRIPT (after a restart or SCRIPT FLUSH) loads the script again.
+	// The batcher coalesces concurrent calls into pipelines (batch.go); a
+	// Redis without the library (restarted, flushed, a new master) is
+	// given it again (library.go).
 	var b *calBounds
 	if !cal.IsDefault() {
 		t := time.Now()
@@ -219,23 +168,22 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 		}
 		b = boundsOf(cal, t)
 	}
-	n := 15
+	n := 14
 	if pol != nil || p.mq != "" || b != nil {
 		n += 5
 	}
 	if pol != nil {
 		n += 7 * len(pol.specs)
 	}
-	args := make([]any, 15, n)
-	args[0], args[1], args[2], args[3], args[4], args[5] = boxed(r.layout), now, boxed(mode), cost, meter, boxed(overage)
+	args := make([]any, 14, n)
+	args[0], args[1], args[2], args[3], args[4] = now, boxed(mode), cost, meter, boxed(overage)
 	bp := boxedParams(p)
-	copy(args[6:12], bp[:6])
-	args[12], args[13], args[14] = fp, leaseUS, bp[6]
+	copy(args[5:11], bp[:6])
+	args[11], args[12], args[13] = fp, leaseUS, bp[6]
 	keys := r.keys(tenantID, idem)
-	var s *redis.Script
 	want := itemsAt(p)
 	if pol != nil {
-		s, want = admitPolicyScript, want+7*len(pol.specs)
+		want += 7 * len(pol.specs)
 		args = append(args, len(pol.specs), pol.id, pol.outside, p.mq, calArg(b))
 		args = appendPolicyArgs(args, pol.specs)
 		for _, sp := range pol.specs {
@@ -250,12 +198,12 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	// an admission that may take a lease is seen to its end, so that its
 	// caller learns of the lease and releases it (batcher.do)
 	finish := pol != nil && pol.leases && mode == "admit"
-	res, err := r.batch.do(ctx, s, keys, args, finish)
+	res, err := r.batch.do(ctx, keys, args, finish)
 	if err != nil && b != nil {
 		if at := calendarNow(err); at > 0 {
 			b = makeBounds(cal, time.UnixMicro(at))
-			args[19] = b.arg
-			res, err = r.batch.do(ctx, s, keys, args, finish)
+			args[18] = b.arg
+			res, err = r.batch.do(ctx, keys, args, finish)
 		}
 	}
 	if err != nil {
@@ -267,7 +215,7 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	return res, b, nil
 }
 
-// calArg is admit.lua's ARGV[20]: b's boundaries, or the empty string
+// calArg is admit's ARGV[19]: b's boundaries, or the empty string
 // for the default calendar.
 func calArg(b *calBounds) any {
 	if b == nil {
@@ -278,8 +226,7 @@ func calArg(b *calBounds) any {
 
 // boxedStrings are the script arguments that take a few fixed values,
 // boxed once: an interface made of a string variable allocates.
-var boxedStrings = map[string]any{LayoutV1: LayoutV1, LayoutV2: LayoutV2,
-	"admit": "admit", "dry": "dry", "peek": "peek", "block": "block", "bill": "bill"}
+var boxedStrings = map[string]any{"admit": "admit", "dry": "dry", "peek": "peek", "block": "block", "bill": "bill"}
 
 func boxed(s string) any {
 	if v, ok := boxedStrings[s]; ok {
@@ -288,8 +235,8 @@ func boxed(s string) any {
 	return s
 }
 
-// paramsBoxes holds the seven limit arguments of each params seen (ARGV[7..12]
-// and the spend cap, ARGV[15]), boxed once (tiers are few; the cache is
+// paramsBoxes holds the seven limit arguments of each params seen (ARGV[6..11]
+// and the spend cap, ARGV[14]), boxed once (tiers are few; the cache is
 // dropped whole past maxParamsBoxes).
 var (
 	paramsBoxes    sync.Map // params -> []any
@@ -339,7 +286,8 @@ func (r *Runner) ApplyGrant(ctx context.Context, tenantID string, cal quota.Cale
 	return r.grant(ctx, tenantID, cal, id, period, start, units, time.Time{})
 }
 
-// grant runs grant.lua: id and start are empty for a grant without an id.
+// grant runs grant (lua/grant.lua): id and start are empty for a grant
+// without an id; now zero means Redis time.
 func (r *Runner) grant(ctx context.Context, tenantID string, cal quota.Calendar, id, period string, start time.Time, units int64, now time.Time) (bool, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return false, err
@@ -373,11 +321,11 @@ func (r *Runner) grant(ctx context.Context, tenantID string, cal quota.Calendar,
 		b = boundsOf(cal, t)
 	}
 	keys := r.stateKeys(tenantID)
-	res, err := grantScript.Run(ctx, r.c, keys, r.layout, micros(now), period, units, id, periodID, calArg(b)).Int64Slice()
+	res, err := r.fcall(ctx, fnGrant, keys, micros(now), period, units, id, periodID, calArg(b)).Int64Slice()
 	if err != nil && b != nil {
 		if at := calendarNow(err); at > 0 {
 			b = makeBounds(cal, time.UnixMicro(at))
-			res, err = grantScript.Run(ctx, r.c, keys, r.layout, micros(now), period, units, id, periodID, b.arg).Int64Slice()
+			res, err = r.fcall(ctx, fnGrant, keys, micros(now), period, units, id, periodID, b.arg).Int64Slice()
 		}
 	}
 	if err != nil {

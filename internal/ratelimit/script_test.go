@@ -7,7 +7,6 @@ import (
 	"math/rand/v2"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -56,8 +55,9 @@ func TestPeriodsMatchGo(t *testing.T) {
 			{"day", u.Unix() / 86400, quota.DayStart(u).AddDate(0, 0, 1)},
 			{"month", int64(u.Year())*100 + int64(u.Month()), quota.MonthStart(u).AddDate(0, 1, 0)},
 		} {
-			keys := New(c, prefix).stateKeys(fmt.Sprintf("cal-%s-%d", tc.period, i))
-			got, err := grantScript.Run(ctx, c, keys, LayoutV2, now.UnixMicro(), tc.period, 1).Int64Slice()
+			r := New(c, prefix)
+			keys := r.stateKeys(fmt.Sprintf("cal-%s-%d", tc.period, i))
+			got, err := r.fcall(ctx, fnGrant, keys, now.UnixMicro(), tc.period, 1).Int64Slice()
 			if err != nil {
 				t.Fatalf("grant.lua at %v: %v", u, err)
 			}
@@ -172,6 +172,32 @@ func TestKeyLayout(t *testing.T) {
 	}
 	if len(got) != len(want) {
 		t.Errorf("keys: got %d (%v), want %d", len(got), got, len(want))
+	}
+}
+
+// TestStateHashStaysCompact: the state hash keeps Redis's compact listpack
+// encoding (each value under hash-max-listpack-value): a hash table would
+// cost twice the memory and a slower HMGET on every admission.
+func TestStateHashStaysCompact(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	tenant := newTenant()
+	big := i64(1 << 40)
+	limits := quota.Limits{BurstRate: f64(1e6), Burst: i64(1e9), BucketCapacity: i64(1e9), BucketRefillPerSec: f64(1e6),
+		DailyQuota: big, MonthlyQuota: big}
+	for _, meter := range []string{"demo", "a-meter-name-of-sixty-four-characters-is-the-longest-one-allowed"} {
+		mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: meter, Cost: 1 << 39, Limits: limits})
+	}
+	if now, err := c.Time(ctx).Result(); err != nil {
+		t.Fatal(err)
+	} else if _, err := r.ApplyGrant(ctx, tenant, quota.Calendar{}, "0123456789abcdef0123456789abcdef", "month", quota.MonthStart(now), 1<<40); err != nil {
+		t.Fatal(err)
+	}
+	key := r.stateKeys(tenant)[0]
+	if enc := c.ObjectEncoding(ctx, key).Val(); enc != "listpack" && enc != "ziplist" {
+		t.Fatalf("OBJECT ENCODING %s: %q, want listpack", key, enc)
 	}
 }
 
@@ -403,7 +429,7 @@ func sumPending(tb testing.TB, r *Runner, tenant string) map[string]int64 {
 // (lua/pending.lua), as "<hour>|<meter>|<kind>" -> count.
 func pendingFields(tb testing.TB, r *Runner, tenant string) map[string]int64 {
 	tb.Helper()
-	flat, err := pendingScript.Run(context.Background(), r.c, r.pendingKeys(tenant), "get").StringSlice()
+	flat, err := r.fcall(context.Background(), fnPending, r.pendingKeys(tenant), "get").StringSlice()
 	if err != nil {
 		tb.Fatalf("pending of %s: %v", tenant, err)
 	}
@@ -416,62 +442,6 @@ func pendingFields(tb testing.TB, r *Runner, tenant string) map[string]int64 {
 		out[f] = n
 	}
 	return out
-}
-
-// TestNoScriptReload flushes the script cache and checks that Admit still
-// works: go-redis's Script.Run answers NOSCRIPT with EVAL, which loads the
-// script again. A hook records the commands, so the test knows that the
-// fallback ran (another process could reload the script between the flush
-// and the admission; then it flushes and tries again).
-func TestNoScriptReload(t *testing.T) {
-	t.Parallel()
-	c := testenv.Redis(t).(*redis.Client)
-	rec := &cmdRecorder{}
-	c.AddHook(rec)
-	r, _ := mustRunner(t, c)
-	ctx := context.Background()
-	for try := 0; ; try++ {
-		if err := c.ScriptFlush(ctx).Err(); err != nil {
-			t.Fatal(err)
-		}
-		rec.reset()
-		d := mustAdmit(t, r, quota.Request{TenantID: newTenant(), Meter: "demo", Cost: 1, Limits: allLimits()})
-		if !d.Allowed {
-			t.Fatalf("after SCRIPT FLUSH: got %s, want allowed", fmtDecision(d))
-		}
-		if got := rec.names(); fmt.Sprint(got) == "[evalsha eval]" {
-			break
-		} else if try == 5 {
-			t.Fatalf("commands after SCRIPT FLUSH: got %v, want [evalsha eval]", got)
-		}
-	}
-	if ok, err := c.ScriptExists(ctx, admitScript.Hash()).Result(); err != nil || !ok[0] {
-		t.Errorf("SCRIPT EXISTS after the reload: got %v, %v; want true", ok, err)
-	}
-}
-
-type cmdRecorder struct {
-	mu   sync.Mutex
-	cmds []string
-}
-
-func (h *cmdRecorder) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *cmdRecorder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-func (h *cmdRecorder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		h.mu.Lock()
-		h.cmds = append(h.cmds, cmd.Name())
-		h.mu.Unlock()
-		return next(ctx, cmd)
-	}
-}
-func (h *cmdRecorder) reset() { h.mu.Lock(); h.cmds = nil; h.mu.Unlock() }
-func (h *cmdRecorder) names() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), h.cmds...)
 }
 
 // TestPeekReportsWithoutCounting checks Peek against the model on a tenant

@@ -9,9 +9,6 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// settleScript settles a reservation exactly once: lua/settle.lua.
-var settleScript = script("state.lua", "meterq.lua", "adjust.lua", "settle.lua")
-
 // settleKey holds a reservation of a settle route, under the tenant's hash
 // tag (settle.lua reads it atomically with the tenant's state).
 func (r *Runner) settleKey(tenantID, requestID string) string {
@@ -122,7 +119,7 @@ func (r *Runner) Settle(ctx context.Context, tenantID, requestID string, actual 
 		return quota.Settlement{}, quota.FieldError("actual_cost", "must be an integer between 0 and %d", quota.MaxQuantity)
 	}
 	keys := r.stateKeys(tenantID, "pending", "settle:"+requestID, "mq")
-	res, err := settleScript.Run(ctx, r.c, keys, r.layout, actual).Int64Slice()
+	res, err := r.fcall(ctx, fnSettle, keys, actual).Int64Slice()
 	if err != nil {
 		return quota.Settlement{}, fmt.Errorf("ratelimit: settle: %w", err)
 	}

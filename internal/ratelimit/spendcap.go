@@ -7,18 +7,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/internal/quota"
 )
-
-// spendPeekScript reads what the spend cap is checked against (lua/admit.lua):
-// Redis TIME, the v2 state's field q (the month's id and overage units) and
-// the meter quotas' '$' (their overage millicents of a month); absent ones
-// as empty strings.
-var spendPeekScript = redis.NewScript(`
-local t = redis.call('TIME')
-return {t[1], t[2], redis.call('HGET', KEYS[1], 'q') or '', redis.call('HGET', KEYS[2], '$') or ''}`)
 
 // PeekSpendCap reports the spend cap of req's tenant as it stands: a
 // quota.LimitSpendCap state whose Limit is the cap and Remaining what the
@@ -26,8 +16,7 @@ return {t[1], t[2], redis.call('HGET', KEYS[1], 'q') or '', redis.call('HGET', K
 // end of the tenant's billing month; false when req has no cap that
 // applies (none, or nothing of its tier bills overage). The month's
 // overage cost is the script's: the tier's overage units at its price plus
-// the meters' overage (lua/admit.lua, "Meter quotas"). A state still in
-// the v1 keys (a rolling upgrade) reads as no overage yet.
+// the meters' overage (lua/admit.lua, "Meter quotas").
 func (r *Runner) PeekSpendCap(ctx context.Context, req quota.Request, now time.Time) (quota.LimitState, bool, error) {
 	if err := checkTenant(req.TenantID); err != nil {
 		return quota.LimitState{}, false, err
@@ -37,7 +26,8 @@ func (r *Runner) PeekSpendCap(ctx context.Context, req quota.Request, now time.T
 	if capCents == nil || !tierBills && spendCapMillicents(req) < 0 {
 		return quota.LimitState{}, false, nil
 	}
-	res, err := spendPeekScript.Run(ctx, r.c, []string{r.stateKey(req.TenantID), r.key(req.TenantID, "mq")}).StringSlice()
+	// what the cap is checked against, with the function's clock (lua/peek.lua)
+	res, err := r.fcall(ctx, fnSpendPeek, []string{r.stateKey(req.TenantID), r.key(req.TenantID, "mq")}).StringSlice()
 	if err != nil {
 		return quota.LimitState{}, false, fmt.Errorf("ratelimit: peek spend cap: %w", err)
 	}

@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// ParseState reads the packed fields t, q and c of a v2 state hash
+// ParseState reads the packed fields t, q and c of a state hash
 // (lua/state.lua) into, in this order: g, b, d, du, dg, m, mu, mg, mo, gn,
 // x, mn, with every time in microseconds since the epoch (g and b are
 // stored from the start of day d, x in hours and mn in days; an empty g or

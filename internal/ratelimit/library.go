@@ -1,0 +1,351 @@
+package ratelimit
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/lua"
+)
+
+// The Redis Function library. Every script of lua/ is a function of one
+// library (lua/embed.go), loaded with FUNCTION LOAD on every master and
+// called with FCALL: the library's definitions are made once per load, not
+// on every call, as an EVALSHA script's are.
+//
+// The library is named for its version, tollgate_<v>, and so is each of
+// its functions, tg<v>_<name>, where <v> is the first 12 hex digits of the
+// SHA-256 of the library's text (with the version left out of it): two
+// releases' libraries live side by side in Redis during a rolling upgrade,
+// and neither calls the other's code. A node never deletes a library (an
+// older node may still call it); FUNCTION DELETE removes an old release's
+// once none of its nodes runs (README.md, "Redis state, and upgrading it").
+
+// fn names a function of the library.
+type fn uint8
+
+const (
+	fnAdmit fn = iota
+	fnGrant
+	fnRefund
+	fnSettle
+	fnReset
+	fnOutage
+	fnRestore
+	fnRestoreMeters
+	fnRestorePrepaid
+	fnClaim
+	fnFinish
+	fnPending
+	fnIdem
+	fnPolicyRun
+	fnMeterPeek
+	fnSpendPeek
+	fnCount
+)
+
+// functions are the library's functions: the name after tg<v>_, the file
+// that defines it (as FN.<name>), and whether it only reads (flag
+// no-writes: Redis runs it on a replica, or out of memory).
+var functions = [fnCount]struct {
+	name, file string
+	readOnly   bool
+}{
+	fnAdmit:          {"admit", "admit.lua", false},
+	fnGrant:          {"grant", "grant.lua", false},
+	fnRefund:         {"refund", "refund.lua", false},
+	fnSettle:         {"settle", "settle.lua", false},
+	fnReset:          {"reset", "reset.lua", false},
+	fnOutage:         {"outage", "outage.lua", false},
+	fnRestore:        {"restore", "restore.lua", false},
+	fnRestoreMeters:  {"restore_meters", "restore_meters.lua", false},
+	fnRestorePrepaid: {"restore_prepaid", "restore_prepaid.lua", false},
+	fnClaim:          {"claim", "claim.lua", false},
+	fnFinish:         {"finish", "finish.lua", false},
+	fnPending:        {"pending", "pending.lua", true},
+	fnIdem:           {"idem", "idem.lua", false},
+	fnPolicyRun:      {"policy_run", "policy_run.lua", false},
+	fnMeterPeek:      {"meter_peek", "peek.lua", true},
+	fnSpendPeek:      {"spend_peek", "peek.lua", true},
+}
+
+// sharedFiles hold what the functions share, in the order they build on
+// one another; they come first in the library.
+var sharedFiles = []string{"calendar.lua", "state.lua", "pending_fields.lua", "meterq.lua", "adjust.lua",
+	"policy.lua", "policy_windows.lua", "policy_rates.lua"}
+
+// libraryPrefix starts the name of every release's library.
+const libraryPrefix = "tollgate_"
+
+// library is the Function library of this build.
+type library struct {
+	name  string          // tollgate_<v>
+	text  string          // FUNCTION LOAD's argument
+	names [fnCount]string // each function's, tg<v>_<name>
+}
+
+// lib is the library of this build; tests give runners others
+// (buildLibrary with a salt), which they may delete without disturbing the
+// rest.
+var lib = buildLibrary("")
+
+// versionMark stands for the version while the text is hashed.
+const versionMark = "@VERSION@"
+
+// buildLibrary joins the embedded files into the library: a header (the
+// values every function shares), the shared files, the functions' files,
+// and the registrations. A salt, written in the header, makes another
+// version of the same code (tests).
+func buildLibrary(salt string) *library {
+	var b strings.Builder
+	b.WriteString("#!lua name=" + libraryPrefix + versionMark + "\n")
+	if salt != "" {
+		b.WriteString("-- " + salt + "\n")
+	}
+	b.WriteString(`--[[ Tollgate's Redis Function library, joined by internal/ratelimit
+(library.go) from the files of lua/ (lua/embed.go), each after a line
+naming it. Its functions are registered at the end, named for the
+library's version.
+]]
+
+-- KEYS and ARGV are the keys and arguments of the call running, set at its
+-- entry (Redis runs one function at a time), so that the functions read
+-- them as a script reads its own.
+local KEYS, ARGV
+
+-- FN holds each function of the library by name, as its file defines it.
+local FN = {}
+
+-- entry is the callback Redis calls for f.
+local function entry(f)
+  return function(keys, args)
+    KEYS, ARGV = keys, args
+    return f()
+  end
+end
+`)
+	files := slices.Clone(sharedFiles)
+	for _, f := range functions {
+		if !slices.Contains(files, f.file) {
+			files = append(files, f.file)
+		}
+	}
+	for _, name := range files {
+		b.WriteString("\n-- ==== lua/" + name + " ====\n")
+		b.WriteString(mustRead(name))
+	}
+	b.WriteString("\n-- ==== the functions of the library ====\n")
+	for _, f := range functions {
+		flags := ""
+		if f.readOnly {
+			flags = ", flags = {'no-writes'}"
+		}
+		fmt.Fprintf(&b, "redis.register_function{function_name = 'tg%s_%s', callback = entry(FN.%s)%s}\n",
+			versionMark, f.name, f.name, flags)
+	}
+	text := b.String()
+	sum := sha256.Sum256([]byte(text))
+	v := hex.EncodeToString(sum[:])[:12]
+	l := &library{name: libraryPrefix + v, text: strings.ReplaceAll(text, versionMark, v)}
+	for i, f := range functions {
+		l.names[i] = "tg" + v + "_" + f.name
+	}
+	return l
+}
+
+// mustRead reads an embedded file; a missing one is a build mistake, not a
+// run-time condition.
+func mustRead(name string) string {
+	b, err := fs.ReadFile(lua.FS, name)
+	if err != nil {
+		panic("ratelimit: " + err.Error())
+	}
+	return string(b)
+}
+
+// functionMissing reports whether err is Redis's answer to an FCALL of a
+// function it does not have: a restarted or flushed Redis, or a new master
+// (a reshard, a failover to a replica that did not have it).
+func functionMissing(err error) bool {
+	return redis.HasErrorPrefix(err, "Function not found")
+}
+
+// load loads the library on every master of c (FUNCTION LOAD; a library of
+// the same name is this one: its name is its text's hash).
+func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
+	load := func(ctx context.Context, n *redis.Client) error {
+		err := n.FunctionLoad(ctx, l.text).Err()
+		if err != nil && !redis.HasErrorPrefix(err, "Library '"+l.name+"' already exists") {
+			return err
+		}
+		return nil
+	}
+	if err := forEachMaster(ctx, c, load); err != nil {
+		return fmt.Errorf("ratelimit: load the Redis Function library %s (Redis 7.0 or later): %w", l.name, err)
+	}
+	return nil
+}
+
+// forEachMaster runs f on every master of c (concurrently in a cluster),
+// or on c's one server.
+func forEachMaster(ctx context.Context, c redis.UniversalClient, f func(context.Context, *redis.Client) error) error {
+	switch c := c.(type) {
+	case *redis.ClusterClient:
+		return c.ForEachMaster(ctx, f)
+	case *redis.Client:
+		return f(ctx, c)
+	}
+	return fmt.Errorf("unsupported client %T", c)
+}
+
+// call runs the function f (FCALL); when Redis does not have it, the
+// library is loaded and f called once more.
+func (l *library) call(ctx context.Context, c redis.UniversalClient, f fn, keys []string, args ...any) *redis.Cmd {
+	cmd := c.FCall(ctx, l.names[f], keys, args...)
+	if functionMissing(cmd.Err()) {
+		if err := l.load(ctx, c); err != nil {
+			cmd.SetErr(err)
+			return cmd
+		}
+		cmd = c.FCall(ctx, l.names[f], keys, args...)
+	}
+	return cmd
+}
+
+// retryMissing sends again the FCALLs of cmds (commands of one pipeline)
+// that Redis answered "Function not found", as one more pipeline once the
+// library is loaded, and puts their new commands in their places. A call
+// that found no function ran nothing: sending it again counts nothing
+// twice.
+func (l *library) retryMissing(ctx context.Context, c redis.UniversalClient, cmds []*redis.Cmd) {
+	var missing []int
+	for i, cmd := range cmds {
+		if functionMissing(cmd.Err()) {
+			missing = append(missing, i)
+		}
+	}
+	if len(missing) == 0 {
+		return
+	}
+	if err := l.load(ctx, c); err != nil {
+		for _, i := range missing {
+			cmds[i].SetErr(err)
+		}
+		return
+	}
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, i := range missing {
+			args := cmds[i].Args()
+			cmd := redis.NewCmd(ctx, args...)
+			if n, _ := args[2].(int); n > 0 {
+				cmd.SetFirstKeyPos(3) // (FCALL name numkeys key...: as FCall sets it)
+			}
+			_ = p.Process(ctx, cmd)
+			cmds[i] = cmd
+		}
+		return nil
+	})
+}
+
+// pipelined sends n calls of the library as one pipeline, call i made by
+// each on p (an FCALL), and returns their commands (those Redis answered
+// "Function not found" sent again: retryMissing) and the first error among
+// them.
+func (r *Runner) pipelined(ctx context.Context, n int, each func(p redis.Pipeliner, i int) *redis.Cmd) ([]*redis.Cmd, error) {
+	if n == 0 {
+		return nil, nil
+	}
+	cmds := make([]*redis.Cmd, n)
+	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i := range n {
+			cmds[i] = each(p, i)
+		}
+		return nil
+	})
+	r.lib.retryMissing(ctx, r.c, cmds)
+	for _, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			return cmds, err
+		}
+	}
+	return cmds, nil
+}
+
+// fcall runs the library's function f with keys and args: library.call.
+func (r *Runner) fcall(ctx context.Context, f fn, keys []string, args ...any) *redis.Cmd {
+	return r.lib.call(ctx, r.c, f, keys, args...)
+}
+
+// fname is the name of the library's function f, for an FCALL in a
+// pipeline (Runner.pipelined).
+func (r *Runner) fname(f fn) string { return r.lib.names[f] }
+
+// ErrNoFunctions is LoadFunctions's error for a Redis that has no
+// Functions (older than 7.0), on which Tollgate cannot run.
+var ErrNoFunctions = errors.New("ratelimit: Redis has no Functions: Tollgate needs Redis 7.0 or later")
+
+// LoadFunctions loads the Function library on every master of the
+// runner's Redis, as the API and the worker do when they start, and logs
+// (log may be nil) the other versions' libraries it finds there
+// (tollgate_<v>, left by a rolling upgrade): FUNCTION DELETE removes each
+// once no node of its version runs. It fails, with ErrNoFunctions, only on
+// a Redis older than 7.0; any other failure (a master that does not
+// answer) is logged, and the calls load the library when they find it
+// missing, as they do after a restart.
+func (r *Runner) LoadFunctions(ctx context.Context, log *slog.Logger) error {
+	err := r.lib.load(ctx, r.c)
+	var others []string
+	if err == nil {
+		others, err = r.otherLibraries(ctx)
+	}
+	switch {
+	case redis.HasErrorPrefix(err, "unknown command"):
+		return fmt.Errorf("%w (%w)", ErrNoFunctions, err)
+	case err != nil && log != nil:
+		log.Warn("the Redis Function library is not loaded everywhere yet: calls load it where it is missing", "err", err)
+	case len(others) > 0 && log != nil:
+		log.Info("Redis holds the Function libraries of other versions: FUNCTION DELETE each once no node of its version runs",
+			"libraries", others, "library", r.lib.name)
+	}
+	return nil
+}
+
+// otherLibraries returns the names of the libraries of other releases than
+// this one (tollgate_<v>) on the masters of the runner's Redis.
+func (r *Runner) otherLibraries(ctx context.Context) ([]string, error) {
+	var (
+		mu     sync.Mutex
+		others []string
+	)
+	list := func(ctx context.Context, n *redis.Client) error {
+		libs, err := n.FunctionList(ctx, redis.FunctionListQuery{LibraryNamePattern: libraryPrefix + "*"}).Result()
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		for _, l := range libs {
+			if l.Name != r.lib.name && strings.HasPrefix(l.Name, libraryPrefix) && !slices.Contains(others, l.Name) {
+				others = append(others, l.Name)
+			}
+		}
+		return nil
+	}
+	if err := forEachMaster(ctx, r.c, list); err != nil {
+		return nil, fmt.Errorf("ratelimit: list the Redis Function libraries: %w", err)
+	}
+	slices.Sort(others)
+	return others, nil
+}
+
+// FunctionLibrary is the name of the runner's Function library.
+func (r *Runner) FunctionLibrary() string { return r.lib.name }
