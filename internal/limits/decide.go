@@ -127,11 +127,12 @@ func (l *List) Decide(s *State, r Request) (Decision, error) {
 			d.Retry = wait
 		}
 	}
-	sig, relim := l.limitChange(&v)
+	relim := l.limitChange(&v)
 
 	// the burst limits
 	var gcra, bucket burstCheck
-	quotas := make([]claim, 0, 4)
+	var qbuf [4]claim
+	quotas := qbuf[:0]
 	var capE, creditE *Entry
 	for i := range l.Entries {
 		e := &l.Entries[i]
@@ -255,8 +256,9 @@ func (l *List) Decide(s *State, r Request) (Decision, error) {
 		if creditE == nil || r.Prepaid == nil {
 			add = 0
 		}
-		commit{r: r, p: p, d: &d, m: m, quotas: quotas, gcra: gcra, bucket: bucket, sig: sig, relim: relim,
-			replay: replay != nil, cap: capE, spentM: spentM, draws: draws, add: add}.apply(s, &v)
+		c := commit{r: r, p: p, d: d, m: m, gcra: gcra, bucket: bucket, relim: relim,
+			replay: replay != nil, cap: capE, spentM: spentM, draws: draws, add: add}
+		c.apply(s, &v, l, quotas)
 	}
 	if d.Allowed && replay != nil {
 		first := decodeFlat(replay)
@@ -283,23 +285,12 @@ func (l *List) Report(s *State, now int64) Decision {
 // under (lua/admit.lua, "Limit changes"): a limit at least as large in
 // rate and in burst as before starts fresh (no debt carried); any other
 // change keeps the state, which the checks clamp to the most indebted one
-// the current limits allow. It returns l's burst limits "T,B,U,C" and
-// whether they changed.
-func (l *List) limitChange(v *Counters) (string, bool) {
-	var lim [4]int64
+// the current limits allow. It reports whether they changed.
+func (l *List) limitChange(v *Counters) bool {
 	g, b := l.find(Rate, false, false), l.find(Bucket, false, false)
-	if g == nil && b == nil {
-		return "", false
-	}
-	if g != nil {
-		lim[0], lim[1] = g.Interval, g.Size
-	}
-	if b != nil {
-		lim[2], lim[3] = b.Interval, b.Size
-	}
-	sig := ints(lim[:]...)
-	if v.Under == sig {
-		return sig, false
+	var buf [80]byte
+	if g == nil && b == nil || string(l.burstLimitsTo(buf[:0])) == v.Under {
+		return false
 	}
 	old, err := parseInts(v.Under, 4)
 	if err == nil && !strings.Contains(v.Under, "-") {
@@ -310,7 +301,28 @@ func (l *List) limitChange(v *Counters) (string, bool) {
 			v.Full = 0
 		}
 	}
-	return sig, true
+	return true
+}
+
+// burstLimits is the field L of l's burst limits, "T,B,U,C" (0 for a
+// limit l has not).
+func (l *List) burstLimits() string { return string(l.burstLimitsTo(nil)) }
+
+func (l *List) burstLimitsTo(b []byte) []byte {
+	var lim [4]int64
+	if g := l.find(Rate, false, false); g != nil {
+		lim[0], lim[1] = g.Interval, g.Size
+	}
+	if k := l.find(Bucket, false, false); k != nil {
+		lim[2], lim[3] = k.Interval, k.Size
+	}
+	for i, n := range lim {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, n, 10)
+	}
+	return b
 }
 
 // burstCheck is a Rate or Bucket entry's check: the state's time (TAT or
@@ -466,11 +478,9 @@ func pendingField(hourStart int64, meter, kind string) string {
 type commit struct {
 	r             Request
 	p             periods
-	d             *Decision
+	d             Decision
 	m             meterState
-	quotas        []claim
 	gcra, bucket  burstCheck
-	sig           string
 	relim, replay bool
 	cap           *Entry
 	spentM, add   int64 // the month's '$' as read; the credit's draw
@@ -481,7 +491,7 @@ type commit struct {
 // of them changed (an admission, a clamp kept on a refusal, pending usage
 // counted), then, whole, as the script's one HSET; the meter's field, the
 // spend and the draws with an admission; the pending counters.
-func (c commit) apply(s *State, v *Counters) {
+func (c *commit) apply(s *State, v *Counters, l *List, quotas []claim) {
 	r, p, d := c.r, c.p, c.d
 	now, ok, dirty, n := r.Now, d.Allowed, false, int64(0)
 	if ok {
@@ -502,7 +512,7 @@ func (c commit) apply(s *State, v *Counters) {
 	counted := ok && !c.replay
 	var meterPrice int64
 	hasMeter := false
-	for _, q := range c.quotas {
+	for _, q := range quotas {
 		switch {
 		case q.e.Meter != "":
 			hasMeter = true
@@ -545,7 +555,7 @@ func (c commit) apply(s *State, v *Counters) {
 	}
 	if dirty {
 		if c.relim {
-			v.Under = c.sig
+			v.Under = l.burstLimits()
 		}
 		if p.rolled && s.Exists && v.Marks > 0 {
 			s.Grants, v.Marks = nil, 0 // a new month: the past months' grant marks go
@@ -557,18 +567,21 @@ func (c commit) apply(s *State, v *Counters) {
 	if r.Meter == "" || !s.Exists && ok && c.replay {
 		return
 	}
-	count := func(kind string, k int64) { add(&s.Counts, pendingField(hour*3600, r.Meter, kind), k) }
+	hs := hour * 3600
 	if counted && d.Overage > 0 {
-		count("o", d.Overage)
+		add(&s.Counts, pendingField(hs, r.Meter, "o"), d.Overage)
 	}
 	if counted && d.MeterOverage > 0 {
-		count("m", d.MeterOverage)
+		add(&s.Counts, pendingField(hs, r.Meter, "m"), d.MeterOverage)
 	}
-	if !ok {
-		count(map[bool]string{false: "x", true: "d"}[d.Mask&BitDegraded != 0], 1)
+	switch {
+	case !ok && d.Mask&BitDegraded != 0:
+		add(&s.Counts, pendingField(hs, r.Meter, "d"), 1)
+	case !ok:
+		add(&s.Counts, pendingField(hs, r.Meter, "x"), 1)
 	}
 	if r.Policies.Shadowed {
-		count("s", 1)
+		add(&s.Counts, pendingField(hs, r.Meter, "s"), 1)
 	}
 }
 

@@ -31,9 +31,10 @@ func (d Decision) Quota(l *List) quota.Decision {
 	ps, pe := l.Calendar.Period(now)
 	windows[ItemDaily], windows[ItemMonthly] = de.Sub(ds), pe.Sub(ps)
 	windows[ItemMeterDaily], windows[ItemMeterMonthly] = windows[ItemDaily], windows[ItemMonthly]
-	meter := l.meterName()
-	names := [nItems]quota.LimitName{quota.LimitBurst, quota.LimitBucket, quota.LimitDaily, quota.LimitMonthly,
-		quota.LimitName(meter + ".daily"), quota.LimitName(meter + ".monthly")}
+	names := [nItems]quota.LimitName{quota.LimitBurst, quota.LimitBucket, quota.LimitDaily, quota.LimitMonthly}
+	if meter := l.meterName(); meter != "" {
+		names[ItemMeterDaily], names[ItemMeterMonthly] = quota.LimitName(meter+".daily"), quota.LimitName(meter+".monthly")
+	}
 	bits := [nItems]int64{BitBurst, BitBucket, BitDaily, BitMonthly, BitMeterDaily, BitMeterMonthly}
 	for i := range ItemMeterDaily {
 		if d.Mask&bits[i] != 0 {
