@@ -202,11 +202,12 @@ func (l *List) Decide(s *State, r Request) (Decision, error) {
 		}
 	}
 	if capE != nil && claimed > 0 {
-		spent := v.MonthOver * capE.Price
-		if capE.Meters {
-			spent += spentM
-		}
-		if spent+add > capE.Limit {
+		// the month's overage: the tier's units at its price now, and the
+		// meters' millicents, whatever plan billed them (today's
+		// admit.lua counts the latter only while the tenant's plan has a
+		// billing meter quota or credit: a plan change within the month
+		// let the month bill past its cap)
+		if v.MonthOver*capE.Price+spentM+add > capE.Limit {
 			wait := p.monthNext - now
 			if fresh > capE.Limit {
 				wait = -1

@@ -1,10 +1,6 @@
 package limits
 
-import (
-	"slices"
-
-	"github.com/tollgate/tollgate/internal/quota"
-)
+import "github.com/tollgate/tollgate/internal/quota"
 
 // Kind is what an entry limits. Its value is the entry's tag in the wire
 // form.
@@ -28,7 +24,7 @@ const (
 	Quota Kind = 'q'
 	// Cap is the spend cap: the overage a billing month may bill, Limit
 	// millicents: the tier's overage units at Price (the tier's price)
-	// plus, with Meters, the meters' overage millicents.
+	// plus the meters' overage millicents.
 	Cap Kind = 'c'
 	// Credit is a prepaid tenant's credit: the overage of its admissions
 	// is drawn on a balance (Request.Prepaid), the tier's units at Price.
@@ -46,7 +42,6 @@ type Entry struct {
 	Meter          string
 	Limit          int64 // Quota: units; Cap: millicents
 	Price          int64 // Quota: millicents a unit past Limit, -1 block; Cap, Credit: the tier's
-	Meters         bool  // Cap: counts the meters' overage millicents ('$')
 	Spec           string
 }
 
@@ -131,11 +126,7 @@ func Compile(p Plan, meter string) (*List, error) {
 		es = append(es, Entry{Kind: Quota, Monthly: true, Limit: *l.MonthlyQuota, Price: price})
 	}
 	if c := l.MaxOverageCents; c != nil {
-		// The cap counts the meters' overage when the tier may have some,
-		// as the scripts do: the meter has a quota, a meter quota of the
-		// tier bills, or the tenant is prepaid.
-		meters := mq != nil || p.Prepaid || slices.ContainsFunc(p.MeterQuotas, quota.MeterQuota.Bills)
-		es = append(es, Entry{Kind: Cap, Limit: *c * 1000, Price: tprice, Meters: meters})
+		es = append(es, Entry{Kind: Cap, Limit: *c * 1000, Price: tprice})
 	}
 	if p.Prepaid {
 		es = append(es, Entry{Kind: Credit, Price: tprice})
@@ -158,18 +149,6 @@ func (l *List) find(k Kind, monthly, meter bool) *Entry {
 		}
 	}
 	return nil
-}
-
-// meterReported reports whether decisions of the list carry the meter's
-// items (lua/admit.lua's ARGV[19] is sent): it has a quota of the meter,
-// money that counts the meters, or credit.
-func (l *List) meterReported() bool {
-	for _, e := range l.Entries {
-		if e.Kind == Quota && e.Meter != "" || e.Kind == Cap && e.Meters || e.Kind == Credit {
-			return true
-		}
-	}
-	return false
 }
 
 // meterName is the meter of the list's meter quotas, "" for none.

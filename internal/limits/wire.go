@@ -13,12 +13,12 @@ import (
 //	r,<T µs>,<burst>                  Rate
 //	b,<U µs>,<capacity>               Bucket
 //	q,<d|m>,<meter>,<limit>,<price>   Quota: day or month, meter "" for the tier-wide one, price -1 blocks
-//	c,<millicents>,<tier price>,<0|1> Cap: the last is Meters
+//	c,<millicents>,<tier price>       Cap
 //	p,<tier price>                    Credit
 //	x,<spec>                          Policy: the spec as it is (no ';')
 //
 // A tier with a burst limit, a daily quota and a billed monthly one
-// capped at 5 dollars: "r,100000,10;q,d,,1000,-1;q,m,,50000,300;c,500000,300,0".
+// capped at 5 dollars: "r,100000,10;q,d,,1000,-1;q,m,,50000,300;c,500000,300".
 // Meter names are quota.ValidMeter's ([a-z0-9_.-]), which holds neither
 // separator. The calendar is not in it: its boundaries around now travel
 // beside it.
@@ -49,7 +49,6 @@ func encode(es []Entry) string {
 		case Cap:
 			num(e.Limit)
 			num(e.Price)
-			num(b2i(e.Meters))
 		case Credit:
 			num(e.Price)
 		case Policy:
@@ -85,8 +84,8 @@ func Decode(wire string) (*List, error) {
 				err = fmt.Errorf("period %q", f[1])
 			}
 		case Cap:
-			if n, err = nums(f, 1, 3); err == nil {
-				e.Limit, e.Price, e.Meters = n[0], n[1], n[2] == 1
+			if n, err = nums(f, 1, 2); err == nil {
+				e.Limit, e.Price = n[0], n[1]
 			}
 		case Credit:
 			if n, err = nums(f, 1, 1); err == nil {
