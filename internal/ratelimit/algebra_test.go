@@ -322,6 +322,10 @@ func randomPlan(rng *rand.Rand, cals []quota.Calendar) plan {
 			q.Overage, q.OveragePriceCentsPer1K = quota.OverageBill, []int64{300, 1000, 2500}[rng.IntN(3)]
 		}
 		p.meters = append(p.meters, q)
+		if q.Bills() && p.overage == quota.OverageBill && rng.IntN(4) > 0 {
+			// a cap the meters' spend reaches over days, not at once
+			p.limits.MaxOverageCents = i64(rng.Int64N(80))
+		}
 	}
 	if rng.IntN(5) == 0 {
 		p.overage, p.price = quota.OverageBill, []int64{1000, 333, 2000}[rng.IntN(3)]
@@ -335,6 +339,27 @@ func randomPlan(rng *rand.Rand, cals []quota.Calendar) plan {
 		}
 	}
 	p.cal = cals[rng.IntN(len(cals))]
+	return p
+}
+
+// moneyPlan draws a plan that bills: the tier past its monthly quota, a
+// billed quota of meter "a", of "b" billed or blocked, a spend cap the
+// month reaches over days, credit one time in three.
+func moneyPlan(rng *rand.Rand, cals []quota.Calendar) plan {
+	p := plan{limits: quota.Limits{MonthlyQuota: i64(rng.Int64N(30)), MaxOverageCents: i64(20 + rng.Int64N(60))},
+		overage: quota.OverageBill, price: []int64{300, 1000}[rng.IntN(2)], cal: cals[rng.IntN(len(cals))]}
+	for _, m := range []string{"a", "b"} {
+		q := quota.MeterQuota{Meter: m, MonthlyQuota: i64(rng.Int64N(20)), Overage: quota.OverageBill,
+			OveragePriceCentsPer1K: []int64{300, 1000, 2500}[rng.IntN(3)]}
+		if m == "b" && rng.IntN(2) == 0 {
+			q.Overage, q.OveragePriceCentsPer1K = quota.OverageBlock, 0
+		}
+		p.meters = append(p.meters, q)
+	}
+	if rng.IntN(3) == 0 {
+		p.prepaid = &quota.Prepaid{BalanceMillicents: 20_000 + rng.Int64N(200_000), Lines: 1 + rng.IntN(3),
+			ExpiringMillicents: []int64{0, 5_000, 1 << 53}[rng.IntN(3)], PrevID: rng.IntN(2)}
+	}
 	return p
 }
 
@@ -378,9 +403,21 @@ func runAlgebra(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 		w := newTwin(t, c, r)
 		p := randomPlan(rng, cals)
 		now := at(t, starts[rng.IntN(len(starts))]).Add(-time.Duration(rng.Int64N(int64(10 * time.Minute)))).Truncate(time.Microsecond)
-		w.log("schedule %d", s)
+		// one schedule in three is about money: a plan that bills (the
+		// tier, its meters, a cap, maybe credit), kept, over days across a
+		// month's end
+		money := s%3 == 2
+		if money {
+			p = moneyPlan(rng, cals)
+			now = now.Add(-time.Duration(2*24+rng.IntN(24)) * time.Hour)
+		}
+		w.log("schedule %d money=%t", s, money)
 		for range steps {
-			now = now.Add(gap(rng)).Truncate(time.Microsecond)
+			if money {
+				now = now.Add(time.Duration(rng.Int64N(int64(3 * time.Hour)))).Truncate(time.Microsecond)
+			} else {
+				now = now.Add(gap(rng)).Truncate(time.Microsecond)
+			}
 			open := []int{}
 			for i, a := range w.admitted {
 				if !a.settled {
@@ -388,7 +425,7 @@ func runAlgebra(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 				}
 			}
 			switch x := rng.IntN(100); {
-			case x < 4:
+			case x < 4 && !money:
 				cal := p.cal
 				p = randomPlan(rng, cals)
 				if rng.IntN(3) > 0 {
@@ -405,10 +442,17 @@ func runAlgebra(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 				w.peek(p.limits, p.cal, now)
 			case x < 20 && len(open) > 0:
 				i := open[rng.IntN(len(open))]
+				if rng.IntN(2) == 0 {
+					i = open[0] // the oldest: often of a month before
+				}
 				if w.admitted[i].rid != "" {
 					actual := max(0, w.admitted[i].req.Cost+rng.Int64N(21)-10)
 					if rng.IntN(3) == 0 {
 						actual = rng.Int64N(60)
+					}
+					adm := limits.AdmissionOf(w.admitted[i].req, w.admitted[i].d)
+					if actual > w.admitted[i].req.Cost && w.m.SpentBefore.Month == adm.Month && w.m.Spent.Month > adm.Month {
+						seen["settle up of a month before the meters' spend"]++
 					}
 					w.settle(i, actual)
 					seen["settle"]++
