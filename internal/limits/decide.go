@@ -91,188 +91,268 @@ type Decision struct {
 	Items                 [nItems]Item
 }
 
-// claim is a quota entry's overage claim while a decision is made.
+// decision is one Decide call at work: the state's counters moved to
+// now's periods (v, the meter's m), the checks of the entries, and the
+// answer taking shape.
+type decision struct {
+	l      *List
+	s      *State
+	r      Request
+	v      Counters
+	p      periods
+	m      meterState
+	d      Decision
+	replay []int64 // the stored decision a replay answers
+	relim  bool    // the burst limits changed
+	burst  [2]burstCheck
+	quotas [4]claim // (Compile makes at most four: the tier's and the meter's day and month)
+	nq     int
+	cap    *Entry
+	spentM int64 // the meters' overage millicents of the month ('$'), as read
+	// billed is the millicents the claims bill; claimed the widest claim
+	// (units); fresh the millicents the cost alone would bill in a fresh
+	// month, freshClaimed its widest claim
+	billed, claimed, fresh, freshClaimed int64
+	credit                               *Entry
+	draws                                Draws
+}
+
+// claim is a quota entry's overage claim: the units of the request past
+// its limit, those it bills (less what entries before it claimed), and
+// those the cost alone would bill in a fresh period.
 type claim struct {
-	e             *Entry
-	claim, billed int64 // units
-	fresh         int64 // the billed claim of the cost alone in a fresh period
+	e                    *Entry
+	claim, billed, fresh int64
 }
 
 // Decide decides r on s, all or nothing, as lua/admit.lua does: every
-// entry is checked, and only when all pass (Admit) is each committed;
-// refusals commit nothing but a clamp of the burst limits and the count of
-// the refusal. It changes s as the script changes Redis, and returns a
-// *quota.PrepaidStaleError, changing nothing, when r's balance is of
-// another period than now's.
+// entry is checked, in the list's order, and only when all pass (Admit)
+// is each committed; a refusal commits nothing but a clamp of the burst
+// limits and the count of the refusal. It changes s as the script changes
+// Redis, and returns a *quota.PrepaidStaleError, changing nothing, when
+// r's balance is of another period than now's.
 func (l *List) Decide(s *State, r Request) (Decision, error) {
-	now := r.Now
-	var replay []int64
-	if rec, ok := s.Idem[r.IdemKey]; ok && r.Mode == Admit && r.IdemKey != "" && rec.At+idemUS > now {
-		if rec.Fingerprint != r.Fingerprint {
-			return Decision{Now: now, Idem: quota.IdemMismatch}, nil
-		}
-		if !rec.Done && rec.Lease > now {
-			return Decision{Now: now, Idem: quota.IdemInFlight}, nil
-		}
-		if rec.Done {
-			replay = rec.Decision
+	x := decision{l: l, s: s, r: r, d: Decision{Allowed: true, Now: r.Now}}
+	if rec, ok := s.Idem[r.IdemKey]; ok && r.Mode == Admit && r.IdemKey != "" && rec.At+idemUS > r.Now {
+		switch {
+		case rec.Fingerprint != r.Fingerprint:
+			return Decision{Now: r.Now, Idem: quota.IdemMismatch}, nil
+		case !rec.Done && rec.Lease > r.Now:
+			return Decision{Now: r.Now, Idem: quota.IdemInFlight}, nil
+		case rec.Done:
+			x.replay = rec.Decision
 		}
 	}
-	v := s.view()
-	p := at(l.Calendar, &v, now)
-	d := Decision{Allowed: true, Now: now}
-	refuse := func(bit, wait int64) {
-		d.Allowed, d.Mask = false, d.Mask|bit
-		if d.Retry != -1 && (wait < 0 || wait > d.Retry) {
-			d.Retry = wait
-		}
+	x.v = s.view()
+	x.p = at(l.Calendar, &x.v, r.Now)
+	x.relim = l.limitChange(&x.v)
+	x.m = meterView(s, l.meterName(), x.p)
+	if s.Spent.Month == x.p.month {
+		x.spentM = s.Spent.Millicents
 	}
-	relim := l.limitChange(&v)
-
-	// the burst limits
-	var gcra, bucket burstCheck
-	var qbuf [4]claim
-	quotas := qbuf[:0]
-	var capE, creditE *Entry
 	for i := range l.Entries {
-		e := &l.Entries[i]
-		switch e.Kind {
+		switch e := &l.Entries[i]; e.Kind {
 		case Rate:
-			gcra = check(e, v.TAT, now, 1)
-			if gcra.wait != 0 {
-				refuse(BitBurst, gcra.wait)
-			}
+			x.checkBurst(0, e, x.v.TAT, 1, BitBurst)
 		case Bucket:
-			bucket = check(e, v.Full, now, r.Cost)
-			if bucket.wait != 0 {
-				refuse(BitBucket, bucket.wait)
-			}
+			x.checkBurst(1, e, x.v.Full, r.Cost, BitBucket)
 		case Quota:
-			quotas = append(quotas, claim{e: e})
+			x.checkQuota(e)
 		case Cap:
-			capE = e
+			x.checkCap(e)
 		case Credit:
-			creditE = e
+			if err := x.checkCredit(e); err != nil {
+				return Decision{}, err
+			}
 		}
 	}
+	if pv := r.Policies; pv.Refused {
+		x.refuse(BitPolicy, pv.Wait)
+	} else if pv.Degraded && x.d.Allowed {
+		x.d.Allowed, x.d.Mask = false, x.d.Mask|BitDegraded
+	}
+	x.settle()
+	if r.Mode == Admit {
+		x.commit()
+	}
+	return x.answer(), nil
+}
 
-	// the quotas, and the attribution of their overage claims
-	m := meterView(s, l.meterName(), p)
-	claimed, freshClaimed := int64(0), int64(0)
-	for i := range quotas {
-		c := &quotas[i]
-		if replay != nil {
-			continue
-		}
-		used, limit := v.quotaRoom(c.e, m)
-		if used+r.Cost <= limit {
-			continue
-		}
-		if c.e.Price < 0 {
-			wait := p.dayNext - now
-			if c.e.Monthly {
-				wait = p.monthNext - now
-			}
-			if r.Cost > c.e.Limit {
-				wait = -1
-			}
-			refuse(quotaBit(c.e), wait)
-			continue
-		}
-		c.claim = min(r.Cost, used+r.Cost-limit)
-		c.billed = c.claim - min(c.claim, claimed)
-		claimed = max(claimed, c.claim)
-		fresh := max(0, r.Cost-c.e.Limit)
-		c.fresh = fresh - min(fresh, freshClaimed)
-		freshClaimed = max(freshClaimed, fresh)
+// refuse records a limit's refusal: the longest wait wins, and never (-1)
+// over any.
+func (x *decision) refuse(bit, wait int64) {
+	x.d.Allowed, x.d.Mask = false, x.d.Mask|bit
+	if x.d.Retry != -1 && (wait < 0 || wait > x.d.Retry) {
+		x.d.Retry = wait
 	}
+}
 
-	// the money
-	spentM := int64(0) // the meters' overage millicents of the month ('$')
-	if s.Spent.Month == p.month {
-		spentM = s.Spent.Millicents
+func (x *decision) checkBurst(i int, e *Entry, t, weight, bit int64) {
+	x.burst[i] = check(e, t, x.r.Now, weight)
+	if w := x.burst[i].wait; w != 0 {
+		x.refuse(bit, w)
 	}
-	add, fresh, tierBilled, meterBilled := int64(0), int64(0), int64(0), int64(0)
-	for _, c := range quotas {
-		add, fresh = add+c.billed*c.e.Price, fresh+c.fresh*c.e.Price
-		if c.e.Meter == "" {
-			tierBilled += c.billed
-		} else {
-			meterBilled += c.billed
-		}
+}
+
+// checkQuota checks a quota entry (none on a replay, which counts no
+// quota): past its limit it refuses (retry at the period's end; never
+// when the cost passes the quota alone) or claims overage.
+func (x *decision) checkQuota(e *Entry) {
+	c := &x.quotas[x.nq]
+	*c, x.nq = claim{e: e}, x.nq+1
+	used, limit := x.room(e)
+	if e.Price >= 0 {
+		// (a fresh period has no grant: the cost alone may claim where
+		// the request does not)
+		fresh := max(0, x.r.Cost-e.Limit)
+		c.fresh = fresh - min(fresh, x.freshClaimed)
+		x.freshClaimed = max(x.freshClaimed, fresh)
+		x.fresh += c.fresh * e.Price
 	}
-	if capE != nil && claimed > 0 {
-		// the month's overage: the tier's units at its price now, and the
-		// meters' millicents, whatever plan billed them (today's
-		// admit.lua counts the latter only while the tenant's plan has a
-		// billing meter quota or credit: a plan change within the month
-		// let the month bill past its cap)
-		if v.MonthOver*capE.Price+spentM+add > capE.Limit {
-			wait := p.monthNext - now
-			if fresh > capE.Limit {
-				wait = -1
-			}
-			refuse(BitSpendCap, wait)
-		}
+	if x.replay != nil || used+x.r.Cost <= limit {
+		return
 	}
-	var draws Draws
-	if pp := r.Prepaid; creditE != nil && pp != nil {
-		if int64(pp.PeriodID) != p.month {
-			return Decision{}, &quota.PrepaidStaleError{Now: time.UnixMicro(now).UTC()}
+	if e.Price < 0 {
+		wait := x.p.dayNext - x.r.Now
+		if e.Monthly {
+			wait = x.p.monthNext - x.r.Now
 		}
-		draws = s.Draws
-		if draws.Month == 0 {
-			draws = Draws{-1, 0, -1, 0}
+		if x.r.Cost > e.Limit {
+			wait = -1
 		}
-		if draws.Month != p.month {
-			// a period's first draw: the tier's overage already admitted in
-			// it (a move onto a prepaid tier) is drawn too, at its price now
-			draws = Draws{p.month, v.MonthOver * creditE.Price, draws.Month, draws.Millicents}
-		}
-		lines := int64(max(pp.Lines, 1))
-		held := draws.Millicents + 999*(lines-1)
-		if pp.PrevID != 0 && draws.PrevMonth == int64(pp.PrevID) && draws.PrevMillicents > 0 {
-			held += max(0, draws.PrevMillicents+999*lines-pp.ExpiringMillicents)
-		}
-		if add > 0 && replay == nil && held+add > pp.BalanceMillicents {
-			d.Allowed, d.Mask, d.Retry = false, d.Mask|BitCredit, -1
-		}
+		x.refuse(quotaBit(e), wait)
+		return
 	}
-	pv := r.Policies
-	if pv.Refused {
-		refuse(BitPolicy, pv.Wait)
-	} else if pv.Degraded && d.Allowed {
-		d.Allowed, d.Mask = false, d.Mask|BitDegraded
+	c.claim = min(x.r.Cost, used+x.r.Cost-limit)
+	c.billed = c.claim - min(c.claim, x.claimed)
+	x.claimed = max(x.claimed, c.claim)
+	x.billed += c.billed * e.Price
+}
+
+// checkCap checks the spend cap against the month's overage: the tier's
+// units at its price now and the meters' millicents, whatever plan billed
+// them (today's admit.lua counts the latter only while the plan has a
+// billing meter quota, the meter's quota or credit: a plan change within
+// the month let it bill past its cap), with what the request bills.
+func (x *decision) checkCap(e *Entry) {
+	x.cap = e
+	if x.claimed > 0 && x.v.MonthOver*e.Price+x.spentM+x.billed > e.Limit {
+		wait := x.p.monthNext - x.r.Now
+		if x.fresh > e.Limit {
+			wait = -1
+		}
+		x.refuse(BitSpendCap, wait)
 	}
-	if !d.Allowed || r.Mode == Peek {
-		add, tierBilled, meterBilled = 0, 0, 0
+}
+
+// checkCredit checks a prepaid tenant's balance against the period's
+// draws (and the previous period's, while its invoice is open, past what
+// it may draw), 999 millicents held back per invoice line past the first
+// that may round up, and what the request bills: without credit for it,
+// it is refused for good (no wait brings credit back).
+func (x *decision) checkCredit(e *Entry) error {
+	pp := x.r.Prepaid
+	if pp == nil {
+		return nil
+	}
+	if int64(pp.PeriodID) != x.p.month {
+		return &quota.PrepaidStaleError{Now: time.UnixMicro(x.r.Now).UTC()}
+	}
+	x.credit, x.draws = e, x.s.Draws
+	if x.draws.Month == 0 {
+		x.draws = Draws{-1, 0, -1, 0}
+	}
+	if x.draws.Month != x.p.month {
+		// a period's first draw: the tier's overage already admitted in it
+		// (a move onto a prepaid tier) is drawn too, at its price now
+		x.draws = Draws{x.p.month, x.v.MonthOver * e.Price, x.draws.Month, x.draws.Millicents}
+	}
+	lines := int64(max(pp.Lines, 1))
+	held := x.draws.Millicents + 999*(lines-1)
+	if pp.PrevID != 0 && x.draws.PrevMonth == int64(pp.PrevID) && x.draws.PrevMillicents > 0 {
+		held += max(0, x.draws.PrevMillicents+999*lines-pp.ExpiringMillicents)
+	}
+	if x.billed > 0 && x.replay == nil && held+x.billed > pp.BalanceMillicents {
+		x.d.Allowed, x.d.Mask, x.d.Retry = false, x.d.Mask|BitCredit, -1
+	}
+	return nil
+}
+
+// settle fixes the answer's overage (none when refused or peeking) and
+// reports every limit: after an admission as it leaves them, else as
+// they stand.
+func (x *decision) settle() {
+	d := &x.d
+	consumed := d.Allowed && x.r.Mode != Peek
+	if !consumed {
+		x.billed = 0
 	}
 	if d.Allowed {
 		d.Retry = 0
 	}
-	d.Overage, d.MeterOverage = tierBilled, meterBilled
-	consumed := d.Allowed && r.Mode != Peek
-	d.report(&v, m, quotas, gcra, bucket, p, r.Cost, consumed)
-	if r.Mode == Admit {
-		if creditE == nil || r.Prepaid == nil {
-			add = 0
-		}
-		c := commit{r: r, p: p, d: d, m: m, gcra: gcra, bucket: bucket, relim: relim,
-			replay: replay != nil, cap: capE, spentM: spentM, draws: draws, add: add}
-		c.apply(s, &v, l, quotas)
+	spent := int64(0)
+	if consumed {
+		spent = x.r.Cost
 	}
-	if d.Allowed && replay != nil {
-		first := decodeFlat(replay)
+	for i, b := range x.burst {
+		if b.e != nil {
+			d.Items[i] = b.item(x.r.Now, consumed)
+		}
+	}
+	for _, c := range x.quotas[:x.nq] {
+		if consumed && c.e.Meter == "" {
+			d.Overage += c.billed
+		} else if consumed {
+			d.MeterOverage += c.billed
+		}
+		used, limit := x.room(c.e)
+		reset := x.p.dayNext
+		if c.e.Monthly {
+			reset = x.p.monthNext
+		}
+		d.Items[quotaItem(c.e)] = Item{Active: true, Limit: limit, Remaining: max(0, limit-used-spent), Reset: reset}
+	}
+}
+
+// answer is the decision, or for a replay the stored one with the burst
+// limits and the meter's items of now; a first request with a key leaves
+// its record.
+func (x *decision) answer() Decision {
+	d := x.d
+	if d.Allowed && x.replay != nil {
+		first := decodeFlat(x.replay)
 		first.Items[ItemBurst], first.Items[ItemBucket] = d.Items[ItemBurst], d.Items[ItemBucket]
 		first.Items[ItemMeterDaily], first.Items[ItemMeterMonthly] = d.Items[ItemMeterDaily], d.Items[ItemMeterMonthly]
-		first.Now, first.Idem, first.MeterOverage = now, quota.IdemReplayed, 0
-		return first, nil
+		first.Now, first.Idem = d.Now, quota.IdemReplayed
+		return first
 	}
-	if d.Allowed && r.Mode == Admit && r.IdemKey != "" {
-		s.Idem = put(s.Idem, r.IdemKey, IdemRecord{Fingerprint: r.Fingerprint, Done: r.Lease == 0,
-			Decision: d.Flat(false), Lease: now + r.Lease, At: now})
+	if r := x.r; d.Allowed && r.Mode == Admit && r.IdemKey != "" {
+		x.s.Idem = put(x.s.Idem, r.IdemKey, IdemRecord{Fingerprint: r.Fingerprint, Done: r.Lease == 0,
+			Decision: d.Flat(false), Lease: r.Now + r.Lease, At: r.Now})
 	}
-	return d, nil
+	return d
+}
+
+// room returns a quota entry's used units and limit (with the period's
+// grants for the tier-wide ones).
+func (x *decision) room(e *Entry) (used, limit int64) {
+	switch {
+	case e.Meter != "" && e.Monthly:
+		return x.m.c.Used, e.Limit
+	case e.Meter != "":
+		return x.m.c.DayUsed, e.Limit
+	case e.Monthly:
+		return x.v.MonthUsed, e.Limit + x.v.MonthGrant
+	}
+	return x.v.DayUsed, e.Limit + x.v.DayGrant
+}
+
+func quotaBit(e *Entry) int64 {
+	return [2][2]int64{{BitDaily, BitMonthly}, {BitMeterDaily, BitMeterMonthly}}[b2i(e.Meter != "")][b2i(e.Monthly)]
+}
+
+func quotaItem(e *Entry) int {
+	return [2][2]int{{ItemDaily, ItemMonthly}, {ItemMeterDaily, ItemMeterMonthly}}[b2i(e.Meter != "")][b2i(e.Monthly)]
 }
 
 // Report returns the limits of l as they stand on s at now: the items of
@@ -330,10 +410,10 @@ func (l *List) burstLimitsTo(b []byte) []byte {
 // FULL) clamped to the most indebted one the limits allow, the time after
 // the request, and the wait (0: it passes; -1: never).
 type burstCheck struct {
-	e                *Entry
-	start, next      int64
-	wait             int64
-	clamped, checked bool
+	e           *Entry
+	start, next int64
+	wait        int64
+	clamped     bool
 }
 
 // check is the virtual-scheduling check of GCRA (weight 1) and of the
@@ -342,7 +422,7 @@ type burstCheck struct {
 // Size*Interval.
 func check(e *Entry, t, now, weight int64) burstCheck {
 	window := e.Size * e.Interval
-	c := burstCheck{e: e, start: max(t, now), checked: true}
+	c := burstCheck{e: e, start: max(t, now)}
 	if c.start > now+window {
 		c.start, c.clamped = now+window, true
 	}
@@ -365,50 +445,6 @@ func (c burstCheck) item(now int64, consumed bool) Item {
 	}
 	w := c.e.Size * c.e.Interval
 	return Item{Active: true, Limit: c.e.Size, Remaining: max(0, floorDiv(w-(t-now), c.e.Interval)), Reset: t}
-}
-
-// quotaRoom returns a quota entry's used units and limit (with the
-// period's grants for the tier-wide ones) in the view v and the meter's m.
-func (v *Counters) quotaRoom(e *Entry, m meterState) (used, limit int64) {
-	switch {
-	case e.Meter != "" && e.Monthly:
-		return m.c.Used, e.Limit
-	case e.Meter != "":
-		return m.c.DayUsed, e.Limit
-	case e.Monthly:
-		return v.MonthUsed, e.Limit + v.MonthGrant
-	}
-	return v.DayUsed, e.Limit + v.DayGrant
-}
-
-func quotaBit(e *Entry) int64 {
-	return [2][2]int64{{BitDaily, BitMonthly}, {BitMeterDaily, BitMeterMonthly}}[b2i(e.Meter != "")][b2i(e.Monthly)]
-}
-
-func quotaItem(e *Entry) int {
-	return [2][2]int{{ItemDaily, ItemMonthly}, {ItemMeterDaily, ItemMeterMonthly}}[b2i(e.Meter != "")][b2i(e.Monthly)]
-}
-
-// report fills d's items.
-func (d *Decision) report(v *Counters, m meterState, quotas []claim, g, b burstCheck, p periods, cost int64, consumed bool) {
-	if g.checked {
-		d.Items[ItemBurst] = g.item(d.Now, consumed)
-	}
-	if b.checked {
-		d.Items[ItemBucket] = b.item(d.Now, consumed)
-	}
-	spent := int64(0)
-	if consumed {
-		spent = cost
-	}
-	for _, c := range quotas {
-		used, limit := v.quotaRoom(c.e, m)
-		reset := p.dayNext
-		if c.e.Monthly {
-			reset = p.monthNext
-		}
-		d.Items[quotaItem(c.e)] = Item{Active: true, Limit: limit, Remaining: max(0, limit-used-spent), Reset: reset}
-	}
 }
 
 // meterState is a meter quota's field as an admission reads it: moved to
@@ -436,160 +472,4 @@ func meterView(s *State, meter string, p periods) meterState {
 		m.c.Month, m.c.Used, m.c.Over = p.month, 0, 0
 	}
 	return m
-}
-
-// Flat is d as lua/admit.lua answers it (ratelimit's result positions,
-// Results): the head, the four limits' items, and, with meter, the
-// meter's two items and its overage.
-func (d Decision) Flat(meter bool) []int64 {
-	out := make([]int64, 0, resultMeterLen)
-	out = append(out, b2i(d.Allowed), d.Mask, d.Retry, d.Overage, d.Now, int64(d.Idem))
-	n := ItemMeterDaily
-	if meter {
-		n = nItems
-	}
-	for _, it := range d.Items[:n] {
-		out = append(out, b2i(it.Active), it.Limit, it.Remaining, it.Reset)
-	}
-	if meter {
-		out = append(out, d.MeterOverage)
-	}
-	return out
-}
-
-// decodeFlat reads Flat's answer (22 or 31 values).
-func decodeFlat(f []int64) Decision {
-	d := Decision{Allowed: f[0] == 1, Mask: f[1], Retry: f[2], Overage: f[3], Now: f[4], Idem: quota.IdemOutcome(f[5])}
-	for i := 0; i < nItems && resultHead+4*i+4 <= len(f); i++ {
-		g := f[resultHead+4*i:]
-		d.Items[i] = Item{Active: g[0] == 1, Limit: g[1], Remaining: g[2], Reset: g[3]}
-	}
-	if len(f) >= resultMeterLen {
-		d.MeterOverage = f[resultMeterLen-1]
-	}
-	return d
-}
-
-// pendingField is the name of a pending counter of the hour of now.
-func pendingField(hourStart int64, meter, kind string) string {
-	return "p" + strconv.FormatInt(hourStart, 10) + "|" + meter + "|" + kind
-}
-
-// commit is what Decide writes of an admission (Admit mode).
-type commit struct {
-	r             Request
-	p             periods
-	d             Decision
-	m             meterState
-	gcra, bucket  burstCheck
-	relim, replay bool
-	cap           *Entry
-	spentM, add   int64 // the month's '$' as read; the credit's draw
-	draws         Draws
-}
-
-// apply writes c into s: the counters of the view v only when something
-// of them changed (an admission, a clamp kept on a refusal, pending usage
-// counted), then, whole, as the script's one HSET; the meter's field, the
-// spend and the draws with an admission; the pending counters.
-func (c *commit) apply(s *State, v *Counters, l *List, quotas []claim) {
-	r, p, d := c.r, c.p, c.d
-	now, ok, dirty, n := r.Now, d.Allowed, false, int64(0)
-	if ok {
-		for _, b := range [2]*burstCheck{&c.gcra, &c.bucket} {
-			if b.checked {
-				n, dirty = max(n, b.next), true
-			}
-		}
-		v.TAT, v.Full = pick(c.gcra.checked, c.gcra.next, v.TAT), pick(c.bucket.checked, c.bucket.next, v.Full)
-	} else {
-		for _, b := range [2]*burstCheck{&c.gcra, &c.bucket} {
-			if b.clamped {
-				n, dirty = max(n, b.start), true
-			}
-		}
-		v.TAT, v.Full = pick(c.gcra.clamped, c.gcra.start, v.TAT), pick(c.bucket.clamped, c.bucket.start, v.Full)
-	}
-	counted := ok && !c.replay
-	var meterPrice int64
-	hasMeter := false
-	for _, q := range quotas {
-		switch {
-		case q.e.Meter != "":
-			hasMeter = true
-			if q.e.Monthly {
-				meterPrice = q.e.Price
-			}
-		case !counted:
-		case q.e.Monthly:
-			v.MonthUsed, v.MonthOver = v.MonthUsed+r.Cost, v.MonthOver+d.Overage
-			n, dirty = max(n, p.monthNext+hourUS), true
-		default:
-			v.DayUsed = v.DayUsed + r.Cost
-			n, dirty = max(n, p.dayNext+hourUS), true
-		}
-	}
-	if counted && hasMeter {
-		mc := c.m.c
-		mc.DayUsed, mc.Used, mc.Over = mc.DayUsed+r.Cost, mc.Used+r.Cost, mc.Over+d.MeterOverage
-		s.Meters = put(s.Meters, c.m.meter, mc)
-		if d.MeterOverage > 0 && c.cap != nil {
-			if s.Spent.Month != 0 && s.Spent.Month < p.month {
-				s.SpentBefore = s.Spent
-			}
-			s.Spent = Spend{p.month, c.spentM + d.MeterOverage*meterPrice}
-		}
-		if c.m.fresh && c.m.hasOld {
-			s.MetersBefore = put(s.MetersBefore, c.m.meter, c.m.old)
-		}
-	}
-	if counted && c.add > 0 {
-		s.Draws = c.draws
-		s.Draws.Millicents += c.add
-	}
-	hour := floorDiv(now, hourUS)
-	if counted && r.Meter != "" {
-		f := "p" + strconv.FormatInt(hour, 10) + "|" + r.Meter + "|"
-		u := s.Usage[f]
-		s.Usage = put(s.Usage, f, [2]int64{u[0] + r.Cost, u[1] + 1})
-		n, dirty = max(n, now+pendingUS), true
-	}
-	if dirty {
-		if c.relim {
-			v.Under = l.burstLimits()
-		}
-		if p.rolled && s.Exists && v.Marks > 0 {
-			s.Grants, v.Marks = nil, 0 // a new month: the past months' grant marks go
-		}
-		expire(v, n, now, p.dayNext, p.monthNext)
-		v.Exists = true
-		s.Counters = *v
-	}
-	if r.Meter == "" || !s.Exists && ok && c.replay {
-		return
-	}
-	hs := hour * 3600
-	if counted && d.Overage > 0 {
-		add(&s.Counts, pendingField(hs, r.Meter, "o"), d.Overage)
-	}
-	if counted && d.MeterOverage > 0 {
-		add(&s.Counts, pendingField(hs, r.Meter, "m"), d.MeterOverage)
-	}
-	switch {
-	case !ok && d.Mask&BitDegraded != 0:
-		add(&s.Counts, pendingField(hs, r.Meter, "d"), 1)
-	case !ok:
-		add(&s.Counts, pendingField(hs, r.Meter, "x"), 1)
-	}
-	if r.Policies.Shadowed {
-		add(&s.Counts, pendingField(hs, r.Meter, "s"), 1)
-	}
-}
-
-// pick is a if cond, else b.
-func pick(cond bool, a, b int64) int64 {
-	if cond {
-		return a
-	}
-	return b
 }

@@ -60,3 +60,35 @@ func (d Decision) Quota(l *List) quota.Decision {
 	}
 	return q
 }
+
+// Flat is d as lua/admit.lua answers it (ratelimit's result positions,
+// Results): the head, the four limits' items, and, with meter, the
+// meter's two items and its overage.
+func (d Decision) Flat(meter bool) []int64 {
+	out := make([]int64, 0, resultMeterLen)
+	out = append(out, b2i(d.Allowed), d.Mask, d.Retry, d.Overage, d.Now, int64(d.Idem))
+	n := ItemMeterDaily
+	if meter {
+		n = nItems
+	}
+	for _, it := range d.Items[:n] {
+		out = append(out, b2i(it.Active), it.Limit, it.Remaining, it.Reset)
+	}
+	if meter {
+		out = append(out, d.MeterOverage)
+	}
+	return out
+}
+
+// decodeFlat reads Flat's answer (22 or 31 values).
+func decodeFlat(f []int64) Decision {
+	d := Decision{Allowed: f[0] == 1, Mask: f[1], Retry: f[2], Overage: f[3], Now: f[4], Idem: quota.IdemOutcome(f[5])}
+	for i := 0; i < nItems && resultHead+4*i+4 <= len(f); i++ {
+		g := f[resultHead+4*i:]
+		d.Items[i] = Item{Active: g[0] == 1, Limit: g[1], Remaining: g[2], Reset: g[3]}
+	}
+	if len(f) >= resultMeterLen {
+		d.MeterOverage = f[resultMeterLen-1]
+	}
+	return d
+}

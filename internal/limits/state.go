@@ -1,8 +1,10 @@
 package limits
 
 import (
+	"errors"
 	"fmt"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -85,14 +87,6 @@ type IdemRecord struct {
 	Lease, At   int64
 }
 
-// Clone returns a deep copy of s.
-func (s *State) Clone() State {
-	c := *s
-	c.Grants, c.Usage, c.Counts = maps.Clone(s.Grants), maps.Clone(s.Usage), maps.Clone(s.Counts)
-	c.Meters, c.MetersBefore, c.Idem = maps.Clone(s.Meters), maps.Clone(s.MetersBefore), maps.Clone(s.Idem)
-	return c
-}
-
 // view is s's counters as the scripts read them: Day and Month -1 for a
 // state Redis does not hold.
 func (s *State) view() Counters {
@@ -156,109 +150,126 @@ func (s *State) Format() (tenant, meters map[string]string, idem map[string]map[
 	return tenant, meters, idem
 }
 
+// String renders s canonically: its fields, as Format writes them,
+// sorted.
+func (s *State) String() string {
+	tenant, meters, idem := s.Format()
+	var b strings.Builder
+	for _, h := range []map[string]string{tenant, meters} {
+		for _, k := range slices.Sorted(maps.Keys(h)) {
+			fmt.Fprintf(&b, "%s=%s ", k, h[k])
+		}
+		b.WriteString("| ")
+	}
+	for _, k := range slices.Sorted(maps.Keys(idem)) {
+		fmt.Fprintf(&b, "%s:%s,%s,%s,%s,%s ", k, idem[k]["fp"], idem[k]["st"], idem[k]["dec"], idem[k]["lease"], idem[k]["at"])
+	}
+	return b.String()
+}
+
+// StoreAnswer marks the idempotency record of key (its hash) answered,
+// as lua/idem.lua's store does: only the record of the same request
+// (fingerprint fp) still in flight; it reports whether it did.
+func (s *State) StoreAnswer(key, fp string) bool {
+	r, ok := s.Idem[key]
+	if !ok || r.Fingerprint != fp || r.Done {
+		return false
+	}
+	r.Done = true
+	s.Idem[key] = r
+	return true
+}
+
 // Parse reads a State from the fields Format writes. Fields of an
 // idempotency record beyond the decision's (the stored answer) are
 // ignored; any other field, or a malformed value, is an error.
 func Parse(tenant, meters map[string]string, idem map[string]map[string]string) (State, error) {
 	var s State
-	bad := func(key, field, v string) error {
-		return fmt.Errorf("limits: parse %s field %q: %q", key, field, v)
-	}
+	var x, mn int64
 	if t, ok := tenant["t"]; ok {
-		q, err1 := parseInts(tenant["q"], 8)
-		c, err2 := parseInts(tenant["c"], 2)
-		tat, full, found := strings.Cut(t, ",")
-		if err1 != nil || err2 != nil || !found {
-			return s, bad("tenant", "t/q/c", t+" "+tenant["q"]+" "+tenant["c"])
-		}
 		s.Exists = true
-		s.Day, s.DayUsed, s.DayGrant, s.Month, s.MonthUsed, s.MonthGrant, s.MonthOver, s.Marks =
-			q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7]
-		s.Expiry, s.MonthEnd = c[0]*hourUS, c[1]*dayUS
-		var err error
-		if s.TAT, err = absTime(tat, s.Day*dayUS); err != nil {
-			return s, bad("tenant", "t", t)
+		tat, full, _ := strings.Cut(t, ",")
+		err := errors.Join(scan(tenant["q"], &s.Day, &s.DayUsed, &s.DayGrant, &s.Month, &s.MonthUsed, &s.MonthGrant,
+			&s.MonthOver, &s.Marks), scan(tenant["c"], &x, &mn), absTime(tat, &s.TAT, s.Day), absTime(full, &s.Full, s.Day))
+		if err != nil || !strings.Contains(t, ",") {
+			return s, fmt.Errorf("limits: parse t, q, c %q %q %q", t, tenant["q"], tenant["c"])
 		}
-		if s.Full, err = absTime(full, s.Day*dayUS); err != nil {
-			return s, bad("tenant", "t", t)
-		}
+		s.Expiry, s.MonthEnd = x*hourUS, mn*dayUS
 	}
 	for f, v := range tenant {
 		var err error
 		switch {
 		case f == "t" || f == "q" || f == "c":
-			if !s.Exists {
-				err = bad("tenant", f, v)
-			}
 		case f == "w":
-			var n []int64
-			if n, err = parseInts(v, 4); err == nil {
-				s.Before = MonthCount{n[0], n[1], n[2], n[3]}
-			}
+			err = scan(v, &s.Before.Month, &s.Before.Used, &s.Before.Grant, &s.Before.Over)
 		case f == "L":
 			s.Under = v
 		case f == "rs":
-			s.ResetStamp, err = strconv.ParseInt(v, 10, 64)
+			err = scan(v, &s.ResetStamp)
 		case strings.HasPrefix(f, "g:"):
-			err = setInt(&s.Grants, f[2:], v)
+			err = scanInto(&s.Grants, f[2:], v)
 		case strings.HasPrefix(f, "p") && strings.HasSuffix(f, "|"):
-			var n []int64
-			if n, err = parseInts(v, 2); err == nil {
-				s.Usage = put(s.Usage, f, [2]int64{n[0], n[1]})
-			}
+			var u [2]int64
+			err = scan(v, &u[0], &u[1])
+			s.Usage = put(s.Usage, f, u)
 		case strings.HasPrefix(f, "p"):
-			err = setInt(&s.Counts, f, v)
+			err = scanInto(&s.Counts, f, v)
 		default:
-			err = fmt.Errorf("unknown")
+			err = errors.New("unknown field")
 		}
 		if err != nil {
-			return s, bad("tenant", f, v)
+			return s, fmt.Errorf("limits: parse tenant field %q = %q: %w", f, v, err)
 		}
 	}
 	for f, v := range meters {
-		var n []int64
 		var err error
-		switch {
-		case f == "$" || f == "$w":
-			if n, err = parseInts(v, 2); err == nil && f == "$" {
-				s.Spent = Spend{n[0], n[1]}
-			} else if err == nil {
-				s.SpentBefore = Spend{n[0], n[1]}
-			}
+		switch m, before := strings.CutSuffix(f, "|w"); {
+		case f == "$":
+			err = scan(v, &s.Spent.Month, &s.Spent.Millicents)
+		case f == "$w":
+			err = scan(v, &s.SpentBefore.Month, &s.SpentBefore.Millicents)
 		case f == "P":
-			if n, err = parseInts(v, 4); err == nil {
-				s.Draws = Draws{n[0], n[1], n[2], n[3]}
-			}
-		case strings.HasSuffix(f, "|w"):
-			if n, err = parseInts(v, 3); err == nil {
-				s.MetersBefore = put(s.MetersBefore, strings.TrimSuffix(f, "|w"), MeterMonth{n[0], n[1], n[2]})
-			}
+			err = scan(v, &s.Draws.Month, &s.Draws.Millicents, &s.Draws.PrevMonth, &s.Draws.PrevMillicents)
+		case before:
+			var c MeterMonth
+			err = scan(v, &c.Month, &c.Used, &c.Over)
+			s.MetersBefore = put(s.MetersBefore, m, c)
 		default:
-			if n, err = parseInts(v, 5); err == nil {
-				s.Meters = put(s.Meters, f, MeterCount{n[0], n[1], n[2], n[3], n[4]})
-			}
+			var c MeterCount
+			err = scan(v, &c.Day, &c.DayUsed, &c.Month, &c.Used, &c.Over)
+			s.Meters = put(s.Meters, f, c)
 		}
 		if err != nil {
-			return s, bad("meters", f, v)
+			return s, fmt.Errorf("limits: parse meters field %q = %q: %w", f, v, err)
 		}
 	}
 	for k, h := range idem {
-		var r IdemRecord
-		var err error
-		r.Fingerprint, r.Done = h["fp"], h["st"] == "done"
-		r.Lease, err = strconv.ParseInt(h["lease"], 10, 64)
-		if err == nil {
-			r.At, err = strconv.ParseInt(h["at"], 10, 64)
+		r := IdemRecord{Fingerprint: h["fp"], Done: h["st"] == "done"}
+		dec, err := parseInts(h["dec"], -1)
+		if err = errors.Join(err, scan(h["lease"], &r.Lease), scan(h["at"], &r.At)); err != nil || !r.Done && h["st"] != "run" {
+			return s, fmt.Errorf("limits: parse idempotency record %s %v: %v", k, h, err)
 		}
-		if err == nil {
-			r.Decision, err = parseInts(h["dec"], -1)
-		}
-		if err != nil || (h["st"] != "run" && h["st"] != "done") {
-			return s, bad("idem "+k, "dec/lease/at/st", fmt.Sprint(h))
-		}
+		r.Decision = dec
 		s.Idem = put(s.Idem, k, r)
 	}
 	return s, nil
+}
+
+// scan reads the comma-separated integers of v into dst, as many as dst.
+func scan(v string, dst ...*int64) error {
+	n, err := parseInts(v, len(dst))
+	for i := 0; err == nil && i < len(dst); i++ {
+		*dst[i] = n[i]
+	}
+	return err
+}
+
+// scanInto reads the integer v into m[k].
+func scanInto(m *map[string]int64, k, v string) error {
+	var n int64
+	err := scan(v, &n)
+	*m = put(*m, k, n)
+	return err
 }
 
 // put sets m[k] = v, making m when it is nil.
@@ -273,14 +284,6 @@ func put[V any](m map[string]V, k string, v V) map[string]V {
 // add adds n to m[k], making m when it is nil (a HINCRBY).
 func add(m *map[string]int64, k string, n int64) {
 	*m = put(*m, k, (*m)[k]+n)
-}
-
-func setInt(m *map[string]int64, k, v string) error {
-	n, err := strconv.ParseInt(v, 10, 64)
-	if err == nil {
-		*m = put(*m, k, n)
-	}
-	return err
 }
 
 // ints joins integers with commas, as the scripts write them.
@@ -321,10 +324,11 @@ func relTime(t, day0 int64) string {
 	return strconv.FormatInt(t-day0, 10)
 }
 
-func absTime(s string, day0 int64) (int64, error) {
+func absTime(s string, t *int64, day int64) error {
 	if s == "" {
-		return 0, nil
+		return nil
 	}
-	v, err := strconv.ParseInt(s, 10, 64)
-	return v + day0, err
+	err := scan(s, t)
+	*t += day * dayUS
+	return err
 }

@@ -66,10 +66,10 @@ func Decode(wire string) (*List, error) {
 	}
 	for _, s := range strings.Split(wire, ";") {
 		f := strings.Split(s, ",")
-		e := Entry{Kind: Kind(s[0])}
 		if len(f[0]) != 1 {
 			return nil, fmt.Errorf("limits: decode %q: entry %q", wire, s)
 		}
+		e := Entry{Kind: Kind(f[0][0])}
 		var n []int64
 		var err error
 		switch e.Kind {
@@ -94,7 +94,7 @@ func Decode(wire string) (*List, error) {
 		case Policy:
 			e.Spec = strings.TrimPrefix(s, "x,")
 		default:
-			err = fmt.Errorf("kind %q", s[0])
+			err = fmt.Errorf("kind %q", f[0])
 		}
 		if err != nil {
 			return nil, fmt.Errorf("limits: decode %q: entry %q: %w", wire, s, err)

@@ -154,7 +154,7 @@ func (w *twin) reset(cal quota.Calendar, at time.Time, retry bool) {
 		w.fail("ResetQuotasIn: %v", err)
 	}
 	day, month := periodIDs(cal, stamp)
-	want := limits.Reset(&w.m.State, w.stamp, day, month, time.Now().UnixMicro()) >= 0
+	want := w.m.Reset(w.stamp, day, month, time.Now().UnixMicro()) >= 0
 	step := fmt.Sprintf("reset %s retry=%t -> %t", stamp.Format(time.RFC3339Nano), retry, want)
 	w.log("%s", step)
 	if got != want {
@@ -388,6 +388,11 @@ func TestClusterAlgebraMatchesScripts(t *testing.T) {
 }
 
 func runAlgebra(t *testing.T, c redis.UniversalClient, schedules, steps int) {
+	runAlgebraWith(t, c, schedules, steps, func(w *twin) *twin { return w })
+}
+
+// runAlgebraWith runs the schedules with each tenant's twin made by wrap.
+func runAlgebraWith(t *testing.T, c redis.UniversalClient, schedules, steps int, wrap func(*twin) *twin) {
 	seed := propertySeed(t)
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -400,7 +405,7 @@ func runAlgebra(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 	starts := append([]string{"2031-03-15T03:58:00Z", "2031-10-28T12:50:00Z"}, propertyStarts...)
 	seen := map[string]int{}
 	for s := range schedules {
-		w := newTwin(t, c, r)
+		w := wrap(newTwin(t, c, r))
 		p := randomPlan(rng, cals)
 		now := at(t, starts[rng.IntN(len(starts))]).Add(-time.Duration(rng.Int64N(int64(10 * time.Minute)))).Truncate(time.Microsecond)
 		// one schedule in three is about money: a plan that bills (the

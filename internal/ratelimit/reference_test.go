@@ -20,6 +20,33 @@ import (
 // the Runner would reject: it is an oracle for valid requests.
 type ref struct {
 	limits.State
+	// record, when set, gets each operation in internal/limits' terms:
+	// its inputs and its answer (traces of internal/limits' own tests).
+	record func(step map[string]any)
+}
+
+// note records an operation on list l, with answer, when recording.
+func (m *ref) note(l *limits.List, step map[string]any, answer any) {
+	if m.record == nil {
+		return
+	}
+	if l != nil {
+		step["list"] = l.Wire()
+		if cal := l.Calendar; !cal.IsDefault() {
+			step["zone"], step["anchor"] = cal.Zone.String(), cal.AnchorDay
+		}
+	}
+	step["want"] = fmt.Sprint(answer)
+	m.record(step)
+}
+
+// answerOf is a decision as a trace holds it: its flat answer, or its
+// error.
+func answerOf(d limits.Decision, err error) string {
+	if err != nil {
+		return "error " + err.Error()
+	}
+	return fmt.Sprint(d.Flat(true))
 }
 
 // list compiles req's list.
@@ -52,6 +79,7 @@ func (m *ref) admit(req quota.Request, now time.Time) (quota.Decision, error) {
 		r.IdemKey, r.Fingerprint, r.Lease = idemHash(req.IdempotencyKey), req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds()
 	}
 	d, err := l.Decide(&m.State, r)
+	m.note(l, map[string]any{"op": "decide", "req": r}, answerOf(d, err))
 	if err != nil {
 		return quota.Decision{}, err
 	}
@@ -65,36 +93,46 @@ func (m *ref) Peek(lim quota.Limits, cal quota.Calendar, now time.Time) quota.De
 	if err != nil {
 		panic("ratelimit: reference: " + err.Error())
 	}
-	return l.Report(&m.State, now.UnixMicro()).Quota(l)
+	d := l.Report(&m.State, now.UnixMicro())
+	m.note(l, map[string]any{"op": "report", "now": now.UnixMicro()}, answerOf(d, nil))
+	return d.Quota(l)
 }
 
 // Grant adds units to the "day" or "month" of now, as Runner.Grant does.
 func (m *ref) Grant(period string, units int64, now time.Time) {
-	limits.Grant(&m.State, quota.Calendar{}, now.UnixMicro(), period == "month", units, "", 0)
+	n := limits.Grant(&m.State, quota.Calendar{}, now.UnixMicro(), period == "month", units, "", 0)
+	m.note(nil, map[string]any{"op": "grant", "now": now.UnixMicro(), "monthly": period == "month", "units": units}, n)
+}
+
+// Reset applies a quota reset, as Runner.ResetQuotasIn does; now is the
+// script's clock (Redis TIME).
+func (m *ref) Reset(stamp, day, month, now int64) int {
+	n := limits.Reset(&m.State, stamp, day, month, now)
+	m.note(nil, map[string]any{"op": "reset", "stamp": stamp, "day": day, "month": month, "now": now}, n)
+	return n
 }
 
 // StoreAnswer marks the record of key answered, as lua/idem.lua 'store'
 // does.
 func (m *ref) StoreAnswer(key, fp string) bool {
-	h := idemHash(key)
-	rec, ok := m.Idem[h]
-	if !ok || rec.Fingerprint != fp || rec.Done {
-		return false
-	}
-	rec.Done = true
-	m.Idem[h] = rec
-	return true
+	ok := m.State.StoreAnswer(idemHash(key), fp)
+	m.note(nil, map[string]any{"op": "store", "key": idemHash(key), "fp": fp}, ok)
+	return ok
 }
 
 // Refund gives back what d admitted of req, as Runner.RefundRequest does.
 func (m *ref) Refund(req quota.Request, d quota.Decision) {
-	list(req).GiveBack(&m.State, limits.AdmissionOf(req, d), req.Cost)
+	l, a := list(req), limits.AdmissionOf(req, d)
+	over := l.GiveBack(&m.State, a, req.Cost)
+	m.note(l, map[string]any{"op": "giveback", "adm": a, "units": req.Cost}, over)
 }
 
 // Settle settles req, admitted by d, to actual, as Runner.Settle does
 // after Runner.Reserve; it returns the settlement.
 func (m *ref) Settle(req quota.Request, d quota.Decision, actual int64) quota.Settlement {
-	delta, over := list(req).Settle(&m.State, limits.AdmissionOf(req, d), actual)
+	l, a := list(req), limits.AdmissionOf(req, d)
+	delta, over := l.Settle(&m.State, a, actual)
+	m.note(l, map[string]any{"op": "settle", "adm": a, "units": actual}, []int64{delta, over})
 	return quota.Settlement{Status: quota.SettleApplied, Delta: delta, OverageDelta: over}
 }
 
