@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/limits"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -37,13 +38,7 @@ func moneySeeds(tb testing.TB) map[string]func(w *twin) {
 	march, april := at(tb, "2031-03-31T23:55:00Z"), at(tb, "2031-04-01T00:01:00Z")
 
 	// TestSpendCapBindsBesideEveryMeterQuota
-	for name, qs := range map[string][]quota.MeterQuota{
-		"none":                         nil,
-		"demo's own, daily, blocked":   {{Meter: "demo", DailyQuota: i64(1000), Overage: quota.OverageBlock}},
-		"demo's own, monthly, blocked": {{Meter: "demo", MonthlyQuota: i64(1000), Overage: quota.OverageBlock}},
-		"another meter's, blocked":     {{Meter: "search", MonthlyQuota: i64(5), Overage: quota.OverageBlock}},
-		"another meter's, billed":      {{Meter: "search", MonthlyQuota: i64(5), Overage: quota.OverageBill, OveragePriceCentsPer1K: 300}},
-	} {
+	for name, qs := range besideTheCap {
 		seeds["spend cap beside "+name] = func(w *twin) {
 			p := plan{limits: quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(5)}, overage: quota.OverageBill, price: 1000, meters: qs}
 			for range 20 {
@@ -298,4 +293,77 @@ func TestLuaDefects(t *testing.T) {
 			t.Fatalf("got %s\nwant %s", fmtDecision(got), fmtDecision(want))
 		}
 	})
+}
+
+// TestAlgebraGrantIDs holds recorded grants (ApplyGrant: applied once, in
+// their period only, at Redis time) to internal/limits, with admissions
+// at Redis time between them, the reference deciding at each decision's
+// time, in the default calendar and in New York's: the state, marks
+// included, compared after every step.
+func TestAlgebraGrantIDs(t *testing.T) {
+	t.Parallel()
+	c := testenv.Redis(t)
+	r, _ := mustRunner(t, c)
+	ctx := context.Background()
+	for _, cal := range []quota.Calendar{{}, mustCalendar(t, "America/New_York", 15)} {
+		t.Run(fmt.Sprint(cal.Zone), func(t *testing.T) {
+			t.Parallel()
+			w := newTwin(t, c, r)
+			p := plan{limits: quota.Limits{DailyQuota: i64(20), MonthlyQuota: i64(10)}, overage: quota.OverageBill, price: 1000, cal: cal}
+			admit := func(cost int64) {
+				t.Helper()
+				req := p.request("a", cost, time.Time{})
+				req.TenantID = w.tenant
+				got := mustAdmit(t, r, req)
+				want := w.m.Admit(req, got.Now)
+				if fmtDecision(got) != fmtDecision(want) {
+					t.Fatalf("admit %d:\n got  %s\n want %s", cost, fmtDecision(got), fmtDecision(want))
+				}
+				w.same(fmt.Sprintf("admit %d", cost))
+			}
+			grant := func(id, period string, start time.Time, units int64, want bool) {
+				t.Helper()
+				now, err := c.Time(ctx).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				got, err := r.ApplyGrant(ctx, w.tenant, cal, id, period, start, units)
+				if err != nil || got != want {
+					t.Fatalf("ApplyGrant(%s %s %s): %t %v, want %t", id, period, start, got, err, want)
+				}
+				start = start.UTC()
+				pid := start.Unix() / 86400
+				if period == "month" {
+					pid = int64(start.Year())*100 + int64(start.Month())
+				}
+				if n := limits.Grant(&w.m.State, cal, now.UnixMicro(), period == "month", units, id, pid); (n >= 0) != want {
+					t.Fatalf("the reference's grant %s: %d, want %t", id, n, want)
+				}
+				w.same("grant " + id)
+			}
+			now, err := c.Time(ctx).Result()
+			if err != nil {
+				t.Fatal(err)
+			}
+			// a period's id names its first date, as a recorded grant's
+			// period_start holds it
+			dayStart, _ := cal.Day(now)
+			monthStart, _ := cal.Period(now)
+			local := func(t time.Time) time.Time {
+				if cal.Zone != nil {
+					t = t.In(cal.Zone)
+				}
+				y, m, d := t.Date()
+				return time.Date(y, m, d, 0, 0, 0, 0, time.UTC)
+			}
+			admit(8)
+			grant("g1", "month", local(monthStart), 5, true)
+			grant("g1", "month", local(monthStart), 5, true) // applied before: nothing more
+			admit(6)
+			grant("g2", "day", local(dayStart), 3, true)
+			grant("g3", "month", local(monthStart).AddDate(0, -1, 0), 4, false) // not the current period
+			grant("g4", "day", local(dayStart).AddDate(0, 0, 1), 4, false)
+			admit(9)
+		})
+	}
 }

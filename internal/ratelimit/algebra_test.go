@@ -393,13 +393,7 @@ func runAlgebra(t *testing.T, c redis.UniversalClient, schedules, steps int) {
 
 // runAlgebraWith runs the schedules with each tenant's twin made by wrap.
 func runAlgebraWith(t *testing.T, c redis.UniversalClient, schedules, steps int, wrap func(*twin) *twin) {
-	seed := propertySeed(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("seed %d: rerun with RATELIMIT_SEED=%d", seed, seed)
-		}
-	})
-	rng := rand.New(rand.NewPCG(seed, 0xa16eb7a))
+	rng, _ := propertyRand(t, 0xa16eb7a)
 	r, _ := mustRunner(t, c)
 	cals := []quota.Calendar{{}, {}, mustCalendar(t, "America/New_York", 15), mustCalendar(t, "Australia/Sydney", 28)}
 	starts := append([]string{"2031-03-15T03:58:00Z", "2031-10-28T12:50:00Z"}, propertyStarts...)

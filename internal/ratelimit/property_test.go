@@ -54,14 +54,20 @@ var propertyStarts = []string{
 	"2100-03-01T00:00:00Z",
 }
 
-func runProperty(t *testing.T, c redis.UniversalClient, schedules, steps int) {
+// propertyRand is the random source of a property test: of
+// propertySeed, on stream; a failing test names its seed.
+func propertyRand(t *testing.T, stream uint64) (*rand.Rand, uint64) {
 	seed := propertySeed(t)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("seed %d: rerun with RATELIMIT_SEED=%d", seed, seed)
 		}
 	})
-	rng := rand.New(rand.NewPCG(seed, 0x7011_6a7e))
+	return rand.New(rand.NewPCG(seed, stream)), seed
+}
+
+func runProperty(t *testing.T, c redis.UniversalClient, schedules, steps int) {
+	rng, seed := propertyRand(t, 0x7011_6a7e)
 	r, prefix := mustRunner(t, c)
 	ctx := context.Background()
 	seen := map[string]int{} // outcomes, to show (and require) that the schedules reach every branch
