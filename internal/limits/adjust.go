@@ -196,23 +196,21 @@ func (s *State) spentIn(month int64) int64 {
 // moves to '$w'); anything else changes nothing: a later month's total is
 // never written over.
 func (s *State) spend(month, dmc int64) {
-	sp, was := &s.Spent, s.Spent
-	switch {
-	case dmc == 0:
-		return
-	case s.SpentBefore.Month == month && s.Spent.Month != month:
-		sp = &s.SpentBefore
-	case s.Spent.Month == month:
-	case dmc > 0 && month > monthOr(s.Spent.Month):
-		if was.Month != 0 {
-			s.SpentBefore = was
+	// (if-chains, not a switch: mutation testing reaches their conditions)
+	sp := &s.Spent
+	if s.Spent.Month != month {
+		if s.SpentBefore.Month == month {
+			sp = &s.SpentBefore
+		} else if dmc > 0 && month > monthOr(s.Spent.Month) {
+			if s.Spent.Month != 0 {
+				s.SpentBefore = s.Spent
+			}
+			s.Spent = Spend{month, 0}
+		} else if dmc > 0 && month > monthOr(s.SpentBefore.Month) {
+			sp, s.SpentBefore = &s.SpentBefore, Spend{month, 0}
+		} else {
+			return
 		}
-		*sp = Spend{month, 0}
-	case dmc > 0 && month > monthOr(s.SpentBefore.Month):
-		sp = &s.SpentBefore
-		*sp = Spend{month, 0}
-	default:
-		return
 	}
 	sp.Millicents = max(0, sp.Millicents+dmc)
 }
@@ -235,18 +233,15 @@ func (s *State) draw(month, dmc int64) {
 	if d.Month == 0 {
 		d = Draws{-1, 0, -1, 0}
 	}
-	switch {
-	case dmc == 0:
-		return
-	case d.Month == month:
+	if d.Month == month {
 		d.Millicents = max(0, d.Millicents+dmc)
-	case d.PrevMonth == month:
+	} else if d.PrevMonth == month {
 		d.PrevMillicents = max(0, d.PrevMillicents+dmc)
-	case dmc > 0 && month > d.Month:
+	} else if dmc > 0 && month > d.Month {
 		d = Draws{month, dmc, d.Month, d.Millicents}
-	case dmc > 0 && month > d.PrevMonth:
+	} else if dmc > 0 && month > d.PrevMonth {
 		d.PrevMonth, d.PrevMillicents = month, dmc
-	default:
+	} else {
 		return
 	}
 	s.Draws = d

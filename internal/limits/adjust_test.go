@@ -23,6 +23,9 @@ func TestSpend(t *testing.T) {
 		{"the month before", Spend{5, 100}, Spend{4, 50}, 4, 20, Spend{5, 100}, Spend{4, 70}},
 		{"a later month: the spend moves to before", Spend{5, 100}, Spend{4, 50}, 6, 20, Spend{6, 20}, Spend{5, 100}},
 		{"a later month, none before", Spend{}, Spend{}, 6, 20, Spend{6, 20}, Spend{}},
+		{"a later month, only a month before", Spend{}, Spend{4, 50}, 6, 20, Spend{6, 20}, Spend{4, 50}},
+		{"a later month than a later month before", Spend{3, 5}, Spend{4, 50}, 6, 20, Spend{6, 20}, Spend{3, 5}},
+		{"the month before's, later than the spend's", Spend{3, 5}, Spend{6, 50}, 6, -20, Spend{3, 5}, Spend{6, 30}},
 		{"between: before's place", Spend{7, 100}, Spend{4, 50}, 5, 20, Spend{7, 100}, Spend{5, 20}},
 		{"between, no before", Spend{7, 100}, Spend{}, 5, 20, Spend{7, 100}, Spend{5, 20}},
 		{"earlier than both", Spend{7, 100}, Spend{6, 50}, 5, 20, Spend{7, 100}, Spend{6, 50}},
@@ -61,6 +64,8 @@ func TestDraw(t *testing.T) {
 		{"earlier than both", Draws{7, 100, 6, 50}, 5, 10, Draws{7, 100, 6, 50}},
 		{"a give-back of a period not held", Draws{7, 100, 6, 50}, 8, -10, Draws{7, 100, 6, 50}},
 		{"nothing", Draws{}, 8, 0, Draws{}},
+		{"nothing of this period", Draws{8, 5, 7, 1}, 8, 0, Draws{8, 5, 7, 1}},
+		{"a give-back below 0", Draws{8, 5, 7, 1}, 7, -9, Draws{8, 5, 7, 0}},
 	} {
 		s := State{Draws: tc.d}
 		s.draw(tc.month, tc.dmc)
