@@ -102,7 +102,7 @@ func TestPlanOf(t *testing.T) {
 
 func TestDecodeRefusesMalformedLists(t *testing.T) {
 	t.Parallel()
-	for _, wire := range []string{"r,1", "r,1,2,3", "b,x,2", "q,w,,1,2", "q,d,,1", "c,1", "c,1,2,3", "p", "p,1,2", "z,1", "rr,1,2", ";", "q,d,,1,x"} {
+	for _, wire := range []string{"r,1", "r,1,2,3", "b,x,2", "q,w,,1,2", "q,d,,1", "c,1", "c,1,2,3", "p", "p,1,2", "z,1", "rr,1,2", ";", "q,d,,1,x", "q,d,,1,-1;q,d,,1,-1;q,d,,1,-1;q,d,,1,-1;q,d,,1,-1"} {
 		if l, err := Decode(wire); err == nil {
 			t.Errorf("Decode(%q) = %+v, want an error", wire, l.Entries)
 		}

@@ -60,7 +60,7 @@ func encode(es []Entry) string {
 
 // Decode reads a list's wire form (its calendar is the default one).
 func Decode(wire string) (*List, error) {
-	l := &List{wire: wire}
+	l, quotas := &List{wire: wire}, 0
 	if wire == "" {
 		return l, nil
 	}
@@ -100,6 +100,13 @@ func Decode(wire string) (*List, error) {
 			return nil, fmt.Errorf("limits: decode %q: entry %q: %w", wire, s, err)
 		}
 		l.Entries = append(l.Entries, e)
+		if e.Kind == Quota {
+			quotas++
+		}
+	}
+	if quotas > 4 {
+		// (the tier's and the meter's day and month: a decision holds four)
+		return nil, fmt.Errorf("limits: decode %q: %d quotas, at most 4", wire, quotas)
 	}
 	return l, nil
 }
