@@ -44,7 +44,7 @@ var (
 	// httpLayer and every package under it.
 	adapters = []string{"internal/ratelimit", "internal/postgres", "internal/redisdb"}
 	services = []string{"internal/admission", "internal/billing", "internal/catalog",
-		"internal/usage", "internal/worker", "internal/locallimit", "internal/policyalg"}
+		"internal/usage", "internal/worker", "internal/locallimit", "internal/policyalg", "internal/limits"}
 )
 
 func TestArchitecture(t *testing.T) {

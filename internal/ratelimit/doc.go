@@ -4,8 +4,9 @@
 // monthly quota together and commits all of them or none in one FCALL,
 // grant, which adds units to the current day or month, and the others.
 //
-// Model is the pure-Go reference of the script, with the same integer
-// arithmetic; the tests hold the script to it request by request.
+// internal/limits is the pure-Go reference of the scripts (the limit
+// algebra), with the same integer arithmetic; the tests hold the scripts
+// to it request by request, field by field of the state.
 //
 // # Keys
 //
@@ -86,9 +87,8 @@
 //     script's, on Redis time: Go passes the calendar's Boundaries around
 //     its own clock (calendar.go, cached per calendar for a local day) and
 //     lua/calendar.lua picks the day and period of the script's now; the
-//     default calendar passes nothing and costs nothing. Model knows only
-//     the default calendar; the calendar tests hold the script to
-//     quota.Calendar instead.
+//     default calendar passes nothing and costs nothing. The calendar tests
+//     hold the script to quota.Calendar, as internal/limits follows it.
 //
 // # Time and units
 //

@@ -123,37 +123,6 @@ func at(tb testing.TB, s string) time.Time {
 func i64(v int64) *int64     { return &v }
 func f64(v float64) *float64 { return &v }
 
-// stateOf reads a tenant's limit state from its state hash, in the model's
-// terms (lua/state.lua: the packed field s).
-func stateOf(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string) Model {
-	tb.Helper()
-	raw, err := c.HMGet(context.Background(), r.stateKeys(tenant)[0], "t", "q", "c").Result()
-	if err != nil {
-		tb.Fatalf("HMGET state: %v", err)
-	}
-	if raw[0] == nil {
-		return Model{}
-	}
-	v, err := ParseState(raw[0].(string), raw[1].(string), raw[2].(string))
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return Model{TAT: v[0], Full: v[1],
-		Day:   Period{ID: v[2], Used: v[3], Grant: v[4]},
-		Month: Period{ID: v[5], Used: v[6], Grant: v[7], Overage: v[8]}}
-}
-
-// samePeriod compares quota periods, an empty one (nothing used, granted
-// or over) whatever its id: the script may open a period without counting
-// anything in it, where the model leaves it untouched.
-func samePeriod(a, b Period) bool {
-	empty := func(p Period) bool { return p.Used == 0 && p.Grant == 0 && p.Overage == 0 }
-	if empty(a) && empty(b) {
-		return true
-	}
-	return a == b
-}
-
 // untilRefused races workers clients of their own on one Redis (as many
 // API nodes would), started at once, each admitting req(w) until its first
 // refusal: it returns each worker's admissions and the refusals, one per

@@ -350,8 +350,8 @@ var tableCases = []tableCase{
 	},
 }
 
-// TestTable runs every table case through the model and through the script,
-// so that each expectation holds for both.
+// TestTable runs every table case through the reference (internal/limits)
+// and through the script, so that each expectation holds for both.
 func TestTable(t *testing.T) {
 	t.Parallel()
 	c := testenv.Redis(t)
@@ -359,7 +359,7 @@ func TestTable(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			t.Run("model", func(t *testing.T) {
-				var m Model
+				var m ref
 				runTable(t, tc,
 					func(req quota.Request, now time.Time) quota.Decision { return m.Admit(req, now) },
 					func(period string, units int64, now time.Time) { m.Grant(period, units, now) },

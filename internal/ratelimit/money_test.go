@@ -55,6 +55,16 @@ func capLeft(tb testing.TB, r *Runner, req quota.Request, now time.Time) int64 {
 	return l.Remaining
 }
 
+// besideTheCap are the meter quotas a spend cap binds beside: none, demo's
+// own that do not bill, another meter's, blocked or billed.
+var besideTheCap = map[string][]quota.MeterQuota{
+	"none":                         nil,
+	"demo's own, daily, blocked":   {{Meter: "demo", DailyQuota: i64(1000), Overage: quota.OverageBlock}},
+	"demo's own, monthly, blocked": {{Meter: "demo", MonthlyQuota: i64(1000), Overage: quota.OverageBlock}},
+	"another meter's, blocked":     {{Meter: "search", MonthlyQuota: i64(5), Overage: quota.OverageBlock}},
+	"another meter's, billed":      {{Meter: "search", MonthlyQuota: i64(5), Overage: quota.OverageBill, OveragePriceCentsPer1K: 300}},
+}
+
 // TestSpendCapBindsBesideEveryMeterQuota: a bill tier of 10 units a month,
 // a cent a unit past them, capped at 5 cents, admits 15 units of "demo"
 // and then refuses naming spend_cap (until the month's end; for good a
@@ -68,13 +78,7 @@ func TestSpendCapBindsBesideEveryMeterQuota(t *testing.T) {
 	r, _ := mustRunner(t, c)
 	now := at(t, "2031-05-15T12:00:00Z")
 	monthEnd := at(t, "2031-06-01T00:00:00Z")
-	for name, qs := range map[string][]quota.MeterQuota{
-		"none":                         nil,
-		"demo's own, daily, blocked":   {{Meter: "demo", DailyQuota: i64(1000), Overage: quota.OverageBlock}},
-		"demo's own, monthly, blocked": {{Meter: "demo", MonthlyQuota: i64(1000), Overage: quota.OverageBlock}},
-		"another meter's, blocked":     {{Meter: "search", MonthlyQuota: i64(5), Overage: quota.OverageBlock}},
-		"another meter's, billed":      {{Meter: "search", MonthlyQuota: i64(5), Overage: quota.OverageBill, OveragePriceCentsPer1K: 300}},
-	} {
+	for name, qs := range besideTheCap {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			tenant := newTenant()

@@ -235,7 +235,7 @@ func idemHash(key string) string {
 	return hex.EncodeToString(h[:])
 }
 
-// decode turns the script's (or the model's) answer into a Decision. Windows
+// decode turns the script's answer into a Decision. Windows
 // come from p: B*T, C*U, one day, and the length of the month of the
 // decision's time; in a calendar that is not the default (b, the bounds
 // the script was given, not nil), the length of the decision's local day

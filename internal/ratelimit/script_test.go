@@ -444,7 +444,7 @@ func pendingFields(tb testing.TB, r *Runner, tenant string) map[string]int64 {
 	return out
 }
 
-// TestPeekReportsWithoutCounting checks Peek against the model on a tenant
+// TestPeekReportsWithoutCounting checks Peek against the reference on a tenant
 // with some usage, and that it reports an exhausted limit.
 func TestPeekReportsWithoutCounting(t *testing.T) {
 	t.Parallel()
@@ -454,7 +454,7 @@ func TestPeekReportsWithoutCounting(t *testing.T) {
 	now := at(t, "2031-03-10T10:00:00Z")
 	limits := allLimits()
 	limits.DailyQuota = i64(4)
-	var m Model
+	var m ref
 	for _, cost := range []int64{1, 3} {
 		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: cost, Limits: limits, Now: now}
 		mustAdmit(t, r, req)
@@ -464,7 +464,7 @@ func TestPeekReportsWithoutCounting(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := m.Peek(limits, now.Add(time.Second))
+	want := m.Peek(limits, quota.Calendar{}, now.Add(time.Second))
 	if g, w := fmtDecision(got), fmtDecision(want); g != w {
 		t.Errorf("Peek:\n got  %s\n want %s", g, w)
 	}
