@@ -160,12 +160,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Log: log, Refused: func(reason string) { metrics.ConnsRefused.WithLabelValues(reason).Inc() }})
 	srv.App().Server().ConnState = ln.ConnState
 	metrics.WatchConns(ln.Open)
-	log.Info("listening", "addr", ln.Addr().String(), "max_conns", maxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
 	ops, err := serveOps(cfg.OpsAddr, srv, log)
 	if err != nil {
 		ln.Close()
 		return err
 	}
+	// "listening" is logged once every listener is bound: whoever waits for
+	// it (a supervisor, a test) may then call either.
+	log.Info("listening", "addr", ln.Addr().String(), "max_conns", maxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.App().Listener(ln) }()
