@@ -320,7 +320,7 @@ func (x *decision) settle() {
 func (x *decision) answer() Decision {
 	d := x.d
 	if d.Allowed && x.replay != nil {
-		first := decodeFlat(x.replay)
+		first := DecodeFlat(x.replay)
 		first.Items[ItemBurst], first.Items[ItemBucket] = d.Items[ItemBurst], d.Items[ItemBucket]
 		first.Items[ItemMeterDaily], first.Items[ItemMeterMonthly] = d.Items[ItemMeterDaily], d.Items[ItemMeterMonthly]
 		first.Now, first.Idem = d.Now, quota.IdemReplayed
