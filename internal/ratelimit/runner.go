@@ -168,33 +168,7 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 		}
 		b = boundsOf(cal, t)
 	}
-	n := 14
-	if pol != nil || p.mq != "" || b != nil {
-		n += 5
-	}
-	if pol != nil {
-		n += 7 * len(pol.specs)
-	}
-	args := make([]any, 14, n)
-	args[0], args[1], args[2], args[3], args[4] = now, boxed(mode), cost, meter, boxed(overage)
-	bp := boxedParams(p)
-	copy(args[5:11], bp[:6])
-	args[11], args[12], args[13] = fp, leaseUS, bp[6]
-	keys := r.keys(tenantID, idem)
-	want := itemsAt(p)
-	if pol != nil {
-		want += 7 * len(pol.specs)
-		args = append(args, len(pol.specs), pol.id, pol.outside, p.mq, calArg(b))
-		args = appendPolicyArgs(args, pol.specs)
-		for _, sp := range pol.specs {
-			keys = append(keys, sp.Key)
-		}
-	} else if p.mq != "" || b != nil {
-		args = append(args, 0, "", "", p.mq, calArg(b))
-	}
-	if p.mq != "" {
-		keys = append(keys, r.key(tenantID, "mq"))
-	}
+	keys, args, want := r.admitCall(tenantID, idem, now, mode, cost, meter, overage, p, fp, leaseUS, pol, b)
 	// an admission that may take a lease is seen to its end, so that its
 	// caller learns of the lease and releases it (batcher.do)
 	finish := pol != nil && pol.leases && mode == "admit"
@@ -213,6 +187,39 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 		return nil, nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
 	}
 	return res, b, nil
+}
+
+// admitCall is the keys and arguments of a call of admit (lua/admit.lua),
+// and how many integers its answer holds.
+func (r *Runner) admitCall(tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64, pol *inSlot, b *calBounds) (keys []string, args []any, want int) {
+	n := 14
+	if pol != nil || p.mq != "" || b != nil {
+		n += 5
+	}
+	if pol != nil {
+		n += 7 * len(pol.specs)
+	}
+	args = make([]any, 14, n)
+	args[0], args[1], args[2], args[3], args[4] = now, boxed(mode), cost, meter, boxed(overage)
+	bp := boxedParams(p)
+	copy(args[5:11], bp[:6])
+	args[11], args[12], args[13] = fp, leaseUS, bp[6]
+	keys = r.keys(tenantID, idem)
+	want = itemsAt(p)
+	if pol != nil {
+		want += 7 * len(pol.specs)
+		args = append(args, len(pol.specs), pol.id, pol.outside, p.mq, calArg(b))
+		args = appendPolicyArgs(args, pol.specs)
+		for _, sp := range pol.specs {
+			keys = append(keys, sp.Key)
+		}
+	} else if p.mq != "" || b != nil {
+		args = append(args, 0, "", "", p.mq, calArg(b))
+	}
+	if p.mq != "" {
+		keys = append(keys, r.key(tenantID, "mq"))
+	}
+	return keys, args, want
 }
 
 // calArg is admit's ARGV[19]: b's boundaries, or the empty string
