@@ -35,6 +35,7 @@ type fn uint8
 
 const (
 	fnAdmit fn = iota
+	fnAdmitN
 	fnGrant
 	fnRefund
 	fnSettle
@@ -61,6 +62,7 @@ var functions = [fnCount]struct {
 	readOnly   bool
 }{
 	fnAdmit:          {"admit", "admit.lua", false},
+	fnAdmitN:         {"admitn", "group.lua", false},
 	fnGrant:          {"grant", "grant.lua", false},
 	fnRefund:         {"refund", "refund.lua", false},
 	fnSettle:         {"settle", "settle.lua", false},

@@ -167,20 +167,7 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 		}
 		calArg = boundsOf(cal, t).arg
 	}
-	np, id, outside := 0, "", ""
-	if pol != nil {
-		np, id, outside = len(pol.specs), pol.id, pol.outside
-	}
-	args := make([]any, admitArgs, admitArgs+policyArgs*np)
-	args[0], args[1], args[2], args[3], args[4] = now, boxed(mode), l.Wire(), cost, meter
-	args[5], args[6], args[7], args[8], args[9], args[10], args[11] = id, fp, leaseUS, calArg, prepaid, outside, np
-	keys := r.keys(tenantID, idem)
-	if pol != nil {
-		args = appendPolicyArgs(args, pol.specs)
-		for _, sp := range pol.specs {
-			keys = append(keys, sp.Key)
-		}
-	}
+	keys, args, want := r.admitCall(tenantID, idem, now, mode, l, cost, meter, fp, leaseUS, calArg, prepaid, pol)
 	// an admission that may take a lease is seen to its end, so that its
 	// caller learns of the lease and releases it (batcher.do)
 	finish := pol != nil && pol.leases && mode == "admit"
@@ -194,10 +181,31 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	if err != nil {
 		return nil, prepaidStale(err)
 	}
-	if want := limits.AnswerLen + policyItem*np; len(res) != want && !(len(res) == limits.AnswerLen && res[5] >= int64(quota.IdemInFlight)) {
+	if len(res) != want && !(len(res) == limits.AnswerLen && res[5] >= int64(quota.IdemInFlight)) {
 		return nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
 	}
 	return res, nil
+}
+
+// admitCall is the keys and arguments of a call of admit (lua/admit.lua,
+// by limits.Functions' positions), and how many integers its answer
+// holds.
+func (r *Runner) admitCall(tenantID, idem string, now int64, mode string, l *limits.List, cost int64, meter, fp string, leaseUS int64, calArg, prepaid string, pol *inSlot) (keys []string, args []any, want int) {
+	np, id, outside := 0, "", ""
+	if pol != nil {
+		np, id, outside = len(pol.specs), pol.id, pol.outside
+	}
+	args = make([]any, admitArgs, admitArgs+policyArgs*np)
+	args[0], args[1], args[2], args[3], args[4] = now, boxed(mode), l.Wire(), cost, meter
+	args[5], args[6], args[7], args[8], args[9], args[10], args[11] = id, fp, leaseUS, calArg, prepaid, outside, np
+	keys = r.keys(tenantID, idem)
+	if pol != nil {
+		args = appendPolicyArgs(args, pol.specs)
+		for _, sp := range pol.specs {
+			keys = append(keys, sp.Key)
+		}
+	}
+	return keys, args, limits.AnswerLen + policyItem*np
 }
 
 // admit's arguments (limits.Functions), before the policies' groups of
