@@ -45,6 +45,8 @@ header, and internal/limits/state.go for each field.
 
 -- admit_run decides reqs, {K = keys, A = args} each, of one tenant in
 -- order, on one read and one write of its state; it returns their answers.
+-- With isolate, a request that raises an error is answered its error
+-- reply (it has changed nothing), the others decided as without it.
 local admit_run
 
 do
@@ -63,12 +65,43 @@ local function ints(v)
   return s
 end
 
+-- A buffer holds a hash's writes until the end: fields set (set[f], the
+-- value) and counters added to (incr[f]), in the order first written.
+local function buffer() return {order = {}, set = {}, incr = {}} end
+
+local function put(b, f, v)
+  if b.set[f] == nil and b.incr[f] == nil then b.order[#b.order + 1] = f end
+  b.set[f] = v
+end
+
+local function add(b, f, n)
+  if b.set[f] == nil and b.incr[f] == nil then b.order[#b.order + 1] = f end
+  b.incr[f] = (b.incr[f] or 0) + n
+end
+
+-- flush writes buffer b into the hash key; it reports whether a counter
+-- was new (the hash may be new: its expiry is the caller's).
+local function flush(key, b)
+  local args, new = {}, false
+  for _, f in ipairs(b.order) do
+    if b.set[f] ~= nil then
+      args[#args + 1], args[#args + 2] = f, b.set[f]
+    else
+      if #args > 0 then redis.call('HSET', key, unpack(args)) end
+      args = {}
+      new = redis.call('HINCRBY', key, f, b.incr[f]) == b.incr[f] or new
+    end
+  end
+  if #args > 0 then redis.call('HSET', key, unpack(args)) end
+  return new
+end
+
 -- state_read reads the tenant's hash (t, q, c, L and the pending usage
 -- fields reqs count) and the meter hash's fields their lists use.
 local function state_read(reqs)
   local K = reqs[1].K
   local S = {ks = K[KY.state], kp = K[KY.pending], kq = K[KY.meters], usage = {}, meters = {},
-    uw = {}, counts = {}, kw = {}, draws = {0, 0, 0, 0}, spent = {0, 0}}
+    th = buffer(), ph = buffer(), qh = buffer(), draws = {0, 0, 0, 0}, spent = {0, 0}}
   local f, mf = {'t', 'q', 'c', 'L'}, {}
   for _, q in ipairs(reqs) do
     if q.pk then f[#f + 1] = q.pk end
@@ -232,15 +265,15 @@ local function commit_meter(x, price)
   local S, mv, m = x.S, x.mv, x.l.meter
   mv.du, mv.mu, mv.mo = mv.du + x.cost, mv.mu + x.cost, mv.mo + x.moverage
   S.meters[m] = {mv.d, mv.du, mv.m, mv.mu, mv.mo}
-  S.kw[m] = string.format('%d,%d,%d,%d,%d', mv.d, mv.du, mv.m, mv.mu, mv.mo)
+  put(S.qh, m, string.format('%d,%d,%d,%d,%d', mv.d, mv.du, mv.m, mv.mu, mv.mo))
   if x.moverage > 0 and x.cap then
     local sp = S.spent
-    if sp[1] ~= 0 and sp[1] < x.month then S.kw['$w'] = string.format('%d,%d', sp[1], sp[2]) end
+    if sp[1] ~= 0 and sp[1] < x.month then put(S.qh, '$w', string.format('%d,%d', sp[1], sp[2])) end
     S.spent = {x.month, x.spent + x.moverage * price}
-    S.kw['$'] = string.format('%d,%d', x.month, S.spent[2])
+    put(S.qh, '$', string.format('%d,%d', x.month, S.spent[2]))
   end
   if mv.fresh then
-    if mv.old then S.kw[m .. '|w'] = mv.old end
+    if mv.old then put(S.qh, m .. '|w', mv.old) end
     S.kqx = x.mnext + (x.pp and PREPAID_KEEP_US or HOUR_US)
   end
 end
@@ -251,16 +284,13 @@ end
 local function count_pending(x, counted)
   local S = x.S
   if x.meter == '' or not S.held and x.ok and x.replay then return end
-  local pre = fmt(idiv(x.now, HOUR_US) * 3600) .. '|' .. x.meter .. '|'
-  local function add(kind, n)
-    if n > 0 then S.counts[pre .. kind] = (S.counts[pre .. kind] or 0) + n end
-  end
-  if counted then
-    add('o', x.overage)
-    add('m', x.moverage)
-  end
-  if not x.ok then add(x.mask >= 32 and x.mask % 64 >= 32 and 'd' or 'x', 1) end
-  if x.shadowed then add('s', 1) end
+  -- (a tenant with state keeps them in its hash, "p" before them)
+  local b, pre = S.ph, fmt(idiv(x.now, HOUR_US) * 3600) .. '|' .. x.meter .. '|'
+  if S.held then b, pre = S.th, 'p' .. pre end
+  if counted and x.overage > 0 then add(b, pre .. 'o', x.overage) end
+  if counted and x.moverage > 0 then add(b, pre .. 'm', x.moverage) end
+  if not x.ok then add(b, pre .. (x.mask % 64 >= 32 and 'd' or 'x'), 1) end
+  if x.shadowed then add(b, pre .. 's', 1) end
 end
 
 -- expire moves the state's expiry past need, a day beyond (so that
@@ -306,22 +336,29 @@ local function commit(x)
   if counted and x.credit and x.billed > 0 then
     local d = x.draws
     S.draws = {d[1], d[2] + x.billed, d[3], d[4]}
-    S.kw.P = string.format('%d,%d,%d,%d', d[1], d[2] + x.billed, d[3], d[4])
+    put(S.qh, 'P', string.format('%d,%d,%d,%d', d[1], d[2] + x.billed, d[3], d[4]))
     if x.pfresh then S.kqx = x.mnext + PREPAID_KEEP_US end
   end
+  local usage
   if counted and x.meter ~= '' then
-    local u = S.usage[x.pk]
     local n, r = 0, 0
-    if u then n, r = string.match(u, '^(%-?%d+),(%-?%d+)$') end
-    S.usage[x.pk], S.uw[x.pk] = string.format('%d,%d', n + cost, r + 1), true
+    if S.usage[x.pk] then n, r = string.match(S.usage[x.pk], '^(%-?%d+),(%-?%d+)$') end
+    usage = string.format('%d,%d', n + cost, r + 1)
+    S.usage[x.pk] = usage
     need, dirty = math.max(need, now + PENDING_US), true
   end
   if dirty then
-    if x.relim then S.L, S.Lw = x.l.sig, true end
-    if x.w then S.w = x.w end
+    -- (the fields in the order one admission's HSET writes them: a group
+    -- leaves the hash's layout as its requests alone would)
+    put(S.th, 't', true)
+    put(S.th, 'q', true)
+    put(S.th, 'c', true)
+    if x.w then put(S.th, 'w', x.w) end
+    if x.relim then S.L = x.l.sig; put(S.th, 'L', S.L) end
+    if usage then put(S.th, x.pk, usage) end
     if x.rolled and S.held and v.gn > 0 then S.dropg, v.gn = true, 0 end
     expire(x, v, need)
-    S.c, S.held, S.dirty = v, true, true
+    S.c, S.held = v, true
   end
   count_pending(x, counted)
 end
@@ -394,51 +431,69 @@ local function decide(S, q)
   return answer(x, res)
 end
 
--- state_write writes what the decisions changed: the tenant's hash in one
--- HSET (its expiry when it moved), the pending counters, the meter hash.
+-- state_write writes what the decisions changed, each hash's fields in
+-- the order they were first written (HSET runs, HINCRBY for counters):
+-- the tenant's hash (its t, q, c from the state; its expiry when it
+-- moved), the pending hash, the meter hash.
 local function state_write(S)
-  if S.dirty then
-    local c = S.c
-    if S.dropg then
-      local h = redis.call('HGETALL', S.ks)
-      for i = 1, #h, 2 do
-        if string.sub(h[i], 1, 2) == 'g:' then redis.call('HDEL', S.ks, h[i]) end
-      end
+  local c = S.c
+  if S.dropg then
+    local h = redis.call('HGETALL', S.ks)
+    for i = 1, #h, 2 do
+      if string.sub(h[i], 1, 2) == 'g:' then redis.call('HDEL', S.ks, h[i]) end
     end
+  end
+  if S.th.set.t then
     local s = {g = c.g, b = c.b, d = c.d, du = c.du, dg = c.dg, m = c.m, mu = c.mu, mg = c.mg, mo = c.mo,
       gn = c.gn, x = c.x, mn = c.mn, cal = c.mn == 0}
-    local args = {'t', '', 'q', '', 'c', ''}
-    args[2], args[4], args[6] = packed(s)
-    if S.w then args[#args + 1], args[#args + 2] = 'w', S.w end
-    if S.Lw then args[#args + 1], args[#args + 2] = 'L', S.L end
-    for f in pairs(S.uw) do args[#args + 1], args[#args + 2] = f, S.usage[f] end
-    redis.call('HSET', S.ks, unpack(args))
-    if c.x ~= S.x0 then redis.call('PEXPIREAT', S.ks, pxat(c.x)) end
+    S.th.set.t, S.th.set.q, S.th.set.c = packed(s)
   end
-  for f, n in pairs(S.counts) do
-    if S.held then
-      redis.call('HINCRBY', S.ks, 'p' .. f, n)
-    elseif redis.call('HINCRBY', S.kp, f, n) == n then
-      redis.call('PEXPIRE', S.kp, PENDING_MS) -- (a new field: maybe a new hash)
-    end
-  end
-  local kw = {}
-  for f, v in pairs(S.kw) do kw[#kw + 1], kw[#kw + 2] = f, v end
-  if #kw > 0 then redis.call('HSET', S.kq, unpack(kw)) end
+  flush(S.ks, S.th)
+  if S.th.set.t and c.x ~= S.x0 then redis.call('PEXPIREAT', S.ks, pxat(c.x)) end
+  if flush(S.kp, S.ph) then redis.call('PEXPIRE', S.kp, PENDING_MS) end
+  flush(S.kq, S.qh)
   if S.kqx then redis.call('PEXPIREAT', S.kq, pxat(S.kqx)) end
 end
 
-admit_run = function(reqs)
+-- prepare reads what a request's state read needs: its time (and the
+-- shift of its expiries), its list, its hour's pending usage field.
+local function prepare(q)
+  q.now, q.shift = clock(q.A[A.now] + 0)
+  q.l = list_of(q.A[A.list])
+  if q.A[A.mode] == 'admit' then
+    q.pk = 'p' .. idiv(q.now, HOUR_US) .. '|' .. q.A[A.meter] .. '|'
+  end
+end
+
+-- failed is the answer of a request that raised err: its error reply.
+local function failed(err)
+  if type(err) == 'table' then return err end
+  return redis.error_reply(tostring(err))
+end
+
+admit_run = function(reqs, isolate)
+  local live, out = {}, {}
   for _, q in ipairs(reqs) do
-    q.now, q.shift = clock(q.A[A.now] + 0)
-    q.l = list_of(q.A[A.list])
-    if q.A[A.mode] == 'admit' then
-      q.pk = 'p' .. idiv(q.now, HOUR_US) .. '|' .. q.A[A.meter] .. '|'
+    if isolate then
+      local ok, err = pcall(prepare, q)
+      if not ok then q.err = failed(err) end
+    else
+      prepare(q)
+    end
+    if not q.err then live[#live + 1] = q end
+  end
+  local S = #live > 0 and state_read(live)
+  for i, q in ipairs(reqs) do
+    if q.err then
+      out[i] = q.err
+    elseif isolate then
+      local ok, r = pcall(decide, S, q)
+      out[i] = ok and r or failed(r)
+    else
+      out[i] = decide(S, q)
     end
   end
-  local S, out = state_read(reqs), {}
-  for i, q in ipairs(reqs) do out[i] = decide(S, q) end
-  state_write(S)
+  if S then state_write(S) end
   return out
 end
 
