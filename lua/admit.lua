@@ -65,88 +65,133 @@ local function ints(v)
   return s
 end
 
--- A buffer holds a hash's writes until the end: fields set (set[f], the
--- value) and counters added to (incr[f]), in the order first written.
-local function buffer() return {order = {}, set = {}, incr = {}} end
-
+-- A buffer holds a hash's writes until the end, in the order first
+-- written: b[i] the i-th field, b[field] its value (a string to set, a
+-- number to add to the counter, true for t, q and c: the state's).
 local function put(b, f, v)
-  if b.set[f] == nil and b.incr[f] == nil then b.order[#b.order + 1] = f end
-  b.set[f] = v
+  if b[f] == nil then b[#b + 1] = f end
+  b[f] = v
 end
 
 local function add(b, f, n)
-  if b.set[f] == nil and b.incr[f] == nil then b.order[#b.order + 1] = f end
-  b.incr[f] = (b.incr[f] or 0) + n
+  if b[f] == nil then b[#b + 1] = f end
+  b[f] = (b[f] or 0) + n
 end
 
--- flush writes buffer b into the hash key; it reports whether a counter
--- was new (the hash may be new: its expiry is the caller's).
+-- flush writes buffer b into the hash key (runs of fields in one HSET,
+-- HINCRBY for counters); it reports whether a counter was new (the hash
+-- may be new: its expiry is the caller's).
 local function flush(key, b)
   local args, new = {}, false
-  for _, f in ipairs(b.order) do
-    if b.set[f] ~= nil then
-      args[#args + 1], args[#args + 2] = f, b.set[f]
-    else
+  for i = 1, #b do
+    local f = b[i]
+    local v = b[f]
+    if type(v) == 'number' then
       if #args > 0 then redis.call('HSET', key, unpack(args)) end
       args = {}
-      new = redis.call('HINCRBY', key, f, b.incr[f]) == b.incr[f] or new
+      new = redis.call('HINCRBY', key, f, v) == v or new
+    else
+      args[#args + 1], args[#args + 2] = f, v
     end
   end
   if #args > 0 then redis.call('HSET', key, unpack(args)) end
   return new
 end
 
--- state_read reads the tenant's hash (t, q, c, L and the pending usage
--- fields reqs count) and the meter hash's fields their lists use.
-local function state_read(reqs)
-  local K = reqs[1].K
-  local S = {ks = K[KY.state], kp = K[KY.pending], kq = K[KY.meters], usage = {}, meters = {},
-    th = buffer(), ph = buffer(), qh = buffer(), draws = {0, 0, 0, 0}, spent = {0, 0}}
-  local f, mf = {'t', 'q', 'c', 'L'}, {}
-  for _, q in ipairs(reqs) do
-    if q.pk then f[#f + 1] = q.pk end
-    local l = q.l
-    if l.meter and not mf[l.meter] then mf[#mf + 1], mf[l.meter] = l.meter, true end
-    for _, e in ipairs(l.entries) do
-      if e.k == 'c' and not mf['$'] then mf[#mf + 1], mf['$'] = '$', true end
-      if e.k == 'p' and not mf.P then mf[#mf + 1], mf.P = 'P', true end
+-- S is the state of the call running, X the decision at work: made once,
+-- their fields reset for each call (a table made per call costs Redis's
+-- Lua more than all the arithmetic of a decision). Never nil a field: a
+-- table keeps its keys' room.
+local ZERO2, ZERO4, NONE = {0, 0}, {0, 0, 0, 0}, {}
+local S = {ks = false, kp = false, kq = false, held = false, x0 = 0, g = 0, b = 0, d = -1, du = 0, dg = 0,
+  m = -1, mu = 0, mg = 0, mo = 0, gn = 0, x = 0, mn = 0, L = false, dropg = false, kqx = false,
+  spent = ZERO2, draws = ZERO4, usage = {}, meters = NONE, th = {}, ph = {}, qh = {}, f = {}, nf = 0}
+local X = {S = S, q = false, l = false, now = 0, mode = false, cost = 0, meter = false, pk = false,
+  rate_c = {}, bucket_c = {}, claims = {}, billed_by = {}, nclaims = 0}
+
+-- clear empties a table whose keys are its array's values (a buffer's).
+local function clear(b)
+  for i = #b, 1, -1 do
+    b[b[i]], b[i] = nil, nil
+  end
+end
+
+-- meter_fields reads the meter hash's fields that reqs' lists use.
+local function meter_fields(reqs)
+  local mf = nil
+  for i = 1, #reqs do
+    local fs = reqs[i].l.fields
+    for j = 1, #fs do
+      mf = mf or {}
+      if not mf[fs[j]] then mf[#mf + 1], mf[fs[j]] = fs[j], true end
     end
   end
-  local h = redis.call('HMGET', S.ks, unpack(f))
-  S.L = h[4] or nil
-  for i = 5, #f do S.usage[f[i]] = h[i] or nil end
-  local s = load_state(nil, h)
-  S.held, S.x0 = s.held, s.x
-  S.c = {g = s.g, b = s.b, d = s.d, du = s.du, dg = s.dg, m = s.m, mu = s.mu, mg = s.mg, mo = s.mo,
-    gn = s.gn, x = s.x, mn = s.mn}
-  if #mf == 0 then return S end
-  h = redis.call('HMGET', S.kq, unpack(mf))
+  S.spent, S.draws, S.meters = ZERO2, ZERO4, NONE
+  if not mf then return end
+  S.meters = {}
+  local h = redis.call('HMGET', S.kq, unpack(mf))
   for i, name in ipairs(mf) do
     if h[i] and name == '$' then S.spent = ints(h[i])
     elseif h[i] and name == 'P' then S.draws = ints(h[i])
     elseif h[i] then S.meters[name] = ints(h[i]) end
   end
-  return S
 end
 
--- view is the state's counters as a decision reads them (a copy).
-local function view(S)
-  local c, v = S.c, {}
-  for k, n in pairs(c) do v[k] = n end
-  if not S.held then
-    v.g, v.b, v.d, v.du, v.dg, v.m, v.mu, v.mg, v.mo, v.gn, v.x, v.mn = 0, 0, -1, 0, 0, -1, 0, 0, 0, 0, 0, 0
+-- state_read reads the tenant's hash (t, q, c, L and the pending usage
+-- fields reqs count: state.lua's layout) into S, and the meter hash.
+local function state_read(reqs)
+  local K = reqs[1].K
+  S.ks, S.kp, S.kq, S.held, S.x0, S.g, S.b, S.d, S.du, S.dg = K[KY.state], K[KY.pending], K[KY.meters],
+    false, 0, 0, 0, -1, 0, 0
+  S.m, S.mu, S.mg, S.mo, S.gn, S.x, S.mn, S.dropg, S.kqx = -1, 0, 0, 0, 0, 0, 0, false, false
+  local f, n = S.f, 4
+  for i = 5, S.nf do S.usage[f[i]] = nil end
+  f[1], f[2], f[3], f[4] = 't', 'q', 'c', 'L'
+  for i = 1, #reqs do
+    if reqs[i].pk then n = n + 1; f[n] = reqs[i].pk end
   end
-  return v
+  S.nf = n
+  local h = redis.call('HMGET', S.ks, unpack(f, 1, n))
+  S.L = h[4]
+  for i = 5, n do S.usage[f[i]] = h[i] end
+  if h[1] then
+    local g, b = string.match(h[1], '^(%-?%d*),(%-?%d*)$')
+    local d, du, dg, m, mu, mg, mo, gn = string.match(h[2],
+      '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    local x, mn = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
+    S.held, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn = true, d + 0, du + 0, dg + 0, m + 0, mu + 0, mg + 0,
+      mo + 0, gn + 0
+    if g ~= '' then S.g = g + S.d * DAY_US end
+    if b ~= '' then S.b = b + S.d * DAY_US end
+    S.x, S.mn = x * HOUR_US, mn * DAY_US
+    S.x0 = S.x
+  end
+  meter_fields(reqs)
 end
 
--- periods moves the view into now's day and month (a past period's
--- counters start from 0; a month that ends becomes the month before, w).
--- The default calendar trusts the cached month end within 31 days before
--- it; a calendar's ids come from Go's boundaries. False: now is outside
--- them.
+-- decision starts X's decision of request q on S: the request, and the
+-- state's counters as it sees them (g TAT, b FULL, the day's and month's,
+-- xp the expiry, mn the month's cached end).
+local function decision(q)
+  local x, Aq = X, q.A
+  x.q, x.l, x.now, x.mode, x.cost, x.meter, x.pk = q, q.l, q.now, Aq[A.mode], Aq[A.cost] + 0, Aq[A.meter], q.pk
+  x.ok, x.mask, x.retry, x.replay, x.idem = true, 0, 0, false, false
+  x.g, x.b, x.d, x.du, x.dg, x.m, x.mu, x.mg, x.mo, x.gn = S.g, S.b, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn
+  x.xp, x.mn, x.w, x.rolled, x.relim, x.day, x.dnext, x.month, x.mnext = S.x, S.mn, false, false, false, 0, 0, 0, 0
+  x.rate, x.bucket, x.nclaims, x.claimed, x.billed, x.fresh, x.fclaimed, x.spent = false, false, 0, 0, 0, 0, 0, 0
+  x.qd, x.qdu, x.qm, x.qmu, x.qmo, x.qfresh, x.qold = -1, 0, -1, 0, 0, false, false
+  x.pp, x.credit, x.draws, x.pfresh, x.cap, x.precs = false, false, false, false, false, false
+  x.shadowed, x.overage, x.moverage = false, 0, 0
+  return x
+end
+
+-- periods moves the decision's counters into now's day and month (a
+-- past period's start from 0; a month that ends becomes the month
+-- before, w). The default calendar trusts the cached month end within 31
+-- days before it; a calendar's ids come from Go's boundaries. False: now
+-- is outside them.
 local function periods(x, cal)
-  local v, now = x.v, x.now
-  local day, dnext, month, mnext, _
+  local now, day, dnext, month, mnext, _ = x.now
   if cal then
     day, _, dnext, month, _, mnext = cal_at(cal, now)
     if not day then return false end
@@ -154,16 +199,16 @@ local function periods(x, cal)
     day = idiv(now, DAY_US)
     dnext = (day + 1) * DAY_US
   end
-  if day ~= v.d then v.d, v.du, v.dg = day, 0, 0 end
-  if not cal and now < v.mn and now >= v.mn - 31 * DAY_US and v.m >= 0 then
-    month, mnext = v.m, v.mn
+  if day ~= x.d then x.d, x.du, x.dg = day, 0, 0 end
+  if not cal and now < x.mn and now >= x.mn - 31 * DAY_US and x.m >= 0 then
+    month, mnext = x.m, x.mn
   else
     if not cal then month, _, mnext = month_at(now) end
-    if month ~= v.m then
-      if v.m >= 0 and v.m < month then x.w = month_pack(v.m, v.mu, v.mg, v.mo) end
-      v.m, v.mu, v.mg, v.mo, x.rolled = month, 0, 0, 0, true
+    if month ~= x.m then
+      if x.m >= 0 and x.m < month then x.w = month_pack(x.m, x.mu, x.mg, x.mo) end
+      x.m, x.mu, x.mg, x.mo, x.rolled = month, 0, 0, 0, true
     end
-    v.mn = cal and 0 or mnext
+    x.mn = cal and 0 or mnext
   end
   x.day, x.dnext, x.month, x.mnext = day, dnext, month, mnext
   return true
@@ -173,27 +218,27 @@ end
 -- GCRA and the bucket at least as large in rate and burst starts fresh;
 -- any other change keeps the state (the checks clamp it).
 local function limit_change(x)
-  local l, v = x.l, x.v
+  local l = x.l
   if not l.sig or l.sig == x.S.L then return end
   x.relim = true
   local T, B, U, C = string.match(x.S.L or '', '^(%d+),(%d+),(%d+),(%d+)$')
   if not T then return end
   local r, b = l.rate, l.bucket
-  if r and T + 0 > 0 and r.T <= T + 0 and r.B >= B + 0 then v.g = 0 end
-  if b and U + 0 > 0 and b.T <= U + 0 and b.B >= C + 0 then v.b = 0 end
+  if r and T + 0 > 0 and r.T <= T + 0 and r.B >= B + 0 then x.g = 0 end
+  if b and U + 0 > 0 and b.T <= U + 0 and b.B >= C + 0 then x.b = 0 end
 end
 
--- meter_view is the list's meter's counters moved to now's day and month
--- (fresh: its month changed; old, the month it held, kept as <meter>|w).
+-- meter_view reads the list's meter's counters moved to now's day and
+-- month (qfresh: its month changed; qold, the month it held, kept as
+-- <meter>|w).
 local function meter_view(x)
-  local f = x.S.meters[x.l.meter] or {-1, 0, -1, 0, 0}
-  local mv = {d = f[1], du = f[2], m = f[3], mu = f[4], mo = f[5]}
-  if mv.d ~= x.day then mv.d, mv.du = x.day, 0 end
-  if mv.m ~= x.month then
-    if mv.m >= 0 and mv.m < x.month then mv.old = string.format('%d,%d,%d', mv.m, mv.mu, mv.mo) end
-    mv.m, mv.mu, mv.mo, mv.fresh = x.month, 0, 0, true
+  local f = x.S.meters[x.l.meter]
+  if f then x.qd, x.qdu, x.qm, x.qmu, x.qmo = f[1], f[2], f[3], f[4], f[5] end
+  if x.qd ~= x.day then x.qd, x.qdu = x.day, 0 end
+  if x.qm ~= x.month then
+    if x.qm >= 0 and x.qm < x.month then x.qold = string.format('%d,%d,%d', x.qm, x.qmu, x.qmo) end
+    x.qm, x.qmu, x.qmo, x.qfresh = x.month, 0, 0, true
   end
-  x.mv = mv
 end
 
 -- idem_check reads the request's idempotency record: nil to decide, or
@@ -239,18 +284,19 @@ local function report(x)
   if x.ok then x.retry = 0 end
   local res = {x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0,
     0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-  for i = 1, 2 do
-    local c, j = x.burst[i], 3 + 4 * i
-    if c then res[j], res[j + 1], res[j + 2], res[j + 3] = burst_item(c, x.now, consumed) end
-  end
+  if x.rate then res[7], res[8], res[9], res[10] = burst_item(x.rate, x.now, consumed) end
+  if x.bucket then res[11], res[12], res[13], res[14] = burst_item(x.bucket, x.now, consumed) end
   local spent, over, mover = 0, 0, 0
   if consumed then spent = x.cost end
-  for _, c in ipairs(x.claims) do
-    local e = c.e
-    if consumed and e.meter then mover = mover + c.billed elseif consumed then over = over + c.billed end
+  for i = 1, x.nclaims do
+    local e = x.claims[i]
+    if consumed and e.meter then mover = mover + x.billed_by[i]
+    elseif consumed then over = over + x.billed_by[i] end
     local used, limit = KIND.room(x, e)
     local j = 3 + 4 * e.item
-    res[j], res[j + 1], res[j + 2] = 1, limit, math.max(0, limit - used - spent)
+    local left = limit - used - spent
+    if left < 0 then left = 0 end
+    res[j], res[j + 1], res[j + 2] = 1, limit, left
     res[j + 3] = e.monthly and x.mnext or x.dnext
   end
   res[4], res[31], x.overage, x.moverage = over, mover, over, mover
@@ -262,30 +308,32 @@ end
 -- ends kept as <meter>|w), and its meter overage in the month's spend
 -- ('$', the month before as '$w') when there is a cap.
 local function commit_meter(x, price)
-  local S, mv, m = x.S, x.mv, x.l.meter
-  mv.du, mv.mu, mv.mo = mv.du + x.cost, mv.mu + x.cost, mv.mo + x.moverage
-  S.meters[m] = {mv.d, mv.du, mv.m, mv.mu, mv.mo}
-  put(S.qh, m, string.format('%d,%d,%d,%d,%d', mv.d, mv.du, mv.m, mv.mu, mv.mo))
+  local S, m = x.S, x.l.meter
+  x.qdu, x.qmu, x.qmo = x.qdu + x.cost, x.qmu + x.cost, x.qmo + x.moverage
+  S.meters[m] = {x.qd, x.qdu, x.qm, x.qmu, x.qmo}
+  put(S.qh, m, string.format('%d,%d,%d,%d,%d', x.qd, x.qdu, x.qm, x.qmu, x.qmo))
   if x.moverage > 0 and x.cap then
     local sp = S.spent
     if sp[1] ~= 0 and sp[1] < x.month then put(S.qh, '$w', string.format('%d,%d', sp[1], sp[2])) end
     S.spent = {x.month, x.spent + x.moverage * price}
     put(S.qh, '$', string.format('%d,%d', x.month, S.spent[2]))
   end
-  if mv.fresh then
-    if mv.old then put(S.qh, m .. '|w', mv.old) end
+  if x.qfresh then
+    if x.qold then put(S.qh, m .. '|w', x.qold) end
     S.kqx = x.mnext + (x.pp and PREPAID_KEEP_US or HOUR_US)
   end
 end
 
 -- count_pending counts the hour's pending counters: the overage, a
 -- refusal (degraded or not), a shadow refusal; not a replay of a tenant
--- without state.
+-- without state. A tenant with state keeps them in its hash ("p" before
+-- them), one without in the pending hash.
 local function count_pending(x, counted)
   local S = x.S
+  if x.ok and x.overage + x.moverage == 0 and not x.shadowed then return end
   if x.meter == '' or not S.held and x.ok and x.replay then return end
-  -- (a tenant with state keeps them in its hash, "p" before them)
-  local b, pre = S.ph, fmt(idiv(x.now, HOUR_US) * 3600) .. '|' .. x.meter .. '|'
+  local pre = fmt(idiv(x.now, HOUR_US) * 3600) .. '|' .. x.meter .. '|'
+  local b = S.ph
   if S.held then b, pre = S.th, 'p' .. pre end
   if counted and x.overage > 0 then add(b, pre .. 'o', x.overage) end
   if counted and x.moverage > 0 then add(b, pre .. 'm', x.moverage) end
@@ -293,14 +341,25 @@ local function count_pending(x, counted)
   if x.shadowed then add(b, pre .. 's', 1) end
 end
 
--- expire moves the state's expiry past need, a day beyond (so that
--- PEXPIREAT goes about once a day); a state new to the hash lives until
--- it is empty again.
-local function expire(x, v, need)
-  if not x.S.held then
-    need = math.max(need, x.now + HOUR_US, v.g, v.b, x.dnext + HOUR_US, x.mnext + HOUR_US)
+-- dirty writes the decision's counters into the state, which needs to
+-- live until need: the fields in the order one admission's HSET writes
+-- them (a group leaves the hash's layout as its requests alone would),
+-- the expiry past need by a day (PEXPIREAT about once a day; a state new
+-- to the hash lives until it is empty again).
+local function dirty(x, need, usage)
+  local S, th = x.S, x.S.th
+  if th.t == nil then th[#th + 1], th[#th + 2], th[#th + 3] = 't', 'q', 'c' end
+  th.t, th.q, th.c = true, true, true
+  if x.w then put(S.th, 'w', x.w) end
+  if x.relim then S.L = x.l.sig; put(S.th, 'L', S.L) end
+  if usage then put(S.th, x.pk, usage) end
+  if x.rolled and S.held and x.gn > 0 then S.dropg, x.gn = true, 0 end
+  if not S.held then
+    need = math.max(need, x.now + HOUR_US, x.g, x.b, x.dnext + HOUR_US, x.mnext + HOUR_US)
   end
-  if need > v.x then v.x = -idiv(-(need + DAY_US), HOUR_US) * HOUR_US end
+  if need > x.xp then x.xp = -idiv(-(need + DAY_US), HOUR_US) * HOUR_US end
+  S.held, S.g, S.b, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn, S.x, S.mn =
+    true, x.g, x.b, x.d, x.du, x.dg, x.m, x.mu, x.mg, x.mo, x.gn, x.xp, x.mn
 end
 
 -- commit writes an admission (mode admit) into the state: the burst
@@ -308,28 +367,30 @@ end
 -- credit's draws, the hour's pending usage; the counters only when
 -- something of them changed.
 local function commit(x)
-  local S, v, now, cost = x.S, x.v, x.now, x.cost
+  local S, cost = x.S, x.cost
   local counted = x.ok and not x.replay
-  local need, dirty, mprice, has_meter = 0, false, 0, false
-  for i = 1, 2 do
-    local c = x.burst[i]
-    if c and (x.ok or c.clamped) then
-      local t = x.ok and c.next or c.start
-      if i == 1 then v.g = t else v.b = t end
-      need, dirty = math.max(need, t), true
-    end
+  local need, changed, mprice, has_meter = 0, false, 0, false
+  local r, b = x.rate, x.bucket
+  if r and (x.ok or r.clamped) then
+    x.g = x.ok and r.next or r.start
+    need, changed = x.g, true
   end
-  for _, c in ipairs(x.claims) do
-    local e = c.e
+  if b and (x.ok or b.clamped) then
+    x.b = x.ok and b.next or b.start
+    if x.b > need then need = x.b end
+    changed = true
+  end
+  for i = 1, x.nclaims do
+    local e = x.claims[i]
     if e.meter then
       has_meter = true
       if e.monthly then mprice = e.price end
     elseif counted and e.monthly then
-      v.mu, v.mo = v.mu + cost, v.mo + x.overage
-      need, dirty = math.max(need, x.mnext + HOUR_US), true
+      x.mu, x.mo, changed = x.mu + cost, x.mo + x.overage, true
+      if x.mnext + HOUR_US > need then need = x.mnext + HOUR_US end
     elseif counted then
-      v.du = v.du + cost
-      need, dirty = math.max(need, x.dnext + HOUR_US), true
+      x.du, changed = x.du + cost, true
+      if x.dnext + HOUR_US > need then need = x.dnext + HOUR_US end
     end
   end
   if counted and has_meter then commit_meter(x, mprice) end
@@ -341,25 +402,14 @@ local function commit(x)
   end
   local usage
   if counted and x.meter ~= '' then
-    local n, r = 0, 0
-    if S.usage[x.pk] then n, r = string.match(S.usage[x.pk], '^(%-?%d+),(%-?%d+)$') end
-    usage = string.format('%d,%d', n + cost, r + 1)
+    local n, u = 0, 0
+    if S.usage[x.pk] then n, u = string.match(S.usage[x.pk], '^(%-?%d+),(%-?%d+)$') end
+    usage = string.format('%d,%d', n + cost, u + 1)
     S.usage[x.pk] = usage
-    need, dirty = math.max(need, now + PENDING_US), true
+    if x.now + PENDING_US > need then need = x.now + PENDING_US end
+    changed = true
   end
-  if dirty then
-    -- (the fields in the order one admission's HSET writes them: a group
-    -- leaves the hash's layout as its requests alone would)
-    put(S.th, 't', true)
-    put(S.th, 'q', true)
-    put(S.th, 'c', true)
-    if x.w then put(S.th, 'w', x.w) end
-    if x.relim then S.L = x.l.sig; put(S.th, 'L', S.L) end
-    if usage then put(S.th, x.pk, usage) end
-    if x.rolled and S.held and v.gn > 0 then S.dropg, v.gn = true, 0 end
-    expire(x, v, need)
-    S.c, S.held = v, true
-  end
+  if changed then dirty(x, need, usage) end
   count_pending(x, counted)
 end
 
@@ -390,15 +440,13 @@ local function answer(x, res)
   return res
 end
 
--- decide decides one request q on the state S: the interpreter's loop.
-local function decide(S, q)
+-- decide decides one request q on the state S: the interpreter's loop
+-- over the list, then the policies, the report, the commit.
+local function decide(q)
+  local x = decision(q)
   local Aq = q.A
-  local x = {S = S, q = q, l = q.l, now = q.now, mode = Aq[A.mode], cost = Aq[A.cost] + 0, meter = Aq[A.meter],
-    pk = q.pk, ok = true, mask = 0, retry = 0, burst = {}, claims = {}, claimed = 0, billed = 0, fresh = 0,
-    fclaimed = 0, spent = 0}
   SHIFT = q.shift
-  local np = Aq[A.policies] + 0
-  if x.mode == 'admit' and #q.K - np >= KY.idem then x.idem = q.K[KY.idem] end
+  if x.mode == 'admit' and #q.K - Aq[A.policies] >= KY.idem then x.idem = q.K[KY.idem] end
   if x.idem then
     local code = idem_check(x)
     if code then
@@ -407,19 +455,18 @@ local function decide(S, q)
       return r
     end
   end
-  x.v = view(S)
   local cal = Aq[A.calendar]
-  if not periods(x, cal ~= '' and cal or nil) then return redis.error_reply('CALENDAR ' .. fmt(x.now)) end
+  if not periods(x, cal ~= '' and cal) then return redis.error_reply('CALENDAR ' .. fmt(x.now)) end
   limit_change(x)
   if x.l.meter then meter_view(x) end
   if S.spent[1] == x.month then x.spent = S.spent[2] end
-  local pp = Aq[A.prepaid]
-  if pp ~= '' then
-    local p = ints(pp)
+  if Aq[A.prepaid] ~= '' then
+    local p = ints(Aq[A.prepaid])
     x.pp = {bal = p[1], id = p[2], prev = p[3], lines = p[4], exp = p[5]}
   end
-  for _, e in ipairs(x.l.entries) do
-    local err = KIND[e.k](x, e)
+  local es = x.l.entries
+  for i = 1, #es do
+    local err = KIND[es[i].k](x, es[i])
     if err then return redis.error_reply(err) end
   end
   policies(x)
@@ -432,26 +479,38 @@ local function decide(S, q)
 end
 
 -- state_write writes what the decisions changed, each hash's fields in
--- the order they were first written (HSET runs, HINCRBY for counters):
--- the tenant's hash (its t, q, c from the state; its expiry when it
--- moved), the pending hash, the meter hash.
-local function state_write(S)
-  local c = S.c
+-- the order they were first written: the tenant's hash (t, q, c from the
+-- state; its expiry when it moved), the pending hash, the meter hash.
+local function state_write()
   if S.dropg then
     local h = redis.call('HGETALL', S.ks)
     for i = 1, #h, 2 do
       if string.sub(h[i], 1, 2) == 'g:' then redis.call('HDEL', S.ks, h[i]) end
     end
   end
-  if S.th.set.t then
-    local s = {g = c.g, b = c.b, d = c.d, du = c.du, dg = c.dg, m = c.m, mu = c.mu, mg = c.mg, mo = c.mo,
-      gn = c.gn, x = c.x, mn = c.mn, cal = c.mn == 0}
-    S.th.set.t, S.th.set.q, S.th.set.c = packed(s)
+  local th = S.th
+  if th.t then
+    local day0 = S.d * DAY_US
+    local g, b = '', ''
+    if S.g ~= 0 then g = fmt(S.g - day0) end
+    if S.b ~= 0 then b = fmt(S.b - day0) end
+    th.t = g .. ',' .. b
+    th.q = string.format('%d,%d,%d,%d,%d,%d,%d,%d', S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn)
+    th.c = string.format('%d,%d', -idiv(-S.x, HOUR_US), idiv(S.mn, DAY_US))
   end
-  flush(S.ks, S.th)
-  if S.th.set.t and c.x ~= S.x0 then redis.call('PEXPIREAT', S.ks, pxat(c.x)) end
-  if flush(S.kp, S.ph) then redis.call('PEXPIRE', S.kp, PENDING_MS) end
-  flush(S.kq, S.qh)
+  if #th > 0 then
+    flush(S.ks, th)
+    if th.t and S.x ~= S.x0 then redis.call('PEXPIREAT', S.ks, pxat(S.x)) end
+    clear(th)
+  end
+  if #S.ph > 0 then
+    if flush(S.kp, S.ph) then redis.call('PEXPIRE', S.kp, PENDING_MS) end
+    clear(S.ph)
+  end
+  if #S.qh > 0 then
+    flush(S.kq, S.qh)
+    clear(S.qh)
+  end
   if S.kqx then redis.call('PEXPIREAT', S.kq, pxat(S.kqx)) end
 end
 
@@ -482,22 +541,31 @@ admit_run = function(reqs, isolate)
     end
     if not q.err then live[#live + 1] = q end
   end
-  local S = #live > 0 and state_read(live)
+  if #live > 0 then state_read(live) end
   for i, q in ipairs(reqs) do
     if q.err then
       out[i] = q.err
     elseif isolate then
-      local ok, r = pcall(decide, S, q)
+      local ok, r = pcall(decide, q)
       out[i] = ok and r or failed(r)
     else
-      out[i] = decide(S, q)
+      out[i] = decide(q)
     end
   end
-  if S then state_write(S) end
+  if #live > 0 then state_write() end
   return out
 end
 
+-- (admit's request and its group of one, made once)
+local Q = {K = false, A = false, now = 0, shift = 0, l = false, pk = false}
+local ONE = {Q}
+
 function FN.admit()
-  return admit_run({{K = KEYS, A = ARGV}})[1]
+  Q.K, Q.A, Q.pk = KEYS, ARGV, false
+  prepare(Q)
+  state_read(ONE)
+  local res = decide(Q)
+  state_write()
+  return res
 end
 end

@@ -21,8 +21,8 @@ form (internal/limits/wire.go): entries separated by ';', an entry's fields by
 list_of reads a wire form once and keeps it (the lists are few: tiers, not
 tenants).
 
-Each kind checks a request in a decision x (admit.lua's decide: its state
-view x.v, periods, cost, the refusal so far), in the list's order; a refusal
+Each kind checks a request in a decision x (admit.lua's decide: the state's
+counters as it sees them, periods, cost, the refusal so far), in the list's order; a refusal
 adds the kind's bit to the mask and keeps the longest wait (-1, never, wins).
 The quotas' claims feed the money: a billed quota claims the units past its
 limit, billed once (a unit past two quotas by the first), and the cap and the
@@ -34,7 +34,9 @@ by entry, from what the checks left in x.
 -- reply's text (the credit of a balance of another period).
 local KIND = {}
 -- list_of returns the list of a wire form: {entries, rate, bucket, meter,
--- sig}, sig the burst limits' "T,B,U,C" (nil without them).
+-- sig, fields}, sig the burst limits' "T,B,U,C" (nil without them), fields
+-- those of the meter hash its entries read (meterq.lua: the meter's, the
+-- spend '$', the credit's draws 'P').
 local list_of
 -- burst_item reports a rate's or bucket's check c at now: active, limit,
 -- remaining, reset.
@@ -73,12 +75,14 @@ end
 list_of = function(wire)
   local l = LISTS[wire]
   if l then return l end
-  l = {entries = {}}
+  l = {entries = {}, fields = {}}
   for s in string.gmatch(wire, '[^;]+') do
     local e = entry_of(s)
     l.entries[#l.entries + 1] = e
     if e.k == 'r' then l.rate = e elseif e.k == 'b' then l.bucket = e end
-    if e.meter then l.meter = e.meter end
+    if e.meter and not l.meter then l.meter, l.fields[#l.fields + 1] = e.meter, e.meter end
+    if e.k == 'c' then l.fields[#l.fields + 1] = '$' end
+    if e.k == 'p' then l.fields[#l.fields + 1] = 'P' end
   end
   local r, b = l.rate, l.bucket
   if r or b then
@@ -95,13 +99,13 @@ local function refuse(x, bit, wait)
   if x.retry ~= -1 and (wait < 0 or wait > x.retry) then x.retry = wait end
 end
 
--- burst_check is the virtual-scheduling check of GCRA (weight 1) and the
+-- burst_check (into c) is the virtual-scheduling check of GCRA (weight 1) and the
 -- token bucket (weight cost): t, the time the limit is free of debt, is
 -- clamped to the most indebted one the limits allow (a clamp is kept even
 -- on a refusal); each unit of weight adds T; the debt may reach B*T.
-local function burst_check(x, e, t, weight, bit)
+local function burst_check(x, e, t, weight, bit, c)
   local now, window = x.now, e.B * e.T
-  local c = {e = e, start = t, next = 0}
+  c.e, c.start, c.next, c.clamped = e, t, 0, false
   if c.start < now then c.start = now end
   if c.start > now + window then c.start, c.clamped = now + window, true end
   local wait = 0
@@ -123,19 +127,18 @@ burst_item = function(c, now, consumed)
   return 1, e.B, r, t
 end
 
-KIND.r = function(x, e) x.burst[1] = burst_check(x, e, x.v.g, 1, 1) end
-KIND.b = function(x, e) x.burst[2] = burst_check(x, e, x.v.b, x.cost, 2) end
+KIND.r = function(x, e) x.rate = burst_check(x, e, x.g, 1, 1, x.rate_c) end
+KIND.b = function(x, e) x.bucket = burst_check(x, e, x.b, x.cost, 2, x.bucket_c) end
 
 -- quota_room returns a quota's used units and limit (the tier's with the
 -- period's grants).
 local function quota_room(x, e)
-  local v, mv = x.v, x.mv
   if e.meter then
-    if e.monthly then return mv.mu, e.limit end
-    return mv.du, e.limit
+    if e.monthly then return x.qmu, e.limit end
+    return x.qdu, e.limit
   end
-  if e.monthly then return v.mu, e.limit + v.mg end
-  return v.du, e.limit + v.dg
+  if e.monthly then return x.mu, e.limit + x.mg end
+  return x.du, e.limit + x.dg
 end
 KIND.room = quota_room
 
@@ -144,8 +147,8 @@ KIND.room = quota_room
 -- quota. fresh is what the cost alone would bill in a fresh period (no
 -- grant): a cap it passes refuses for good.
 KIND.q = function(x, e)
-  local c = {e = e, billed = 0}
-  x.claims[#x.claims + 1] = c
+  local n = x.nclaims + 1
+  x.nclaims, x.claims[n], x.billed_by[n] = n, e, 0
   local used, limit = quota_room(x, e)
   local cost = x.cost
   if e.price >= 0 then
@@ -163,16 +166,16 @@ KIND.q = function(x, e)
     return
   end
   local claim = math.min(cost, used + cost - limit)
-  c.billed = claim - math.min(claim, x.claimed)
+  local billed = claim - math.min(claim, x.claimed)
   if claim > x.claimed then x.claimed = claim end
-  x.billed = x.billed + c.billed * e.price
+  x.billed_by[n], x.billed = billed, x.billed + billed * e.price
 end
 
 -- The spend cap bounds the month's overage in millicents: the tier's units
 -- at its price, the meters' millicents (x.spent), what the claims bill.
 KIND.c = function(x, e)
   x.cap = e
-  if x.claimed > 0 and x.v.mo * e.price + x.spent + x.billed > e.limit then
+  if x.claimed > 0 and x.mo * e.price + x.spent + x.billed > e.limit then
     local wait = x.mnext - x.now
     if x.fresh > e.limit then wait = -1 end
     refuse(x, 64, wait)
@@ -193,7 +196,7 @@ KIND.p = function(x, e)
   local m, mc, pm, pmc = d[1], d[2], d[3], d[4]
   if m == 0 then m, mc, pm, pmc = -1, 0, -1, 0 end
   if m ~= x.month then
-    m, mc, pm, pmc, x.pfresh = x.month, x.v.mo * e.price, m, mc, true
+    m, mc, pm, pmc, x.pfresh = x.month, x.mo * e.price, m, mc, true
   end
   x.draws = {m, mc, pm, pmc}
   local lines = pp.lines
