@@ -67,7 +67,8 @@ end
 
 -- A buffer holds a hash's writes until the end, in the order first
 -- written: b[i] the i-th field, b[field] its value (a string to set, a
--- number to add to the counter, true for t, q and c: the state's).
+-- number to add to the counter, true for t, q and c: the state's; false
+-- for one not written after all).
 local function put(b, f, v)
   if b[f] == nil then b[#b + 1] = f end
   b[f] = v
@@ -86,7 +87,8 @@ local function flush(key, b)
   for i = 1, #b do
     local f = b[i]
     local v = b[f]
-    if type(v) == 'number' then
+    if v == false then
+    elseif type(v) == 'number' then
       if #args > 0 then redis.call('HSET', key, unpack(args)) end
       args = {}
       new = redis.call('HINCRBY', key, f, v) == v or new
@@ -103,8 +105,11 @@ end
 -- Lua more than all the arithmetic of a decision). Never nil a field: a
 -- table keeps its keys' room.
 local ZERO2, ZERO4, NONE = {0, 0}, {0, 0, 0, 0}, {}
+-- HELD is S.t0 when the hash holds the state: its TAT, FULL, day and
+-- month end as read (t and c are written only when they change)
+local HELD = {0, 0, 0, 0}
 local S = {ks = false, kp = false, kq = false, held = false, x0 = 0, g = 0, b = 0, d = -1, du = 0, dg = 0,
-  m = -1, mu = 0, mg = 0, mo = 0, gn = 0, x = 0, mn = 0, L = false, dropg = false, kqx = false,
+  m = -1, mu = 0, mg = 0, mo = 0, gn = 0, x = 0, mn = 0, L = false, dropg = false, kqx = false, t0 = false,
   spent = ZERO2, draws = ZERO4, usage = {}, meters = NONE, th = {}, ph = {}, qh = {}, f = {}, nf = 0}
 local X = {S = S, q = false, l = false, now = 0, mode = false, cost = 0, meter = false, pk = false,
   rate_c = {}, bucket_c = {}, claims = {}, billed_by = {}, nclaims = 0}
@@ -143,7 +148,7 @@ local function state_read(reqs)
   local K = reqs[1].K
   S.ks, S.kp, S.kq, S.held, S.x0, S.g, S.b, S.d, S.du, S.dg = K[KY.state], K[KY.pending], K[KY.meters],
     false, 0, 0, 0, -1, 0, 0
-  S.m, S.mu, S.mg, S.mo, S.gn, S.x, S.mn, S.dropg, S.kqx = -1, 0, 0, 0, 0, 0, 0, false, false
+  S.m, S.mu, S.mg, S.mo, S.gn, S.x, S.mn, S.dropg, S.kqx, S.t0 = -1, 0, 0, 0, 0, 0, 0, false, false, false
   local f, n = S.f, 4
   for i = 5, S.nf do S.usage[f[i]] = nil end
   f[1], f[2], f[3], f[4] = 't', 'q', 'c', 'L'
@@ -164,7 +169,8 @@ local function state_read(reqs)
     if g ~= '' then S.g = g + S.d * DAY_US end
     if b ~= '' then S.b = b + S.d * DAY_US end
     S.x, S.mn = x * HOUR_US, mn * DAY_US
-    S.x0 = S.x
+    S.x0, S.t0 = S.x, HELD
+    HELD[1], HELD[2], HELD[3], HELD[4] = S.g, S.b, S.d, S.mn
   end
   meter_fields(reqs)
 end
@@ -488,19 +494,26 @@ local function state_write()
       if string.sub(h[i], 1, 2) == 'g:' then redis.call('HDEL', S.ks, h[i]) end
     end
   end
-  local th = S.th
-  if th.t then
+  local th, held = S.th, S.t0
+  if th.t and held and S.g == held[1] and S.b == held[2] and S.d == held[3] then
+    th.t = false -- (as the hash holds it: not written again)
+  elseif th.t then
     local day0 = S.d * DAY_US
     local g, b = '', ''
     if S.g ~= 0 then g = fmt(S.g - day0) end
     if S.b ~= 0 then b = fmt(S.b - day0) end
     th.t = g .. ',' .. b
+  end
+  if th.q then
     th.q = string.format('%d,%d,%d,%d,%d,%d,%d,%d', S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn)
-    th.c = string.format('%d,%d', -idiv(-S.x, HOUR_US), idiv(S.mn, DAY_US))
+    th.c = false
+    if not held or S.x ~= S.x0 or S.mn ~= held[4] then
+      th.c = string.format('%d,%d', -idiv(-S.x, HOUR_US), idiv(S.mn, DAY_US))
+    end
   end
   if #th > 0 then
     flush(S.ks, th)
-    if th.t and S.x ~= S.x0 then redis.call('PEXPIREAT', S.ks, pxat(S.x)) end
+    if th.q and S.x ~= S.x0 then redis.call('PEXPIREAT', S.ks, pxat(S.x)) end
     clear(th)
   end
   if #S.ph > 0 then
