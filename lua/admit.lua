@@ -104,13 +104,17 @@ end
 -- their fields reset for each call (a table made per call costs Redis's
 -- Lua more than all the arithmetic of a decision). Never nil a field: a
 -- table keeps its keys' room.
-local ZERO2, ZERO4, NONE = {0, 0}, {0, 0, 0, 0}, {}
+local ZERO2, ZERO4, NONE, NO_METER = {0, 0}, {0, 0, 0, 0}, {}, {-1, 0, -1, 0, 0}
 -- HELD is S.t0 when the hash holds the state: its TAT, FULL, day and
 -- month end as read (t and c are written only when they change)
 local HELD = {0, 0, 0, 0}
 local S = {ks = false, kp = false, kq = false, held = false, x0 = 0, g = 0, b = 0, d = -1, du = 0, dg = 0,
   m = -1, mu = 0, mg = 0, mo = 0, gn = 0, x = 0, mn = 0, L = false, dropg = false, kqx = false, t0 = false,
   spent = ZERO2, draws = ZERO4, usage = {}, meters = NONE, th = {}, ph = {}, qh = {}, f = {}, nf = 0}
+-- RES is the answer report fills: a lone admission's, made once (Redis
+-- reads it before the next call); false in a group, whose answers are
+-- each their own.
+local RES, ANSWER = false, {}
 local X = {S = S, q = false, l = false, now = 0, mode = false, cost = 0, meter = false, pk = false,
   rate_c = {}, bucket_c = {}, claims = {}, billed_by = {}, nclaims = 0}
 
@@ -185,7 +189,6 @@ local function decision(q)
   x.g, x.b, x.d, x.du, x.dg, x.m, x.mu, x.mg, x.mo, x.gn = S.g, S.b, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn
   x.xp, x.mn, x.w, x.rolled, x.relim, x.day, x.dnext, x.month, x.mnext = S.x, S.mn, false, false, false, 0, 0, 0, 0
   x.rate, x.bucket, x.nclaims, x.claimed, x.billed, x.fresh, x.fclaimed, x.spent = false, false, 0, 0, 0, 0, 0, 0
-  x.qd, x.qdu, x.qm, x.qmu, x.qmo, x.qfresh, x.qold = -1, 0, -1, 0, 0, false, false
   x.pp, x.credit, x.draws, x.pfresh, x.cap, x.precs = false, false, false, false, false, false
   x.shadowed, x.overage, x.moverage = false, 0, 0
   return x
@@ -234,12 +237,12 @@ local function limit_change(x)
   if b and U + 0 > 0 and b.T <= U + 0 and b.B >= C + 0 then x.b = 0 end
 end
 
--- meter_view reads the list's meter's counters moved to now's day and
+-- meter_view reads the list's meter's counters (qd, qdu, qm, qmu, qmo) moved to now's day and
 -- month (qfresh: its month changed; qold, the month it held, kept as
 -- <meter>|w).
 local function meter_view(x)
-  local f = x.S.meters[x.l.meter]
-  if f then x.qd, x.qdu, x.qm, x.qmu, x.qmo = f[1], f[2], f[3], f[4], f[5] end
+  local f = x.S.meters[x.l.meter] or NO_METER
+  x.qd, x.qdu, x.qm, x.qmu, x.qmo, x.qfresh, x.qold = f[1], f[2], f[3], f[4], f[5], false, false
   if x.qd ~= x.day then x.qd, x.qdu = x.day, 0 end
   if x.qm ~= x.month then
     if x.qm >= 0 and x.qm < x.month then x.qold = string.format('%d,%d,%d', x.qm, x.qmu, x.qmo) end
@@ -288,8 +291,15 @@ end
 local function report(x)
   local consumed = x.ok and x.mode ~= 'peek'
   if x.ok then x.retry = 0 end
-  local res = {x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0,
-    0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  local res = RES
+  if res then
+    for i = #res, 32, -1 do res[i] = nil end -- (the policies' items of the last call)
+    for i = 7, 31 do res[i] = 0 end
+    res[1], res[2], res[3], res[4], res[5], res[6] = x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0
+  else
+    res = {x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0,
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
+  end
   if x.rate then res[7], res[8], res[9], res[10] = burst_item(x.rate, x.now, consumed) end
   if x.bucket then res[11], res[12], res[13], res[14] = burst_item(x.bucket, x.now, consumed) end
   local spent, over, mover = 0, 0, 0
@@ -544,6 +554,7 @@ local function failed(err)
 end
 
 admit_run = function(reqs, isolate)
+  RES = false
   local live, out = {}, {}
   for _, q in ipairs(reqs) do
     if isolate then
@@ -574,7 +585,7 @@ local Q = {K = false, A = false, now = 0, shift = 0, l = false, pk = false}
 local ONE = {Q}
 
 function FN.admit()
-  Q.K, Q.A, Q.pk = KEYS, ARGV, false
+  Q.K, Q.A, Q.pk, RES = KEYS, ARGV, false, ANSWER
   prepare(Q)
   state_read(ONE)
   local res = decide(Q)
