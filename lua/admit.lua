@@ -106,8 +106,9 @@ end
 -- table keeps its keys' room.
 local ZERO2, ZERO4, NONE, NO_METER = {0, 0}, {0, 0, 0, 0}, {}, {-1, 0, -1, 0, 0}
 -- HELD is S.t0 when the hash holds the state: its TAT, FULL, day and
--- month end as read (t and c are written only when they change)
-local HELD = {0, 0, 0, 0}
+-- month end as read (t and c are written only when they change), q's
+-- counters but du and mu, and their strings
+local HELD = {0, 0, 0, 0, dg = 0, m = 0, mg = 0, mo = 0, gn = 0, ds = '', dgs = '', ms = '', tail = ''}
 local S = {ks = false, kp = false, kq = false, held = false, x0 = 0, g = 0, b = 0, d = -1, du = 0, dg = 0,
   m = -1, mu = 0, mg = 0, mo = 0, gn = 0, x = 0, mn = 0, L = false, dropg = false, kqx = false, t0 = false,
   spent = ZERO2, draws = ZERO4, usage = {}, meters = NONE, th = {}, ph = {}, qh = {}, f = {}, nf = 0}
@@ -165,8 +166,10 @@ local function state_read(reqs)
   for i = 5, n do S.usage[f[i]] = h[i] end
   if h[1] then
     local g, b = string.match(h[1], '^(%-?%d*),(%-?%d*)$')
-    local d, du, dg, m, mu, mg, mo, gn = string.match(h[2],
-      '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    -- (the tail, mg,mo,gn, is a capture too: q is written again from the
+    -- strings read when only du and mu changed)
+    local d, du, dg, m, mu, tail, mg, mo, gn = string.match(h[2],
+      '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),((%-?%d+),(%-?%d+),(%-?%d+))$')
     local x, mn = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
     S.held, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn = true, d + 0, du + 0, dg + 0, m + 0, mu + 0, mg + 0,
       mo + 0, gn + 0
@@ -175,6 +178,8 @@ local function state_read(reqs)
     S.x, S.mn = x * HOUR_US, mn * DAY_US
     S.x0, S.t0 = S.x, HELD
     HELD[1], HELD[2], HELD[3], HELD[4] = S.g, S.b, S.d, S.mn
+    HELD.dg, HELD.m, HELD.mg, HELD.mo, HELD.gn = S.dg, S.m, S.mg, S.mo, S.gn
+    HELD.ds, HELD.dgs, HELD.ms, HELD.tail = d, dg, m, tail
   end
   meter_fields(reqs)
 end
@@ -514,8 +519,13 @@ local function state_write()
     if S.b ~= 0 then b = fmt(S.b - day0) end
     th.t = g .. ',' .. b
   end
-  if th.q then
+  if th.q and held and S.d == held[3] and S.dg == held.dg and S.m == held.m and S.mg == held.mg
+      and S.mo == held.mo and S.gn == held.gn then
+    th.q = held.ds .. ',' .. fmt(S.du) .. ',' .. held.dgs .. ',' .. held.ms .. ',' .. fmt(S.mu) .. ',' .. held.tail
+  elseif th.q then
     th.q = string.format('%d,%d,%d,%d,%d,%d,%d,%d', S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn)
+  end
+  if th.q then
     th.c = false
     if not held or S.x ~= S.x0 or S.mn ~= held[4] then
       th.c = string.format('%d,%d', -idiv(-S.x, HOUR_US), idiv(S.mn, DAY_US))
@@ -538,9 +548,10 @@ local function state_write()
 end
 
 -- prepare reads what a request's state read needs: its time (and the
--- shift of its expiries), its list, its hour's pending usage field.
-local function prepare(q)
-  q.now, q.shift = clock(q.A[A.now] + 0)
+-- shift of its expiries; real is Redis TIME), its list, its hour's pending
+-- usage field.
+local function prepare(q, real)
+  q.now, q.shift = time_at(q.A[A.now] + 0, real)
   q.l = list_of(q.A[A.list])
   if q.A[A.mode] == 'admit' then
     q.pk = 'p' .. idiv(q.now, HOUR_US) .. '|' .. q.A[A.meter] .. '|'
@@ -555,13 +566,13 @@ end
 
 admit_run = function(reqs, isolate)
   RES = false
-  local live, out = {}, {}
+  local live, out, real = {}, {}, redis_time()
   for _, q in ipairs(reqs) do
     if isolate then
-      local ok, err = pcall(prepare, q)
+      local ok, err = pcall(prepare, q, real)
       if not ok then q.err = failed(err) end
     else
-      prepare(q)
+      prepare(q, real)
     end
     if not q.err then live[#live + 1] = q end
   end
@@ -586,7 +597,7 @@ local ONE = {Q}
 
 function FN.admit()
   Q.K, Q.A, Q.pk, RES = KEYS, ARGV, false, ANSWER
-  prepare(Q)
+  prepare(Q, redis_time())
   state_read(ONE)
   local res = decide(Q)
   state_write()
