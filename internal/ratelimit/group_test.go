@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -70,7 +72,17 @@ func groupRequests(tenant string, now time.Time) []quota.Request {
 // and the others their own answers.
 func TestGroupedDecisionsAreThoseOfEachAlone(t *testing.T) {
 	t.Parallel()
-	c := testenv.Redis(t)
+	groupedAsAlone(t, testenv.Redis(t))
+}
+
+// TestClusterGroupedDecisionsAreThoseOfEachAlone is the same on the
+// 3-master cluster (a group is one call on the tenant's slot).
+func TestClusterGroupedDecisionsAreThoseOfEachAlone(t *testing.T) {
+	t.Parallel()
+	groupedAsAlone(t, testenv.Cluster(t))
+}
+
+func groupedAsAlone(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
 	alone, alonePrefix := mustRunner(t, c)
 	grouped, groupedPrefix := mustRunner(t, c)
