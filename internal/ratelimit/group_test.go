@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -17,8 +19,9 @@ import (
 // spend cap, and a meter with a billed quota of its own; costs that pass,
 // bill, hit the cap and pass the day; an idempotency key used twice (a
 // replay) and once for another request (a mismatch); a dry run; another
-// meter.
+// meter; a tenant's fixed window and concurrency policies (leases) on some.
 func groupRequests(tenant string, now time.Time) []quota.Request {
+	window, leases := fixedWindow("g-window", 4, quota.ScopeTenant, quota.RefuseReject), concurrencyPolicy("g-leases", 2, quota.ScopeTenant)
 	f := func(v float64) *float64 { return &v }
 	lim := quota.Limits{BurstRate: f(5), Burst: i64(9), BucketCapacity: i64(40), BucketRefillPerSec: f(2),
 		DailyQuota: i64(30), MonthlyQuota: i64(12), MaxOverageCents: i64(3)}
@@ -38,6 +41,9 @@ func groupRequests(tenant string, now time.Time) []quota.Request {
 			r.Now = now.Add(time.Duration(i) * 50 * time.Millisecond)
 			if i%3 == 1 {
 				r.Meter = "search"
+			}
+			if i%2 == 0 {
+				r.Policies = policyReq(tenant, r.Now, i, 1, window, leases).Policies
 			}
 		})
 		switch i {
@@ -66,7 +72,17 @@ func groupRequests(tenant string, now time.Time) []quota.Request {
 // and the others their own answers.
 func TestGroupedDecisionsAreThoseOfEachAlone(t *testing.T) {
 	t.Parallel()
-	c := testenv.Redis(t)
+	groupedAsAlone(t, testenv.Redis(t))
+}
+
+// TestClusterGroupedDecisionsAreThoseOfEachAlone is the same on the
+// 3-master cluster (a group is one call on the tenant's slot).
+func TestClusterGroupedDecisionsAreThoseOfEachAlone(t *testing.T) {
+	t.Parallel()
+	groupedAsAlone(t, testenv.Cluster(t))
+}
+
+func groupedAsAlone(t *testing.T, c redis.UniversalClient) {
 	ctx := context.Background()
 	alone, alonePrefix := mustRunner(t, c)
 	grouped, groupedPrefix := mustRunner(t, c)
@@ -80,7 +96,7 @@ func TestGroupedDecisionsAreThoseOfEachAlone(t *testing.T) {
 		if err != nil {
 			t.Fatalf("alone %d: %v", i, err)
 		}
-		want[i] = fmtDecision(d)
+		want[i] = fmtGrouped(d)
 	}
 
 	// The grouped runner's senders are held: each Admit queues its call
@@ -99,7 +115,7 @@ func TestGroupedDecisionsAreThoseOfEachAlone(t *testing.T) {
 				got[i] = "error: " + err.Error()
 				return
 			}
-			got[i] = fmtDecision(d)
+			got[i] = fmtGrouped(d)
 		}()
 		deadline := time.Now().Add(10 * time.Second)
 		for len(b.queue) < i+1 {
@@ -152,4 +168,13 @@ func TestGroupedDecisionsAreThoseOfEachAlone(t *testing.T) {
 			t.Errorf("key %s: grouped state differs from alone", k)
 		}
 	}
+}
+
+// fmtGrouped is fmtDecision with the policies' states.
+func fmtGrouped(d quota.Decision) string {
+	s := fmtDecision(d)
+	for _, p := range d.Policies {
+		s += fmt.Sprintf(" | policy %+v", p)
+	}
+	return s
 }
