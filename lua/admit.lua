@@ -66,37 +66,43 @@ local function ints(v)
 end
 
 -- A buffer holds a hash's writes until the end, in the order first
--- written: b[i] the i-th field, b[field] its value (a string to set, a
--- number to add to the counter, true for t, q and c: the state's; false
--- for one not written after all).
+-- written: b[i] the i-th field, b[field] its value to set (a string; true
+-- for t, q and c, the state's; false for one not written after all), or
+-- b[ADD][field] what to add to a counter. ADD is a key no field name is.
+local ADD = {}
+local function buffer() return {[ADD] = {}} end
+
 local function put(b, f, v)
-  if b[f] == nil then b[#b + 1] = f end
+  if b[f] == nil and b[ADD][f] == nil then b[#b + 1] = f end
   b[f] = v
 end
 
 local function add(b, f, n)
-  if b[f] == nil then b[#b + 1] = f end
-  b[f] = (b[f] or 0) + n
+  local a = b[ADD]
+  if b[f] == nil and a[f] == nil then b[#b + 1] = f end
+  a[f] = (a[f] or 0) + n
 end
 
 -- flush writes buffer b into the hash key (runs of fields in one HSET,
--- HINCRBY for counters); it reports whether a counter was new (the hash
--- may be new: its expiry is the caller's).
+-- HINCRBY for counters) and empties it; it reports whether a counter was
+-- new (the hash may be new: its expiry is the caller's).
+local ARGS = {}
 local function flush(key, b)
-  local args, new = {}, false
+  local a, n, new = b[ADD], 0, false
   for i = 1, #b do
     local f = b[i]
     local v = b[f]
-    if v == false then
-    elseif type(v) == 'number' then
-      if #args > 0 then redis.call('HSET', key, unpack(args)) end
-      args = {}
-      new = redis.call('HINCRBY', key, f, v) == v or new
-    else
-      args[#args + 1], args[#args + 2] = f, v
+    if v then
+      ARGS[n + 1], ARGS[n + 2], n = f, v, n + 2
+    elseif v == nil then
+      if n > 0 then redis.call('HSET', key, unpack(ARGS, 1, n)) end
+      n, new = 0, redis.call('HINCRBY', key, f, a[f]) == a[f] or new
     end
   end
-  if #args > 0 then redis.call('HSET', key, unpack(args)) end
+  if n > 0 then redis.call('HSET', key, unpack(ARGS, 1, n)) end
+  for i = #b, 1, -1 do
+    b[b[i]], a[b[i]], b[i] = nil, nil, nil
+  end
   return new
 end
 
@@ -111,20 +117,13 @@ local ZERO2, ZERO4, NONE, NO_METER = {0, 0}, {0, 0, 0, 0}, {}, {-1, 0, -1, 0, 0}
 local HELD = {0, 0, 0, 0, dg = 0, m = 0, mg = 0, mo = 0, gn = 0, ds = '', dgs = '', ms = '', tail = ''}
 local S = {ks = false, kp = false, kq = false, held = false, x0 = 0, g = 0, b = 0, d = -1, du = 0, dg = 0,
   m = -1, mu = 0, mg = 0, mo = 0, gn = 0, x = 0, mn = 0, L = false, dropg = false, kqx = false, t0 = false,
-  spent = ZERO2, draws = ZERO4, usage = {}, meters = NONE, th = {}, ph = {}, qh = {}, f = {}, nf = 0}
+  spent = ZERO2, draws = ZERO4, usage = {}, meters = NONE, th = buffer(), ph = buffer(), qh = buffer(), f = {}, nf = 0}
 -- RES is the answer report fills: a lone admission's, made once (Redis
 -- reads it before the next call); false in a group, whose answers are
 -- each their own.
 local RES, ANSWER = false, {}
 local X = {S = S, q = false, l = false, now = 0, mode = false, cost = 0, meter = false, pk = false,
   rate_c = {}, bucket_c = {}, claims = {}, billed_by = {}, nclaims = 0}
-
--- clear empties a table whose keys are its array's values (a buffer's).
-local function clear(b)
-  for i = #b, 1, -1 do
-    b[b[i]], b[i] = nil, nil
-  end
-end
 
 -- meter_fields reads the meter hash's fields that reqs' lists use.
 local function meter_fields(reqs)
@@ -369,7 +368,10 @@ end
 -- to the hash lives until it is empty again).
 local function dirty(x, need, usage)
   local S, th = x.S, x.S.th
-  if th.t == nil then th[#th + 1], th[#th + 2], th[#th + 3] = 't', 'q', 'c' end
+  if th.t == nil then
+    local n = #th
+    th[n + 1], th[n + 2], th[n + 3] = 't', 'q', 'c'
+  end
   th.t, th.q, th.c = true, true, true
   if x.w then put(S.th, 'w', x.w) end
   if x.relim then S.L = x.l.sig; put(S.th, 'L', S.L) end
@@ -532,17 +534,15 @@ local function state_write()
     end
   end
   if #th > 0 then
+    local expiry = th.q and S.x ~= S.x0
     flush(S.ks, th)
-    if th.q and S.x ~= S.x0 then redis.call('PEXPIREAT', S.ks, pxat(S.x)) end
-    clear(th)
+    if expiry then redis.call('PEXPIREAT', S.ks, pxat(S.x)) end
   end
   if #S.ph > 0 then
     if flush(S.kp, S.ph) then redis.call('PEXPIRE', S.kp, PENDING_MS) end
-    clear(S.ph)
   end
   if #S.qh > 0 then
     flush(S.kq, S.qh)
-    clear(S.qh)
   end
   if S.kqx then redis.call('PEXPIREAT', S.kq, pxat(S.kqx)) end
 end
