@@ -33,14 +33,173 @@ KEYS, ARGV and the answer are POS.admit's (internal/limits/positions.go):
 
 Masks: 1 burst, 2 bucket, 4 daily, 8 monthly, 16 a policy, 32 degraded, 64
 the spend cap, 128 and 256 the meter's daily and monthly quotas, 512 credit.
-Idempotency (mode admit with idem): a record younger than a day decides
-first: another fingerprint is a mismatch (3), a record in flight (its lease
-not past) is 2, both answered with no limits; a done record is replayed (1):
-it passes the burst limits and the policies, counts no quota, and answers
-the stored decision with the burst and meter items of now. Only an admitted
-first request leaves a record.
-State, periods and expiries are state.lua's layout, unchanged: see its
-header, and internal/limits/state.go for each field.
+The state's layout is state.lua's (internal/limits/state.go names each
+field). After an admission, remaining and reset describe the state after
+it; after a refusal, in dry runs and in peeks, the state as it is.
+
+Limit changes: fresh or clamp
+  GCRA and the bucket keep their state as a time (TAT, FULL), and the
+  hash's field L = "T,B,U,C" (the list's rate and bucket) names the limits it was
+  written under: one more field of the HMGET, and one string comparison
+  per call (L is written only when it changes). Under other limits than
+  L's, each of GCRA and the bucket whose new limits are each at least as
+  large (T <= L's T and B >= L's B; U <= L's U and C >= L's C; both
+  limited) starts fresh: its state is read as 0, no debt, so an upgrade
+  never leaves more waiting than the new limits allow. Any other change
+  (a move down, a faster rate with a smaller burst, a limit that was
+  unlimited, no L yet) keeps the state, clamped to the most
+  indebted state the CURRENT limits allow: TAT <= now + B*T and FULL <=
+  now + C*U. Under unchanged limits the clamp never bites (admissions keep
+  both below it), so it changes nothing there; after a change of limits
+  the next request waits at most one new interval (T, or cost*U): the new
+  limits' own worst case. L is written with any write of the state in
+  admit mode. A clamped time is written back in admit mode even when the
+  request is refused: it consumes nothing (it is the state the old one
+  means under the new limits), and without it every later request would
+  be clamped, and refused, anew; a fresh start needs no write (it is read
+  again the same until an admission writes the state and L).
+
+GCRA (counts requests, 1 per request whatever the cost)
+  tat = min(max(TAT, now), now + B*T); new = tat + T; allowed iff new - now <= B*T.
+  remaining = floor((B*T - (new - now)) / T), reset = new (full again),
+  refusal retry = new - B*T - now. Never more than B + t/T requests are
+  admitted in any window of length t. T is 1e6/rate rounded to a whole us, so
+  the real rate is 1e6/T: off by at most 0.5/T relative to the configured one.
+
+Token bucket (counts cost units), in virtual-scheduling form
+  State FULL = the time the bucket is full again; U = us per unit of refill;
+  C = capacity. This is exactly a continuously refilled bucket with
+  tokens(now) = C - max(0, FULL - now) / U.
+  f = min(max(FULL, now), now + C*U); new = f + cost*U; allowed iff new - now <= C*U
+  (i.e. tokens >= cost); remaining = floor((C*U - (new - now)) / U);
+  retry = new - C*U - now; cost > C never passes (retry -1).
+
+Quotas (count cost units per day / billing month of the tenant's calendar:
+UTC days and calendar months by default; see "Calendars")
+  A hash whose period is not the current one counts as empty. limit = quota
+  + grant of the current period; remaining = max(0, limit - used); reset =
+  start of the next period; refusal retry = next period start - now, or -1
+  when cost > quota (a fresh period has no grant).
+  Overage policy applies to the MONTHLY quota only: 'block' refuses past
+  quota + grant; 'bill' admits and returns the units past quota + grant as
+  overage (added to the month hash and to pending usage). The daily quota is
+  always a hard cap, and GCRA and the bucket always refuse: overage billing
+  is a promise about the month's volume, not a licence to burst.
+  Spend cap (a cap entry): a request whose claims would bring the month's
+  overage money past the cap (see "Meter quotas") is refused (mask 64),
+  consuming nothing; retry = next month start - now, or -1 when the cost
+  alone would bill past the cap in a fresh month (which has no grant).
+
+Calendars (the calendar argument not '')
+  A tenant's billing calendar (quota.Calendar: an anchor day 1..28 and an
+  IANA zone) makes its days run from local midnight to local midnight (23
+  or 25 hours across a DST change) and its months from the anchor day's
+  local midnight to the next month's. Lua knows no zones, and now is Redis
+  TIME, not Go's: Go passes the days and periods around its own now
+  (calendar.lua), and cal_at picks those of the script's now: the day id
+  (the local date as days since 1970-01-01), the next day's start, the
+  period id (year*100+month of its anchor day) and the next period's start,
+  which are d, dnext, m and mnext below; the resets follow them, and the
+  meter quotas' periods are the same. The state's layout does not change:
+  t's base d*DAY_US is an offset base only, so a local day id serves as
+  well. The month's cached end (c's mn, the default calendar's fast path)
+  is never used with a calendar and is kept 0, so that a tenant moved back
+  to the default calendar computes its month again. A calendar that changes
+  (another zone or anchor) changes the ids: counters whose id is still the
+  current one carry on, the others start again from 0 (as at any new day
+  or month). When the script's now is outside the days Go sent (the
+  clocks more than about a day apart), the call answers the error
+  "CALENDAR <now us>" and writes nothing; Go computes the boundaries of
+  that now and calls once more. The default calendar ('' or absent) takes
+  the UTC path, at no cost but the test of its argument.
+
+Policies (np > 0)
+  Decided with the tier's limits, all or nothing: policies_check (policy.lua)
+  reads each one's key after the tier's checks; a refusing enforced policy
+  (reject, queue) refuses the request (mask 16); a refusing degrade policy,
+  when everything else admits, makes it degraded (mask 32): not admitted,
+  nothing consumed, counted as degraded; a refusing shadow policy refuses
+  nothing and is counted as a shadow refusal. An admitted request commits
+  every policy that admitted it, in the same call. Peek and dry runs check
+  and write nothing. Pending fields: "|d" degraded, "|s" shadow refusals.
+
+Meter quotas (the list's quota entries of a meter)
+  A tier's quota of one meter (quota.MeterQuota), beside the tier-wide
+  ones and decided with them, all or nothing. Its state is one field of
+  the hash <prefix>:v1:{t:<id>}:mq (KEYS meters), named by the meter:
+  "d,du,m,mu,mo" (day id and units, month id, units and overage units, the
+  ids as q's), and the field '$' = "m,mc": the millicents (1/1000 cent) of
+  all meters' overage of month m, for the spend cap. When a meter's field,
+  or '$', moves on to a new month, the month that ends is kept beside it
+  ("<meter>|w" = "m,mu,mo", '$w' = "m,mc": meterq.lua), for refunds and
+  settlements of its requests that arrive after the roll. The periods are the
+  tier-wide quotas' (d, m above). The daily quota is a hard cap (mask 128,
+  retry as the tier's); the monthly one refuses (256) or, billed, admits
+  past it: the units past it are the meter's overage ('|m' pending field),
+  and a unit past the tier-wide monthly quota too is the meter's overage
+  only (taken off the tier's, so no unit is billed twice). The spend cap is
+  checked in millicents over both, whatever plan billed the month's '$':
+  (tier overage units) * tier price + mc + (meter overage) * price <= cap
+  (exact: each term is below 2^53 until the sum is past cap <= 2^50, and a
+  double past 2^53 still compares greater). The hash lives to the end of the
+  month of its last write + 1 h (PEXPIREAT when a field's month changes).
+  Replays answer the meter items as they are now.
+
+Prepaid (a credit entry, the prepaid argument "bal,bid,prev,lines,pexp")
+  A prepaid tenant's units past its monthly quotas (the tier's overage at
+  tprice and the meter's at price, as billed) are paid from its credit,
+  drawn down here, atomically with the limits: the field 'P' of the meter
+  quotas' hash is "m,mc,pm,pmc": the millicents that the admissions of
+  period m drew, and of the period pm before it. bal is what they may draw
+  (quota.Prepaid.BalanceMillicents, billing.Ledger.Prepaid: the credit
+  that pays period bid's invoice, left once every invoice not final yet
+  has drawn its share, less the charges of bid's invoice that admissions
+  do not draw; the draws Redis counts are not in it; it may be
+  negative), bid the period it is for and prev the period before it
+  while its invoice is not final (0 once it is: its draws are then on
+  the ledger, out of bal), lines the invoice lines a period's draws are
+  rated on (each rounded up to the cent: 999 millicents are kept back per
+  line past the first, of this period's lines and of prev's when it
+  drew), pexp (quota.Prepaid.ExpiringMillicents) what prev's draws may
+  reach before they take anything off bal: the credit prev's invoice
+  draws first that does not pay bid's (it expires before bid ends), less
+  prev's charges that admissions do not draw; or prev's overage charges
+  as the ledger rates them, when more (bal holds those back already);
+  or 2^53, which no draws reach, when prev's invoice takes all the credit
+  it shares with bid's whatever it drew. A request whose cost would
+  bring mc + 999 * (lines - 1) + max(0, pmc + 999 * lines - pexp) (that
+  last term only while pm = prev and pmc > 0) past bal is refused (mask
+  512, retry -1: no wait brings credit back), consuming nothing; a
+  balance of another period
+  than now's is an error "PREPAID <now us>" (Go reads the balance of that
+  period and calls again). While prepaid, the hash lives 40 days past the
+  end of its month, so that pmc outlasts the previous invoice's grace.
+
+Idempotency (KEYS idem present, mode 'admit')
+  A record younger than 24 h (by its own 'at', so that explicit test times
+  see the same window) decides first: another fingerprint is a mismatch (3);
+  a 'run' record whose lease has not passed is in flight (2); a 'done' record
+  is replayed (1): the replay still passes GCRA and the bucket (it is load),
+  which it consumes, but no quota and no pending usage; its answer is the
+  stored decision with the burst and bucket items of now. Its policies
+  decide it as any request's (a full one refuses it) and the rate limits
+  among them are spent, but it takes no concurrency lease (policy.lua's
+  policies_commit): it is answered at once, and nothing would release it.
+  A refused replay is an ordinary refusal. A 'run' record past its lease (its node died) is
+  a new attempt. Only allowed first attempts write a record: a refusal
+  consumed nothing, so a retry with the same key is a new attempt. Dry runs
+  and peeks ignore the key.
+
+Expiry (each key lives no longer than its state needs, give or take an hour)
+  the state hash: until the end of its month (or day, or TAT/FULL,
+  whichever is last) + 1 h, sent only when that passes the expiry it has
+  (field x), and 14 days after an admission's pending usage; idem: 24 h;
+  the pending hash: 14 days after
+  the first write of a field (so at least hourly while the tenant is
+  active; the worker flushes it far sooner, the TTL only bounds what an
+  abandoned tenant leaves behind). Expiries are absolute in script time;
+  with an explicit now in the past they are shifted by (TIME - now), so
+  that test state lives as long as it would have.
 ]]
 
 -- admit_run decides reqs, {K = keys, A = args} each, of one tenant in
