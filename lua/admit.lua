@@ -339,7 +339,11 @@ local function state_read(reqs)
     HELD.dg, HELD.m, HELD.mg, HELD.mo, HELD.gn = S.dg, S.m, S.mg, S.mo, S.gn
     HELD.ds, HELD.dgs, HELD.ms, HELD.tail = d, dg, m, tail
   end
-  meter_fields(reqs)
+  if #reqs > 1 or #reqs[1].l.fields > 0 then
+    meter_fields(reqs)
+  else
+    S.spent, S.draws, S.meters = ZERO2, ZERO4, NONE
+  end
 end
 
 -- decision starts X's decision of request q on S: the request, and the
@@ -350,10 +354,11 @@ local function decision(q)
   x.q, x.l, x.now, x.mode, x.cost, x.meter, x.pk = q, q.l, q.now, Aq[A.mode], Aq[A.cost] + 0, Aq[A.meter], q.pk
   x.ok, x.mask, x.retry, x.replay, x.idem = true, 0, 0, false, false
   x.g, x.b, x.d, x.du, x.dg, x.m, x.mu, x.mg, x.mo, x.gn = S.g, S.b, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn
-  x.xp, x.mn, x.w, x.rolled, x.relim, x.day, x.dnext, x.month, x.mnext = S.x, S.mn, false, false, false, 0, 0, 0, 0
+  x.xp, x.mn, x.w, x.rolled, x.relim = S.x, S.mn, false, false, false
   x.rate, x.bucket, x.nclaims, x.claimed, x.billed, x.fresh, x.fclaimed, x.spent = false, false, 0, 0, 0, 0, 0, 0
-  x.pp, x.credit, x.draws, x.pfresh, x.cap, x.precs = false, false, false, false, false, false
-  x.shadowed, x.overage, x.moverage = false, 0, 0
+  x.pp, x.credit, x.cap, x.precs, x.shadowed = false, false, false, false, false
+  -- (periods sets day, dnext, month, mnext; report overage and moverage;
+  -- the credit draws and pfresh)
   return x
 end
 
@@ -651,7 +656,7 @@ local function decide(q)
     local err = KIND[es[i].k](x, es[i])
     if err then return redis.error_reply(err) end
   end
-  policies(x)
+  if Aq[A.policies] ~= '0' or Aq[A.outside] ~= '' then policies(x) end
   local res = report(x)
   if x.mode == 'admit' then
     if x.ok and x.precs then policies_commit(x.precs, x.now, x.replay) end

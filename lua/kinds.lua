@@ -194,6 +194,7 @@ KIND.p = function(x, e)
   x.credit = e
   local d = x.S.draws
   local m, mc, pm, pmc = d[1], d[2], d[3], d[4]
+  x.pfresh = false
   if m == 0 then m, mc, pm, pmc = -1, 0, -1, 0 end
   if m ~= x.month then
     m, mc, pm, pmc, x.pfresh = x.month, x.mo * e.price, m, mc, true
