@@ -307,9 +307,16 @@ func TestOneTenantCannotHoldTheNodesQueue(t *testing.T) {
 	otherTenantQueues(t, base, other, "the first tenant's requests still wait")
 	// those refused at once got a 429 naming the policy (a waiter may have
 	// been served in its turn meanwhile)
-	refused := 0
+	// "At once" is long before the policy's 30 s wait: every answer may
+	// take up to 2 s from here (a loaded machine may still be writing the
+	// refusals), then 10 ms each.
+	refused, by := 0, time.Now().Add(2*time.Second)
 	for _, c := range conns {
-		_ = c.SetReadDeadline(time.Now().Add(10 * time.Millisecond))
+		dl := time.Now().Add(10 * time.Millisecond)
+		if dl.Before(by) {
+			dl = by
+		}
+		_ = c.SetReadDeadline(dl)
 		resp, err := http.ReadResponse(bufio.NewReader(c), nil)
 		if err != nil {
 			continue
