@@ -27,7 +27,8 @@ KEYS, ARGV and the answer are POS.admit's (internal/limits/positions.go):
   answer: allowed, mask, retry, overage, now, idem, then the six items
        (burst, bucket, daily, monthly, the meter's daily and monthly: active,
        limit, remaining, reset), the meter's overage, then POLICY_ITEM per
-       policy; an error reply "CALENDAR <now>" (now outside the days Go
+       policy (a list without a meter quota and a request without
+       policies: the first 22 only, the tier's); an error reply "CALENDAR <now>" (now outside the days Go
        sent: it sends those of this now) or "PREPAID <now>" (a balance of
        another period), having written nothing.
 
@@ -467,17 +468,32 @@ end
 local function report(x)
   local consumed = x.ok and x.mode ~= 'peek'
   if x.ok then x.retry = 0 end
+  -- (a list without a meter quota, and no policies: the 22 integers
+  -- before the meter's items, which Redis converts at a cost each)
+  local n = 31
+  if not x.l.meter and not x.precs then n = 22 end
   local res = RES
   if res then
-    for i = #res, 32, -1 do res[i] = nil end -- (the policies' items of the last call)
-    for i = 7, 31 do res[i] = 0 end
+    for i = #res, n + 1, -1 do res[i] = nil end -- (the items of the last call)
+    for i = 15, n do res[i] = 0 end
     res[1], res[2], res[3], res[4], res[5], res[6] = x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0
+  elseif n == 22 then
+    res = {x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0,
+      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   else
     res = {x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0,
       0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
   end
-  if x.rate then res[7], res[8], res[9], res[10] = burst_item(x.rate, x.now, consumed) end
-  if x.bucket then res[11], res[12], res[13], res[14] = burst_item(x.bucket, x.now, consumed) end
+  if x.rate then
+    res[7], res[8], res[9], res[10] = burst_item(x.rate, x.now, consumed)
+  else
+    res[7], res[8], res[9], res[10] = 0, 0, 0, 0
+  end
+  if x.bucket then
+    res[11], res[12], res[13], res[14] = burst_item(x.bucket, x.now, consumed)
+  else
+    res[11], res[12], res[13], res[14] = 0, 0, 0, 0
+  end
   local spent, over, mover = 0, 0, 0
   if consumed then spent = x.cost end
   for i = 1, x.nclaims do
@@ -491,7 +507,8 @@ local function report(x)
     res[j], res[j + 1], res[j + 2] = 1, limit, left
     res[j + 3] = e.monthly and x.mnext or x.dnext
   end
-  res[4], res[31], x.overage, x.moverage = over, mover, over, mover
+  res[4], x.overage, x.moverage = over, over, mover
+  if n == 31 then res[31] = mover end
   if not consumed then x.billed = 0 end
   return res
 end
@@ -617,7 +634,7 @@ local function answer(x, res)
     local out = {}
     for i = 1, 31 do out[i] = x.replay[i] or 0 end
     for i = 7, 14 do out[i] = res[i] end
-    for i = 23, 30 do out[i] = res[i] end
+    for i = 23, 30 do out[i] = res[i] or 0 end
     out[5], out[6] = x.now, 1
     if x.precs then policies_report(out, x.precs, true) end
     return out

@@ -84,6 +84,11 @@ func (d Decision) Flat(meter bool) []int64 {
 // decision (Flat(true)), before its policies' items.
 const AnswerLen = resultMeterLen
 
+// TierAnswerLen is the length of the library's answer (Flat(false)) to a
+// list without a meter quota and a request without policies: the
+// meter's items and overage, all 0, are left off.
+const TierAnswerLen = resultLen
+
 // DecodeFlat reads Flat's answer (22 or 31 values): an idempotency
 // record's decision, or the admission library's answer.
 func DecodeFlat(f []int64) Decision {

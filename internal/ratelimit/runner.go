@@ -154,7 +154,8 @@ func (r *Runner) PeekIn(ctx context.Context, tenantID string, cal quota.Calendar
 // with the request's id. When Redis's clock is outside those boundaries
 // (the function answers "CALENDAR <its now>", having written nothing), run
 // calls once more with the boundaries of the function's now. It returns
-// the answer: limits.AnswerLen values, then the policies' items.
+// the answer: limits.AnswerLen values (limits.TierAnswerLen for a list
+// without a meter quota and no policies), then the policies' items.
 func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, l *limits.List, cost int64, meter, fp string, leaseUS int64, prepaid string, pol *inSlot) ([]int64, error) {
 	// The batcher coalesces concurrent calls into pipelines (batch.go); a
 	// Redis without the library (restarted, flushed, a new master) is
@@ -181,7 +182,8 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	if err != nil {
 		return nil, prepaidStale(err)
 	}
-	if len(res) != want && !(len(res) == limits.AnswerLen && res[5] >= int64(quota.IdemInFlight)) {
+	short := len(res) == limits.TierAnswerLen && want == limits.AnswerLen // (no meter quota, no policies)
+	if len(res) != want && !short && !(len(res) == limits.AnswerLen && res[5] >= int64(quota.IdemInFlight)) {
 		return nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
 	}
 	return res, nil
