@@ -310,7 +310,7 @@ func TestOneTenantCannotHoldTheNodesQueue(t *testing.T) {
 	// "At once" is long before the policy's 30 s wait: every answer may
 	// take up to 2 s from here (a loaded machine may still be writing the
 	// refusals), then 10 ms each.
-	refused, by := 0, time.Now().Add(2*time.Second)
+	refused, served, by := 0, 0, time.Now().Add(2*time.Second)
 	for _, c := range conns {
 		dl := time.Now().Add(10 * time.Millisecond)
 		if dl.Before(by) {
@@ -325,14 +325,17 @@ func TestOneTenantCannotHoldTheNodesQueue(t *testing.T) {
 		resp.Body.Close()
 		switch {
 		case resp.StatusCode == 200: // served in its turn
+			served++
 		case resp.StatusCode != 429 || !strings.Contains(string(b), "paced"):
 			t.Fatalf("a refused waiter: %d %s, want 429 naming paced", resp.StatusCode, b)
 		default:
 			refused++
 		}
 	}
-	if refused < 1030-64 {
-		t.Fatalf("%d of 1030 requests refused at once, want at least %d", refused, 1030-64)
+	// Every request was refused, or took one of the tenant's 64 slots: a
+	// waiter served in its turn (one a second) freed its slot for another.
+	if refused < 1030-64-served {
+		t.Fatalf("%d of 1030 requests refused at once, %d served, want at least %d refused", refused, served, 1030-64-served)
 	}
 }
 
