@@ -1,46 +1,137 @@
---[[ admit.lua: the admission interpreter, the library's functions admit
-(one request) and, through admit_run, admitn (a group of one tenant's
-requests: group.lua).
+--[[ admit.lua: one admission decision for one tenant and one request: the
+library's function admit (lua/embed.go).
 
-A request meets its tenant's list of limits (kinds.lua): admit reads the
-tenant's state once, checks every entry of the list, in its order, and only
-when all of them pass (and the request's policies too) commits each; a refusal
-commits nothing but a clamp of the burst limits and the count of the refusal.
-Then it writes the state once. A group decides its requests in order on the
-state read once, each exactly as it would be decided alone, and writes once.
-internal/limits is the reference (decide.go, commit.go, periods.go).
+It checks GCRA (requests), the token bucket (cost units), the daily quota and
+the monthly quota together and commits all of them or none: every active limit
+is checked first, and state is written only when all of them pass. A refused
+request changes no limit state; it only counts a refusal in the pending usage.
+internal/ratelimit runs it; internal/ratelimit/model.go is its pure-Go
+reference, and the tests hold the two to identical answers. Needs Redis 7.0
+or later (Redis Functions; TIME before writes relies on effects
+replication).
 
-KEYS, ARGV and the answer are POS.admit's (internal/limits/positions.go):
-  KEYS state (the tenant's hash, state.lua), pending (the pending hash of a
-       tenant without state), meters (the meter quotas' and money hash,
-       meterq.lua), idem (an idempotency record, optional), then the keys of
-       the request's policies
-  ARGV now (us; 0: Redis TIME), mode ('admit'; 'dry' decides and writes
-       nothing; 'peek' reports, cost 1), list (the wire form), cost, meter
-       (its pending usage), request_id (the policies' leases), fingerprint
-       and lease (us in flight) of an idempotent request, calendar
-       (calendar.lua's boundaries; '' the default), prepaid
-       ("bal,bid,prev,lines,pexp", '' postpaid: admit.lua of before,
-       "Prepaid"), outside (what the policies of other slots made of the
-       request: letters x refused, d degraded, s shadow), policies (their
-       number), then policy.lua's POLICY_ARGS for each
-  answer: allowed, mask, retry, overage, now, idem, then the six items
-       (burst, bucket, daily, monthly, the meter's daily and monthly: active,
-       limit, remaining, reset), the meter's overage, then POLICY_ITEM per
-       policy (a list without a meter quota and a request without
-       policies: the first 22 only, the tier's); an error reply "CALENDAR <now>" (now outside the days Go
-       sent: it sends those of this now) or "PREPAID <now>" (a balance of
-       another period), having written nothing.
+Units, epoch, precision
+  Times are integer microseconds since the Unix epoch, UTC. Time is Redis
+  TIME (sec*1e6 + usec) unless ARGV[1] gives an explicit time (tests only).
+  Every quantity is an integer held in a Lua double, exact below 2^53: the
+  Go side bounds limits by quota.MaxQuantity and every window (B*T, C*U) by
+  2^50 us (~35 years), and now is ~2^50.6 us today, so sums stay below 2^53.
+  Integer division is idiv (floor, corrected to be exact). Numbers written to
+  Redis go through string.format('%d'), never tostring (which would print
+  large numbers as 1e+15); only a count of hours, far below 1e14, is joined
+  by '..'.
 
-Masks: 1 burst, 2 bucket, 4 daily, 8 monthly, 16 a policy, 32 degraded, 64
-the spend cap, 128 and 256 the meter's daily and monthly quotas, 512 credit.
-The state's layout is state.lua's (internal/limits/state.go names each
-field). After an admission, remaining and reset describe the state after
-it; after a refusal, in dry runs and in peeks, the state as it is.
+The state's keys, layout and the shared functions (clock, calendar,
+load_state, save_state) are lua/state.lua's, earlier in the library. The
+common case (the state in the hash, no new day or month) is read and
+written here, on locals, with the fields that did not change left as they
+are; anything else goes through load_state and save_state.
+
+KEYS (the Go side builds them; every key carries the hash tag {t:<tenant id>},
+so one call touches one Redis Cluster slot)
+  KEYS[1] the state hash (state.lua)
+  KEYS[2] <prefix>:v1:{t:<id>}:pending hash (state.lua): the pending usage
+                                       of a tenant whose hash holds no state:
+                                       "<hour start, unix s>|<meter>|x"
+                                       refused requests, "|d", "|s"
+  KEYS[3] <prefix>:v1:{t:<id>}:idem2:<sha256 hex of the idempotency key>
+                                       hash (optional key): fp (request
+                                       fingerprint), st ('run' while the first
+                                       request is in flight, 'done' once its
+                                       answer is stored), dec (the encoded
+                                       first decision), lease (us: a 'run'
+                                       record older than this is abandoned),
+                                       at (us: the first decision's time);
+                                       status/hdr/body are written by
+                                       idem.lua when the answer is stored
+
+ARGV
+  [1]  now_us      explicit time in us; 0 = Redis TIME
+  [2]  mode        'admit' | 'dry' (decide, write nothing) | 'peek' (report
+                   the current room without any request; the Go side passes
+                   cost 1 and overage 'block')
+  [3]  cost        cost units, 1..2^40
+  [4]  meter       the route's meter, for pending usage fields
+  [5]  overage     'block' | 'bill'
+  [6]  gcra_T      GCRA emission interval T in us (0 = unlimited)
+  [7]  gcra_B      GCRA burst B, requests
+  [8]  bucket_U    token bucket interval U per unit in us (0 = unlimited)
+  [9]  bucket_C    token bucket capacity C, units
+  [10] daily       daily quota, units (-1 = unlimited)
+  [11] monthly     monthly quota, units (-1 = unlimited)
+  [12] fp          request fingerprint (with KEYS[3]): method, path, body
+  [13] lease_us    how long a first request may stay in flight, us; 0 =
+                   the record is 'done' at once (no answer to store)
+  [14] ocap        the spend cap: overage units the month may hold at most
+                   (-1 = no cap; quota.SpendCapUnits; only with 'bill')
+  [15] np          policies decided with the tenant's limits (absent or 0:
+                   none)
+  [16] id          the request's id (concurrency leases, log entries)
+  [17] outside     what the policies of other slots (reserved before this
+                   call: ratelimit/policy.go) made of the request: '' none
+                   refused, or letters: 'x' an enforced one refused (the
+                   request is refused: mask 16), 'd' a degrade one refused
+                   (degraded, when nothing else refuses), 's' a shadow one
+                   refused; counted here, in the same pending fields
+  [18] mq          the meter quota of the request's meter (see "Meter
+                   quotas"): '' none, or "dq,mq,bill,price,tprice,capm":
+                   the meter's daily and monthly quotas (-1 = unlimited),
+                   1 when its overage is billed, its price per 1,000
+                   units, the tier's (0 unless the tier bills), and the
+                   spend cap in millicents (-1 = none: with this argument
+                   the cap is checked in millicents, never ocap's units,
+                   so Go sends the tier's cap whenever it sends a meter's
+                   quota); its key is the LAST of KEYS. A tier with a
+                   billed meter quota and a spend cap passes it on every
+                   request, "-1,-1,0,0,..."
+                   for a meter without a quota, so that the cap sees the
+                   meters' overage. A prepaid tenant's has five more,
+                   ",bal,bid,prev,lines,pexp" (see "Prepaid"), and is passed on
+                   every request
+  [19] cal         the tenant's billing calendar (see "Calendars"): '' the
+                   default one (UTC days and calendar months), or
+                   quota.Calendar.Boundaries of Go's now (calendar.lua)
+  [20..]           np groups of policy.lua's POLICY_ARGS; their keys are
+                   the last np KEYS before the meter quota's (after the
+                   idempotency key, if any), all under the tenant's hash tag
+  ([15..19] are all absent, or all present: a call without policies takes
+  them when the meter has a quota or the tenant a calendar; the KEYS do
+  not change with a calendar)
+
+Return: an error reply "CALENDAR <now us>" when ARGV[19]'s days do not
+reach the script's now (see "Calendars"), or "PREPAID <now us>" when the
+balance of ARGV[18] is of another period than now's (see "Prepaid"),
+written nothing; else a flat
+array of 22 integers, then 9 of the meter quota (when
+ARGV[18] names one), then policy.lua's POLICY_ITEM integers per policy
+(none when np is 0; idempotency codes 2, 3 return the 22 alone)
+  [1] allowed (1/0)
+  [2] violated bitmask: 1 burst, 2 bucket, 4 daily, 8 monthly, 16 a policy
+      (its item says which), 32 degraded: only a degrade policy refused (the
+      request gets its fallback answer; nothing is consumed), 64 spend cap,
+      128 the meter's daily quota, 256 the meter's monthly quota, 512 a
+      prepaid tenant's credit does not cover the request (retry -1)
+  [3] retry after, us (0 when allowed; -1 = never: the cost exceeds a limit's
+      whole size)
+  [4] overage units admitted past the monthly quota (bill)
+  [5] now, us
+  [6] idempotency: 0 = a first attempt (or no key), 1 = replayed (the
+      stored answer to an earlier request with the key), 2 = in flight (the
+      first request with the key has not answered yet), 3 = mismatch (the
+      key was used for a different request); 2 and 3 decide nothing and
+      report no limits (all zero)
+  then for burst, bucket, daily, monthly (in this order) four integers:
+      active (1/0), limit, remaining, reset (absolute us)
+  [23..30] with a meter quota, the same four for the meter's daily and
+      monthly quotas, and [31] the meter overage units admitted (past the
+      meter's billed monthly quota; not among [4]), which a refund or a
+      settlement gives back
+  After an admission, remaining and reset describe the state after it; after
+  a refusal, in dry-run refusals and in peek, the state as it is.
 
 Limit changes: fresh or clamp
   GCRA and the bucket keep their state as a time (TAT, FULL), and the
-  hash's field L = "T,B,U,C" (the list's rate and bucket) names the limits it was
+  hash's field L = "T,B,U,C" (ARGV[6..9] as sent) names the limits it was
   written under: one more field of the HMGET, and one string comparison
   per call (L is written only when it changes). Under other limits than
   L's, each of GCRA and the bucket whose new limits are each at least as
@@ -86,12 +177,12 @@ UTC days and calendar months by default; see "Calendars")
   overage (added to the month hash and to pending usage). The daily quota is
   always a hard cap, and GCRA and the bucket always refuse: overage billing
   is a promise about the month's volume, not a licence to burst.
-  Spend cap (a cap entry): a request whose claims would bring the month's
-  overage money past the cap (see "Meter quotas") is refused (mask 64),
-  consuming nothing; retry = next month start - now, or -1 when the cost
-  alone would bill past the cap in a fresh month (which has no grant).
+  Spend cap ('bill' with ocap >= 0): a request whose overage would bring
+  the month's overage units past ocap is refused (mask 64), consuming
+  nothing; retry = next month start - now, or -1 when cost > quota + ocap
+  (it would pass the cap even in a fresh month, which has no grant).
 
-Calendars (the calendar argument not '')
+Calendars (ARGV[19] not '')
   A tenant's billing calendar (quota.Calendar: an anchor day 1..28 and an
   IANA zone) makes its days run from local midnight to local midnight (23
   or 25 hours across a DST change) and its months from the anchor day's
@@ -112,7 +203,7 @@ Calendars (the calendar argument not '')
   clocks more than about a day apart), the call answers the error
   "CALENDAR <now us>" and writes nothing; Go computes the boundaries of
   that now and calls once more. The default calendar ('' or absent) takes
-  the UTC path, at no cost but the test of its argument.
+  the UTC path of before, at no cost but the test of ARGV[19].
 
 Policies (np > 0)
   Decided with the tier's limits, all or nothing: policies_check (policy.lua)
@@ -124,10 +215,10 @@ Policies (np > 0)
   every policy that admitted it, in the same call. Peek and dry runs check
   and write nothing. Pending fields: "|d" degraded, "|s" shadow refusals.
 
-Meter quotas (the list's quota entries of a meter)
+Meter quotas (ARGV[18] not '')
   A tier's quota of one meter (quota.MeterQuota), beside the tier-wide
   ones and decided with them, all or nothing. Its state is one field of
-  the hash <prefix>:v1:{t:<id>}:mq (KEYS meters), named by the meter:
+  the hash <prefix>:v1:{t:<id>}:mq (the last of KEYS), named by the meter:
   "d,du,m,mu,mo" (day id and units, month id, units and overage units, the
   ids as q's), and the field '$' = "m,mc": the millicents (1/1000 cent) of
   all meters' overage of month m, for the spend cap. When a meter's field,
@@ -138,15 +229,15 @@ Meter quotas (the list's quota entries of a meter)
   retry as the tier's); the monthly one refuses (256) or, billed, admits
   past it: the units past it are the meter's overage ('|m' pending field),
   and a unit past the tier-wide monthly quota too is the meter's overage
-  only (taken off the tier's, so no unit is billed twice). The spend cap is
-  checked in millicents over both, whatever plan billed the month's '$':
-  (tier overage units) * tier price + mc + (meter overage) * price <= cap
-  (exact: each term is below 2^53 until the sum is past cap <= 2^50, and a
-  double past 2^53 still compares greater). The hash lives to the end of the
+  only (taken off the tier's, so no unit is billed twice). With a spend cap
+  and meter overage, the cap is checked in millicents over both: (tier
+  overage units) * tprice + mc + (meter overage) * price <= capm (exact:
+  each term is below 2^53 until the sum is past capm <= 2^50, and a double
+  past 2^53 still compares greater). The hash lives to the end of the
   month of its last write + 1 h (PEXPIREAT when a field's month changes).
   Replays answer the meter items as they are now.
 
-Prepaid (a credit entry, the prepaid argument "bal,bid,prev,lines,pexp")
+Prepaid (ARGV[18] ends in ",bal,bid,prev,lines,pexp")
   A prepaid tenant's units past its monthly quotas (the tier's overage at
   tprice and the meter's at price, as billed) are paid from its credit,
   drawn down here, atomically with the limits: the field 'P' of the meter
@@ -176,7 +267,7 @@ Prepaid (a credit entry, the prepaid argument "bal,bid,prev,lines,pexp")
   period and calls again). While prepaid, the hash lives 40 days past the
   end of its month, so that pmc outlasts the previous invoice's grace.
 
-Idempotency (KEYS idem present, mode 'admit')
+Idempotency (KEYS[3] present, mode 'admit')
   A record younger than 24 h (by its own 'at', so that explicit test times
   see the same window) decides first: another fingerprint is a mismatch (3);
   a 'run' record whose lease has not passed is in flight (2); a 'done' record
@@ -203,601 +294,573 @@ Expiry (each key lives no longer than its state needs, give or take an hour)
   that test state lives as long as it would have.
 ]]
 
--- admit_run decides reqs, {K = keys, A = args} each, of one tenant in
--- order, on one read and one write of its state; it returns their answers.
--- With isolate, a request that raises an error is answered its error
--- reply (it has changed nothing), the others decided as without it.
-local admit_run
-
 do
-local A, KY = POS.admit.args, POS.admit.keys
--- NARGS is the number of admit's arguments before the policies' groups
--- (policies, their number, is the last).
-local NARGS = A.policies
 local IDEM_US = DAY_US
 local PENDING_US = 14 * DAY_US
 local PENDING_MS = 14 * 86400 * 1000
 local PREPAID_KEEP_US = 40 * DAY_US
 
--- num is integer v for a concatenation: v itself below 1e14 (Lua's
--- '..' writes such a number exactly, as %d does, at a fraction of
--- string.format's cost), else fmt's string.
-local function num(v)
-  if v < 1e14 and v > -1e14 then return v end
-  return fmt(v)
+-- (The body is not indented: it was the script's chunk.)
+function FN.admit()
+local call = redis.call
+KS = KEYS[1]
+local now = clock(ARGV[1] + 0)
+
+local mode = ARGV[2]
+-- (the Go side sends decimal integers: arithmetic converts each once, where
+-- tonumber, a function call, would convert twice)
+local cost = ARGV[3] + 0
+local meter = ARGV[4]
+local bill = ARGV[5] == 'bill'
+local gT, gB = ARGV[6] + 0, ARGV[7] + 0
+local bU, bC = ARGV[8] + 0, ARGV[9] + 0
+local dq, mq = ARGV[10] + 0, ARGV[11] + 0
+local fp, lease = ARGV[12], ARGV[13] + 0
+local ocap = ARGV[14] + 0
+local KP, idem = KEYS[2], KEYS[3]
+local np = 0
+-- mqs: the meter quota's ARGV[18] (nil or ''); its key is the last of KEYS
+local mqs, nq = ARGV[18], 0
+if mqs == '' then mqs = nil end
+if mqs then nq = 1 end
+if ARGV[15] then
+  np = ARGV[15] + 0
+  -- the idempotency key is KEYS[3] only when the policies' keys leave it
+  if #KEYS - np - nq < 3 then idem = nil end
 end
 
-local function ints(v)
-  local s = {}
-  for n in string.gmatch(v, '[^,]+') do s[#s + 1] = n + 0 end
-  return s
-end
-
--- A buffer holds a hash's writes until the end, in the order first
--- written: b[i] the i-th field, b[field] its value to set (a string; true
--- for t, q and c, the state's; false for one not written after all), or
--- b[ADD][field] what to add to a counter. ADD is a key no field name is.
-local ADD = {}
-local function buffer() return {[ADD] = {}} end
-
-local function put(b, f, v)
-  if b[f] == nil and b[ADD][f] == nil then b[#b + 1] = f end
-  b[f] = v
-end
-
-local function add(b, f, n)
-  local a = b[ADD]
-  if b[f] == nil and a[f] == nil then b[#b + 1] = f end
-  a[f] = (a[f] or 0) + n
-end
-
--- flush writes buffer b into the hash key (runs of fields in one HSET,
--- HINCRBY for counters) and empties it; it reports whether a counter was
--- new (the hash may be new: its expiry is the caller's).
-local ARGS = {}
-local function flush(key, b)
-  local a, n, new = b[ADD], 0, false
-  for i = 1, #b do
-    local f = b[i]
-    local v = b[f]
-    if v then
-      ARGS[n + 1], ARGS[n + 2], n = f, v, n + 2
-    elseif v == nil then
-      if n > 0 then redis.call('HSET', key, unpack(ARGS, 1, n)) end
-      n, new = 0, redis.call('HINCRBY', key, f, a[f]) == a[f] or new
+-- replay holds the stored decision of a finished first request.
+local replay
+if mode == 'admit' and idem then
+  local h = redis.call('HMGET', idem, 'fp', 'st', 'dec', 'lease', 'at')
+  if h[1] and tonumber(h[5]) + IDEM_US > now then
+    local code = 0
+    if h[1] ~= fp then
+      code = 3
+    elseif h[2] == 'run' and tonumber(h[4]) > now then
+      code = 2
     end
-  end
-  if n > 0 then redis.call('HSET', key, unpack(ARGS, 1, n)) end
-  for i = #b, 1, -1 do
-    b[b[i]], a[b[i]], b[i] = nil, nil, nil
-  end
-  return new
-end
-
--- S is the state of the call running, X the decision at work: made once,
--- their fields reset for each call (a table made per call costs Redis's
--- Lua more than all the arithmetic of a decision). Never nil a field: a
--- table keeps its keys' room.
-local ZERO2, ZERO4, NONE, NO_METER = {0, 0}, {0, 0, 0, 0}, {}, {-1, 0, -1, 0, 0}
--- HELD is S.t0 when the hash holds the state: its TAT, FULL, day and
--- month end as read (t and c are written only when they change), q's
--- counters but du and mu, and their strings
-local HELD = {0, 0, 0, 0, dg = 0, m = 0, mg = 0, mo = 0, gn = 0, ds = '', dgs = '', ms = '', tail = ''}
-local S = {ks = false, kp = false, kq = false, held = false, x0 = 0, g = 0, b = 0, d = -1, du = 0, dg = 0,
-  m = -1, mu = 0, mg = 0, mo = 0, gn = 0, x = 0, mn = 0, L = false, dropg = false, kqx = false, t0 = false,
-  spent = ZERO2, draws = ZERO4, usage = {}, meters = NONE, th = buffer(), ph = buffer(), qh = buffer(), f = {}, nf = 0}
--- RES is the answer report fills: a lone admission's, made once (Redis
--- reads it before the next call); false in a group, whose answers are
--- each their own.
-local RES, ANSWER = false, {}
-local X = {S = S, q = false, l = false, now = 0, mode = false, cost = 0, meter = false, pk = false,
-  rate_c = {}, bucket_c = {}, claims = {}, billed_by = {}, nclaims = 0}
-
--- meter_fields reads the meter hash's fields that reqs' lists use.
-local function meter_fields(reqs)
-  local mf = nil
-  for i = 1, #reqs do
-    local fs = reqs[i].l.fields
-    for j = 1, #fs do
-      mf = mf or {}
-      if not mf[fs[j]] then mf[#mf + 1], mf[fs[j]] = fs[j], true end
-    end
-  end
-  S.spent, S.draws, S.meters = ZERO2, ZERO4, NONE
-  if not mf then return end
-  S.meters = {}
-  local h = redis.call('HMGET', S.kq, unpack(mf))
-  for i, name in ipairs(mf) do
-    if h[i] and name == '$' then S.spent = ints(h[i])
-    elseif h[i] and name == 'P' then S.draws = ints(h[i])
-    elseif h[i] then S.meters[name] = ints(h[i]) end
-  end
-end
-
--- state_read reads the tenant's hash (t, q, c, L and the pending usage
--- fields reqs count: state.lua's layout) into S, and the meter hash.
-local function state_read(reqs)
-  local K = reqs[1].K
-  S.ks, S.kp, S.kq, S.held, S.x0, S.g, S.b, S.d, S.du, S.dg = K[KY.state], K[KY.pending], K[KY.meters],
-    false, 0, 0, 0, -1, 0, 0
-  S.m, S.mu, S.mg, S.mo, S.gn, S.x, S.mn, S.dropg, S.kqx, S.t0 = -1, 0, 0, 0, 0, 0, 0, false, false, false
-  local f, n = S.f, 4
-  for i = 5, S.nf do S.usage[f[i]] = nil end
-  f[1], f[2], f[3], f[4] = 't', 'q', 'c', 'L'
-  for i = 1, #reqs do
-    if reqs[i].pk then n = n + 1; f[n] = reqs[i].pk end
-  end
-  S.nf = n
-  local h = redis.call('HMGET', S.ks, unpack(f, 1, n))
-  S.L = h[4]
-  for i = 5, n do S.usage[f[i]] = h[i] end
-  if h[1] then
-    local g, b = string.match(h[1], '^(%-?%d*),(%-?%d*)$')
-    -- (the tail, mg,mo,gn, is a capture too: q is written again from the
-    -- strings read when only du and mu changed)
-    local d, du, dg, m, mu, tail, mg, mo, gn = string.match(h[2],
-      '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),((%-?%d+),(%-?%d+),(%-?%d+))$')
-    local x, mn = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
-    S.held, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn = true, d + 0, du + 0, dg + 0, m + 0, mu + 0, mg + 0,
-      mo + 0, gn + 0
-    if g ~= '' then S.g = g + S.d * DAY_US end
-    if b ~= '' then S.b = b + S.d * DAY_US end
-    S.x, S.mn = x * HOUR_US, mn * DAY_US
-    S.x0, S.t0 = S.x, HELD
-    HELD[1], HELD[2], HELD[3], HELD[4] = S.g, S.b, S.d, S.mn
-    HELD.dg, HELD.m, HELD.mg, HELD.mo, HELD.gn = S.dg, S.m, S.mg, S.mo, S.gn
-    HELD.ds, HELD.dgs, HELD.ms, HELD.tail = d, dg, m, tail
-  end
-  if #reqs > 1 or #reqs[1].l.fields > 0 then
-    meter_fields(reqs)
-  else
-    S.spent, S.draws, S.meters = ZERO2, ZERO4, NONE
-  end
-end
-
--- decision starts X's decision of request q on S: the request, and the
--- state's counters as it sees them (g TAT, b FULL, the day's and month's,
--- xp the expiry, mn the month's cached end).
-local function decision(q)
-  local x, Aq = X, q.A
-  x.q, x.l, x.now, x.mode, x.cost, x.meter, x.pk = q, q.l, q.now, Aq[A.mode], Aq[A.cost] + 0, Aq[A.meter], q.pk
-  x.ok, x.mask, x.retry, x.replay, x.idem = true, 0, 0, false, false
-  x.g, x.b, x.d, x.du, x.dg, x.m, x.mu, x.mg, x.mo, x.gn = S.g, S.b, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn
-  x.xp, x.mn, x.w, x.rolled, x.relim = S.x, S.mn, false, false, false
-  x.rate, x.bucket, x.nclaims, x.claimed, x.billed, x.fresh, x.fclaimed, x.spent = false, false, 0, 0, 0, 0, 0, 0
-  x.pp, x.credit, x.cap, x.precs, x.shadowed = false, false, false, false, false
-  -- (periods sets day, dnext, month, mnext; report overage and moverage;
-  -- the credit draws and pfresh)
-  return x
-end
-
--- periods moves the decision's counters into now's day and month (a
--- past period's start from 0; a month that ends becomes the month
--- before, w). The default calendar trusts the cached month end within 31
--- days before it; a calendar's ids come from Go's boundaries. False: now
--- is outside them.
-local function periods(x, cal)
-  local now, day, dnext, month, mnext, _ = x.now
-  if cal then
-    day, _, dnext, month, _, mnext = cal_at(cal, now)
-    if not day then return false end
-  else
-    day = idiv(now, DAY_US)
-    dnext = (day + 1) * DAY_US
-  end
-  if day ~= x.d then x.d, x.du, x.dg = day, 0, 0 end
-  if not cal and now < x.mn and now >= x.mn - 31 * DAY_US and x.m >= 0 then
-    month, mnext = x.m, x.mn
-  else
-    if not cal then month, _, mnext = month_at(now) end
-    if month ~= x.m then
-      if x.m >= 0 and x.m < month then x.w = month_pack(x.m, x.mu, x.mg, x.mo) end
-      x.m, x.mu, x.mg, x.mo, x.rolled = month, 0, 0, 0, true
-    end
-    x.mn = cal and 0 or mnext
-  end
-  x.day, x.dnext, x.month, x.mnext = day, dnext, month, mnext
-  return true
-end
-
--- limit_change: under other burst limits than the state's (L), each of
--- GCRA and the bucket at least as large in rate and burst starts fresh;
--- any other change keeps the state (the checks clamp it).
-local function limit_change(x)
-  local l = x.l
-  if not l.sig or l.sig == x.S.L then return end
-  x.relim = true
-  local T, B, U, C = string.match(x.S.L or '', '^(%d+),(%d+),(%d+),(%d+)$')
-  if not T then return end
-  local r, b = l.rate, l.bucket
-  if r and T + 0 > 0 and r.T <= T + 0 and r.B >= B + 0 then x.g = 0 end
-  if b and U + 0 > 0 and b.T <= U + 0 and b.B >= C + 0 then x.b = 0 end
-end
-
--- meter_view reads the list's meter's counters (qd, qdu, qm, qmu, qmo) moved to now's day and
--- month (qfresh: its month changed; qold, the month it held, kept as
--- <meter>|w).
-local function meter_view(x)
-  local f = x.S.meters[x.l.meter] or NO_METER
-  x.qd, x.qdu, x.qm, x.qmu, x.qmo, x.qfresh, x.qold = f[1], f[2], f[3], f[4], f[5], false, false
-  if x.qd ~= x.day then x.qd, x.qdu = x.day, 0 end
-  if x.qm ~= x.month then
-    if x.qm >= 0 and x.qm < x.month then x.qold = string.format('%d,%d,%d', x.qm, x.qmu, x.qmo) end
-    x.qm, x.qmu, x.qmo, x.qfresh = x.month, 0, 0, true
-  end
-end
-
--- idem_check reads the request's idempotency record: nil to decide, or
--- the code of a request in flight (2) or a mismatch (3); a done record
--- sets x.replay, its stored decision.
-local function idem_check(x)
-  local h = redis.call('HMGET', x.idem, 'fp', 'st', 'dec', 'lease', 'at')
-  if not h[1] or h[5] + IDEM_US <= x.now then return nil end
-  if h[1] ~= x.q.A[A.fingerprint] then return 3 end
-  if h[2] == 'run' and h[4] + 0 > x.now then return 2 end
-  if h[2] == 'done' then x.replay = ints(h[3]) end
-  return nil
-end
-
--- policies decides the request's policies (policy.lua) beside the list:
--- an enforced refusal refuses, a degrade one degrades a request nothing
--- else refuses, a shadow one is counted.
-local function policies(x)
-  local q = x.q
-  local np, outside = q.A[A.policies] + 0, q.A[A.outside]
-  if np == 0 and outside == '' then return end
-  KEYS, ARGV = q.K, q.A -- (policy.lua reads the call's; a group's are sliced)
-  local pass, degr, wait, recs = policies_check(#q.K - np + 1, NARGS + 1, np, x.now, q.A[A.request_id])
-  x.precs = recs
-  if string.find(outside, 'x', 1, true) then pass = false end
-  if string.find(outside, 'd', 1, true) then degr = true end
-  if string.find(outside, 's', 1, true) then x.shadowed = true end
-  for _, r in ipairs(recs) do
-    if r.outcome == 2 then x.shadowed = true end
-  end
-  if not pass then
-    x.ok, x.mask = false, x.mask + 16
-    if x.retry ~= -1 and (wait < 0 or wait > x.retry) then x.retry = wait end
-  elseif degr and x.ok then
-    x.ok, x.mask = false, x.mask + 32
-  end
-end
-
--- report is the answer: the overage the claims bill when consumed, and
--- every limit after an admission as it leaves it, else as it stands.
-local function report(x)
-  local consumed = x.ok and x.mode ~= 'peek'
-  if x.ok then x.retry = 0 end
-  -- (a list without a meter quota, and no policies: the 22 integers
-  -- before the meter's items, which Redis converts at a cost each)
-  local n = 31
-  if not x.l.meter and not x.precs then n = 22 end
-  local res = RES
-  if res then
-    for i = #res, n + 1, -1 do res[i] = nil end -- (the items of the last call)
-    for i = 15, n do res[i] = 0 end
-    res[1], res[2], res[3], res[4], res[5], res[6] = x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0
-  elseif n == 22 then
-    res = {x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0,
-      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-  else
-    res = {x.ok and 1 or 0, x.mask, x.retry, 0, x.now, 0,
-      0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0}
-  end
-  if x.rate then
-    res[7], res[8], res[9], res[10] = burst_item(x.rate, x.now, consumed)
-  else
-    res[7], res[8], res[9], res[10] = 0, 0, 0, 0
-  end
-  if x.bucket then
-    res[11], res[12], res[13], res[14] = burst_item(x.bucket, x.now, consumed)
-  else
-    res[11], res[12], res[13], res[14] = 0, 0, 0, 0
-  end
-  local spent, over, mover = 0, 0, 0
-  if consumed then spent = x.cost end
-  for i = 1, x.nclaims do
-    local e = x.claims[i]
-    if consumed and e.meter then mover = mover + x.billed_by[i]
-    elseif consumed then over = over + x.billed_by[i] end
-    local used, limit = KIND.room(x, e)
-    local j = 3 + 4 * e.item
-    local left = limit - used - spent
-    if left < 0 then left = 0 end
-    res[j], res[j + 1], res[j + 2] = 1, limit, left
-    res[j + 3] = e.monthly and x.mnext or x.dnext
-  end
-  res[4], x.overage, x.moverage = over, over, mover
-  if n == 31 then res[31] = mover end
-  if not consumed then x.billed = 0 end
-  return res
-end
-
--- commit_meter counts an admission in its meter's field (the month it
--- ends kept as <meter>|w), and its meter overage in the month's spend
--- ('$', the month before as '$w') when there is a cap.
-local function commit_meter(x, price)
-  local S, m = x.S, x.l.meter
-  x.qdu, x.qmu, x.qmo = x.qdu + x.cost, x.qmu + x.cost, x.qmo + x.moverage
-  S.meters[m] = {x.qd, x.qdu, x.qm, x.qmu, x.qmo}
-  put(S.qh, m, string.format('%d,%d,%d,%d,%d', x.qd, x.qdu, x.qm, x.qmu, x.qmo))
-  if x.moverage > 0 and x.cap then
-    local sp = S.spent
-    if sp[1] ~= 0 and sp[1] < x.month then put(S.qh, '$w', string.format('%d,%d', sp[1], sp[2])) end
-    S.spent = {x.month, x.spent + x.moverage * price}
-    put(S.qh, '$', string.format('%d,%d', x.month, S.spent[2]))
-  end
-  if x.qfresh then
-    if x.qold then put(S.qh, m .. '|w', x.qold) end
-    S.kqx = x.mnext + (x.pp and PREPAID_KEEP_US or HOUR_US)
-  end
-end
-
--- count_pending counts the hour's pending counters: the overage, a
--- refusal (degraded or not), a shadow refusal; not a replay of a tenant
--- without state. A tenant with state keeps them in its hash ("p" before
--- them), one without in the pending hash.
-local function count_pending(x, counted)
-  local S = x.S
-  if x.ok and x.overage + x.moverage == 0 and not x.shadowed then return end
-  if x.meter == '' or not S.held and x.ok and x.replay then return end
-  local pre = fmt(idiv(x.now, HOUR_US) * 3600) .. '|' .. x.meter .. '|'
-  local b = S.ph
-  if S.held then b, pre = S.th, 'p' .. pre end
-  if counted and x.overage > 0 then add(b, pre .. 'o', x.overage) end
-  if counted and x.moverage > 0 then add(b, pre .. 'm', x.moverage) end
-  if not x.ok then add(b, pre .. (x.mask % 64 >= 32 and 'd' or 'x'), 1) end
-  if x.shadowed then add(b, pre .. 's', 1) end
-end
-
--- dirty writes the decision's counters into the state, which needs to
--- live until need: the fields in the order one admission's HSET writes
--- them (a group leaves the hash's layout as its requests alone would),
--- the expiry past need by a day (PEXPIREAT about once a day; a state new
--- to the hash lives until it is empty again).
-local function dirty(x, need, usage)
-  local S, th = x.S, x.S.th
-  if th.t == nil then
-    local n = #th
-    th[n + 1], th[n + 2], th[n + 3] = 't', 'q', 'c'
-  end
-  th.t, th.q, th.c = true, true, true
-  if x.w then put(S.th, 'w', x.w) end
-  if x.relim then S.L = x.l.sig; put(S.th, 'L', S.L) end
-  if usage then put(S.th, x.pk, usage) end
-  if x.rolled and S.held and x.gn > 0 then S.dropg, x.gn = true, 0 end
-  if not S.held then
-    need = math.max(need, x.now + HOUR_US, x.g, x.b, x.dnext + HOUR_US, x.mnext + HOUR_US)
-  end
-  if need > x.xp then x.xp = -idiv(-(need + DAY_US), HOUR_US) * HOUR_US end
-  S.held, S.g, S.b, S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn, S.x, S.mn =
-    true, x.g, x.b, x.d, x.du, x.dg, x.m, x.mu, x.mg, x.mo, x.gn, x.xp, x.mn
-end
-
--- commit writes an admission (mode admit) into the state: the burst
--- limits' times (a refusal keeps a clamp), the quotas, the meter, the
--- credit's draws, the hour's pending usage; the counters only when
--- something of them changed.
-local function commit(x)
-  local S, cost = x.S, x.cost
-  local counted = x.ok and not x.replay
-  local need, changed, mprice, has_meter = 0, false, 0, false
-  local r, b = x.rate, x.bucket
-  if r and (x.ok or r.clamped) then
-    x.g = x.ok and r.next or r.start
-    need, changed = x.g, true
-  end
-  if b and (x.ok or b.clamped) then
-    x.b = x.ok and b.next or b.start
-    if x.b > need then need = x.b end
-    changed = true
-  end
-  for i = 1, x.nclaims do
-    local e = x.claims[i]
-    if e.meter then
-      has_meter = true
-      if e.monthly then mprice = e.price end
-    elseif counted and e.monthly then
-      x.mu, x.mo, changed = x.mu + cost, x.mo + x.overage, true
-      if x.mnext + HOUR_US > need then need = x.mnext + HOUR_US end
-    elseif counted then
-      x.du, changed = x.du + cost, true
-      if x.dnext + HOUR_US > need then need = x.dnext + HOUR_US end
-    end
-  end
-  if counted and has_meter then commit_meter(x, mprice) end
-  if counted and x.credit and x.billed > 0 then
-    local d = x.draws
-    S.draws = {d[1], d[2] + x.billed, d[3], d[4]}
-    put(S.qh, 'P', string.format('%d,%d,%d,%d', d[1], d[2] + x.billed, d[3], d[4]))
-    if x.pfresh then S.kqx = x.mnext + PREPAID_KEEP_US end
-  end
-  local usage
-  if counted and x.meter ~= '' then
-    local n, u = 0, 0
-    if S.usage[x.pk] then n, u = string.match(S.usage[x.pk], '^(%-?%d+),(%-?%d+)$') end
-    usage = num(n + cost) .. ',' .. num(u + 1)
-    S.usage[x.pk] = usage
-    if x.now + PENDING_US > need then need = x.now + PENDING_US end
-    changed = true
-  end
-  if changed then dirty(x, need, usage) end
-  count_pending(x, counted)
-end
-
--- answer is the decision's answer: for a replay the stored one with the
--- burst limits' and the meter's items of now; a first admission with a
--- key leaves its record.
-local function answer(x, res)
-  local q = x.q
-  if x.ok and x.replay then
-    local out = {}
-    for i = 1, 31 do out[i] = x.replay[i] or 0 end
-    for i = 7, 14 do out[i] = res[i] end
-    for i = 23, 30 do out[i] = res[i] or 0 end
-    out[5], out[6] = x.now, 1
-    if x.precs then policies_report(out, x.precs, true) end
-    return out
-  end
-  if x.ok and x.mode == 'admit' and x.idem then
-    local enc = {}
-    for i = 1, 22 do enc[i] = fmt(res[i]) end
-    local lease = q.A[A.lease] + 0
-    redis.call('DEL', x.idem)
-    redis.call('HSET', x.idem, 'fp', q.A[A.fingerprint], 'st', lease > 0 and 'run' or 'done',
-      'dec', table.concat(enc, ','), 'lease', fmt(x.now + lease), 'at', fmt(x.now))
-    redis.call('PEXPIREAT', x.idem, pxat(x.now + IDEM_US))
-  end
-  if x.precs then policies_report(res, x.precs, x.ok and x.mode ~= 'peek') end
-  return res
-end
-
--- decide decides one request q on the state S: the interpreter's loop
--- over the list, then the policies, the report, the commit.
-local function decide(q)
-  local x = decision(q)
-  local Aq = q.A
-  SHIFT = q.shift
-  if x.mode == 'admit' and #q.K - Aq[A.policies] >= KY.idem then x.idem = q.K[KY.idem] end
-  if x.idem then
-    local code = idem_check(x)
-    if code then
-      local r = {0, 0, 0, 0, x.now, code}
-      for i = 7, 31 do r[i] = 0 end
+    if code > 0 then
+      local r = {0, 0, 0, 0, now, code}
+      for i = 1, 16 do r[#r + 1] = 0 end
       return r
     end
-  end
-  local cal = Aq[A.calendar]
-  if not periods(x, cal ~= '' and cal) then return redis.error_reply('CALENDAR ' .. fmt(x.now)) end
-  limit_change(x)
-  if x.l.meter then meter_view(x) end
-  if S.spent[1] == x.month then x.spent = S.spent[2] end
-  if Aq[A.prepaid] ~= '' then
-    local p = ints(Aq[A.prepaid])
-    x.pp = {bal = p[1], id = p[2], prev = p[3], lines = p[4], exp = p[5]}
-  end
-  local es = x.l.entries
-  for i = 1, #es do
-    local err = KIND[es[i].k](x, es[i])
-    if err then return redis.error_reply(err) end
-  end
-  if Aq[A.policies] ~= '0' or Aq[A.outside] ~= '' then policies(x) end
-  local res = report(x)
-  if x.mode == 'admit' then
-    if x.ok and x.precs then policies_commit(x.precs, x.now, x.replay) end
-    commit(x)
-  end
-  return answer(x, res)
-end
-
--- state_write writes what the decisions changed, each hash's fields in
--- the order they were first written: the tenant's hash (t, q, c from the
--- state; its expiry when it moved), the pending hash, the meter hash.
-local function state_write()
-  if S.dropg then
-    local h = redis.call('HGETALL', S.ks)
-    for i = 1, #h, 2 do
-      if string.sub(h[i], 1, 2) == 'g:' then redis.call('HDEL', S.ks, h[i]) end
+    if h[2] == 'done' then
+      replay = {}
+      for v in string.gmatch(h[3], '[^,]+') do
+        replay[#replay + 1] = tonumber(v)
+      end
     end
   end
-  local th, held = S.th, S.t0
-  if th.t and held and S.g == held[1] and S.b == held[2] and S.d == held[3] then
-    th.t = false -- (as the hash holds it: not written again)
-  elseif th.t then
-    local day0 = S.d * DAY_US
-    local g, b = '', ''
-    if S.g ~= 0 then g = num(S.g - day0) end
-    if S.b ~= 0 then b = num(S.b - day0) end
-    th.t = g .. ',' .. b
+end
+
+-- The state, as locals (a table costs on every call). The hash is read
+-- here, with the hour's pending field (no state: load_state's empty one).
+-- The raw strings of the hash's fields are kept: a field an admission does
+-- not change is not formatted again (see "commit").
+local hour = idiv(now, HOUR_US)
+-- the hour's "units,requests" field of the hash (state.lua); an hour
+-- count is far below 1e14, where '..' prints an integer exactly
+local pk = 'p' .. hour .. '|' .. meter .. '|'
+-- lim: the burst limits the state was written under (field L; see "Limit
+-- changes")
+local h, lim
+if mode == 'admit' then
+  h = call('HMGET', KS, 't', 'q', 'c', pk, 'L')
+  lim = h[5]
+else
+  h = call('HMGET', KS, 't', 'q', 'c', 'L')
+  lim, h[4] = h[4], false
+end
+local held = h[1] and true or false
+local g, b, d, du, dg, m, mu, mg, mo, gn, x, mn
+local ds, dgs, ms, qtail, mns, pend -- raw fields of the hash
+if held then
+  local gs, bs, dus, mus, xs
+  gs, bs = string.match(h[1], '^(%-?%d*),(%-?%d*)$')
+  -- (one match: the tail is a capture holding the last three's captures)
+  local mgs, mos, gns
+  ds, dus, dgs, ms, mus, qtail, mgs, mos, gns = string.match(h[2],
+    '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),((%-?%d+),(%-?%d+),(%-?%d+))$')
+  xs, mns = string.match(h[3], '^(%-?%d+),(%-?%d+)$')
+  -- (decimal integers: arithmetic converts each once; tonumber, a function
+  -- call, twice)
+  d = ds + 0
+  local day0 = d * DAY_US
+  if gs ~= '' then g = gs + day0 else g = 0 end
+  if bs ~= '' then b = bs + day0 else b = 0 end
+  du, dg, m, mu, mg, mo, gn = dus + 0, dgs + 0, ms + 0, mus + 0, mgs + 0, mos + 0, gns + 0
+  x, mn = xs * HOUR_US, mns * DAY_US
+  pend = h[4]
+else
+  local s = load_state(pk, h)
+  g, b, d, du, dg, m, mu, mg, mo, gn, x, mn =
+    s.g, s.b, s.d, s.du, s.dg, s.m, s.mu, s.mg, s.mo, s.gn, s.x, s.mn
+end
+
+-- quota periods (day_of and month_of of state.lua, on the locals): a past
+-- period's counters reset (the reset is written only with an admission);
+-- moved is set when the calendar changed the state's day or month bounds,
+-- which then is written in full by save_state.
+-- cal: the tenant's billing calendar (ARGV[19]; see "Calendars"), nil for
+-- the default one, whose path below is the one of before calendars.
+local cal = ARGV[19]
+if cal == '' then cal = nil end
+local day, dnext, month, mnext
+-- mprev: the month that ends, kept as the month before (state.lua's field w)
+local moved, rolled, mprev = false, false, nil
+if cal then
+  local _
+  day, _, dnext, month, _, mnext = cal_at(cal, now)
+  if not day then
+    -- Go's clock and Redis's too far apart: Go retries with this now
+    return redis.error_reply('CALENDAR ' .. fmt(now))
   end
-  if th.q and held and S.d == held[3] and S.dg == held.dg and S.m == held.m and S.mg == held.mg
-      and S.mo == held.mo and S.gn == held.gn then
-    th.q = held.ds .. ',' .. num(S.du) .. ',' .. held.dgs .. ',' .. held.ms .. ',' .. num(S.mu) .. ',' .. held.tail
-  elseif th.q then
-    th.q = string.format('%d,%d,%d,%d,%d,%d,%d,%d', S.d, S.du, S.dg, S.m, S.mu, S.mg, S.mo, S.gn)
+  if day ~= d then
+    d, du, dg, moved = day, 0, 0, true
   end
-  if th.q then
-    th.c = false
-    if not held or S.x ~= S.x0 or S.mn ~= held[4] then
-      th.c = string.format('%d,%d', -idiv(-S.x, HOUR_US), idiv(S.mn, DAY_US))
+  if month ~= m then
+    -- (state.lua's month_roll, on the locals)
+    if m >= 0 and m < month then mprev = month_pack(m, mu, mg, mo) end
+    m, mu, mg, mo, rolled, moved = month, 0, 0, 0, true, true
+  end
+  -- the stored mn is the default calendar's fast path: a calendar's state
+  -- keeps 0 there (state.lua's packed), so that a return to the default
+  -- calendar computes its month again
+  if mn ~= 0 then moved = true end
+  mn = mnext
+else
+  day = idiv(now, DAY_US)
+  dnext = (day + 1) * DAY_US
+  if day ~= d then
+    d, du, dg, moved = day, 0, 0, true
+  end
+  -- (a month is at most 31 days: a clock set back past the month's start
+  -- is caught unless it moved less than that)
+  if now < mn and now >= mn - 31 * DAY_US and m >= 0 then
+    month, mnext = m, mn
+  else
+    local _
+    month, _, mnext = month_at(now)
+    if month ~= m then
+      if m >= 0 and m < month then mprev = month_pack(m, mu, mg, mo) end
+      m, mu, mg, mo, rolled = month, 0, 0, 0, true
+    end
+    mn, moved = mnext, true
+  end
+end
+
+-- limit changes (see "Limit changes"): sig names this call's burst
+-- limits; a state written under others starts fresh in each limit at
+-- least as large in rate and burst, and is clamped in the others
+local sig, relim
+if gT > 0 or bU > 0 then
+  sig = ARGV[6] .. ',' .. ARGV[7] .. ',' .. ARGV[8] .. ',' .. ARGV[9]
+  if lim ~= sig then
+    relim = true
+    local lT, lB, lU, lC = string.match(lim or '', '^(%d+),(%d+),(%d+),(%d+)$')
+    if lT then
+      lT, lB, lU, lC = lT + 0, lB + 0, lU + 0, lC + 0
+      if gT > 0 and lT > 0 and gT <= lT and gB >= lB then g = 0 end
+      if bU > 0 and lU > 0 and bU <= lU and bC >= lC then b = 0 end
     end
   end
-  if #th > 0 then
-    local expiry = th.q and S.x ~= S.x0
-    flush(S.ks, th)
-    if expiry then redis.call('PEXPIREAT', S.ks, pxat(S.x)) end
-  end
-  if #S.ph > 0 then
-    if flush(S.kp, S.ph) then redis.call('PEXPIRE', S.kp, PENDING_MS) end
-  end
-  if #S.qh > 0 then
-    flush(S.kq, S.qh)
-  end
-  if S.kqx then redis.call('PEXPIREAT', S.kq, pxat(S.kqx)) end
 end
 
--- prepare reads what a request's state read needs: its time (and the
--- shift of its expiries; real is Redis TIME), its list, its hour's pending
--- usage field.
--- (the last pending usage field named: its hour, meter and name; a
--- tenant's requests name the same one for an hour)
-local PK_HOUR, PK_METER, PK = false, false, false
+local ok, mask, retry = true, 0, 0
+-- (refusals inline, without a function call each) a refusal adds its bit
+-- and keeps the longest wait; -1 (never) wins over any.
 
-local function prepare(q, real)
-  q.now, q.shift = time_at(q.A[A.now] + 0, real)
-  q.l = list_of(q.A[A.list])
-  if q.A[A.mode] == 'admit' then
-    local hour, meter = idiv(q.now, HOUR_US), q.A[A.meter]
-    if hour ~= PK_HOUR or meter ~= PK_METER then
-      PK_HOUR, PK_METER, PK = hour, meter, 'p' .. hour .. '|' .. meter .. '|'
-    end
-    q.pk = PK
+-- GCRA
+local gtat, gnew, gclamp
+if gT > 0 then
+  gtat = g
+  if gtat < now then gtat = now end
+  if gtat > now + gB * gT then gtat, gclamp = now + gB * gT, true end
+  gnew = gtat + gT
+  if gnew - now > gB * gT then
+    local wait = gnew - gB * gT - now
+    ok, mask = false, mask + 1
+    if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
   end
 end
 
--- failed is the answer of a request that raised err: its error reply.
-local function failed(err)
-  if type(err) == 'table' then return err end
-  return redis.error_reply(tostring(err))
+-- token bucket
+local bf, bnew, bclamp
+if bU > 0 then
+  bf = b
+  if bf < now then bf = now end
+  if bf > now + bC * bU then bf, bclamp = now + bC * bU, true end
+  local wait
+  if cost > bC then
+    wait = -1
+  else
+    bnew = bf + cost * bU
+    if bnew - now > bC * bU then wait = bnew - bC * bU - now end
+  end
+  if wait then
+    ok, mask = false, mask + 2
+    if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+  end
 end
 
-admit_run = function(reqs, isolate)
-  RES = false
-  local live, out, real = {}, {}, redis_time()
-  for _, q in ipairs(reqs) do
-    if isolate then
-      local ok, err = pcall(prepare, q, real)
-      if not ok then q.err = failed(err) end
+-- quotas
+local dused, dgrant = du, dg
+if dq >= 0 and not replay and dused + cost > dq + dgrant then
+  local wait = dnext - now
+  if cost > dq then wait = -1 end
+  ok, mask = false, mask + 4
+  if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+end
+
+local mused, mgrant, mover = mu, mg, mo
+local overage = 0
+if mq >= 0 and not replay then
+  local limit = mq + mgrant
+  if mused + cost > limit then
+    if bill then
+      overage = math.min(cost, mused + cost - limit)
+      if ocap >= 0 and not mqs and mover + overage > ocap then
+        local wait = mnext - now
+        if cost > mq + ocap then wait = -1 end
+        ok, mask = false, mask + 64
+        if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+      end
     else
-      prepare(q, real)
+      local wait = mnext - now
+      if cost > mq then wait = -1 end
+      ok, mask = false, mask + 8
+      if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
     end
-    if not q.err then live[#live + 1] = q end
   end
-  if #live > 0 then state_read(live) end
-  for i, q in ipairs(reqs) do
-    if q.err then
-      out[i] = q.err
-    elseif isolate then
-      local ok, r = pcall(decide, q)
-      out[i] = ok and r or failed(r)
+end
+-- the meter quota (see "Meter quotas")
+local KQ, qrow, qdq, qmq, qprice, qP, qcap
+local qd, qdu, qm, qmu, qmo, qmc, qfresh, qw, qdw
+local qover = 0
+-- prepaid (see "Prepaid"): pbal nil for postpaid
+local pbal, pbid, pprev, plines, pexp, pm, pmc, ppm, ppmc, pfresh
+local padd = 0
+if mqs then
+  KQ = KEYS[#KEYS]
+  local a1, a2, a3, a4, a5, a6, a7 = string.match(mqs, '^(%-?%d+),(%-?%d+),([01]),(%d+),(%d+),(%-?%d+)(.*)$')
+  qdq, qmq, qprice, qP, qcap = a1 + 0, a2 + 0, a4 + 0, a5 + 0, a6 + 0
+  if a3 == '0' then qprice = -1 end -- not billed
+  if a7 ~= '' then
+    local b1, b2, b3, b4, b5 = string.match(a7, '^,(%-?%d+),(%d+),(%d+),(%d+),(%d+)$')
+    pbal, pbid, pprev, plines, pexp = b1 + 0, b2 + 0, b3 + 0, b4 + 0, b5 + 0
+    if pbid ~= month then
+      -- Go's balance is of another period: it reads now's and calls again
+      return redis.error_reply('PREPAID ' .. fmt(now))
+    end
+    qrow = call('HMGET', KQ, meter, '$', 'P')
+  else
+    qrow = call('HMGET', KQ, meter, '$')
+  end
+  qd, qdu, qm, qmu, qmo, qmc = -1, 0, -1, 0, 0, 0
+  if qrow[1] then
+    local s1, s2, s3, s4, s5 = string.match(qrow[1], '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+    qd, qdu, qm, qmu, qmo = s1 + 0, s2 + 0, s3 + 0, s4 + 0, s5 + 0
+  end
+  if qrow[2] then
+    local s1, s2 = string.match(qrow[2], '^(%-?%d+),(%-?%d+)$')
+    if s1 + 0 == month then
+      qmc = s2 + 0
+    elseif s1 + 0 < month then
+      qdw = qrow[2] -- an earlier month's: kept as '$w' when '$' moves on
+    end
+  end
+  if qd ~= day then qd, qdu = day, 0 end
+  qfresh = qm ~= month -- the field's month changes: its expiry too
+  if qfresh then
+    -- an earlier month's counters: kept as "<meter>|w" (meterq.lua)
+    if qm >= 0 and qm < month then qw = string.format('%d,%d,%d', qm, qmu, qmo) end
+    qm, qmu, qmo = month, 0, 0
+  end
+  if qdq >= 0 and not replay and qdu + cost > qdq then
+    local wait = dnext - now
+    if cost > qdq then wait = -1 end
+    ok, mask = false, mask + 128
+    if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+  end
+  if qmq >= 0 and not replay and qmu + cost > qmq then
+    if qprice >= 0 then
+      qover = math.min(cost, qmu + cost - qmq)
     else
-      out[i] = decide(q)
+      local wait = mnext - now
+      if cost > qmq then wait = -1 end
+      ok, mask = false, mask + 256
+      if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
     end
   end
-  if #live > 0 then state_write() end
-  return out
+  -- a unit past both monthly quotas is the meter's overage only
+  if qover > 0 then overage = overage - math.min(overage, qover) end
+  if qcap >= 0 and (overage > 0 or qover > 0)
+      and (mover + overage) * qP + qmc + qover * qprice > qcap then
+    -- never: the cost alone passes the cap in a fresh month (no grant)
+    local wait = mnext - now
+    local ft, fq = 0, 0
+    if qprice >= 0 and qmq >= 0 then fq = math.max(0, cost - qmq) end
+    if bill and mq >= 0 then ft = math.max(0, cost - mq) end
+    ft = ft - math.min(ft, fq)
+    if ft * qP + fq * qprice > qcap then wait = -1 end
+    ok, mask = false, mask + 64
+    if retry ~= -1 and (wait < 0 or wait > retry) then retry = wait end
+  end
+  if pbal then
+    pm, pmc, ppm, ppmc = -1, 0, -1, 0
+    if qrow[3] then
+      local s1, s2, s3, s4 = string.match(qrow[3], '^(%-?%d+),(%-?%d+),(%-?%d+),(%-?%d+)$')
+      pm, pmc, ppm, ppmc = s1 + 0, s2 + 0, s3 + 0, s4 + 0
+    end
+    -- a period's first draw: the tier's overage already admitted in it
+    -- (a tenant moved onto a prepaid tier mid-period) is drawn too, at
+    -- its price now, as its invoice will rate it
+    pfresh = pm ~= month
+    if pfresh then pm, pmc, ppm, ppmc = month, mover * qP, pm, pmc end
+    local held = pmc + 999 * (plines - 1)
+    if pprev ~= 0 and ppm == pprev and ppmc > 0 then
+      held = held + math.max(0, ppmc + 999 * plines - pexp)
+    end
+    padd = overage * qP
+    if qover > 0 then padd = padd + qover * qprice end
+    if padd > 0 and not replay and held + padd > pbal then
+      ok, mask, retry = false, mask + 512, -1
+    end
+  end
 end
 
--- (admit's request and its group of one, made once)
-local Q = {K = false, A = false, now = 0, shift = 0, l = false, pk = false}
-local ONE = {Q}
+-- policies (see "Policies"): precs holds what commit and report need
+local precs, degraded, shadowed = nil, false, false
+if np > 0 or (ARGV[17] and ARGV[17] ~= '') then
+  local pass, degr, pretry
+  pass, degr, pretry, precs = policies_check(#KEYS - np - nq + 1, 20, np, now, ARGV[16])
+  local outside = ARGV[17]
+  if string.find(outside, 'x', 1, true) then pass = false end
+  if string.find(outside, 'd', 1, true) then degr = true end
+  if string.find(outside, 's', 1, true) then shadowed = true end
+  if not pass then
+    ok, mask = false, mask + 16
+    if retry ~= -1 and (pretry < 0 or pretry > retry) then retry = pretry end
+  elseif degr and ok then
+    ok, mask, degraded = false, mask + 32, true
+  end
+  for _, r in ipairs(precs) do
+    if r.outcome == 2 then shadowed = true end
+  end
+end
 
-function FN.admit()
-  Q.K, Q.A, Q.pk, RES = KEYS, ARGV, false, ANSWER
-  prepare(Q, redis_time())
-  state_read(ONE)
-  local res = decide(Q)
-  state_write()
-  return res
+if not ok or mode == 'peek' then overage, qover = 0, 0 end
+
+-- commit: only when every limit passed, only in admit mode
+if mode == 'admit' then
+  -- wg, wb, wd, wm: the parts written (g and b are the field t, the day and
+  -- month the field q)
+  local need, wg, wb, wd, wm = 0, false, false, false, false
+  if ok then
+    if gT > 0 then g, need, wg = gnew, gnew, true end
+    if bU > 0 then
+      b, wb = bnew, true
+      if bnew > need then need = bnew end
+    end
+    if dq >= 0 and not replay then
+      du, wd = dused + cost, true
+      if dnext + HOUR_US > need then need = dnext + HOUR_US end
+    end
+    if mq >= 0 and not replay then
+      mu, mo, wm = mused + cost, mover + overage, true
+      if mnext + HOUR_US > need then need = mnext + HOUR_US end
+    end
+  else
+    -- keep a clamp (see "Limit changes"): it consumes nothing
+    if gclamp then g, need, wg = gtat, gtat, true end
+    if bclamp then
+      b, wb = bf, true
+      if bf > need then need = bf end
+    end
+  end
+  if ok and precs then policies_commit(precs, now, replay) end
+  if ok and mqs and not replay and (qdq >= 0 or qmq >= 0) then
+    local f = string.format('%d,%d,%d,%d,%d', qd, qdu + cost, qm, qmu + cost, qmo + qover)
+    if qover > 0 and qcap >= 0 then
+      if qdw then
+        call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice), '$w', qdw)
+      else
+        call('HSET', KQ, meter, f, '$', string.format('%d,%d', month, qmc + qover * qprice))
+      end
+    else
+      call('HSET', KQ, meter, f)
+    end
+    if qfresh then
+      if qw then call('HSET', KQ, meter .. '|w', qw) end
+      call('PEXPIREAT', KQ, pxat(mnext + (pbal and PREPAID_KEEP_US or HOUR_US)))
+    end
+  end
+  if ok and padd > 0 and not replay then
+    call('HSET', KQ, 'P', string.format('%d,%d,%d,%d', pm, pmc + padd, ppm, ppmc))
+    if pfresh then call('PEXPIREAT', KQ, pxat(mnext + PREPAID_KEEP_US)) end
+  end
+  local dirty = wg or wb or wd or wm
+  -- Pending usage: in the state hash, written by the same HSET.
+  local extra = false
+  if ok and not replay then
+    local u, r = 0, 0
+    if pend then
+      local a, c = string.match(pend, '^(%-?%d+),(%-?%d+)$')
+      u, r = a + 0, c + 0
+    end
+    pend = string.format('%d,%d', u + cost, r + 1)
+    extra, dirty = true, true
+    if now + PENDING_US > need then need = now + PENDING_US end
+  end
+  if dirty and held and not moved then
+    -- The common case: one HSET of the fields that changed, each formatted
+    -- as state.lua's packed would (the others are as they were).
+    local was = x
+    if need > x then
+      -- (save_state's slack: PEXPIREAT about once a day)
+      x = -idiv(-(need + DAY_US), HOUR_US) * HOUR_US
+    end
+    local t, q, c
+    if wg or wb then
+      local day0 = d * DAY_US
+      if g ~= 0 and b ~= 0 then
+        t = string.format('%d,%d', g - day0, b - day0)
+      else
+        local gs, bs = '', ''
+        if g ~= 0 then gs = fmt(g - day0) end
+        if b ~= 0 then bs = fmt(b - day0) end
+        t = gs .. ',' .. bs
+      end
+    end
+    if wd or wm then
+      if mo == mover then
+        -- d, dg, m, mg, mo and gn are as they were read
+        q = ds .. ',' .. fmt(du) .. ',' .. dgs .. ',' .. ms .. ',' .. fmt(mu) .. ',' .. qtail
+      else
+        q = string.format('%d,%d,%d,%d,%d,%d,%d,%d', d, du, dg, m, mu, mg, mo, gn)
+      end
+    end
+    if x ~= was then c = fmt(-idiv(-x, HOUR_US)) .. ',' .. mns end
+    if t and q and extra and not c and not relim then
+      call('HSET', KS, 't', t, 'q', q, pk, pend)
+    else
+      local args = {}
+      if t then args[#args + 1] = 't'; args[#args + 1] = t end
+      if q then args[#args + 1] = 'q'; args[#args + 1] = q end
+      if c then args[#args + 1] = 'c'; args[#args + 1] = c end
+      if extra then args[#args + 1] = pk; args[#args + 1] = pend end
+      if relim then args[#args + 1] = 'L'; args[#args + 1] = sig end
+      call('HSET', KS, unpack(args))
+    end
+    if c then call('PEXPIREAT', KS, pxat(x)) end
+  elseif dirty then
+    -- a new day or month, or a new state: state.lua's save_state
+    local s = {held = held, rolled = rolled, x = x, g = g, b = b, d = d, du = du, dg = dg,
+      m = m, mu = mu, mg = mg, mo = mo, mn = mn, gn = gn, dn = dnext, cal = cal, w = mprev}
+    local xs = nil
+    if extra then
+      s[pk], xs = pend, {pk}
+    end
+    if relim then
+      s.L, xs = sig, xs or {}
+      xs[#xs + 1] = 'L'
+    end
+    save_state(s, need, xs, now)
+    held = s.held
+  end
+  -- the pending hash's fields (with "p" before them in the state hash)
+  if held then
+    if ok and overage > 0 and not replay then
+      call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|o', overage)
+    end
+    if qover > 0 and not replay then
+      call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|m', qover)
+    end
+    if not ok then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. (degraded and '|d' or '|x'), 1) end
+    if shadowed then call('HINCRBY', KS, 'p' .. fmt(hour * 3600) .. '|' .. meter .. '|s', 1) end
+  elseif not (ok and replay) then
+    -- a refusal of a tenant without state (an admission always writes the
+    -- state): the pending hash, which has an expiry of its own
+    local pf = fmt(hour * 3600) .. '|' .. meter .. '|'
+    local fresh = call('HINCRBY', KP, pf .. (degraded and 'd' or 'x'), 1) == 1
+    if shadowed then call('HINCRBY', KP, pf .. 's', 1) end
+    -- A field that is new may be a hash that is new (the worker renamed the
+    -- last one away): only then can it lack its expiry.
+    if fresh then call('PEXPIRE', KP, PENDING_MS) end
+  end
+end
+
+-- report: one table constructor of all 22 values (a table grown item by
+-- item is rehashed as it grows)
+local consumed = ok and mode ~= 'peek'
+local ga, gl, gr, gz = 0, 0, 0, 0
+if gT > 0 then
+  local t = gtat
+  if consumed then t = gnew end
+  ga, gl, gr, gz = 1, gB, idiv(gB * gT - (t - now), gT), t
+  if gr < 0 then gr = 0 end
+end
+local ba, bl, br, bz = 0, 0, 0, 0
+if bU > 0 then
+  local f = bf
+  if consumed then f = bnew end
+  ba, bl, br, bz = 1, bC, idiv(bC * bU - (f - now), bU), f
+  if br < 0 then br = 0 end
+end
+local spent = 0
+if consumed then spent = cost end
+local da, dl, dr, dz = 0, 0, 0, 0
+if dq >= 0 then
+  da, dl, dr, dz = 1, dq + dgrant, dq + dgrant - dused - spent, dnext
+  if dr < 0 then dr = 0 end
+end
+local ma, ml, mr, mz = 0, 0, 0, 0
+if mq >= 0 then
+  ma, ml, mr, mz = 1, mq + mgrant, mq + mgrant - mused - spent, mnext
+  if mr < 0 then mr = 0 end
+end
+local res = {ok and 1 or 0, mask, ok and 0 or retry, overage, now, 0,
+  ga, gl, gr, gz, ba, bl, br, bz, da, dl, dr, dz, ma, ml, mr, mz}
+if mqs then
+  local a, l, r, z = 0, 0, 0, 0
+  if qdq >= 0 then
+    a, l, r, z = 1, qdq, qdq - qdu - spent, dnext
+    if r < 0 then r = 0 end
+  end
+  res[23], res[24], res[25], res[26] = a, l, r, z
+  a, l, r, z = 0, 0, 0, 0
+  if qmq >= 0 then
+    a, l, r, z = 1, qmq, qmq - qmu - spent, mnext
+    if r < 0 then r = 0 end
+  end
+  res[27], res[28], res[29], res[30], res[31] = a, l, r, z, qover
+end
+
+if ok and replay then
+  -- the stored decision, with the burst and bucket items and the policies
+  -- of now
+  for i = 1, 8 do replay[6 + i] = res[6 + i] end
+  replay[5], replay[6] = now, 1
+  -- (the meter items as they are now, and no meter overage: stored
+  -- answers hold 22 values)
+  for i = 23, 31 do replay[i] = res[i] end
+  if precs then policies_report(replay, precs, true) end
+  return replay
+end
+if ok and mode == 'admit' and idem then
+  local enc = {}
+  for i = 1, 22 do
+    enc[i] = fmt(res[i])
+  end
+  local st = 'done'
+  if lease > 0 then st = 'run' end
+  redis.call('DEL', idem)
+  redis.call('HSET', idem, 'fp', fp, 'st', st, 'dec', table.concat(enc, ','),
+    'lease', fmt(now + lease), 'at', fmt(now))
+  redis.call('PEXPIREAT', idem, pxat(now + IDEM_US))
+end
+if precs then policies_report(res, precs, consumed) end
+return res
 end
 end

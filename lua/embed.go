@@ -10,20 +10,15 @@
 //
 // The library holds, in this order: a header (KEYS and ARGV, which each
 // function sets at its entry, and FN, the functions by name); the code the
-// functions share: positions.lua (POS: the keys, arguments and answer
-// positions of the functions, generated from internal/limits), calendar.lua
-// (a tenant's billing calendar: the day and
+// functions share: calendar.lua (a tenant's billing calendar: the day and
 // period of a function's now), state.lua (the limit state's hash, the
 // clock, the UTC calendar, the month before), pending_fields.lua (the
 // pending usage a state hash holds), meterq.lua (the meter quotas'
 // counters, the spend cap's and the credit's money, month by month),
 // adjust.lua (units counted after their admission, in its day and month),
 // policy.lua with policy_windows.lua and policy_rates.lua (the policies'
-// framework and algorithms), kinds.lua (the limit kinds the admission
-// interpreter runs); then the functions, one file each but the two peeks:
-// admit (admit.lua: the admission interpreter over a tenant's list of
-// limits), admitn (group.lua: a group of one tenant's admissions on one
-// read and one write of its state), grant (extra units
+// framework and algorithms); then the functions, one file each but the
+// two peeks: admit (admit.lua: the admission decision), grant (extra units
 // for the current day or month), refund (units of a failed request given
 // back), settle (a request settled to its actual cost), reset (a tier
 // change's quota reset), outage (usage admitted in process while Redis was

@@ -2,14 +2,10 @@
 
 Concurrent admissions of one tenant on one node go to Redis as one call
 (internal/ratelimit/batch.go): admitn decides them in arrival order, each
-exactly as admit (admit.lua) decides it alone, on one read of the tenant's
-state and one write of it at the end (admit_run); the idempotency records,
-the policies' keys and their leases are each request's, read and written
-as its decision goes.
+exactly as admit (admit.lua) decides it alone, in one atomic call.
 
 KEYS  each request's keys, one request after another (every key carries
-      the tenant's hash tag: one Redis Cluster slot; the state, pending and
-      meter keys are the same for all)
+      the tenant's hash tag: one Redis Cluster slot)
 ARGV  [1] n, the requests; [2 .. 2n+1] for each request in turn its
       number of keys and its number of arguments; then each request's
       arguments, one request after another
@@ -17,14 +13,13 @@ ARGV  [1] n, the requests; [2 .. 2n+1] for each request in turn its
 Return: an array of n answers, each admit's answer to its request alone:
 its integers, or its error reply (a request that raises an error is
 answered that error; those before and after it are decided as they would
-have been without it, since a decision changes nothing before it has
-decided).
+have been without it, since admit writes nothing before it has decided).
 ]]
 
 function FN.admitn()
   local keys, args = KEYS, ARGV
   local n = tonumber(args[1])
-  local reqs = {}
+  local out = {}
   local ki, ai = 0, 1 + 2 * n
   for i = 1, n do
     local nk, na = tonumber(args[2 * i]), tonumber(args[2 * i + 1])
@@ -32,9 +27,13 @@ function FN.admitn()
     for j = 1, nk do k[j] = keys[ki + j] end
     for j = 1, na do a[j] = args[ai + j] end
     ki, ai = ki + nk, ai + na
-    reqs[i] = {K = k, A = a}
+    KEYS, ARGV = k, a
+    local ok, r = pcall(FN.admit)
+    if not ok then
+      if type(r) ~= 'table' then r = redis.error_reply(tostring(r)) end
+    end
+    out[i] = r
   end
-  local out = admit_run(reqs, true)
   KEYS, ARGV = keys, args
   return out
 end

@@ -122,26 +122,16 @@ end
 -- clock, which every function that writes an expiry calls first.
 local SHIFT = 0
 
--- redis_time is Redis TIME in us.
-local function redis_time()
+-- clock returns now (us) and the shift that moves an expiry written at an
+-- explicit past time (tests) to as long as it would have lived: Redis TIME
+-- unless explicit > 0. It keeps the shift in SHIFT.
+local function clock(explicit)
   local t = redis.call('TIME')
-  return t[1] * US + t[2] -- (arithmetic converts a string once; tonumber twice)
-end
-
--- time_at returns now (us) and the shift that moves an expiry written at
--- an explicit past time (tests) to as long as it would have lived: real
--- (Redis TIME) unless explicit > 0.
-local function time_at(explicit, real)
+  local real = t[1] * US + t[2] -- (arithmetic converts a string once; tonumber twice)
   local now = explicit
   if now <= 0 then now = real end
   local shift = 0
   if real > now then shift = real - now end
-  return now, shift
-end
-
--- clock is time_at of Redis TIME; it keeps the shift in SHIFT.
-local function clock(explicit)
-  local now, shift = time_at(explicit, redis_time())
   SHIFT = shift
   return now, shift
 end

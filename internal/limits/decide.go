@@ -231,8 +231,9 @@ func (x *decision) checkQuota(e *Entry) {
 
 // checkCap checks the spend cap against the month's overage: the tier's
 // units at its price now and the meters' millicents, whatever plan billed
-// them (a plan change within the month does not let it bill past its
-// cap), with what the request bills.
+// them (today's admit.lua counts the latter only while the plan has a
+// billing meter quota, the meter's quota or credit: a plan change within
+// the month let it bill past its cap), with what the request bills.
 func (x *decision) checkCap(e *Entry) {
 	x.cap = e
 	if x.claimed > 0 && x.v.MonthOver*e.Price+x.spentM+x.billed > e.Limit {
@@ -319,7 +320,7 @@ func (x *decision) settle() {
 func (x *decision) answer() Decision {
 	d := x.d
 	if d.Allowed && x.replay != nil {
-		first := DecodeFlat(x.replay)
+		first := decodeFlat(x.replay)
 		first.Items[ItemBurst], first.Items[ItemBucket] = d.Items[ItemBurst], d.Items[ItemBucket]
 		first.Items[ItemMeterDaily], first.Items[ItemMeterMonthly] = d.Items[ItemMeterDaily], d.Items[ItemMeterMonthly]
 		first.Now, first.Idem = d.Now, quota.IdemReplayed

@@ -133,13 +133,13 @@ func TestPositions(t *testing.T) {
 		if f[Index(res, "overage")-1] != 4 || f[Index(res, "daily_limit")-1] != 4 || f[Index(res, "monthly_reset")-1] != 9 {
 			t.Errorf("Flat(%t) = %v: not at the positions of Functions", meter, f)
 		}
-		back := DecodeFlat(f)
+		back := decodeFlat(f)
 		want := d
 		if !meter {
 			want.Items[ItemMeterDaily], want.Items[ItemMeterMonthly], want.MeterOverage = Item{}, Item{}, 0
 		}
 		if back != want {
-			t.Errorf("DecodeFlat(Flat(%t)) = %+v, want %+v", meter, back, want)
+			t.Errorf("decodeFlat(Flat(%t)) = %+v, want %+v", meter, back, want)
 		}
 	}
 }

@@ -5,14 +5,14 @@ import (
 	"strings"
 )
 
-//go:generate go run ./gen -o ../../lua/positions.lua
+//go:generate go run ./gen -o positions.lua
 
 // Positions names the arguments (ARGV), keys (KEYS) and answer items of
 // one Redis function of the admission library, 1-based as Lua indexes
 // them: the one description Go and Lua share. Go builds its calls and
 // reads answers by these names; the library's Lua reads them from the
-// table PositionsLua renders (lua/positions.lua, the first of the
-// library's files), and a test holds the rendering to the committed file.
+// table PositionsLua renders, and a test holds the rendering to the
+// committed lua snippet.
 type Positions struct {
 	Name          string
 	Keys, Args    []string
@@ -55,10 +55,8 @@ const (
 var Functions = []Positions{
 	{
 		// decide a request: Request's inputs beside the list's wire form
-		// (the policies' keys follow idem, or meters without one; their
-		// argument groups follow policies)
 		Name: "admit",
-		Keys: []string{"state", "pending", "meters", "idem"},
+		Keys: []string{"state", "meters", "idem"},
 		Args: []string{"now", "mode", "list", "cost", "meter", "request_id", "fingerprint", "lease",
 			"calendar", "prepaid", "outside", "policies"},
 		Results:       decisionResults,

@@ -5,12 +5,12 @@ import (
 	"testing"
 )
 
-// TestPositionsLuaIsFresh: the committed lua/positions.lua is what
+// TestPositionsLuaIsFresh: the committed positions.lua is what
 // PositionsLua renders (run go generate in internal/limits after a change
 // of Functions).
 func TestPositionsLuaIsFresh(t *testing.T) {
 	t.Parallel()
-	b, err := os.ReadFile("../../lua/positions.lua")
+	b, err := os.ReadFile("positions.lua")
 	if err != nil {
 		t.Fatal(err)
 	}

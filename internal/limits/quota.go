@@ -80,18 +80,8 @@ func (d Decision) Flat(meter bool) []int64 {
 	return out
 }
 
-// AnswerLen is the length of the admission library's answer to a
-// decision (Flat(true)), before its policies' items.
-const AnswerLen = resultMeterLen
-
-// TierAnswerLen is the length of the library's answer (Flat(false)) to a
-// list without a meter quota and a request without policies: the
-// meter's items and overage, all 0, are left off.
-const TierAnswerLen = resultLen
-
-// DecodeFlat reads Flat's answer (22 or 31 values): an idempotency
-// record's decision, or the admission library's answer.
-func DecodeFlat(f []int64) Decision {
+// decodeFlat reads Flat's answer (22 or 31 values).
+func decodeFlat(f []int64) Decision {
 	d := Decision{Allowed: f[0] == 1, Mask: f[1], Retry: f[2], Overage: f[3], Now: f[4], Idem: quota.IdemOutcome(f[5])}
 	for i := 0; i < nItems && resultHead+4*i+4 <= len(f); i++ {
 		g := f[resultHead+4*i:]

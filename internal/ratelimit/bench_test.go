@@ -136,14 +136,14 @@ func BenchmarkAdmitGroup(b *testing.B) {
 		b.Run(strconv.Itoa(n), func(b *testing.B) {
 			c := testenv.Redis(b)
 			r, _ := mustRunner(b, c)
-			l, err := listFor(quota.Request{Meter: "demo", Limits: benchLimits()})
+			p, err := paramsOf(benchLimits())
 			if err != nil {
 				b.Fatal(err)
 			}
 			tenant := newTenant()
 			batch := make([]*call, n)
 			for i := range batch {
-				keys, args, _ := r.admitCall(tenant, "", 0, "admit", l, 1, "demo", "", 0, "", "", nil)
+				keys, args, _ := r.admitCall(tenant, "", 0, "admit", 1, "demo", "block", p, "", 0, nil, nil)
 				batch[i] = &call{keys: keys, args: args, done: make(chan struct{}, 1)}
 			}
 			ctx := context.Background()

@@ -283,11 +283,8 @@ func TestCalendarClockSkew(t *testing.T) {
 	wantPeriods(t, cal, d)
 	// the function itself: an error naming its now, nothing written
 	keys := r.keys(req.TenantID, "")
-	l, err := listFor(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	err = r.fcall(context.Background(), fnAdmit, keys, 0, "admit", l.Wire(), 1, "demo", "", "", 0, stale.arg, "", "", 0).Err()
+	err := r.fcall(context.Background(), fnAdmit, keys, 0, "admit", 1, "demo", "block",
+		0, 0, 0, 0, 5, 50, "", 0, -1, 0, "", "", "", stale.arg).Err()
 	if at := calendarNow(err); at <= 0 || time.Since(time.UnixMicro(at)).Abs() > time.Minute {
 		t.Fatalf("script with stale boundaries: %v, want CALENDAR <now>", err)
 	}

@@ -82,8 +82,8 @@ var functions = [fnCount]struct {
 
 // sharedFiles hold what the functions share, in the order they build on
 // one another; they come first in the library.
-var sharedFiles = []string{"positions.lua", "calendar.lua", "state.lua", "pending_fields.lua", "meterq.lua", "adjust.lua",
-	"policy.lua", "policy_windows.lua", "policy_rates.lua", "kinds.lua"}
+var sharedFiles = []string{"calendar.lua", "state.lua", "pending_fields.lua", "meterq.lua", "adjust.lua",
+	"policy.lua", "policy_windows.lua", "policy_rates.lua"}
 
 // libraryPrefix starts the name of every release's library.
 const libraryPrefix = "tollgate_"

@@ -53,8 +53,8 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 	}
 	args := make([]any, 0, 1+outageArgs*len(b.Rows))
 	// (the spend cap whenever the tier has one: outage.lua bounds billed
-	// overage by it, tier's and meters' alike, as admit.lua's cap entry
-	// does and settle.lua with a settle entry's)
+	// overage by it, tier's and meters' alike, as admit.lua does with
+	// ARGV[18] and settle.lua with a settle entry's)
 	args = append(args, bill+","+strconv.FormatInt(mq, 10)+","+strconv.FormatInt(tprice, 10)+","+
 		strconv.FormatInt(capMillicents(req), 10)+","+cal)
 	for _, row := range b.Rows {

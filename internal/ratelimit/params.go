@@ -6,12 +6,36 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/limits"
 	"github.com/tollgate/tollgate/internal/quota"
+)
+
+// Sizes of the script's answer (see lua/admit.lua).
+const (
+	headLen   = 6 // allowed, violated, retry, overage, now, replayed
+	perLimit  = 4 // active, limit, remaining, reset
+	resultLen = headLen + perLimit*4
+)
+
+// Mask bits of the violated limits, in quota.AllLimits order.
+const (
+	bitBurst   = 1
+	bitBucket  = 2
+	bitDaily   = 4
+	bitMonthly = 8
+	// bitSpendCap is the spend cap's refusal (quota.LimitSpendCap); 16 and
+	// 32 are the policies' (lua/admit.lua)
+	bitSpendCap = 64
+	// the meter quota's daily and monthly quotas
+	bitMeterDaily   = 128
+	bitMeterMonthly = 256
+	// bitCredit is a prepaid tenant's refusal for want of credit
+	// (quota.LimitCredit)
+	bitCredit = 512
+	// meterLen is the length of the meter quota's items (after resultLen):
+	// its daily and monthly limits, then the meter overage units admitted
+	meterLen = 2*perLimit + 1
 )
 
 const (
@@ -20,86 +44,95 @@ const (
 	idemWindow   = 24 * time.Hour
 )
 
-// listKey is what a compiled list depends on (limits.Compile): the
-// tier's limits with the tenant's overrides, its overage, the quota of the
-// request's meter, whether it is prepaid, and its calendar. has marks the
-// limits that are set.
-type listKey struct {
-	has                                             uint16
-	burstRate, refill                               float64
-	burst, capacity, daily, monthly, maxOver, price int64
-	bill, prepaid                                   bool
-	meter                                           string // "" without a quota of it
-	meterDaily, meterMonthly, meterPrice            int64
-	meterBills                                      bool
-	anchor                                          int
-	zone                                            string
+// params are a request's limits in the script's integer form. A zero
+// interval or a negative quota means unlimited.
+type params struct {
+	gcraT, burst      int64 // us per request, requests
+	bucketU, capacity int64 // us per unit, units
+	daily, monthly    int64 // units; -1 = unlimited
+	ocap              int64 // spend cap, overage units a month; -1 = none
+	// mq is admit.lua's ARGV[19] ("" none) and mqMeter the meter it is of
+	mq, mqMeter string
 }
 
-// lists caches the compiled lists by listKey (tiers and their overrides
-// are few; the cache is dropped whole past maxLists).
-var (
-	lists    sync.Map // listKey -> *limits.List
-	listsLen atomic.Int64
-)
-
-const maxLists = 10_000
-
-// listFor returns the list of req's plan for its meter (cached): a
-// quota.CodeInvalid *quota.Error for limits Redis would not take.
-func listFor(req quota.Request) (*limits.List, error) {
-	l := req.Limits
-	k := listKey{bill: req.Overage == quota.OverageBill, price: req.OveragePriceCentsPer1K, prepaid: req.Prepaid != nil,
-		anchor: req.Calendar.AnchorDay}
-	if req.Calendar.Zone != nil {
-		k.zone = req.Calendar.Zone.String()
+// paramsOf validates l and converts it to integers.
+func paramsOf(l quota.Limits) (params, error) {
+	if err := l.Validate(); err != nil {
+		return params{}, err
 	}
-	set := func(bit uint16, dst *int64, v *int64) {
-		if v != nil {
-			k.has |= bit
-			*dst = *v
+	p := params{daily: -1, monthly: -1, ocap: -1}
+	if l.BurstRate != nil {
+		p.gcraT, p.burst = quota.IntervalMicros(*l.BurstRate), *l.Burst
+		if p.burst > quota.MaxWindowMicros/p.gcraT {
+			return params{}, quota.FieldError("burst", "burst / burst_rate must be at most %d seconds", quota.MaxWindowMicros/1e6)
 		}
 	}
-	if l.BurstRate != nil {
-		k.has, k.burstRate = k.has|1, *l.BurstRate
+	if l.BucketCapacity != nil {
+		p.bucketU, p.capacity = quota.IntervalMicros(*l.BucketRefillPerSec), *l.BucketCapacity
+		if p.capacity > quota.MaxWindowMicros/p.bucketU {
+			return params{}, quota.FieldError("bucket_capacity", "bucket_capacity / bucket_refill_per_sec must be at most %d seconds", quota.MaxWindowMicros/1e6)
+		}
 	}
-	if l.BucketRefillPerSec != nil {
-		k.has, k.refill = k.has|2, *l.BucketRefillPerSec
+	if l.DailyQuota != nil {
+		p.daily = *l.DailyQuota
 	}
-	set(4, &k.burst, l.Burst)
-	set(8, &k.capacity, l.BucketCapacity)
-	set(16, &k.daily, l.DailyQuota)
-	set(32, &k.monthly, l.MonthlyQuota)
-	set(64, &k.maxOver, l.MaxOverageCents)
-	if q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter); q != nil {
-		k.meter, k.meterPrice, k.meterBills = req.Meter, q.OveragePriceCentsPer1K, q.Bills()
-		set(128, &k.meterDaily, q.DailyQuota)
-		set(256, &k.meterMonthly, q.MonthlyQuota)
+	if l.MonthlyQuota != nil {
+		p.monthly = *l.MonthlyQuota
 	}
-	if v, ok := lists.Load(k); ok {
-		return v.(*limits.List), nil
-	}
-	list, err := limits.Compile(limits.PlanOf(req), req.Meter)
-	if err != nil {
-		return nil, err
-	}
-	if listsLen.Add(1) > maxLists {
-		lists.Clear()
-		listsLen.Store(1)
-	}
-	lists.Store(k, list)
-	return list, nil
+	return p, nil
 }
 
-// prepaidArg is admit's prepaid argument: a prepaid tenant's balance,
-// "bal,period,prev,lines,expiring" (lua/kinds.lua, the credit), "" for
-// postpaid.
-func prepaidArg(pp *quota.Prepaid) string {
-	if pp == nil {
-		return ""
+// requestParams are the params of req: its limits and its spend cap
+// (quota.SpendCapUnits of its overage price).
+func requestParams(req quota.Request) (params, error) {
+	p, err := paramsOf(req.Limits)
+	if err != nil {
+		return p, err
 	}
-	return strconv.FormatInt(pp.BalanceMillicents, 10) + "," + strconv.Itoa(pp.PeriodID) + "," + strconv.Itoa(pp.PrevID) +
-		"," + strconv.Itoa(max(pp.Lines, 1)) + "," + strconv.FormatInt(pp.ExpiringMillicents, 10)
+	p.ocap = quota.SpendCapUnits(req.Limits.MaxOverageCents, req.Overage, req.OveragePriceCentsPer1K)
+	p.mq, p.mqMeter = meterArg(req), req.Meter
+	return p, nil
+}
+
+// meterArg is admit.lua's ARGV[19] for req: the quota of its meter, the
+// spend cap in millicents when some meter quota of the tier bills its
+// overage (which the cap then bounds with the tier's) or the tenant is
+// prepaid, and a prepaid tenant's balance; "" when none of them. With
+// this argument the script checks the cap in millicents, not ocap's
+// units: whenever it is sent it carries the tier's cap, so that a meter
+// quota that bills nothing leaves the cap binding the tier's overage.
+func meterArg(req quota.Request) string {
+	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
+	capm, tprice := spendCapMillicents(req), int64(0)
+	if q != nil {
+		capm = capMillicents(req)
+	}
+	if req.Overage == quota.OverageBill {
+		tprice = req.OveragePriceCentsPer1K
+	}
+	tail := ""
+	if pp := req.Prepaid; pp != nil {
+		tail = "," + strconv.FormatInt(pp.BalanceMillicents, 10) + "," + strconv.Itoa(pp.PeriodID) + "," + strconv.Itoa(pp.PrevID) +
+			"," + strconv.Itoa(max(pp.Lines, 1)) + "," + strconv.FormatInt(pp.ExpiringMillicents, 10)
+	}
+	if q == nil {
+		if capm < 0 && tail == "" {
+			return ""
+		}
+		return "-1,-1,0,0," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10) + tail
+	}
+	dq, mq, bill := int64(-1), int64(-1), "0"
+	if q.DailyQuota != nil {
+		dq = *q.DailyQuota
+	}
+	if q.MonthlyQuota != nil {
+		mq = *q.MonthlyQuota
+	}
+	if q.Bills() {
+		bill = "1"
+	}
+	return strconv.FormatInt(dq, 10) + "," + strconv.FormatInt(mq, 10) + "," + bill + "," +
+		strconv.FormatInt(q.OveragePriceCentsPer1K, 10) + "," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10) + tail
 }
 
 // spendCapMillicents is req's spend cap in millicents when the script
@@ -120,6 +153,14 @@ func capMillicents(req quota.Request) int64 {
 		return *c * 1000
 	}
 	return -1
+}
+
+// itemsAt is where the policies' items start in the script's answer.
+func itemsAt(p params) int {
+	if p.mq != "" {
+		return resultLen + meterLen
+	}
+	return resultLen
 }
 
 // checkRequest validates everything of req but its limits.
@@ -176,6 +217,15 @@ func micros(t time.Time) int64 {
 	return t.UnixMicro()
 }
 
+// overageMode maps the policy to the script's argument; an empty policy
+// blocks, the safe choice when a caller does not say.
+func overageMode(o quota.Overage) string {
+	if o == quota.OverageBill {
+		return "bill"
+	}
+	return "block"
+}
+
 // idemHash names an idempotency key. Keys are scoped to the tenant (the
 // record lives under its hash tag), not to a route: the same key on another
 // route is another request, which the fingerprint turns into IdemMismatch.
@@ -183,4 +233,72 @@ func micros(t time.Time) int64 {
 func idemHash(key string) string {
 	h := sha256.Sum256([]byte(key))
 	return hex.EncodeToString(h[:])
+}
+
+// decode turns the script's answer into a Decision. Windows
+// come from p: B*T, C*U, one day, and the length of the month of the
+// decision's time; in a calendar that is not the default (b, the bounds
+// the script was given, not nil), the length of the decision's local day
+// and of its billing month.
+func decode(r []int64, p params, cal quota.Calendar, b *calBounds) quota.Decision {
+	now := time.UnixMicro(r[4]).UTC()
+	d := quota.Decision{
+		Allowed:      r[0] == 1,
+		OverageUnits: r[3],
+		Idem:         quota.IdemOutcome(r[5]),
+		Now:          now,
+	}
+	if !d.Allowed {
+		d.RetryAfter = time.Duration(r[2]) * time.Microsecond
+	}
+	windows := [4]time.Duration{
+		time.Duration(p.burst*p.gcraT) * time.Microsecond,
+		time.Duration(p.capacity*p.bucketU) * time.Microsecond,
+	}
+	if b != nil {
+		windows[2], windows[3] = b.windows(cal, r[4])
+	} else {
+		monthStart := quota.MonthStart(now)
+		windows[2], windows[3] = 24*time.Hour, monthStart.AddDate(0, 1, 0).Sub(monthStart)
+	}
+	for i, name := range quota.AllLimits {
+		f := r[headLen+perLimit*i:]
+		if r[1]&(1<<i) != 0 {
+			d.Violated = append(d.Violated, name)
+		}
+		if f[0] == 0 {
+			continue
+		}
+		d.Limits = append(d.Limits, quota.LimitState{
+			Name:      name,
+			Limit:     f[1],
+			Remaining: f[2],
+			Reset:     time.UnixMicro(f[3]).UTC(),
+			Window:    windows[i],
+		})
+	}
+	if r[1]&bitSpendCap != 0 {
+		d.Violated = append(d.Violated, quota.LimitSpendCap)
+	}
+	if r[1]&bitCredit != 0 {
+		d.Violated = append(d.Violated, quota.LimitCredit)
+	}
+	if p.mq != "" && len(r) >= resultLen+meterLen {
+		d.MeterOverageUnits = r[resultLen+2*perLimit]
+		names := [2]quota.LimitName{quota.LimitName(p.mqMeter + ".daily"), quota.LimitName(p.mqMeter + ".monthly")}
+		bits := [2]int64{bitMeterDaily, bitMeterMonthly}
+		for i := range 2 {
+			f := r[resultLen+perLimit*i:]
+			if r[1]&bits[i] != 0 {
+				d.Violated = append(d.Violated, names[i])
+			}
+			if f[0] == 0 {
+				continue
+			}
+			d.Limits = append(d.Limits, quota.LimitState{
+				Name: names[i], Limit: f[1], Remaining: f[2], Reset: time.UnixMicro(f[3]).UTC(), Window: windows[2+i],
+			})
+		}
+	}
+	return d
 }

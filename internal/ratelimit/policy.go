@@ -8,7 +8,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/limits"
 	"github.com/tollgate/tollgate/internal/policyalg"
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -136,8 +135,8 @@ type inSlot struct {
 	id    string
 	specs []PolicySpec
 	calls []int // index in the request's Policies of each spec
-	// outside is what the reservations made of the request (admit's
-	// outside): 'x' refused, 'd' degraded, 's' refused in shadow
+	// outside is what the reservations made of the request (admit.lua's
+	// ARGV[17]): 'x' refused, 'd' degraded, 's' refused in shadow
 	outside string
 	leases  bool // a concurrency policy among specs: an admission takes a lease
 }
@@ -233,9 +232,9 @@ func (r *Runner) splitPolicies(req quota.Request) (*inSlot, []crossGroup, error)
 // reservation and its rollback another request may see the reserved room
 // as taken: a refusal that, at worst, a retry after Retry-After corrects.
 // The tenant's call is told what the reservations made of the request
-// (admit's outside): it refuses or degrades the request accordingly,
+// (admit.lua's ARGV[18]): it refuses or degrades the request accordingly,
 // consuming nothing, and counts it with the rest of its usage.
-func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, l *limits.List, mode, idem string) (quota.Decision, error) {
+func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p params, mode, idem string) (quota.Decision, error) {
 	in, cross, err := r.splitPolicies(req)
 	if err != nil {
 		return quota.Decision{}, err
@@ -328,8 +327,8 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, l *li
 			in.outside += "s"
 		}
 	}
-	res, err := r.run(ctx, req.TenantID, idem, now, mode, l, req.Cost, req.Meter,
-		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), prepaidArg(req.Prepaid), in)
+	res, b, err := r.run(ctx, req.TenantID, idem, now, mode, req.Cost, req.Meter, overageMode(req.Overage), p,
+		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), in, req.Calendar)
 	if err != nil {
 		undo()
 		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
@@ -337,9 +336,9 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, l *li
 	if mode == "admit" {
 		r.active.add(req.TenantID)
 	}
-	d := limits.DecodeFlat(res).Quota(l)
-	if len(res) > limits.AnswerLen && in != nil {
-		for j, it := range decodePolicyItems(res[limits.AnswerLen:]) {
+	d := decode(res, p, req.Calendar, b)
+	if at := itemsAt(p); len(res) > at && in != nil {
+		for j, it := range decodePolicyItems(res[at:]) {
 			states[in.calls[j]] = policyState(req.Policies[in.calls[j]].Policy, it)
 		}
 	}

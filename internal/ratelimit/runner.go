@@ -4,11 +4,12 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate/tollgate/internal/limits"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -65,13 +66,13 @@ func (r *Runner) stateKey(tenantID string) string {
 	return r.prefix + ":v2:{t:" + tenantID + "}"
 }
 
-// keys returns admit's KEYS in order (limits.Functions' admit): the
-// idempotency record's only when idem is set.
+// keys returns admit's KEYS in order; the idempotency key only when
+// idem is set.
 func (r *Runner) keys(tenantID, idem string) []string {
 	if idem != "" {
-		return r.stateKeys(tenantID, "pending", "mq", "idem2:"+idem)
+		return r.stateKeys(tenantID, "pending", "idem2:"+idem)
 	}
-	return r.stateKeys(tenantID, "pending", "mq")
+	return r.stateKeys(tenantID, "pending")
 }
 
 // Admit decides on req in one atomic script run. A refusal is a Decision
@@ -92,7 +93,7 @@ func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, 
 	if err := checkRequest(req); err != nil {
 		return quota.Decision{}, err
 	}
-	l, err := listFor(req)
+	p, err := requestParams(req)
 	if err != nil {
 		return quota.Decision{}, err
 	}
@@ -104,17 +105,17 @@ func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, 
 		idem = idemHash(req.IdempotencyKey)
 	}
 	if len(req.Policies) > 0 {
-		return r.admitWithPolicies(ctx, req, l, mode, idem)
+		return r.admitWithPolicies(ctx, req, p, mode, idem)
 	}
-	res, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, l, req.Cost, req.Meter,
-		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), prepaidArg(req.Prepaid), nil)
+	res, b, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p,
+		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), nil, req.Calendar)
 	if err == nil && mode != "dry" {
 		r.active.add(req.TenantID) // admitted or refused, its pending usage changed
 	}
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
 	}
-	return limits.DecodeFlat(res).Quota(l), nil
+	return decode(res, p, req.Calendar, b), nil
 }
 
 // Peek reports the tenant's limits as they stand, consuming and counting
@@ -130,100 +131,99 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 
 // PeekIn is Peek with the days and months of the tenant's billing
 // calendar cal.
-func (r *Runner) PeekIn(ctx context.Context, tenantID string, cal quota.Calendar, lim quota.Limits, now time.Time) (quota.Decision, error) {
+func (r *Runner) PeekIn(ctx context.Context, tenantID string, cal quota.Calendar, limits quota.Limits, now time.Time) (quota.Decision, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return quota.Decision{}, err
 	}
 	if err := checkNow(now); err != nil {
 		return quota.Decision{}, err
 	}
-	l, err := listFor(quota.Request{Meter: "-", Limits: lim, Calendar: cal})
+	p, err := paramsOf(limits)
 	if err != nil {
 		return quota.Decision{}, err
 	}
-	res, err := r.run(ctx, tenantID, "", micros(now), "peek", l, 1, "-", "", 0, "", nil)
+	res, b, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p, "", 0, nil, cal)
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: peek: %w", err)
 	}
-	return limits.DecodeFlat(res).Quota(l), nil
+	return decode(res, p, cal, b), nil
 }
 
-// run calls admit (lua/admit.lua) on list l, whose calendar, unless it
-// is the default, goes with its Boundaries around now (Go's clock when now
-// is 0); pol, when not nil, are the policies decided in the same call,
-// with the request's id. When Redis's clock is outside those boundaries
-// (the function answers "CALENDAR <its now>", having written nothing), run
-// calls once more with the boundaries of the function's now. It returns
-// the answer: limits.AnswerLen values (limits.TierAnswerLen for a list
-// without a meter quota and no policies), then the policies' items.
-func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, l *limits.List, cost int64, meter, fp string, leaseUS int64, prepaid string, pol *inSlot) ([]int64, error) {
+// run calls admit (lua/admit.lua); pol, when not nil, are the policies
+// decided in the same call, with the request's id. cal is
+// the tenant's calendar: unless it is the default, the script takes its
+// Boundaries around now (Go's clock when now is 0), which run returns for
+// decode. When Redis's clock is outside them (the script answers
+// "CALENDAR <its now>", having written nothing), run calls once more with
+// the boundaries of the script's now.
+func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64, pol *inSlot, cal quota.Calendar) ([]int64, *calBounds, error) {
 	// The batcher coalesces concurrent calls into pipelines (batch.go); a
 	// Redis without the library (restarted, flushed, a new master) is
 	// given it again (library.go).
-	cal, calArg := l.Calendar, ""
+	var b *calBounds
 	if !cal.IsDefault() {
 		t := time.Now()
 		if now > 0 {
 			t = time.UnixMicro(now)
 		}
-		calArg = boundsOf(cal, t).arg
+		b = boundsOf(cal, t)
 	}
-	keys, args, want := r.admitCall(tenantID, idem, now, mode, l, cost, meter, fp, leaseUS, calArg, prepaid, pol)
+	keys, args, want := r.admitCall(tenantID, idem, now, mode, cost, meter, overage, p, fp, leaseUS, pol, b)
 	// an admission that may take a lease is seen to its end, so that its
 	// caller learns of the lease and releases it (batcher.do)
 	finish := pol != nil && pol.leases && mode == "admit"
 	res, err := r.batch.do(ctx, keys, args, finish)
-	if err != nil && calArg != "" {
+	if err != nil && b != nil {
 		if at := calendarNow(err); at > 0 {
-			args[admitArg("calendar")] = makeBounds(cal, time.UnixMicro(at)).arg
+			b = makeBounds(cal, time.UnixMicro(at))
+			args[18] = b.arg
 			res, err = r.batch.do(ctx, keys, args, finish)
 		}
 	}
 	if err != nil {
-		return nil, prepaidStale(err)
+		return nil, nil, prepaidStale(err)
 	}
-	short := len(res) == limits.TierAnswerLen && want == limits.AnswerLen // (no meter quota, no policies)
-	if len(res) != want && !short && !(len(res) == limits.AnswerLen && res[5] >= int64(quota.IdemInFlight)) {
-		return nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
+	if len(res) != want && !(len(res) == resultLen && res[5] >= int64(quota.IdemInFlight)) {
+		return nil, nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
 	}
-	return res, nil
+	return res, b, nil
 }
 
-// admitCall is the keys and arguments of a call of admit (lua/admit.lua,
-// by limits.Functions' positions), and how many integers its answer
-// holds.
-func (r *Runner) admitCall(tenantID, idem string, now int64, mode string, l *limits.List, cost int64, meter, fp string, leaseUS int64, calArg, prepaid string, pol *inSlot) (keys []string, args []any, want int) {
-	np, id, outside := 0, "", ""
-	if pol != nil {
-		np, id, outside = len(pol.specs), pol.id, pol.outside
+// admitCall is the keys and arguments of a call of admit (lua/admit.lua),
+// and how many integers its answer holds.
+func (r *Runner) admitCall(tenantID, idem string, now int64, mode string, cost int64, meter, overage string, p params, fp string, leaseUS int64, pol *inSlot, b *calBounds) (keys []string, args []any, want int) {
+	n := 14
+	if pol != nil || p.mq != "" || b != nil {
+		n += 5
 	}
-	args = make([]any, admitArgs, admitArgs+policyArgs*np)
-	args[0], args[1], args[2], args[3], args[4] = now, boxed(mode), l.Wire(), cost, meter
-	args[5], args[6], args[7], args[8], args[9], args[10], args[11] = id, fp, leaseUS, calArg, prepaid, outside, np
-	keys = r.keys(tenantID, idem)
 	if pol != nil {
+		n += 7 * len(pol.specs)
+	}
+	args = make([]any, 14, n)
+	args[0], args[1], args[2], args[3], args[4] = now, boxed(mode), cost, meter, boxed(overage)
+	bp := boxedParams(p)
+	copy(args[5:11], bp[:6])
+	args[11], args[12], args[13] = fp, leaseUS, bp[6]
+	keys = r.keys(tenantID, idem)
+	want = itemsAt(p)
+	if pol != nil {
+		want += 7 * len(pol.specs)
+		args = append(args, len(pol.specs), pol.id, pol.outside, p.mq, calArg(b))
 		args = appendPolicyArgs(args, pol.specs)
 		for _, sp := range pol.specs {
 			keys = append(keys, sp.Key)
 		}
+	} else if p.mq != "" || b != nil {
+		args = append(args, 0, "", "", p.mq, calArg(b))
 	}
-	return keys, args, limits.AnswerLen + policyItem*np
+	if p.mq != "" {
+		keys = append(keys, r.key(tenantID, "mq"))
+	}
+	return keys, args, want
 }
 
-// admit's arguments (limits.Functions), before the policies' groups of
-// policyArgs each (lua/policy.lua's POLICY_ARGS); a policy's answer is
-// policyItem values.
-var (
-	admitArgs  = len(limits.Functions[0].Args)
-	policyArgs = 7
-	policyItem = len(limits.Functions[0].ResultsRepeat)
-)
-
-// admitArg is the index in admit's arguments of name.
-func admitArg(name string) int { return limits.Index(limits.Functions[0].Args, name) - 1 }
-
-// calArg is a calendar argument of the library's functions: b's
-// boundaries, or the empty string for the default calendar.
+// calArg is admit's ARGV[19]: b's boundaries, or the empty string
+// for the default calendar.
 func calArg(b *calBounds) any {
 	if b == nil {
 		return ""
@@ -233,13 +233,37 @@ func calArg(b *calBounds) any {
 
 // boxedStrings are the script arguments that take a few fixed values,
 // boxed once: an interface made of a string variable allocates.
-var boxedStrings = map[string]any{"admit": "admit", "dry": "dry", "peek": "peek"}
+var boxedStrings = map[string]any{"admit": "admit", "dry": "dry", "peek": "peek", "block": "block", "bill": "bill"}
 
 func boxed(s string) any {
 	if v, ok := boxedStrings[s]; ok {
 		return v
 	}
 	return s
+}
+
+// paramsBoxes holds the seven limit arguments of each params seen (ARGV[6..11]
+// and the spend cap, ARGV[14]), boxed once (tiers are few; the cache is
+// dropped whole past maxParamsBoxes).
+var (
+	paramsBoxes    sync.Map // params -> []any
+	paramsBoxesLen atomic.Int64
+)
+
+const maxParamsBoxes = 10_000
+
+func boxedParams(p params) []any {
+	p.mq, p.mqMeter = "", "" // (not among the seven)
+	if v, ok := paramsBoxes.Load(p); ok {
+		return v.([]any)
+	}
+	v := []any{p.gcraT, p.burst, p.bucketU, p.capacity, p.daily, p.monthly, p.ocap}
+	if paramsBoxesLen.Add(1) > maxParamsBoxes {
+		paramsBoxes.Clear()
+		paramsBoxesLen.Store(1)
+	}
+	paramsBoxes.Store(p, v)
+	return v
 }
 
 // Grant adds units to the tenant's quota for the current period ("day" or
