@@ -23,8 +23,8 @@ KEYS
           (used while the tenant has no state; else the state hash's "p" fields)
   KEYS[3] (when the meter has a quota, or the tenant is prepaid)
           <prefix>:v1:{t:<id>}:mq, the meter quotas' hash (admit.lua,
-          "Meter quotas"; meterq.lua): the meter's day and month get the
-          cost back the same way, and the month the meter overage units
+          "Meter quotas"; meterq.lua): the meter's day and month, when it
+          has a quota (ARGV[10]), get the cost back the same way, and the month the meter overage units
           the request took (ARGV[9], no more: a later request's overage
           stays billed), with the pending "|m" of the admission's hour
           and, when ARGV[7] >= 0, their price off the month's millicents
@@ -46,6 +46,8 @@ ARGV
       prepaid_adjust)
   [9] (with KEYS[3]) the meter overage units of the admission
       (quota.Decision.MeterOverageUnits)
+  [10] (with KEYS[3]) 1 when the meter has a quota, else 0 (a prepaid
+      tenant's request of a meter without one counted nothing there)
 
 Return: 1.
 ]]
@@ -62,7 +64,8 @@ local s = load_state()
 local c = month_load(s, month)
 local q, mback, price, tpp, mpp = nil, 0, -1, nil, 0
 if KEYS[3] then
-  q, mback, price = meterq_month(KEYS[3], meter, day, month), tonumber(ARGV[9]), tonumber(ARGV[7])
+  mback, price = tonumber(ARGV[9]), tonumber(ARGV[7])
+  if ARGV[10] == '1' then q = meterq_month(KEYS[3], meter, day, month) end
   if ARGV[8] ~= '' then
     local a, b = string.match(ARGV[8], '^(%d+),(%d+)$')
     tpp, mpp = a + 0, b + 0

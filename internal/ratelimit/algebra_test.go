@@ -208,22 +208,6 @@ func (w *twin) store(key, fp string) {
 	w.same(step)
 }
 
-// refundDefect reports whether refunding the i-th admission meets the
-// defect of today's refund.lua that TestLuaDefects shows (a prepaid
-// request of a meter without a quota gives units back to that meter's
-// counters, which another plan's admissions hold in the month): the
-// random schedules leave such a request unrefunded.
-func (w *twin) refundDefect(i int) bool {
-	a := w.admitted[i]
-	if a.req.Prepaid == nil || quota.MeterQuotaFor(a.req.MeterQuotas, a.req.Meter) != nil {
-		return false
-	}
-	adm := limits.AdmissionOf(a.req, a.d)
-	f, ok := w.m.Meters[a.req.Meter]
-	b, okb := w.m.MetersBefore[a.req.Meter]
-	return ok && f.Month == adm.Month || okb && b.Month == adm.Month
-}
-
 // capDefect reports whether admitting req meets the defect of today's
 // admit.lua that TestLuaDefects shows (its spend cap ignores the meters'
 // overage of the month unless the plan has a billing meter quota, the
@@ -455,7 +439,7 @@ func runAlgebraWith(t *testing.T, c redis.UniversalClient, schedules, steps int,
 					}
 					w.settle(i, actual)
 					seen["settle"]++
-				} else if !w.refundDefect(i) {
+				} else {
 					w.refund(i)
 					seen["refund"]++
 				}

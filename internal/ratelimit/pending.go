@@ -184,8 +184,12 @@ func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.C
 	keys := r.stateKeys(tenantID, "pending")
 	args := []any{day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage}
 	if q != nil || pp != "" {
+		hasQuota := 0 // (refund.lua's ARGV[10])
+		if q != nil {
+			hasQuota = 1
+		}
 		keys = append(keys, r.key(tenantID, "mq"))
-		args = append(args, price, pp, mover)
+		args = append(args, price, pp, mover, hasQuota)
 	}
 	if err := r.fcall(ctx, fnRefund, keys, args...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)
