@@ -82,10 +82,10 @@ ARGV
                    the cap is checked in millicents, never ocap's units,
                    so Go sends the tier's cap whenever it sends a meter's
                    quota); its key is the LAST of KEYS. A tier with a
-                   billed meter quota and a spend cap passes it on every
-                   request, "-1,-1,0,0,..."
+                   spend cap that bills overage, or has a billed meter
+                   quota, passes it on every request, "-1,-1,0,0,..."
                    for a meter without a quota, so that the cap sees the
-                   meters' overage. A prepaid tenant's has five more,
+                   meters' overage of the month, whatever plan billed it. A prepaid tenant's has five more,
                    ",bal,bid,prev,lines,pexp" (see "Prepaid"), and is passed on
                    every request
   [19] cal         the tenant's billing calendar (see "Calendars"): '' the

@@ -208,19 +208,6 @@ func (w *twin) store(key, fp string) {
 	w.same(step)
 }
 
-// capDefect reports whether admitting req meets the defect of today's
-// admit.lua that TestLuaDefects shows (its spend cap ignores the meters'
-// overage of the month unless the plan has a billing meter quota, the
-// meter's quota or credit): the random schedules leave such a request
-// out.
-func (w *twin) capDefect(req quota.Request) bool {
-	if req.Limits.MaxOverageCents == nil || meterArg(req) != "" {
-		return false
-	}
-	_, month := periodIDs(req.Calendar, req.Now)
-	return w.m.Spent.Month == month && w.m.Spent.Millicents > 0
-}
-
 func contains(s []string, v string) bool {
 	for _, x := range s {
 		if x == v {
@@ -457,9 +444,6 @@ func runAlgebraWith(t *testing.T, c redis.UniversalClient, schedules, steps int,
 				}
 				if req.Prepaid != nil && rng.IntN(30) == 0 {
 					req.Prepaid.PeriodID = prevPeriod(req.Prepaid.PeriodID) // stale
-				}
-				if w.capDefect(req) {
-					continue
 				}
 				d := w.admit(req, rng.IntN(2) == 0)
 				countOutcome(seen, req, d)

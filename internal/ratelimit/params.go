@@ -51,7 +51,7 @@ type params struct {
 	bucketU, capacity int64 // us per unit, units
 	daily, monthly    int64 // units; -1 = unlimited
 	ocap              int64 // spend cap, overage units a month; -1 = none
-	// mq is admit.lua's ARGV[19] ("" none) and mqMeter the meter it is of
+	// mq is admit.lua's ARGV[18] ("" none) and mqMeter the meter it is of
 	mq, mqMeter string
 }
 
@@ -94,10 +94,10 @@ func requestParams(req quota.Request) (params, error) {
 	return p, nil
 }
 
-// meterArg is admit.lua's ARGV[19] for req: the quota of its meter, the
-// spend cap in millicents when some meter quota of the tier bills its
-// overage (which the cap then bounds with the tier's) or the tenant is
-// prepaid, and a prepaid tenant's balance; "" when none of them. With
+// meterArg is admit.lua's ARGV[18] for req: the quota of its meter, the
+// spend cap in millicents when spendCapMillicents gives it (the cap then
+// bounds the tier's overage with the meters' spend of the month), and a
+// prepaid tenant's balance; "" when none of them. With
 // this argument the script checks the cap in millicents, not ocap's
 // units: whenever it is sent it carries the tier's cap, so that a meter
 // quota that bills nothing leaves the cap binding the tier's overage.
@@ -136,11 +136,12 @@ func meterArg(req quota.Request) string {
 }
 
 // spendCapMillicents is req's spend cap in millicents when the script
-// counts the meters' overage against it (some meter quota of the tier
-// bills) or the tenant is prepaid (the script then checks every cap in
-// millicents), else -1.
+// checks it in millicents, over the tier's overage and the meters' spend
+// of the month together: when the tier bills overage (the meters' spend
+// may come from a plan of earlier in the month), some meter quota of the
+// tier bills, or the tenant is prepaid; else -1.
 func spendCapMillicents(req quota.Request) int64 {
-	if req.Prepaid != nil || slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills) {
+	if req.Prepaid != nil || req.Overage == quota.OverageBill || slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills) {
 		return capMillicents(req)
 	}
 	return -1
