@@ -11,6 +11,8 @@ import (
 	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // fakeRedis answers on a loopback port as a Redis of version v would to
@@ -19,41 +21,26 @@ import (
 // redis:// URL.
 func fakeRedis(t *testing.T, v string) string {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	return "redis://" + testenv.ServeConns(t, func(c net.Conn) {
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
+			line, err := r.ReadString('\n')
 			if err != nil {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					line, err := r.ReadString('\n')
-					if err != nil {
-						return
-					}
-					switch {
-					case strings.HasPrefix(line, "*"), strings.HasPrefix(line, "$"):
-						// a RESP array's header, or one of its strings' lengths
-					case strings.EqualFold(strings.Fields(line + " x")[0], "INFO"):
-						body := "# Server\r\nredis_version:" + v + "\r\nredis_mode:standalone\r\n"
-						fmt.Fprintf(c, "$%d\r\n%s\r\n", len(body), body)
-					case strings.EqualFold(strings.TrimSpace(line), "server"):
-						// INFO's argument, in an array
-					default:
-						fmt.Fprint(c, "+OK\r\n")
-					}
-				}
-			}()
+			switch {
+			case strings.HasPrefix(line, "*"), strings.HasPrefix(line, "$"):
+				// a RESP array's header, or one of its strings' lengths
+			case strings.EqualFold(strings.Fields(line + " x")[0], "INFO"):
+				body := "# Server\r\nredis_version:" + v + "\r\nredis_mode:standalone\r\n"
+				fmt.Fprintf(c, "$%d\r\n%s\r\n", len(body), body)
+			case strings.EqualFold(strings.TrimSpace(line), "server"):
+				// INFO's argument, in an array
+			default:
+				fmt.Fprint(c, "+OK\r\n")
+			}
 		}
-	}()
-	return "redis://" + ln.Addr().String() + "/0"
+	}) + "/0"
 }
 
 // runServices runs scripts/services.sh with env added to the test's.

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // What the proxy does with an upstream's answer it cannot pass on: headers
@@ -58,25 +59,10 @@ func (u *headerUpstream) hitsOf(path string) int {
 // byte of answer.
 func hangUpUpstream(tb testing.TB) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				buf := make([]byte, 4096)
-				_, _ = c.Read(buf)
-				c.Close()
-			}()
-		}
-	}()
-	return "http://" + ln.Addr().String()
+	return "http://" + testenv.ServeConns(tb, func(c net.Conn) {
+		buf := make([]byte, 4096)
+		_, _ = c.Read(buf)
+	})
 }
 
 // TestUpstreamAnswerHeaders: answers with 4,100 and 60 KiB of headers pass

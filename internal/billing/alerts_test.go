@@ -525,22 +525,7 @@ func TestDelivererLastErrorHasNoBody(t *testing.T) {
 // answer, then closes it; it returns its host:port.
 func mustTCPServer(tb testing.TB, answer string) string {
 	tb.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			_, _ = io.WriteString(c, answer)
-			c.Close()
-		}
-	}()
-	return ln.Addr().String()
+	return testenv.ServeConns(tb, func(c net.Conn) { _, _ = io.WriteString(c, answer) })
 }
 
 // TestDelivererRefusesPrivateTargets: a webhook URL stored before it was

@@ -275,47 +275,33 @@ func (h *cmdRecorder) names() []string {
 // answers FUNCTION (an unknown command), and returns a client of it.
 func fakeOldRedis(t *testing.T) *redis.Client {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
+	addr := testenv.ServeConns(t, func(c net.Conn) {
+		r := bufio.NewReader(c)
 		for {
-			c, err := ln.Accept()
-			if err != nil {
+			// a command: *<n>, then n times $<len> and that many
+			// bytes (the library's text holds line ends) and CRLF
+			line, err := r.ReadString('\n')
+			if err != nil || !strings.HasPrefix(line, "*") {
 				return
 			}
-			go func() {
-				defer c.Close()
-				r := bufio.NewReader(c)
-				for {
-					// a command: *<n>, then n times $<len> and that many
-					// bytes (the library's text holds line ends) and CRLF
-					line, err := r.ReadString('\n')
-					if err != nil || !strings.HasPrefix(line, "*") {
-						return
-					}
-					n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
-					var args []string
-					for range n {
-						head, err := r.ReadString('\n')
-						if err != nil || !strings.HasPrefix(head, "$") {
-							return
-						}
-						size, _ := strconv.Atoi(strings.TrimSpace(head[1:]))
-						arg := make([]byte, size+2)
-						if _, err := io.ReadFull(r, arg); err != nil {
-							return
-						}
-						args = append(args, string(arg[:size]))
-					}
-					fmt.Fprintf(c, "-ERR unknown command `%s`, with args beginning with: \r\n", args[0])
+			n, _ := strconv.Atoi(strings.TrimSpace(line[1:]))
+			var args []string
+			for range n {
+				head, err := r.ReadString('\n')
+				if err != nil || !strings.HasPrefix(head, "$") {
+					return
 				}
-			}()
+				size, _ := strconv.Atoi(strings.TrimSpace(head[1:]))
+				arg := make([]byte, size+2)
+				if _, err := io.ReadFull(r, arg); err != nil {
+					return
+				}
+				args = append(args, string(arg[:size]))
+			}
+			fmt.Fprintf(c, "-ERR unknown command `%s`, with args beginning with: \r\n", args[0])
 		}
-	}()
-	c := redis.NewClient(&redis.Options{Addr: ln.Addr().String(), Protocol: 2, DisableIdentity: true, MaxRetries: -1})
+	})
+	c := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, DisableIdentity: true, MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	return c
 }
