@@ -62,9 +62,11 @@ KEYS
 
 ARGV
   [1] the actual cost, 0..quota.MaxQuantity
+  [2] the entry's mark once applied: "done" (a settle; absent: "done"),
+      or "refunded" (a check's refund, a settle to 0)
 
 Return: {status, delta, overage delta}: status 1 applied, 0 no entry
-(unknown or expired), -1 settled before; delta = actual - cost (negative
+(unknown or expired), -1 settled before, -2 refunded before; delta = actual - cost (negative
 for a refund); overage delta the change of the month's (tier's) overage
 units.
 ]]
@@ -74,7 +76,8 @@ KS = KEYS[1]
 local e = redis.call('GET', KEYS[3])
 if not e then return {0, 0, 0} end
 if e == 'done' then return {-1, 0, 0} end
-redis.call('SET', KEYS[3], 'done', 'KEEPTTL')
+if e == 'refunded' then return {-2, 0, 0} end
+redis.call('SET', KEYS[3], ARGV[2] or 'done', 'KEEPTTL')
 
 local cost, hour, day, month, over, bill, mq, mspec, meter = string.match(e,
   '^(%d+)|(%d+)|(%d+)|(%d+)|(%d+)|([01])|(%-?%d+)|([%d,%-]+)|(.+)$')

@@ -704,6 +704,12 @@ func (g *Gate) admitLocally(req quota.Request, now time.Time) (quota.Decision, e
 type Settler interface {
 	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
 	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
+	// RefundReserved settles a reservation to 0, marked refunded.
+	RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error)
+	// Hold and TakeHold keep the concurrency leases of a reserved request
+	// (POST /v1/check) until POST /v1/release or /v1/refund.
+	Hold(ctx context.Context, tenantID, requestID, value string, ttl time.Duration) error
+	TakeHold(ctx context.Context, tenantID, requestID string) (string, bool, error)
 }
 
 var errNoSettler = errors.New("admission: the store cannot settle")
@@ -728,8 +734,19 @@ func (g *Gate) Reserve(ctx context.Context, requestID string, req quota.Request,
 // (ratelimit.Runner.Settle). A refund clears the tenant's deny entries on
 // every node, as Refund does.
 func (g *Gate) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
-	if r, found, already := g.outage.settleLocal(requestID, tenantID, g.now()); already {
-		return quota.Settlement{Status: quota.SettleAlready}, nil
+	return g.settle(ctx, tenantID, requestID, actual, false)
+}
+
+// RefundReserved refunds a reserved request whole, exactly once: a settle
+// to 0 after which a settle or another refund changes nothing
+// (SettleRefunded).
+func (g *Gate) RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error) {
+	return g.settle(ctx, tenantID, requestID, 0, true)
+}
+
+func (g *Gate) settle(ctx context.Context, tenantID, requestID string, actual int64, refund bool) (quota.Settlement, error) {
+	if r, found, already := g.outage.settleLocal(requestID, tenantID, g.now(), refund); already != quota.SettleUnknown {
+		return quota.Settlement{Status: already}, nil
 	} else if found {
 		delta := actual - r.req.Cost
 		g.outage.add(r.req, r.at, g.now(), delta, 0)
@@ -739,10 +756,94 @@ func (g *Gate) Settle(ctx context.Context, tenantID, requestID string, actual in
 	if !ok {
 		return quota.Settlement{}, errNoSettler
 	}
-	s, err := st.Settle(ctx, tenantID, requestID, actual)
+	var s quota.Settlement
+	var err error
+	if refund {
+		s, err = st.RefundReserved(ctx, tenantID, requestID)
+	} else {
+		s, err = st.Settle(ctx, tenantID, requestID, actual)
+	}
 	if err == nil && s.Status == quota.SettleApplied && s.Delta < 0 {
 		g.Forget(tenantID)
 		g.OnRoom(ctx, tenantID)
 	}
 	return s, err
+}
+
+// Hold records the concurrency leases held in Redis that d admitted req
+// with, under req.RequestID, until TakeHold or the longest of their
+// leases. A fail-open decision holds nothing in Redis.
+func (g *Gate) Hold(ctx context.Context, req quota.Request, d quota.Decision) error {
+	if d.Degraded || !d.Allowed {
+		return nil
+	}
+	var b strings.Builder
+	ttl := time.Duration(0)
+	for _, st := range d.Policies {
+		p := st.Policy
+		if p.Algorithm != quota.AlgConcurrency || st.Outcome != quota.PolicyAdmitted || !p.InRedis() {
+			continue
+		}
+		value := ""
+		for _, c := range req.Policies {
+			if c.Policy != nil && c.Policy.Name == p.Name {
+				value = c.Value
+			}
+		}
+		if b.Len() > 0 {
+			b.WriteByte(holdSep)
+		}
+		b.WriteString(p.Name)
+		b.WriteByte(holdValueSep)
+		b.WriteString(value)
+		if p.LeaseSeconds != nil {
+			ttl = max(ttl, time.Duration(*p.LeaseSeconds)*time.Second)
+		}
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	st, ok := g.store.(Settler)
+	if !ok {
+		return errNoSettler
+	}
+	return st.Hold(ctx, req.TenantID, req.RequestID, b.String(), max(ttl, time.Second))
+}
+
+// The separators of a Hold's record: policy names and scope values hold
+// neither (names are slugs; values are ids, key ids and header values
+// without control characters).
+const (
+	holdSep      = '\x1e'
+	holdValueSep = '\x1f'
+)
+
+// TakeHold takes what Hold recorded for the request, once: nil when
+// nothing is held (never held, released before, or lapsed).
+func (g *Gate) TakeHold(ctx context.Context, tenantID, requestID string) ([]quota.HeldLease, error) {
+	st, ok := g.store.(Settler)
+	if !ok {
+		return nil, errNoSettler
+	}
+	v, found, err := st.TakeHold(ctx, tenantID, requestID)
+	if err != nil || !found {
+		return nil, err
+	}
+	var out []quota.HeldLease
+	for _, item := range strings.Split(v, string(rune(holdSep))) {
+		name, value, _ := strings.Cut(item, string(rune(holdValueSep)))
+		out = append(out, quota.HeldLease{Policy: name, Value: value})
+	}
+	return out, nil
+}
+
+// ReleaseLeases ends the Redis leases of req's concurrency policies
+// (req.Policies, under req.RequestID), as Release does for an answered
+// metered request.
+func (g *Gate) ReleaseLeases(ctx context.Context, req quota.Request) error {
+	if err := g.store.ReleasePolicies(ctx, req); err != nil {
+		return err
+	}
+	g.OnRoom(ctx, req.TenantID)
+	return nil
 }

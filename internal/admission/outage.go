@@ -93,7 +93,7 @@ type outageReservation struct {
 	req     quota.Request
 	at      time.Time
 	until   time.Time
-	settled bool
+	settled quota.SettleStatus // SettleUnknown until settled or refunded
 }
 
 // outage is the fail-open usage a Gate holds.
@@ -463,20 +463,25 @@ func (o *outage) reserveLocal(id string, req quota.Request, d quota.Decision, no
 	o.reserved[id] = outageReservation{req: req, at: d.Now, until: now.Add(quota.SettleWindow)}
 }
 
-// settleLocal settles the local reservation under id of tenantID:
-// found reports whether there is one; already whether it was settled
-// before (the first settle keeps it, settled, until its window ends).
-func (o *outage) settleLocal(id, tenantID string, now time.Time) (r outageReservation, found, already bool) {
+// settleLocal settles (or, refund, refunds) the local reservation under
+// id of tenantID: found reports whether there is one; already whether it
+// was settled (SettleAlready) or refunded (SettleRefunded) before, else
+// SettleUnknown (the first settle keeps it, marked, until its window
+// ends).
+func (o *outage) settleLocal(id, tenantID string, now time.Time, refund bool) (r outageReservation, found bool, already quota.SettleStatus) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	r, ok := o.reserved[id]
 	if !ok || !now.Before(r.until) || r.req.TenantID != tenantID {
-		return outageReservation{}, false, false
+		return outageReservation{}, false, quota.SettleUnknown
 	}
-	if r.settled {
-		return r, true, true
+	if r.settled != quota.SettleUnknown {
+		return r, true, r.settled
 	}
-	r.settled = true
+	r.settled = quota.SettleAlready
+	if refund {
+		r.settled = quota.SettleRefunded
+	}
 	o.reserved[id] = r
-	return r, true, false
+	return r, true, quota.SettleUnknown
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/gofiber/fiber/v2"
+	"github.com/valyala/fasthttp"
 
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
@@ -86,7 +87,11 @@ const rateLimitHdrBytes = 256
 // buffer on the stack and set as bytes (fasthttp copies them): no fmt, no
 // strings, no allocation.
 func setRateLimitHeaders(c *fiber.Ctx, d quota.Decision) {
-	h := &c.Response().Header
+	writeRateLimitHeaders(&c.Response().Header, d)
+}
+
+// writeRateLimitHeaders writes setRateLimitHeaders' headers into h.
+func writeRateLimitHeaders(h *fasthttp.ResponseHeader, d quota.Decision) {
 	if d.Degraded {
 		h.SetCanonical(hdrDegraded, valueFailOpen)
 	}

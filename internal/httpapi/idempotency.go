@@ -100,9 +100,17 @@ func idempotent(c *fiber.Ctx, route *routes.Route, req *quota.Request) error {
 // mismatched, or past the tenant's room for stored answers (with its
 // Retry-After). It reports nil for any other decision.
 func idemRefusal(c *fiber.Ctx, d quota.Decision) error {
+	if d.Idem == quota.IdemLimit {
+		c.Set(fiber.HeaderRetryAfter, strconv.FormatInt(max(1, quota.CeilSeconds(d.RetryAfter)), 10))
+	}
+	return idemError(d)
+}
+
+// idemError is the error of a decision its idempotency key made, nil for
+// any other.
+func idemError(d quota.Decision) error {
 	switch d.Idem {
 	case quota.IdemLimit:
-		c.Set(fiber.HeaderRetryAfter, strconv.FormatInt(max(1, quota.CeilSeconds(d.RetryAfter)), 10))
 		return quota.Errorf(quota.CodeIdempotencyLimit,
 			"this tenant's stored idempotent answers fill their room (answers live 24 hours; a request in flight holds room for the largest answer); retry after %d s, or send the request without an Idempotency-Key",
 			max(1, quota.CeilSeconds(d.RetryAfter)))

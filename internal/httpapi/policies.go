@@ -33,6 +33,8 @@ type scopeValues struct {
 	tenant, key string
 	req         *fiber.Ctx
 	path        string // req's path, as the route table saw it
+	// hold: a check (req nil) that takes concurrency leases (Ask.Hold).
+	hold bool
 }
 
 // policyCalls returns the policies that apply to a metered request, with
@@ -65,8 +67,11 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 		if !pol.Match.Matches(meter, path, method, tier, routes.UnderPrefix) {
 			continue
 		}
-		if v.req == nil && (pol.Algorithm == quota.AlgConcurrency || pol.Algorithm == quota.AlgAdaptive) {
-			// a check takes no slot: nothing would give it back
+		if v.req == nil && (pol.Algorithm == quota.AlgAdaptive ||
+			pol.Algorithm == quota.AlgConcurrency && !(v.hold && pol.InRedis())) {
+			// A check takes no adaptive place (no answer ends it here), and
+			// a concurrency lease only when it holds one until a release
+			// (Ask.Hold), in Redis: any node may be asked to release it.
 			continue
 		}
 		value, ok := "", true

@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"slices"
 
@@ -65,14 +64,6 @@ func refusedForCredit(d quota.Decision) bool {
 // writeCreditRefusal answers 402 with the credit-exhausted problem and the
 // tier's top-up URL. No Retry-After: no wait brings credit back.
 func writeCreditRefusal(c *fiber.Ctx, d quota.Decision, topUpURL, instance string) error {
-	body, err := json.Marshal(creditRefusal{
-		Type: ProblemCreditExhausted, Title: "Credit exhausted", Status: fiber.StatusPaymentRequired,
-		Detail:   "the prepaid credit does not cover this request; top up to go on",
-		Instance: instance, TopUpURL: topUpURL, Violated: d.Violated,
-	})
-	if err != nil {
-		return err
-	}
 	c.Response().Header.Del(fiber.HeaderRetryAfter)
-	return httpx.SendProblemBody(c, fiber.StatusPaymentRequired, body)
+	return httpx.SendProblemBody(c, fiber.StatusPaymentRequired, creditRefusalBody(d, topUpURL, instance))
 }

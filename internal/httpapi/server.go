@@ -67,6 +67,10 @@ type gate interface {
 	Release(ctx context.Context, req quota.Request, d quota.Decision) error
 	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
 	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
+	RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error)
+	Hold(ctx context.Context, req quota.Request, d quota.Decision) error
+	TakeHold(ctx context.Context, tenantID, requestID string) ([]quota.HeldLease, error)
+	ReleaseLeases(ctx context.Context, req quota.Request) error
 }
 
 // records is the store of tiers, tenants, keys, grants and the audit log
@@ -240,6 +244,8 @@ func (s *Server) routesSetup() {
 	v1.Get("/invoices", s.tenantAuth, s.invoices)
 	v1.Post("/check", s.check)
 	v1.Post("/settle", s.settle)
+	v1.Post("/refund", s.refund)
+	v1.Post("/release", s.releaseCheck)
 
 	admin := s.app.Group("/admin/v1", s.admin.Auth, httpx.CheckQuery, httpx.PlainBody(s.bodyLimit))
 	admin.Get("/tiers", s.admin.ListTiers)

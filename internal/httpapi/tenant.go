@@ -1,11 +1,10 @@
 package httpapi
 
 import (
-	"strconv"
+	"encoding/json"
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/usage"
@@ -49,6 +48,13 @@ type CheckRequest struct {
 	Cost           *int64 `json:"cost"`
 	DryRun         bool   `json:"dry_run"`
 	IdempotencyKey string `json:"idempotency_key"`
+	// Path is the client's request path, which a refusal's problem names
+	// (its instance); optional.
+	Path string `json:"path"`
+	// Hold takes the tenant's concurrency leases (policies held in Redis)
+	// until POST /v1/release or /v1/refund names request_id, or their
+	// lease ends.
+	Hold bool `json:"hold"`
 }
 
 // CheckResponse is the answer of POST /v1/check.
@@ -68,11 +74,23 @@ type CheckResponse struct {
 	// TopUpURL is the prepaid tier's top-up URL when the check was refused
 	// for want of credit (violated "credit").
 	TopUpURL string `json:"top_up_url,omitempty"`
+	// RequestID names a counted, admitted check for /v1/settle,
+	// /v1/refund and /v1/release (null otherwise).
+	RequestID *string `json:"request_id"`
+	// Status, Headers and Problem are what a metered route would have
+	// answered: its status, the headers to relay (the quota headers, and
+	// on a refusal Retry-After and Content-Type), and on a refusal its
+	// body (the problem, or a degrade policy's fallback).
+	Status  int               `json:"status"`
+	Headers map[string]string `json:"headers"`
+	Problem json.RawMessage   `json:"problem"`
+	// Fallback is a degrade policy's fallback body, which is not JSON.
+	Fallback *string `json:"fallback,omitempty"`
 }
 
 // check meters for backends that do not proxy through Tollgate: the service
 // names the tenant (by key or id), the meter and the cost; dry_run asks
-// whether it would fit without consuming anything.
+// whether it would fit without consuming anything (Server.Decide).
 func (s *Server) check(c *fiber.Ctx) error {
 	if err := s.guard.BearerAuth(c, s.guard.Service, s.opts.ServiceToken, "tollgate-service", "service token"); err != nil {
 		return err
@@ -81,75 +99,31 @@ func (s *Server) check(c *fiber.Ctx) error {
 	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
-	var p catalog.Principal
-	var err error
-	switch {
-	case body.APIKey != "" && body.TenantID != "":
-		return quota.FieldError("tenant_id", "give api_key or tenant_id, not both")
-	case body.APIKey != "":
-		if p, err = s.catalog.Resolve(c.UserContext(), body.APIKey); err != nil {
-			return err
-		}
-	case body.TenantID != "":
-		if !quota.ValidID(body.TenantID) {
-			return quota.FieldError("tenant_id", "must be a tenant id (UUID)")
-		}
-		if p, err = s.catalog.Principal(c.UserContext(), body.TenantID); err != nil {
-			return err
-		}
-		if p.Tenant.Status == quota.StatusSuspended {
-			return quota.Errorf(quota.CodeForbidden, "tenant suspended")
-		}
-	default:
-		return quota.FieldError("api_key", "give api_key or tenant_id")
-	}
-	if !httpx.ValidMeter(body.Meter) {
-		return quota.FieldError("meter", "must be 1 to 64 of a-z 0-9 _ . -")
-	}
-	cost := int64(1)
-	if body.Cost != nil {
-		cost = *body.Cost
-	}
-	if cost < 1 || cost > quota.MaxQuantity {
+	if body.Cost != nil && *body.Cost < 1 {
 		return quota.FieldError("cost", "must be an integer between 1 and %d", quota.MaxQuantity)
 	}
-	if len(body.IdempotencyKey) > httpx.MaxIdempotencyKey {
-		return quota.FieldError("idempotency_key", "must be at most %d characters", httpx.MaxIdempotencyKey)
+	if len(body.Path) > 2048 || !printable(body.Path) {
+		return quota.FieldError("path", "must be at most 2048 printable ASCII characters")
 	}
-	// A check's answer is its decision: the key's record is complete at
-	// once (no lease), and the fingerprint is what the check asked.
-	req := quota.Request{
-		TenantID: p.Tenant.ID, Meter: body.Meter, Cost: cost, Limits: p.Limits, Overage: p.Tier.Overage,
-		OveragePriceCentsPer1K: p.Tier.OveragePriceCentsPer1K, FailOpen: p.Tier.FailOpen,
-		MeterQuotas: p.Tier.MeterQuotas, DryRun: body.DryRun, IdempotencyKey: body.IdempotencyKey,
-		IdempotencyFingerprint: "check " + body.Meter + " " + strconv.FormatInt(cost, 10),
-		Calendar:               p.Calendar,
+	a := Ask{APIKey: body.APIKey, TenantID: body.TenantID, Meter: body.Meter, DryRun: body.DryRun,
+		IdempotencyKey: body.IdempotencyKey, Instance: body.Path, Hold: body.Hold}
+	if body.Cost != nil {
+		a.Cost = *body.Cost
 	}
-	// The policies of the meter and tier apply to a check too, except
-	// those that need the metered request itself: a path or method match,
-	// scope ip or param (the caller is the backend, not the client), and
-	// concurrency and adaptive (a check, counted or dry, has no end to
-	// release a slot at: it takes none).
-	if req.Policies, err = s.matchPolicies(c.UserContext(), body.Meter, "", "", p.Tier.Slug,
-		scopeValues{tenant: p.Tenant.ID, key: p.KeyID}); err != nil {
-		return err
-	}
-	if len(req.Policies) > 0 {
-		req.RequestID = httpx.UniqueID(c)
-	}
-	d, err := s.admit(c.UserContext(), p, &req)
+	out, err := s.Decide(c.UserContext(), a)
 	if err != nil {
+		if out.Decision.Idem == quota.IdemLimit {
+			return idemRefusal(c, out.Decision)
+		}
 		return err
 	}
-	if len(d.Policies) > 0 {
-		s.countPolicies(d)
-	}
-	if err := idemRefusal(c, d); err != nil {
-		return err
-	}
+	d, p := out.Decision, out.Principal
 	setRateLimitHeaders(c, d)
 	resp := CheckResponse{Allowed: d.Allowed, Limits: usage.Limits(d), ViolatedPolicies: d.Violated,
-		Degraded: d.Degraded, Replayed: d.Replayed()}
+		Degraded: d.Degraded, Replayed: d.Replayed(), Status: out.Relay.Status, Headers: out.Relay.HeaderMap()}
+	if out.RequestID != "" {
+		resp.RequestID = &out.RequestID
+	}
 	if d.Allowed {
 		resp.Upgrade = p.Upgrade()
 	} else {
@@ -160,6 +134,10 @@ func (s *Server) check(c *fiber.Ctx) error {
 	}
 	if d.Fallback != nil {
 		resp.DegradedBy = d.Fallback.Policy.Name
+		f := string(out.Relay.Body)
+		resp.Fallback = &f
+	} else if out.Relay.Body != nil {
+		resp.Problem = out.Relay.Body
 	}
 	for _, st := range d.Policies {
 		if st.Outcome == quota.PolicyShadowRefused {
@@ -173,5 +151,18 @@ func (s *Server) check(c *fiber.Ctx) error {
 		secs := max(1, quota.CeilSeconds(d.RetryAfter))
 		resp.RetryAfter = &secs
 	}
+	if resp.Problem == nil {
+		resp.Problem = json.RawMessage("null")
+	}
 	return c.JSON(resp)
+}
+
+// printable reports whether s is printable ASCII.
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
 }

@@ -17,6 +17,9 @@ const (
 	SettleApplied
 	// SettleAlready: the request was settled before: nothing changed.
 	SettleAlready
+	// SettleRefunded: the request was refunded before (a check's POST
+	// /v1/refund): nothing changed.
+	SettleRefunded
 )
 
 // Settlement is the outcome of settling one request.
@@ -47,4 +50,9 @@ type SettlementRecord struct {
 const (
 	SettleByService  = "service"  // POST /v1/settle, with the service token
 	SettleByUpstream = "upstream" // the upstream's Tollgate-Actual-Cost header
+	SettleByRefund   = "refund"   // POST /v1/refund, with the service token
 )
+
+// HeldLease is a concurrency lease a reserved check holds until POST
+// /v1/release or /v1/refund: its policy (by name) and scope value.
+type HeldLease struct{ Policy, Value string }

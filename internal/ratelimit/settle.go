@@ -2,9 +2,12 @@ package ratelimit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -109,6 +112,23 @@ func settleMoney(req quota.Request, d quota.Decision) string {
 // charge that may pass the quota); later calls, from any node, and calls
 // after quota.SettleWindow change nothing and say so.
 func (r *Runner) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
+	return r.settle(ctx, tenantID, requestID, actual, settledMark)
+}
+
+// RefundReserved refunds a reserved request whole, exactly once: a settle
+// to 0 that marks the entry refunded, so that a later settle or refund
+// answers SettleRefunded and changes nothing.
+func (r *Runner) RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error) {
+	return r.settle(ctx, tenantID, requestID, 0, refundedMark)
+}
+
+// The marks a settle entry is left with (lua/settle.lua's ARGV[2]).
+const (
+	settledMark  = "done"
+	refundedMark = "refunded"
+)
+
+func (r *Runner) settle(ctx context.Context, tenantID, requestID string, actual int64, mark string) (quota.Settlement, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return quota.Settlement{}, err
 	}
@@ -119,7 +139,7 @@ func (r *Runner) Settle(ctx context.Context, tenantID, requestID string, actual 
 		return quota.Settlement{}, quota.FieldError("actual_cost", "must be an integer between 0 and %d", quota.MaxQuantity)
 	}
 	keys := r.stateKeys(tenantID, "pending", "settle:"+requestID, "mq")
-	res, err := r.fcall(ctx, fnSettle, keys, actual).Int64Slice()
+	res, err := r.fcall(ctx, fnSettle, keys, actual, mark).Int64Slice()
 	if err != nil {
 		return quota.Settlement{}, fmt.Errorf("ratelimit: settle: %w", err)
 	}
@@ -134,6 +154,43 @@ func (r *Runner) Settle(ctx context.Context, tenantID, requestID string, actual 
 		return quota.Settlement{Status: quota.SettleApplied, Delta: res[1], OverageDelta: res[2]}, nil
 	case -1:
 		return quota.Settlement{Status: quota.SettleAlready}, nil
+	case -2:
+		return quota.Settlement{Status: quota.SettleRefunded}, nil
 	}
 	return quota.Settlement{Status: quota.SettleUnknown}, nil
+}
+
+// Hold records the concurrency leases a reserved request holds (value, as
+// admission.Gate encodes them) until TakeHold or ttl, the longest of their
+// leases.
+func (r *Runner) Hold(ctx context.Context, tenantID, requestID, value string, ttl time.Duration) error {
+	if err := checkTenant(tenantID); err != nil {
+		return err
+	}
+	if err := checkRequestID(requestID); err != nil {
+		return err
+	}
+	if err := r.c.Set(ctx, r.key(tenantID, "hold:"+requestID), value, ttl).Err(); err != nil {
+		return fmt.Errorf("ratelimit: hold: %w", err)
+	}
+	return nil
+}
+
+// TakeHold reads and removes, atomically, what Hold recorded: the first
+// of concurrent calls gets it, the others none.
+func (r *Runner) TakeHold(ctx context.Context, tenantID, requestID string) (string, bool, error) {
+	if err := checkTenant(tenantID); err != nil {
+		return "", false, err
+	}
+	if err := checkRequestID(requestID); err != nil {
+		return "", false, err
+	}
+	v, err := r.c.GetDel(ctx, r.key(tenantID, "hold:"+requestID)).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", false, nil
+	}
+	if err != nil {
+		return "", false, fmt.Errorf("ratelimit: take hold: %w", err)
+	}
+	return v, true, nil
 }
