@@ -208,6 +208,10 @@ func (s *Server) relay(p catalog.Principal, d quota.Decision, instance string) R
 		switch string(k) {
 		case fiber.HeaderContentLength, fiber.HeaderServer, fiber.HeaderDate:
 			return
+		case fiber.HeaderContentType:
+			if r.Body == nil { // (fasthttp's default: no body, no type)
+				return
+			}
 		}
 		r.Header = append(r.Header, HeaderField{Name: string(k), Value: string(v)})
 	})
