@@ -130,6 +130,20 @@ func TestCheckRequestIDSettlesAndRefundsOnce(t *testing.T) {
 	if left := dailyLeft(t, final); left != 8 {
 		t.Fatalf("bad requests changed the state: %v left, want 8", left)
 	}
+
+	// A repeat of an idempotency key answers the first check's id, which
+	// refunds once.
+	idem := `{"api_key": "` + key + `", "meter": "m", "cost": 3, "idempotency_key": "job-7"}`
+	one, two := checkDo(t, base, idem), checkDo(t, base, idem)
+	if one["request_id"] == nil || two["request_id"] != one["request_id"] || two["replayed"] != true {
+		t.Fatalf("a repeated key answered request_id %v (replayed %v), the first %v: want the first's", two["request_id"], two["replayed"], one["request_id"])
+	}
+	if r := post("/v1/refund", `{"tenant_id": "`+tenant.ID+`", "request_id": "`+two["request_id"].(string)+`"}`); r.status != 200 {
+		t.Fatalf("refund of the repeated key's id: %d %s", r.status, r.body)
+	}
+	if left := dailyLeft(t, checkDo(t, base, `{"api_key": "`+key+`", "meter": "m", "cost": 1, "dry_run": true}`)); left != 8 {
+		t.Fatalf("after the idempotent check and its refund: %v left, want 8", left)
+	}
 }
 
 // relayed are the headers a check's answer relays, as the metered route

@@ -710,6 +710,10 @@ type Settler interface {
 	// (POST /v1/check) until POST /v1/release or /v1/refund.
 	Hold(ctx context.Context, tenantID, requestID, value string, ttl time.Duration) error
 	TakeHold(ctx context.Context, tenantID, requestID string) (string, bool, error)
+	// NoteRequestID and RequestIDOf keep a counted check's request id in
+	// its idempotency record, for the repeats of its key.
+	NoteRequestID(ctx context.Context, tenantID, key, requestID string) error
+	RequestIDOf(ctx context.Context, tenantID, key string) (string, error)
 }
 
 var errNoSettler = errors.New("admission: the store cannot settle")
@@ -835,6 +839,26 @@ func (g *Gate) TakeHold(ctx context.Context, tenantID, requestID string) ([]quot
 		out = append(out, quota.HeldLease{Policy: name, Value: value})
 	}
 	return out, nil
+}
+
+// NoteRequestID records the request id a counted check with an
+// idempotency key was reserved under, for its repeats (RequestIDOf).
+func (g *Gate) NoteRequestID(ctx context.Context, req quota.Request, requestID string) error {
+	st, ok := g.store.(Settler)
+	if !ok {
+		return errNoSettler
+	}
+	return st.NoteRequestID(ctx, req.TenantID, req.IdempotencyKey, requestID)
+}
+
+// RequestIDOf is the request id of the first check of req's idempotency
+// key: "" when none was noted (yet).
+func (g *Gate) RequestIDOf(ctx context.Context, req quota.Request) (string, error) {
+	st, ok := g.store.(Settler)
+	if !ok {
+		return "", errNoSettler
+	}
+	return st.RequestIDOf(ctx, req.TenantID, req.IdempotencyKey)
 }
 
 // ReleaseLeases ends the Redis leases of req's concurrency policies

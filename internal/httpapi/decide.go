@@ -42,8 +42,9 @@ type Decided struct {
 	Request   quota.Request
 	Decision  quota.Decision
 	// RequestID names a counted, admitted decision for Settle, Refund and
-	// Release: 128 random bits in 32 hex digits. Empty for a dry run, a
-	// refusal, a replay and a decision that could not be reserved.
+	// Release: 128 random bits in 32 hex digits; a repeat of an
+	// idempotency key answers the first decision's. Empty for a dry run,
+	// a refusal and a decision that could not be reserved.
 	RequestID string
 	// Relay is the metered route's answer: on a refusal its status,
 	// headers and body; on an admission status 200 and the quota headers
@@ -160,11 +161,24 @@ func (s *Server) Decide(ctx context.Context, a Ask) (Decided, error) {
 			s.log.Error("reserving a check failed; its cost is final", "tenant_id", p.Tenant.ID, "meter", a.Meter, "err", err)
 		} else {
 			out.RequestID = req.RequestID
+			if req.IdempotencyKey != "" && !d.Degraded {
+				if err := s.gate.NoteRequestID(ctx, req, req.RequestID); err != nil {
+					s.log.Error("noting a check's request id for its repeats failed", "tenant_id", p.Tenant.ID, "err", err)
+				}
+			}
 			if held(d) {
 				if err := s.gate.Hold(ctx, req, d); err != nil {
 					s.log.Error("recording a check's leases failed; they lapse with their lease", "tenant_id", p.Tenant.ID, "err", err)
 				}
 			}
+		}
+	}
+	if counted && d.Replayed() {
+		// A repeat answers the first check's id (when noted: a repeat
+		// concurrent with the first may come before it).
+		if out.RequestID, err = s.gate.RequestIDOf(ctx, req); err != nil {
+			s.log.Error("reading a repeated check's request id failed", "tenant_id", p.Tenant.ID, "err", err)
+			out.RequestID = ""
 		}
 	}
 	return out, nil

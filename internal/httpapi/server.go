@@ -71,6 +71,8 @@ type gate interface {
 	Hold(ctx context.Context, req quota.Request, d quota.Decision) error
 	TakeHold(ctx context.Context, tenantID, requestID string) ([]quota.HeldLease, error)
 	ReleaseLeases(ctx context.Context, req quota.Request) error
+	NoteRequestID(ctx context.Context, req quota.Request, requestID string) error
+	RequestIDOf(ctx context.Context, req quota.Request) (string, error)
 }
 
 // records is the store of tiers, tenants, keys, grants and the audit log

@@ -194,3 +194,38 @@ func (r *Runner) TakeHold(ctx context.Context, tenantID, requestID string) (stri
 	}
 	return v, true, nil
 }
+
+// noteRequestID writes a request id into an idempotency record that
+// exists (never makes one: it would have no expiry).
+var noteRequestID = redis.NewScript(`if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('HSET', KEYS[1], 'rid', ARGV[1]) end return 0`)
+
+// NoteRequestID records, in the idempotency record of a counted check
+// (key), the request id it was reserved under, so that a repeat of the
+// key answers the same id.
+func (r *Runner) NoteRequestID(ctx context.Context, tenantID, key, requestID string) error {
+	if err := checkTenant(tenantID); err != nil {
+		return err
+	}
+	if err := checkRequestID(requestID); err != nil {
+		return err
+	}
+	if err := noteRequestID.Run(ctx, r.c, []string{r.key(tenantID, "idem2:"+idemHash(key))}, requestID).Err(); err != nil {
+		return fmt.Errorf("ratelimit: note request id: %w", err)
+	}
+	return nil
+}
+
+// RequestIDOf reads what NoteRequestID wrote for key: "" when nothing.
+func (r *Runner) RequestIDOf(ctx context.Context, tenantID, key string) (string, error) {
+	if err := checkTenant(tenantID); err != nil {
+		return "", err
+	}
+	v, err := r.c.HGet(ctx, r.key(tenantID, "idem2:"+idemHash(key)), "rid").Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("ratelimit: read request id: %w", err)
+	}
+	return v, nil
+}
