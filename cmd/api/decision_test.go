@@ -2,6 +2,7 @@ package main
 
 import (
 	"encoding/json"
+	"math/rand/v2"
 	"net/http"
 	"regexp"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // checkDo posts body to /v1/check with the service token.
@@ -266,5 +268,42 @@ func TestCheckHoldsConcurrencyUntilReleased(t *testing.T) {
 	}
 	if last := checkDo(t, base, hold); last["allowed"] != true {
 		t.Fatalf("held check after the refund: %v, want allowed", last)
+	}
+}
+
+// TestRefusedCheckRelaysTheCreditRefusal: a prepaid tenant's check past
+// its credit relays the metered route's 402, its headers and its problem
+// (the top-up URL), without Retry-After.
+func TestRefusedCheckRelaysTheCreditRefusal(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	base := s.start()
+	slug := "pp-" + testenv.RandomHex(3)
+	if r := admin(t, "POST", base+"/admin/v1/tiers", prepaidTier(slug, 100_000+rand.IntN(800_000))); r.status != 201 {
+		t.Fatalf("create: %d %s", r.status, r.body)
+	}
+	_, key := s.tenant(slug)
+	for i := range 10 {
+		if r := do(t, "GET", base+"/api/demo/echo", key, ""); r.status != 200 {
+			t.Fatalf("included unit %d: %d %s", i+1, r.status, r.body)
+		}
+	}
+	metered := do(t, "GET", base+"/api/demo/echo", key, "")
+	checked := checkDo(t, base, `{"api_key": "`+key+`", "meter": "demo", "path": "/api/demo/echo"}`)
+	if metered.status != 402 || checked["status"] != 402.0 || checked["request_id"] != nil {
+		t.Fatalf("metered %d, check status %v request_id %v: want 402, 402, null", metered.status, checked["status"], checked["request_id"])
+	}
+	var want any
+	if err := json.Unmarshal(metered.body, &want); err != nil {
+		t.Fatal(err)
+	}
+	wantJSON, _ := json.Marshal(want)
+	gotJSON, _ := json.Marshal(checked["problem"])
+	if string(gotJSON) != string(wantJSON) || !strings.Contains(string(gotJSON), topUpURL) {
+		t.Fatalf("check's problem\n%s\nmetered route's body\n%s", gotJSON, wantJSON)
+	}
+	headers, _ := checked["headers"].(map[string]any)
+	if headers["Retry-After"] != nil || headers["Content-Type"] != "application/problem+json" {
+		t.Fatalf("relayed headers %v: want problem+json and no Retry-After", headers)
 	}
 }
