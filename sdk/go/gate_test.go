@@ -205,9 +205,9 @@ func TestMiddlewareRefundsServerErrors(t *testing.T) {
 			http.Error(w, "broken", http.StatusInternalServerError)
 		}
 	})
-	var reported []error
+	var reported atomic.Int64
 	refunding := httptest.NewServer(tollgate.NewGate(c, tollgate.GateOptions{Meter: "calls", RefundOnServerError: true,
-		OnError: func(err error) { reported = append(reported, err) }}).Middleware(tollgate.HTTPOptions{})(handler))
+		OnError: func(error) { reported.Add(1) }}).Middleware(tollgate.HTTPOptions{})(handler))
 	defer refunding.Close()
 	keeping := httptest.NewServer(tollgate.NewGate(c, tollgate.GateOptions{Meter: "calls"}).Middleware(tollgate.HTTPOptions{})(handler))
 	defer keeping.Close()
@@ -221,7 +221,10 @@ func TestMiddlewareRefundsServerErrors(t *testing.T) {
 	if got := remaining(); got != 10 {
 		t.Fatalf("after a refunded 500: %d remaining, want 10", got)
 	}
-	if _, err := c.Refund(context.Background(), tn.id, ids[0]); !tollgate.IsConflict(err) {
+	mu.Lock()
+	first := ids[0]
+	mu.Unlock()
+	if _, err := c.Refund(context.Background(), tn.id, first); !tollgate.IsConflict(err) {
 		t.Fatalf("refund of the request the middleware refunded: %v, want 409 refunded before", err)
 	}
 	get(t, refunding.URL+"/ok", tn.key)
@@ -232,8 +235,8 @@ func TestMiddlewareRefundsServerErrors(t *testing.T) {
 	if got := remaining(); got != 8 {
 		t.Fatalf("after a 500 without RefundOnServerError: %d remaining, want 8", got)
 	}
-	if len(reported) != 0 {
-		t.Errorf("errors reported: %v, want none", reported)
+	if reported.Load() != 0 {
+		t.Errorf("%d errors reported, want none", reported.Load())
 	}
 }
 
@@ -288,11 +291,11 @@ func TestMiddlewareFailModes(t *testing.T) {
 		http.Error(w, "no backend", http.StatusBadGateway)
 	}))
 	defer proxy.Close()
-	var last error
-	g := tollgate.NewGate(tollgate.NewServiceClient(proxy.URL, serviceToken), tollgate.GateOptions{OnError: func(err error) { last = err }})
+	var last atomic.Value
+	g := tollgate.NewGate(tollgate.NewServiceClient(proxy.URL, serviceToken), tollgate.GateOptions{OnError: func(err error) { last.Store(err) }})
 	adm := g.Admit(context.Background(), tn.key, "calls", 1, "/x")
 	var oe *tollgate.OutageError
-	if adm.Allowed || adm.Status != 503 || !errors.As(adm.Outage, &oe) || oe.Status != 502 || last == nil {
+	if adm.Allowed || adm.Status != 503 || !errors.As(adm.Outage, &oe) || oe.Status != 502 || last.Load() == nil {
 		t.Fatalf("behind a 502: %+v (%v), want refused 503 with an outage of status 502", adm, adm.Outage)
 	}
 }
