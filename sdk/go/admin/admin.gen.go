@@ -1327,7 +1327,7 @@ type TenantPatch struct {
 	Overrides *Overrides `json:"overrides,omitempty"`
 
 	// PendingChange null cancels the pending change
-	PendingChange any `json:"pending_change,omitempty"`
+	PendingChange interface{} `json:"pending_change,omitempty"`
 
 	// Quota carry (default) keeps the day's and month's counted usage; reset empties it (grants stay) when the tier changes
 	Quota  *TenantPatchQuota  `json:"quota,omitempty"`

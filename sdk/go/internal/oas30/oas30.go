@@ -12,7 +12,8 @@ import (
 )
 
 // Convert returns doc (an OpenAPI 3.1 JSON document) as OpenAPI 3.0.3:
-//   - "type": [T, "null"] becomes "type": T with "nullable": true;
+//   - "type": [T, "null"] becomes "type": T with "nullable": true, and
+//     "type": "null" alone a nullable schema of no type;
 //   - anyOf/oneOf of one schema and {"type": "null"} becomes that schema,
 //     nullable (a $ref stays a bare $ref, as 3.0 ignores its siblings);
 //   - a $ref into a schema's inside (#/components/schemas/X/properties/y)
@@ -114,6 +115,10 @@ func (c *converter) object(v map[string]any, at string, depth int) any {
 		}
 		out[k] = c.walk(e, at+"/"+k, depth)
 	}
+	if out["type"] == "null" { // only null: 3.0 says "nullable, of no type"
+		delete(out, "type")
+		out["nullable"] = true
+	}
 	if types, ok := out["type"].([]any); ok {
 		var kept []any
 		nullable := false
@@ -159,7 +164,8 @@ func (c *converter) object(v map[string]any, at string, depth int) any {
 		var kept []any
 		nullable := false
 		for _, a := range alts {
-			if m, ok := a.(map[string]any); ok && len(m) == 1 && m["type"] == "null" {
+			// {"type": "null"}, converted already to {"nullable": true}
+			if m, ok := a.(map[string]any); ok && len(m) == 1 && (m["type"] == "null" || m["nullable"] == true) {
 				nullable = true
 				continue
 			}
