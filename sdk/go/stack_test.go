@@ -388,3 +388,5 @@ func closedAddr(tb testing.TB) string {
 	ln.Close()
 	return addr
 }
+
+func jsonInto(b []byte, v any) error { return json.Unmarshal(b, v) }
