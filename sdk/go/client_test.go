@@ -83,14 +83,19 @@ func TestCheckSettleRefundRelease(t *testing.T) {
 	if u.TenantID != tn.id || u.Tier != tn.tier || daily(t, u.Limits) != 9 {
 		t.Fatalf("usage: tenant %s tier %s daily remaining %d, want %s %s 9 (1 settled, 2 refunded)", u.TenantID, u.Tier, daily(t, u.Limits), tn.id, tn.tier)
 	}
-	inv, err := tollgate.NewTenantClient(s.base, tn.key).Invoices(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, i := range inv {
-		if i.TenantID != tn.id {
-			t.Errorf("invoice %s of tenant %s, want only %s's", i.ID, i.TenantID, tn.id)
+	// The worker flushes the usage (every second here) and keeps the
+	// period's draft invoice current.
+	var inv []tollgate.Invoice
+	for deadline := time.Now().Add(20 * time.Second); ; time.Sleep(200 * time.Millisecond) {
+		if inv, err = tollgate.NewTenantClient(s.base, tn.key).Invoices(ctx); err != nil {
+			t.Fatal(err)
 		}
+		if len(inv) > 0 || time.Now().After(deadline) {
+			break
+		}
+	}
+	if len(inv) != 1 || inv[0].TenantID != tn.id || inv[0].Status != "draft" || inv[0].Currency == "" || inv[0].FinalizedAt != nil {
+		t.Fatalf("invoices: %+v, want the tenant's one draft of this period", inv)
 	}
 }
 

@@ -220,11 +220,16 @@ func startProcess(bin string, env []string, msg, field string) (string, func(), 
 // which scripts/services.sh needs too) and returns its URL; it is dropped
 // when the tests end.
 func createDatabase(base, name string) (string, error) {
-	if _, err := exec.LookPath("psql"); err != nil {
-		return "", fmt.Errorf("psql is needed to create the tests' database (apt-get install postgresql-client): %s", howTo)
+	bin, err := exec.LookPath("psql")
+	if err != nil { // Debian's server package keeps it here
+		found, _ := filepath.Glob("/usr/lib/postgresql/*/bin/psql")
+		if len(found) == 0 {
+			return "", fmt.Errorf("psql is needed to create the tests' database (apt-get install postgresql-client): %s", howTo)
+		}
+		bin = found[len(found)-1]
 	}
 	psql := func(sql string) error {
-		out, err := exec.Command("psql", base, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql).CombinedOutput()
+		out, err := exec.Command(bin, base, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql).CombinedOutput()
 		if err != nil {
 			return fmt.Errorf("psql %q: %v: %s: %s", sql, err, out, howTo)
 		}
