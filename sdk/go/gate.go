@@ -183,8 +183,13 @@ func (g *Gate) Admit(ctx context.Context, apiKey, meter string, cost int64, path
 	}
 	if !res.Allowed && g.deny != nil {
 		if secs := retryAfterSeconds(res.Headers); secs > 0 {
+			// A copy: the caller may change a.Header.
+			h := make(map[string]string, len(res.Headers))
+			for name, v := range res.Headers {
+				h[name] = v
+			}
 			g.deny.put(k, &denial{until: g.opts.Now().Add(time.Duration(secs) * time.Second), cost: cost,
-				status: res.Status, header: res.Headers, body: a.Body}, g.opts.Now())
+				status: res.Status, header: h, body: a.Body}, g.opts.Now())
 		}
 	}
 	return a

@@ -6,6 +6,7 @@ package fibermw
 
 import (
 	"errors"
+	"strings"
 
 	"github.com/gofiber/fiber/v2"
 
@@ -43,7 +44,7 @@ func New(g *tollgate.Gate, cfg Config) fiber.Handler {
 		key := tollgate.APIKeyOf(c.Get(fiber.HeaderAuthorization), c.Get("X-API-Key"))
 		ctx := c.UserContext()
 		// Fiber reuses the path's buffer: copy it.
-		a := g.Admit(ctx, key, meter, cost, string([]byte(c.Path())))
+		a := g.Admit(ctx, key, meter, cost, strings.Clone(c.Path()))
 		for k, v := range a.Header {
 			c.Set(k, v)
 		}
