@@ -90,6 +90,9 @@ func newTransport(baseURL, token string, opts []Option) *transport {
 // do sends method path with in as its JSON body (none when nil) and
 // decodes a 2xx answer's JSON into out.
 func (t *transport) do(ctx context.Context, op, method, path string, in, out any) error {
+	if !printableASCII(t.auth) {
+		return fmt.Errorf("tollgate: %s: the token or API key holds characters a header cannot carry", op)
+	}
 	var body io.Reader
 	if in != nil {
 		b, err := json.Marshal(in)
@@ -174,4 +177,15 @@ func (e *OutageError) Unwrap() error { return e.Err }
 func IsOutage(err error) bool {
 	var o *OutageError
 	return errors.As(err, &o)
+}
+
+// printableASCII reports whether s is printable ASCII, as a header value
+// the client sends must be.
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < ' ' || s[i] > '~' {
+			return false
+		}
+	}
+	return true
 }
