@@ -166,6 +166,7 @@ func (s *stack) startAPI(bins string) (string, func(), error) {
 func startProcess(bin string, env []string, msg, field string) (string, func(), error) {
 	cmd := exec.Command(bin)
 	cmd.Env = env
+	dieWithTests(cmd)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		return "", nil, err
