@@ -23,7 +23,7 @@ token = if [ -z "$${$(1):-}" ]; then \
 	  $(1)=$$(<.data/$(2)); \
 	fi; export $(1)
 
-.PHONY: run test bench bench-load mutate build services services-stop clean
+.PHONY: run test bench bench-load mutate build generate services services-stop clean
 
 ## run: start Redis/Postgres if needed, migrate, print a demo key, run the api and worker until Ctrl-C
 run: build
@@ -37,9 +37,16 @@ run: build
 	trap 'kill $$worker 2>/dev/null || true; wait $$worker 2>/dev/null || true' EXIT; \
 	bin/api
 
-## test: go vet, then every test with -race against real Redis, Postgres, a headless Chromium and wrk
+# SDK: the Go SDK's module (its own go.mod, which `go test ./...` at the
+# root skips), vetted and tested after the root's; SDK= leaves it out.
+SDK ?= sdk/go
+
+## test: go vet, then every test with -race against real Redis, Postgres, a headless Chromium and wrk; then the Go SDK's
 test:
-	@$(SERVICES) && $(BROWSER) && $(WRK) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
+	@$(SERVICES) && $(BROWSER) && $(WRK) && $(GO) vet $(PKGS) && \
+	if [ -n "$(SDK)" ]; then $(GO) -C $(SDK) vet ./...; fi && \
+	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS) && \
+	if [ -n "$(SDK)" ]; then $(GO) -C $(SDK) test -race -count=1 -timeout 10m $(TESTFLAGS) ./...; fi
 
 ## bench: the Go benchmarks, then bench-load (its table and goals last)
 bench: build
@@ -96,6 +103,10 @@ bench-load: build
 MUTATE_PKGS ?= internal/quota internal/limits
 mutate:
 	@scripts/mutate.sh $(MUTATE_PKGS)
+
+## generate: regenerate the Go SDK's admin client from internal/httpapi/openapi.json (oapi-codegen)
+generate:
+	$(GO) -C sdk/go/admin generate ./...
 
 ## build: the binaries api, worker and seed in bin/
 build:

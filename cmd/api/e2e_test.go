@@ -651,6 +651,9 @@ func TestCheckEndpoint(t *testing.T) {
 	if real["allowed"] != true || real["limits"].([]any)[0].(map[string]any)["remaining"] != 2.0 {
 		t.Fatalf("check of 8: %v, want allowed with 2 remaining (the dry run consumed nothing)", real)
 	}
+	if real["tenant_id"] != tenant.ID {
+		t.Fatalf("check by api_key: tenant_id %v, want %s (for settle, refund and release)", real["tenant_id"], tenant.ID)
+	}
 	over := check(`{"tenant_id": "`+tenant.ID+`", "meter": "m", "cost": 3}`, serviceToken).json(t)
 	if up, _ := over["upgrade"].(map[string]any); over["allowed"] != false || over["retry_after"] == nil || up["tier"] != bigger.Slug {
 		t.Fatalf("check over the quota: %v, want refused with retry_after and upgrade %s", over, bigger.Slug)

@@ -74,6 +74,9 @@ type CheckResponse struct {
 	// TopUpURL is the prepaid tier's top-up URL when the check was refused
 	// for want of credit (violated "credit").
 	TopUpURL string `json:"top_up_url,omitempty"`
+	// TenantID is the tenant the check named (by key or id): the
+	// tenant_id of /v1/settle, /v1/refund and /v1/release.
+	TenantID string `json:"tenant_id"`
 	// RequestID names a counted, admitted check for /v1/settle,
 	// /v1/refund and /v1/release (null otherwise).
 	RequestID *string `json:"request_id"`
@@ -120,7 +123,7 @@ func (s *Server) check(c *fiber.Ctx) error {
 	d, p := out.Decision, out.Principal
 	setRateLimitHeaders(c, d)
 	resp := CheckResponse{Allowed: d.Allowed, Limits: usage.Limits(d), ViolatedPolicies: d.Violated,
-		Degraded: d.Degraded, Replayed: d.Replayed(), Status: out.Relay.Status, Headers: out.Relay.HeaderMap()}
+		Degraded: d.Degraded, Replayed: d.Replayed(), TenantID: p.Tenant.ID, Status: out.Relay.Status, Headers: out.Relay.HeaderMap()}
 	if out.RequestID != "" {
 		resp.RequestID = &out.RequestID
 	}
