@@ -48,9 +48,9 @@ func (s *Server) traced(h fiber.Handler) fiber.Handler {
 	}
 	return func(c *fiber.Ctx) error {
 		ctx := telemetry.Propagator.Extract(c.UserContext(), requestCarrier{&c.Request().Header})
-		route := c.Route().Path
-		ctx, span := s.tracer.Start(ctx, c.Method()+" "+route, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attrMethod.String(c.Method()), attrRoute.String(route),
+		route, method := c.Route().Path, methodOf(c)
+		ctx, span := s.tracer.Start(ctx, method+" "+route, trace.WithSpanKind(trace.SpanKindServer),
+			trace.WithAttributes(attrMethod.String(method), attrRoute.String(route),
 				attrPath.String(utils.CopyString(c.Path())), attrScheme.String(s.guard.Scheme(c)),
 				attrClient.String(s.guard.ClientIP(c).String())))
 		defer span.End() // (also when h panics: recover is outside)
@@ -72,7 +72,7 @@ func (s *Server) traced(h fiber.Handler) fiber.Handler {
 // traceMetered names a metered request's span for its route and tenant.
 func traceMetered(c *fiber.Ctx, route *routes.Route, tenantID string) {
 	span := trace.SpanFromContext(c.UserContext())
-	span.SetName(c.Method() + " " + route.Path)
+	span.SetName(methodOf(c) + " " + route.Path)
 	span.SetAttributes(attrRoute.String(route.Path), telemetry.TenantID.String(tenantID),
 		telemetry.Meter.String(route.Meter), telemetry.Cost.Int64(route.Cost))
 }
@@ -150,8 +150,9 @@ func (s *Server) startUpstream(c *fiber.Ctx, route *routes.Route, h *fasthttp.Re
 		}
 	}
 	n, _ := strconv.Atoi(port)
-	ctx, span := s.tracer.Start(c.UserContext(), c.Method(), trace.WithSpanKind(trace.SpanKindClient),
-		trace.WithAttributes(attrMethod.String(c.Method()), attrServer.String(u.Hostname()), attrServerPort.Int(n),
+	method := methodOf(c)
+	ctx, span := s.tracer.Start(c.UserContext(), method, trace.WithSpanKind(trace.SpanKindClient),
+		trace.WithAttributes(attrMethod.String(method), attrServer.String(u.Hostname()), attrServerPort.Int(n),
 			telemetry.Meter.String(route.Meter)))
 	h.Del("Tracestate")
 	telemetry.Propagator.Inject(ctx, requestCarrier{h})
@@ -181,6 +182,33 @@ func (s *Server) traceRef(ctx context.Context, tenantID, requestID string) {
 	}
 	trace.SpanFromContext(ctx).SetAttributes(telemetry.TenantID.String(utils.CopyString(tenantID)),
 		telemetry.RequestID.String(utils.CopyString(requestID)))
+}
+
+// methodOf is the request's method as a span may keep it: c.Method() is
+// fasthttp's buffer, reused by the next request. A method not of HTTP's
+// is "_OTHER", as the semantic conventions name it.
+func methodOf(c *fiber.Ctx) string {
+	switch m := c.Method(); m {
+	case fiber.MethodGet:
+		return fiber.MethodGet
+	case fiber.MethodHead:
+		return fiber.MethodHead
+	case fiber.MethodPost:
+		return fiber.MethodPost
+	case fiber.MethodPut:
+		return fiber.MethodPut
+	case fiber.MethodPatch:
+		return fiber.MethodPatch
+	case fiber.MethodDelete:
+		return fiber.MethodDelete
+	case fiber.MethodOptions:
+		return fiber.MethodOptions
+	case fiber.MethodConnect:
+		return fiber.MethodConnect
+	case fiber.MethodTrace:
+		return fiber.MethodTrace
+	}
+	return "_OTHER"
 }
 
 // requestCarrier is a fasthttp request header as a propagation carrier.
