@@ -47,12 +47,11 @@ func (s *Server) traced(h fiber.Handler) fiber.Handler {
 		return h
 	}
 	return func(c *fiber.Ctx) error {
-		ctx := telemetry.Propagator.Extract(c.UserContext(), requestCarrier{&c.Request().Header})
 		route, method := c.Route().Path, methodOf(c)
-		ctx, span := s.tracer.Start(ctx, method+" "+route, trace.WithSpanKind(trace.SpanKindServer),
-			trace.WithAttributes(attrMethod.String(method), attrRoute.String(route),
-				attrPath.String(utils.CopyString(c.Path())), attrScheme.String(s.guard.Scheme(c)),
-				attrClient.String(s.guard.ClientIP(c).String())))
+		ctx, span := telemetry.StartServer(c.UserContext(), s.tracer, method+" "+route, requestCarrier{&c.Request().Header},
+			attrMethod.String(method), attrRoute.String(route),
+			attrPath.String(utils.CopyString(c.Path())), attrScheme.String(s.guard.Scheme(c)),
+			attrClient.String(s.guard.ClientIP(c).String()))
 		defer span.End() // (also when h panics: recover is outside)
 		c.SetUserContext(ctx)
 		if err := h(c); err != nil {

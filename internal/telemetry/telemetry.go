@@ -82,6 +82,44 @@ const (
 // into outgoing ones.
 var Propagator propagation.TextMapPropagator = propagation.TraceContext{}
 
+// StartServer starts the server span of a request on tracer, named name
+// ("POST /v1/check", "/tollgate.Decide/Check"), continuing the caller's
+// trace that carrier holds (its traceparent), and returns ctx with the
+// span. With tracer nil it returns ctx as it is and a span that records
+// nothing: a caller on a hot path tests its tracer for nil first, so as not
+// to build the attributes.
+func StartServer(ctx context.Context, tracer trace.Tracer, name string, carrier propagation.TextMapCarrier, attrs ...attribute.KeyValue) (context.Context, trace.Span) {
+	if tracer == nil {
+		return ctx, trace.SpanFromContext(ctx)
+	}
+	ctx = Propagator.Extract(ctx, carrier)
+	return tracer.Start(ctx, name, trace.WithSpanKind(trace.SpanKindServer), trace.WithAttributes(attrs...))
+}
+
+// MetadataCarrier is gRPC metadata (metadata.MD: lower-case keys, each
+// with its values) as a propagation carrier: MetadataCarrier(md).
+type MetadataCarrier map[string][]string
+
+// Get returns the first value of key.
+func (m MetadataCarrier) Get(key string) string {
+	if v := m[strings.ToLower(key)]; len(v) > 0 {
+		return v[0]
+	}
+	return ""
+}
+
+// Set sets key's one value.
+func (m MetadataCarrier) Set(key, value string) { m[strings.ToLower(key)] = []string{value} }
+
+// Keys lists the keys.
+func (m MetadataCarrier) Keys() []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	return keys
+}
+
 // Traces is a running trace pipeline: a tracer provider with a batch span
 // processor and an OTLP/HTTP exporter.
 type Traces struct {

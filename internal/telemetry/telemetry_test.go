@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 
 	"github.com/tollgate/tollgate/internal/telemetry"
@@ -219,4 +220,40 @@ func TestEndpointsAndSamplers(t *testing.T) {
 			}
 		})
 	}
+}
+
+// StartServer continues the trace of gRPC-style metadata (lower-case keys)
+// in a server span; with no tracer it changes nothing.
+func TestStartServerContinuesTheCallersTrace(t *testing.T) {
+	t.Parallel()
+	rec := testenv.OTLP(t)
+	tr := startTraces(t, map[string]string{"OTEL_EXPORTER_OTLP_ENDPOINT": rec.URL})
+	md := telemetry.MetadataCarrier{"traceparent": {"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}}
+	ctx, span := telemetry.StartServer(context.Background(), tr.Tracer(), "/tollgate.v1.Decide/Check", md, telemetry.TenantID.String("t-1"))
+	if got := trace.SpanFromContext(ctx).SpanContext().TraceID().String(); got != "0af7651916cd43dd8448eb211c80319c" {
+		t.Errorf("the context's trace %s, want the caller's", got)
+	}
+	span.End()
+	out := telemetry.MetadataCarrier{}
+	telemetry.Propagator.Inject(ctx, out)
+	if got := out.Get("Traceparent"); !strings.HasPrefix(got, "00-0af7651916cd43dd8448eb211c80319c-") || strings.Contains(got, "b7ad6b7169203331") {
+		t.Errorf("injected traceparent %q, want the caller's trace with the server span's id", got)
+	}
+	if err := tr.Shutdown(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	spans := rec.Spans()
+	if len(spans) != 1 {
+		t.Fatalf("%d spans, want 1", len(spans))
+	}
+	if s := spans[0]; s.ParentID != "b7ad6b7169203331" || s.Kind != tracepb.Span_SPAN_KIND_SERVER || s.Attrs["tollgate.tenant_id"] != "t-1" {
+		t.Errorf("span parent %s kind %v attrs %v, want parent b7ad6b7169203331, server, tenant t-1", s.ParentID, s.Kind, s.Attrs)
+	}
+
+	base := context.Background()
+	ctx, span = telemetry.StartServer(base, nil, "off", md)
+	if ctx != base || span.IsRecording() || span.SpanContext().IsValid() {
+		t.Error("StartServer with no tracer: want ctx unchanged and a span that records nothing")
+	}
+	span.End()
 }
