@@ -1,8 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
-	"io"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -30,18 +31,24 @@ func TestWorkerStepsAreTraced(t *testing.T) {
 		// flushed.
 		"OTEL_BSP_SCHEDULE_DELAY": "3600000",
 	}
-	ctx, cancel := context.WithCancel(context.Background())
+	// Stop the worker once it has logged two cycles, however long it takes
+	// to start on a busy machine.
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	env["TOLLGATE_LOG_LEVEL"] = "debug"
+	logs := &cycleCounter{after: 2, then: cancel}
 	done := make(chan error, 1)
-	go func() { done <- run(ctx, func(k string) string { return env[k] }, io.Discard) }()
-	time.Sleep(time.Second) // a few cycles
-	cancel()
+	go func() { done <- run(ctx, func(k string) string { return env[k] }, logs) }()
 	select {
 	case err := <-done:
 		if err != nil {
 			t.Fatalf("run = %v, want nil after its context ends", err)
 		}
-	case <-time.After(30 * time.Second):
-		t.Fatal("run did not return within 30 s of its context's end")
+	case <-time.After(90 * time.Second):
+		t.Fatal("run did not return within 90 s")
+	}
+	if logs.seen.Load() < 2 {
+		t.Fatalf("%d cycles logged within 60 s, want 2", logs.seen.Load())
 	}
 
 	spans := rec.Spans()
@@ -87,4 +94,19 @@ func TestWorkerStepsAreTraced(t *testing.T) {
 	if complete == 0 {
 		t.Fatalf("no cycle span with its %d steps among %d cycles", len(want), len(cycles))
 	}
+}
+
+// cycleCounter takes the worker's log lines (one Write each) and calls then
+// once it has seen after cycles logged.
+type cycleCounter struct {
+	after int64
+	then  func()
+	seen  atomic.Int64
+}
+
+func (w *cycleCounter) Write(p []byte) (int, error) {
+	if bytes.Contains(p, []byte(`"msg":"worker cycle"`)) && w.seen.Add(1) == w.after {
+		w.then()
+	}
+	return len(p), nil
 }
