@@ -3,6 +3,7 @@ package main
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -227,6 +228,49 @@ func wantAttrs(tb testing.TB, sp testenv.Span, want map[string]string) {
 	for k, v := range want {
 		if got, ok := sp.Attrs[k]; !ok || got != v {
 			tb.Errorf("span %s: %s = %q (set: %v), want %q; all: %v", sp.Name, k, got, ok, v, sp.Attrs)
+		}
+	}
+}
+
+// TestTracesOffPassTheTraceThrough: with no OTEL_* variable the api makes
+// no span, so the upstream gets the client's traceparent as it was sent.
+func TestTracesOffPassTheTraceThrough(t *testing.T) {
+	t.Parallel()
+	up := &traceUpstream{}
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	s := mustStack(t)
+	s.routes = filepath.Join(t.TempDir(), "routes.json")
+	table := fmt.Sprintf(`{"routes": [{"method": "GET", "path": "/api/up/", "meter": "up", "cost": 1, "upstream": %q, "timeout": "5s"}]}`, upSrv.URL+"/")
+	if err := os.WriteFile(s.routes, []byte(table), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := s.start()
+	_, key := s.tenant(s.tier(23, quota.Limits{DailyQuota: quota.Ptr(int64(10))}).Slug)
+	const sent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+	if r := do(t, "GET", base+"/api/up/x", key, "", "Traceparent", sent); r.status != 200 {
+		t.Fatalf("status %d, want 200: %s", r.status, r.body)
+	}
+	if got := up.traceparents(); len(got) != 1 || got[0] != sent {
+		t.Errorf("upstream's traceparents %q, want the client's %q unchanged", got, sent)
+	}
+}
+
+// TestBadTraceVariableStopsTheAPI: an OTEL_* variable Tollgate cannot
+// follow stops run at start with an error naming it.
+func TestBadTraceVariableStopsTheAPI(t *testing.T) {
+	t.Parallel()
+	for _, tc := range []struct{ name, value string }{
+		{"OTEL_TRACES_EXPORTER", "zipkin"},
+		{"OTEL_EXPORTER_OTLP_ENDPOINT", "collector:4318"},
+		{"OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"},
+	} {
+		// (Postgres is never reached: the variables are read first)
+		env := map[string]string{"REDIS_URL": testenv.RedisURL(t), "DATABASE_URL": "postgres://postgres@127.0.0.1:1/never?sslmode=disable",
+			"OTEL_TRACES_EXPORTER": "otlp", tc.name: tc.value}
+		err := run(t.Context(), func(k string) string { return env[k] }, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), tc.name) {
+			t.Errorf("%s=%q: run = %v, want an error naming %s", tc.name, tc.value, err, tc.name)
 		}
 	}
 }
