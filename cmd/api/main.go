@@ -27,6 +27,7 @@ import (
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/routes"
+	"github.com/tollgate/tollgate/internal/telemetry"
 	"github.com/tollgate/tollgate/internal/usage"
 )
 
@@ -50,6 +51,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	log := cfg.NewLogger(stdout)
+	traces, err := telemetry.Start(ctx, "tollgate-api", getenv)
+	if err != nil {
+		return err
+	}
+	if traces != nil {
+		log.Info("traces on: exporting spans over OTLP/HTTP")
+	}
+	// The last spans are exported once everything else has stopped.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), telemetry.ShutdownTimeout)
+		defer cancel()
+		if err := traces.Shutdown(sctx); err != nil {
+			log.Warn("exporting the last spans failed", "err", err)
+		}
+	}()
 
 	db, err := postgres.OpenMigrated(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -131,7 +147,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, cfg.RedisPrefix), Catalog: cat, Gate: gate, Routes: table, Metrics: metrics, Now: time.Now,
 		Grants: catalog.NewGrants(store, runner, cat, time.Now, log), Plans: catalog.NewPlans(store, runner, cat, time.Now, log),
 		Ledger: ledger, Usage: usage.NewReader(runner, ledger, time.Now).WithPrepaid(cat.Prepaid), Ready: readyChecks(rdb, db),
-		Alerts: billing.NewDeliverer(db, nil, time.Now), Policies: cat,
+		Alerts: billing.NewDeliverer(db, nil, time.Now), Policies: cat, Tracer: traces.Tracer(),
 	}, httpapi.Options{
 		BodyLimit:    cfg.BodyLimit,
 		AdminToken:   cfg.AdminToken,

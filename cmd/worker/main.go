@@ -25,6 +25,7 @@ import (
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/redisdb"
+	"github.com/tollgate/tollgate/internal/telemetry"
 	"github.com/tollgate/tollgate/internal/worker"
 )
 
@@ -43,6 +44,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	log := cfg.NewLogger(stdout)
+	traces, err := telemetry.Start(ctx, "tollgate-worker", getenv)
+	if err != nil {
+		return err
+	}
+	if traces != nil {
+		log.Info("traces on: exporting spans over OTLP/HTTP")
+	}
+	// The last spans are exported once everything else has stopped.
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), telemetry.ShutdownTimeout)
+		defer cancel()
+		if err := traces.Shutdown(sctx); err != nil {
+			log.Warn("exporting the last spans failed", "err", err)
+		}
+	}()
 
 	db, err := postgres.OpenMigrated(ctx, cfg.DatabaseURL)
 	if err != nil {
@@ -97,6 +113,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 			{Name: "alerts", Run: alerts.Run},
 		},
 		OnCycle: func(d time.Duration, _ int) { cycleSeconds.Observe(d.Seconds()) },
+		Tracer:  traces.Tracer(),
 	}
 
 	ln, err := net.Listen("tcp", cfg.WorkerMetricsAddr)

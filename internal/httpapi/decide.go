@@ -7,10 +7,12 @@ import (
 
 	"github.com/gofiber/fiber/v2"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/telemetry"
 )
 
 // Ask is one decision asked of Tollgate by a caller that serves the
@@ -103,7 +105,9 @@ func (s *Server) principalOf(ctx context.Context, a Ask) (catalog.Principal, err
 // request id (Decided.RequestID) for Settle, Refund and, when it holds
 // concurrency leases, Release, within quota.SettleWindow. Errors are
 // *quota.Error for bad input, an unknown key or a suspended tenant, and
-// what the Gate answers when it cannot decide.
+// what the Gate answers when it cannot decide. With tracing on, the span
+// of ctx (the caller's server span) gets the tenant, meter, cost and
+// decision, and the admission is a child span of it.
 func (s *Server) Decide(ctx context.Context, a Ask) (Decided, error) {
 	p, err := s.principalOf(ctx, a)
 	if err != nil {
@@ -143,9 +147,19 @@ func (s *Server) Decide(ctx context.Context, a Ask) (Decided, error) {
 	if len(req.Policies) > 0 || counted {
 		req.RequestID = httpx.NewID()
 	}
+	if s.tracer != nil {
+		trace.SpanFromContext(ctx).SetAttributes(telemetry.TenantID.String(p.Tenant.ID), telemetry.Meter.String(a.Meter),
+			telemetry.Cost.Int64(cost), telemetry.DryRun.Bool(a.DryRun))
+	}
 	d, err := s.admit(ctx, p, &req)
 	if err != nil {
+		if s.tracer != nil {
+			trace.SpanFromContext(ctx).SetAttributes(telemetry.Decision.String(telemetry.DecisionUnavailable))
+		}
 		return Decided{}, err
+	}
+	if s.tracer != nil {
+		traceOutcome(ctx, outcomeOf(d), d)
 	}
 	if len(d.Policies) > 0 {
 		s.countPolicies(d)
@@ -165,6 +179,9 @@ func (s *Server) Decide(ctx context.Context, a Ask) (Decided, error) {
 				if err := s.gate.NoteRequestID(ctx, req, req.RequestID); err != nil {
 					s.log.Error("noting a check's request id for its repeats failed", "tenant_id", p.Tenant.ID, "err", err)
 				}
+			}
+			if s.tracer != nil {
+				trace.SpanFromContext(ctx).SetAttributes(telemetry.RequestID.String(req.RequestID))
 			}
 			if held(d) {
 				if err := s.gate.Hold(ctx, req, d); err != nil {

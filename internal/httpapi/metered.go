@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v2/utils"
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
@@ -32,6 +33,9 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	route, err := s.resolveRoute(c)
 	if err != nil {
 		return err
+	}
+	if s.tracer != nil {
+		traceMetered(c, route, p.Tenant.ID)
 	}
 	if !oneContentLength(&c.Request().Header) {
 		c.Context().SetConnectionClose() // where the request ends is unknown
@@ -65,23 +69,23 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	d, err := s.admit(ctx, p, &req)
 	s.metrics.Admission.Observe(time.Since(start).Seconds())
 	if err != nil {
-		s.count(route, "unavailable", p.Tier.Slug)
+		s.count(c, route, "unavailable", p.Tier.Slug, d)
 		return err
 	}
 	if len(d.Policies) > 0 {
 		s.countPolicies(d)
 	}
 	if err := idemRefusal(c, d); err != nil {
-		s.count(route, idemOutcome(d), p.Tier.Slug)
+		s.count(c, route, idemOutcome(d), p.Tier.Slug, d)
 		return err
 	}
 	if d.Fallback != nil {
-		s.count(route, "degraded", p.Tier.Slug)
+		s.count(c, route, "degraded", p.Tier.Slug, d)
 		setRateLimitHeaders(c, d)
 		return writeFallback(c, d)
 	}
 	if !d.Allowed {
-		s.count(route, "refused", p.Tier.Slug)
+		s.count(c, route, "refused", p.Tier.Slug, d)
 		setRateLimitHeaders(c, d)
 		if refusedForCredit(d) {
 			return writeCreditRefusal(c, d, p.Tier.TopUpURL, c.Path())
@@ -91,10 +95,10 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if d.Replayed() {
 		// (nothing to release: a replay holds no lease or place in flight,
 		// Gate.Admit gave back what its policies took)
-		s.count(route, "replayed", p.Tier.Slug)
+		s.count(c, route, "replayed", p.Tier.Slug, d)
 		return s.replay(c, req, d)
 	}
-	s.count(route, "allowed", p.Tier.Slug)
+	s.count(c, route, "allowed", p.Tier.Slug, d)
 	if len(d.Policies) > 0 {
 		defer s.release(c, req, d)
 		waitDelay(ctx, d)
@@ -196,8 +200,12 @@ func detached(c *fiber.Ctx) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
 }
 
-func (s *Server) count(r *routes.Route, outcome, tier string) {
+// count counts a metered request's outcome, and records it on its span.
+func (s *Server) count(c *fiber.Ctx, r *routes.Route, outcome, tier string, d quota.Decision) {
 	s.metrics.request(r.Meter, outcome, tier).Inc()
+	if s.tracer != nil {
+		traceOutcome(c.UserContext(), outcome, d)
+	}
 }
 
 // forward proxies the request to the route's upstream and makes its answer
@@ -230,12 +238,19 @@ func (s *Server) forward(c *fiber.Ctx, route *routes.Route, tenantID, settleID s
 	original := utils.CopyString(c.OriginalURL())
 	req.SetRequestURI(target)
 	req.URI().SetScheme(route.UpstreamURL().Scheme)
+	var span trace.Span
+	if s.tracer != nil {
+		span = s.startUpstream(c, route, h)
+	}
 	up := fasthttp.AcquireResponse()
 	err = s.upstream.DoTimeout(req, up, route.UpstreamTimeout())
 	req.SetRequestURI(original)
 	// The upstream's status, when its header was read (200 when it was
 	// not: fasthttp's default, never 5xx).
 	upStatus := up.StatusCode()
+	if span != nil {
+		endUpstream(span, upStatus, err)
+	}
 	if err == nil {
 		err = s.answer(c, up, route, settleID != "", whole)
 	} else {

@@ -21,7 +21,16 @@ const ProblemCreditExhausted = "https://tollgate.dev/problems/credit-exhausted"
 // admission script's clock is in another billing period than the cached
 // balance (a period just ended, or the clocks disagree about it), the
 // balance of the script's period is read and the request asked once more.
+// With tracing on, the admission is a span of its own (tracing.go).
 func (s *Server) admit(ctx context.Context, p catalog.Principal, req *quota.Request) (quota.Decision, error) {
+	if s.tracer != nil {
+		return s.admitTraced(ctx, p, req)
+	}
+	return s.gateAdmit(ctx, p, req)
+}
+
+// gateAdmit is admit without its span.
+func (s *Server) gateAdmit(ctx context.Context, p catalog.Principal, req *quota.Request) (quota.Decision, error) {
 	if p.Tier.IsPrepaid() {
 		pp, err := s.catalog.Prepaid(ctx, p, s.now())
 		if err != nil {

@@ -13,6 +13,7 @@ import (
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/middleware/recover"
 	"github.com/valyala/fasthttp"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
@@ -111,6 +112,9 @@ type Deps struct {
 	Now      func() time.Time
 	// Policies lists the policies (*catalog.Catalog); nil: none apply.
 	Policies policyList
+	// Tracer makes the spans of the metered requests and the decision API
+	// (telemetry.Traces.Tracer); nil: no traces, at no cost.
+	Tracer trace.Tracer
 }
 
 // Server holds the Fiber app and what the metered path, /v1 and the probes
@@ -141,6 +145,8 @@ type Server struct {
 	ops *fiber.App
 	// settlements writes settlements to the audit log (settle.go).
 	settlements settlementLog
+	// tracer makes the spans (tracing.go); nil: none.
+	tracer trace.Tracer
 }
 
 // New builds the Fiber app with every route registered. It fails only when
@@ -174,7 +180,7 @@ func New(d Deps, opts Options) (*Server, error) {
 		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),
-		pages: pg, settlements: newSettlementLog(d.Store, d.Log)}
+		pages: pg, settlements: newSettlementLog(d.Store, d.Log), tracer: d.Tracer}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
 		BodyLimit:             opts.BodyLimit,
@@ -240,14 +246,15 @@ func (s *Server) routesSetup() {
 	s.opsRoutes() // /healthz, /readyz, /metrics: here, or some on the ops app
 	s.app.Get("/openapi.json", s.openapi)
 
-	s.app.All("/api/*", s.metered) // authenticates as tenantAuth does
+	// (traced: in a span when tracing is on; the handler itself otherwise)
+	s.app.All("/api/*", s.traced(s.metered)) // authenticates as tenantAuth does
 	v1 := s.app.Group("/v1", httpx.CheckQuery)
 	v1.Get("/usage", s.tenantAuth, s.usage)
 	v1.Get("/invoices", s.tenantAuth, s.invoices)
-	v1.Post("/check", s.check)
-	v1.Post("/settle", s.settle)
-	v1.Post("/refund", s.refund)
-	v1.Post("/release", s.releaseCheck)
+	v1.Post("/check", s.traced(s.check))
+	v1.Post("/settle", s.traced(s.settle))
+	v1.Post("/refund", s.traced(s.refund))
+	v1.Post("/release", s.traced(s.releaseCheck))
 
 	admin := s.app.Group("/admin/v1", s.admin.Auth, httpx.CheckQuery, httpx.PlainBody(s.bodyLimit))
 	admin.Get("/tiers", s.admin.ListTiers)

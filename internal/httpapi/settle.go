@@ -55,6 +55,7 @@ func (s *Server) settle(c *fiber.Ctx) error {
 	if err := checkRequestRef(body.TenantID, body.RequestID); err != nil {
 		return err
 	}
+	s.traceRef(c.UserContext(), body.TenantID, body.RequestID)
 	ctx := c.UserContext()
 	st, err := s.gate.Settle(ctx, body.TenantID, body.RequestID, *body.ActualCost)
 	if err != nil {
@@ -132,6 +133,7 @@ func (s *Server) refund(c *fiber.Ctx) error {
 	if err := checkRequestRef(body.TenantID, body.RequestID); err != nil {
 		return err
 	}
+	s.traceRef(c.UserContext(), body.TenantID, body.RequestID)
 	ctx := c.UserContext()
 	st, err := s.gate.RefundReserved(ctx, body.TenantID, body.RequestID)
 	if err != nil {
@@ -175,6 +177,7 @@ func (s *Server) releaseCheck(c *fiber.Ctx) error {
 	if err := checkRequestRef(body.TenantID, body.RequestID); err != nil {
 		return err
 	}
+	s.traceRef(c.UserContext(), body.TenantID, body.RequestID)
 	n, err := s.releaseHeld(c.UserContext(), body.TenantID, body.RequestID)
 	if err != nil {
 		return err
