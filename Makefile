@@ -16,6 +16,8 @@ SERVICES = svc=$$(scripts/services.sh) && eval "$$svc"
 BROWSER = brw=$$(scripts/services.sh browser) && eval "$$brw"
 # wrk, the bench's load generator, and its tests' (installed when missing).
 WRK = wrk=$$(scripts/services.sh wrk) && eval "$$wrk"
+# stripe-mock, the Stripe API the Stripe export's tests call (installed and started when missing).
+STRIPE_MOCK = stripe=$$(scripts/services.sh stripe-mock) && eval "$$stripe"
 # $(call token,VAR,FILE): keep VAR from the environment, else read it from
 # .data/FILE, made once with 32 random hex characters.
 token = if [ -z "$${$(1):-}" ]; then \
@@ -37,9 +39,9 @@ run: build
 	trap 'kill $$worker 2>/dev/null || true; wait $$worker 2>/dev/null || true' EXIT; \
 	bin/api
 
-## test: go vet, then every test with -race against real Redis, Postgres, a headless Chromium and wrk
+## test: go vet, then every test with -race against real Redis, Postgres, a headless Chromium, wrk and stripe-mock
 test:
-	@$(SERVICES) && $(BROWSER) && $(WRK) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
+	@$(SERVICES) && $(BROWSER) && $(WRK) && $(STRIPE_MOCK) && $(GO) vet $(PKGS) && $(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS)
 
 ## bench: the Go benchmarks, then bench-load (its table and goals last)
 bench: build
@@ -105,7 +107,7 @@ build:
 services:
 	@scripts/services.sh
 
-## services-stop: stop the servers scripts/services.sh started (never system ones)
+## services-stop: stop the servers scripts/services.sh started, stripe-mock too (never system ones)
 services-stop:
 	@scripts/services.sh stop
 
