@@ -12,6 +12,10 @@
 // time with FOR UPDATE SKIP LOCKED, moving its next_attempt_at one Lease
 // ahead, and writes progress only while it still holds that lease, so two
 // workers never export the same invoice at once.
+//
+// It never changes an invoice: it reads final ones and writes only
+// invoice_exports and tenants.stripe_customer_id. It owns no HTTP route;
+// the console reads the exports through billing.Invoice.Export.
 package stripeexport
 
 import (
