@@ -475,3 +475,27 @@ func TestTwoWorkersExportEachInvoiceOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestStripeRefusalIsRecorded: stripe-mock itself refuses a key that is not
+// a test key, as Stripe refuses a revoked one; the export is recorded failed
+// with Stripe's status, type and message, and nothing is stored.
+func TestStripeRefusalIsRecorded(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	tenant := r.tenant(t, "Revoked Key Ltd")
+	inv := r.invoice(t, tenant, "2026-11", true, threeLines...)
+	r.exp = stripeexport.New(r.db, "sk_live_revoked", r.proxy.URL, nil, r.clock.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	r.run(t)
+	calls := r.proxy.Calls()
+	if len(calls) != 1 || calls[0].Status != 401 {
+		t.Fatalf("calls %+v, want one, answered 401 by stripe-mock", calls)
+	}
+	x := r.export(t, inv)
+	if x.Status != "failed" || x.Attempts != 1 || x.StripeID != "" || r.customerID(t, tenant) != "" ||
+		!strings.HasPrefix(x.LastError, "create customer: HTTP 401 invalid_request_error: ") || !strings.Contains(x.LastError, "API key") {
+		t.Errorf("export %+v, customer %q; want failed with stripe-mock's 401 and nothing stored", x, r.customerID(t, tenant))
+	}
+	if r.exp.Failing() != 1 {
+		t.Errorf("Failing() = %d, want 1", r.exp.Failing())
+	}
+}
