@@ -230,8 +230,10 @@ func (e *Exporter) claim(ctx context.Context) (claim, bool, error) {
 }
 
 // attempt exports c and records the outcome. Only a Postgres failure while
-// recording, or ctx ending, is returned: an export cut short by ctx keeps
-// what it stored and is taken up again when its lease has passed.
+// recording, or ctx ending, is returned. An export cut short because the
+// worker is stopping (ctx cancelled) keeps what it stored and is taken up
+// again when its lease has passed; one cut short by ctx's deadline (the
+// step's time is up: Stripe is slow) is a failed attempt like any other.
 func (e *Exporter) attempt(ctx context.Context, c claim) error {
 	err := e.export(ctx, &c)
 	switch {
@@ -244,15 +246,17 @@ func (e *Exporter) attempt(ctx context.Context, c claim) error {
 	case errors.Is(err, errLostLease):
 		e.log.Warn("stripe export: lease lost; another worker goes on", "invoice_id", c.invoiceID)
 		return nil
-	case ctx.Err() != nil:
+	case errors.Is(ctx.Err(), context.Canceled):
 		return ctx.Err()
 	}
 	msg := errorText(err)
 	delay := e.Backoff(c.attempts + 1)
 	e.log.Error("stripe export failed", "invoice_id", c.invoiceID, "attempt", c.attempts+1, "retry_in", delay.String(), "err", msg)
 	e.Failed.Add(1)
-	_, err = e.record(ctx, c, `status = 'failed', last_error = $4, next_attempt_at = $5`, msg, e.now().Add(delay))
-	return err
+	if _, err := e.record(ctx, c, `status = 'failed', last_error = $4, next_attempt_at = $5`, msg, e.now().Add(delay)); err != nil {
+		return err
+	}
+	return ctx.Err()
 }
 
 // record ends an attempt with set (whose $3 is now), counting it, while c

@@ -499,3 +499,33 @@ func TestStripeRefusalIsRecorded(t *testing.T) {
 		t.Errorf("Failing() = %d, want 1", r.exp.Failing())
 	}
 }
+
+// TestSlowStripeIsAFailedAttempt: a call still unanswered when the step's
+// time is up (its context's deadline) fails the attempt, recorded and
+// retried with backoff like an error, unlike a worker that stops.
+func TestSlowStripeIsAFailedAttempt(t *testing.T) {
+	t.Parallel()
+	r := newRig(t)
+	tenant := r.tenant(t, "Slow Lane")
+	inv := r.invoice(t, tenant, "2026-11", true, threeLines...)
+	short, cancelShort := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancelShort()
+	r.proxy.AfterForward(func(n int, _ testenv.StripeCall) bool {
+		if n == 2 { // Stripe answers only after the step's time is up
+			<-short.Done()
+			return true
+		}
+		return false
+	})
+	if err := r.exp.Run(short); err == nil {
+		t.Fatal("Run past its deadline returned nil, want the context's error")
+	}
+	x := r.export(t, inv)
+	if x.Status != "failed" || x.Attempts != 1 || !strings.Contains(x.LastError, "create invoice") ||
+		!strings.Contains(x.LastError, "deadline") || !x.Next.Equal(start.Add(30*time.Second)) {
+		t.Errorf("export %+v, want failed by the deadline while creating the invoice, retried in 30 s", x)
+	}
+	if r.exp.Failed.Load() != 1 || r.exp.Failing() != 1 {
+		t.Errorf("counters failed %d failing %d, want 1 1", r.exp.Failed.Load(), r.exp.Failing())
+	}
+}
