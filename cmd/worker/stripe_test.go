@@ -4,6 +4,9 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"os"
+	"os/exec"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -157,5 +160,109 @@ func TestWorkerWithoutStripeKeyExportsNothing(t *testing.T) {
 	}
 	if !strings.Contains(body, "tollgate_worker_cycle_seconds") {
 		t.Errorf("/metrics lacks the worker's own series:\n%s", body)
+	}
+}
+
+// TestKill9MidExportExportsEachThingOnce kills a real worker process with
+// SIGKILL right after Stripe made the invoice's first item, before the
+// worker heard back; once the killed worker's lease is over, a new worker
+// process finishes the export: every call was made with the same key and
+// parameters, only the unanswered one twice, and the invoice is exported
+// once with Stripe's ids stored.
+func TestKill9MidExportExportsEachThingOnce(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	proxy := testenv.NewStripeProxy(t, testenv.StripeMockURL(t))
+	dbURL := testenv.MigratedDatabase(t)
+	db, err := postgres.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	tn, err := postgres.NewStore(db).CreateTenant(ctx, "test", "Killed Midway", "free")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inv string
+	if err := db.QueryRow(ctx, `INSERT INTO invoices (tenant_id, period, status, finalized_at, total_cents)
+		VALUES ($1, '2026-11-01', 'final', now(), 3400) RETURNING id::text`, tn.ID).Scan(&inv); err != nil {
+		t.Fatal(err)
+	}
+	mustExec(t, db, `INSERT INTO invoice_lines (invoice_id, line_no, kind, description, quantity, amount_cents)
+		VALUES ($1, 1, 'subscription', 'Pro plan', 1, 2900), ($1, 2, 'overage', 'Overage', 5000, 500)`, inv)
+
+	start := func() *exec.Cmd {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), "TOLLGATE_TEST_RUN_WORKER=1", "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
+			"TOLLGATE_REDIS_PREFIX="+testenv.Prefix(t, testenv.Redis(t)), "TOLLGATE_RECONCILE_INTERVAL=500ms",
+			"TOLLGATE_WORKER_METRICS_ADDR=127.0.0.1:0", "TOLLGATE_LOG_LEVEL=error",
+			"TOLLGATE_STRIPE_KEY=sk_test_tollgate", "TOLLGATE_STRIPE_URL="+proxy.URL)
+		cmd.Stdout, cmd.Stderr = io.Discard, io.Discard
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		return cmd
+	}
+	first := start()
+	killed := make(chan struct{})
+	proxy.AfterForward(func(_ int, c testenv.StripeCall) bool {
+		if c.IdempotencyKey != stripeexport.LineKey(inv, 1) {
+			return false
+		}
+		_ = first.Process.Kill() // SIGKILL
+		close(killed)
+		return true
+	})
+	select {
+	case <-killed:
+	case <-time.After(60 * time.Second):
+		_ = first.Process.Kill()
+		t.Fatal("the first worker did not reach the invoice's first item within 60 s")
+	}
+	_ = first.Wait()
+	proxy.AfterForward(nil)
+	before := proxy.Calls()
+	var status string
+	var sid *string
+	if err := db.QueryRow(ctx, `SELECT status, stripe_invoice_id FROM invoice_exports WHERE invoice_id = $1`, inv).Scan(&status, &sid); err != nil ||
+		status != "pending" || sid == nil {
+		t.Fatalf("after the kill: status %q, stripe invoice %v (%v); want pending with the invoice's Stripe id", status, sid, err)
+	}
+
+	// The killed worker's lease, two minutes, is over.
+	mustExec(t, db, `UPDATE invoice_exports SET next_attempt_at = now() WHERE invoice_id = $1`, inv)
+	second := start()
+	defer func() { _ = second.Process.Kill(); _ = second.Wait() }()
+	for deadline := time.Now().Add(60 * time.Second); status != "exported"; time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the second worker did not finish the export within 60 s (status %q)", status)
+		}
+		if err := db.QueryRow(ctx, `SELECT status FROM invoice_exports WHERE invoice_id = $1`, inv).Scan(&status); err != nil {
+			t.Fatal(err)
+		}
+	}
+	all := append(before, proxy.Calls()...)
+	byKey := map[string]testenv.StripeCall{}
+	var order []string
+	for _, c := range all {
+		if prev, ok := byKey[c.IdempotencyKey]; ok && (prev.Path != c.Path || !reflect.DeepEqual(prev.Form, c.Form)) {
+			t.Errorf("key %s sent again with %s %v, first with %s %v", c.IdempotencyKey, c.Path, c.Form, prev.Path, prev.Form)
+		} else if !ok {
+			order = append(order, c.IdempotencyKey)
+		}
+		byKey[c.IdempotencyKey] = c
+	}
+	want := []string{stripeexport.CustomerKey(tn.ID), stripeexport.InvoiceKey(inv, "create"), stripeexport.LineKey(inv, 1),
+		stripeexport.LineKey(inv, 2), stripeexport.InvoiceKey(inv, "finalize")}
+	if !slices.Equal(order, want) || len(all) != len(want)+1 {
+		t.Fatalf("calls %d, keys %q; want keys %q with only the unanswered one made twice", len(all), order, want)
+	}
+	var gotSID, gotCust string
+	if err := db.QueryRow(ctx, `SELECT x.stripe_invoice_id, t.stripe_customer_id FROM invoice_exports x, tenants t
+		WHERE x.invoice_id = $1 AND t.id = $2`, inv, tn.ID).Scan(&gotSID, &gotCust); err != nil {
+		t.Fatal(err)
+	}
+	if gotSID != byKey[stripeexport.InvoiceKey(inv, "create")].ID || gotCust != byKey[stripeexport.CustomerKey(tn.ID)].ID {
+		t.Errorf("stored invoice %q and customer %q, want the ids Stripe answered", gotSID, gotCust)
 	}
 }
