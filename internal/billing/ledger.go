@@ -77,18 +77,11 @@ type Invoice struct {
 	Export *InvoiceExport `json:"-"`
 }
 
-// Statuses of an InvoiceExport.
-const (
-	ExportPending  = "pending"
-	ExportFailed   = "failed"
-	ExportExported = "exported"
-)
-
 // InvoiceExport is where a final invoice's export to Stripe stands: pending
 // (not tried yet, or in progress), failed (the last attempt failed; retried
 // at NextAttemptAt) or exported (for good, at ExportedAt).
 type InvoiceExport struct {
-	Status          string
+	Status          string // pending, failed or exported
 	StripeInvoiceID string // empty until Stripe has created the invoice
 	Attempts        int
 	LastError       string
