@@ -16,6 +16,8 @@ SERVICES = svc=$$(scripts/services.sh) && eval "$$svc"
 BROWSER = brw=$$(scripts/services.sh browser) && eval "$$brw"
 # wrk, the bench's load generator, and its tests' (installed when missing).
 WRK = wrk=$$(scripts/services.sh wrk) && eval "$$wrk"
+# stripe-mock, the Stripe API the Stripe export's tests call (installed and started when missing).
+STRIPE_MOCK = stripe=$$(scripts/services.sh stripe-mock) && eval "$$stripe"
 # $(call token,VAR,FILE): keep VAR from the environment, else read it from
 # .data/FILE, made once with 32 random hex characters.
 token = if [ -z "$${$(1):-}" ]; then \
@@ -41,9 +43,9 @@ run: build
 # root skips), vetted and tested after the root's; SDK= leaves it out.
 SDK ?= sdk/go
 
-## test: go vet, then every test with -race against real Redis, Postgres, a headless Chromium and wrk; then the Go SDK's
+## test: go vet, then every test with -race against real Redis, Postgres, a headless Chromium, wrk and stripe-mock; then the Go SDK's
 test:
-	@$(SERVICES) && $(BROWSER) && $(WRK) && $(GO) vet $(PKGS) && \
+	@$(SERVICES) && $(BROWSER) && $(WRK) && $(STRIPE_MOCK) && $(GO) vet $(PKGS) && \
 	if [ -n "$(SDK)" ]; then $(GO) -C $(SDK) vet ./...; fi && \
 	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS) && \
 	if [ -n "$(SDK)" ]; then $(GO) -C $(SDK) test -race -count=1 -timeout 10m $(TESTFLAGS) ./...; fi
@@ -116,7 +118,7 @@ build:
 services:
 	@scripts/services.sh
 
-## services-stop: stop the servers scripts/services.sh started (never system ones)
+## services-stop: stop the servers scripts/services.sh started, stripe-mock too (never system ones)
 services-stop:
 	@scripts/services.sh stop
 

@@ -12,6 +12,14 @@
 #                                   generator of `make bench`: TOLLGATE_WRK when set,
 #                                   else wrk on PATH, else Debian's wrk package,
 #                                   installed with apt-get
+#   scripts/services.sh stripe-mock prints `export STRIPE_MOCK_URL='…'`, the Stripe API
+#                                   mock the Stripe export's tests call: STRIPE_MOCK_URL
+#                                   when set, else ours (started earlier) when it runs,
+#                                   else one answering on 127.0.0.1:12111, else ours:
+#                                   stripe-mock $STRIPE_MOCK_VERSION, installed with
+#                                   `go install` into .data/bin when missing, started
+#                                   on loopback (12111 or the next free port), its log
+#                                   in .data/stripe-mock/
 #
 # For each of the two, independently:
 #   1. REDIS_URL / DATABASE_URL set in the environment: used as is; nothing is
@@ -397,6 +405,101 @@ bench_wrk() {
 	printf 'export TOLLGATE_WRK=%s\n' "$(shquote "$path")" >&3
 }
 
+# --- the Stripe export tests' Stripe API mock ---------------------------------------
+
+stripe_mock_version=${STRIPE_MOCK_VERSION:-v0.203.0}
+stripe_mock_dir=$data/stripe-mock
+stripe_mock_port=12111
+
+# stripe_mock_ok PORT: a stripe-mock on 127.0.0.1:PORT answers GET /v1/balance.
+stripe_mock_ok() {
+	timeout 5 bash -c '
+		exec 3<>"/dev/tcp/127.0.0.1/$1" || exit 1
+		printf "GET /v1/balance HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk_test_services\r\nConnection: close\r\n\r\n" >&3
+		IFS= read -r status <&3 && [[ $status == "HTTP/1.1 200"* ]]' _ "$1" 2>/dev/null
+}
+
+# own_stripe_mock_port: the port of the stripe-mock this script started, if it runs.
+own_stripe_mock_port() {
+	local pid port
+	[ -s "$stripe_mock_dir/pid" ] && [ -s "$stripe_mock_dir/port" ] || return 1
+	pid=$(<"$stripe_mock_dir/pid") port=$(<"$stripe_mock_dir/port")
+	kill -0 "$pid" 2>/dev/null && grep -q stripe-mock "/proc/$pid/comm" 2>/dev/null || return 1
+	echo "$port"
+}
+
+# find_stripe_mock: the port of a usable stripe-mock (ours first), or fails.
+find_stripe_mock() {
+	local port
+	if port=$(own_stripe_mock_port) && stripe_mock_ok "$port"; then
+		log "stripe-mock: ours answers on 127.0.0.1:$port"
+	elif port=$stripe_mock_port && stripe_mock_ok "$port"; then
+		log "stripe-mock: using the one answering on 127.0.0.1:$port"
+	else
+		return 1
+	fi
+	echo "$port"
+}
+
+start_stripe_mock() {
+	local bin=$data/bin/stripe-mock port pid
+	# (reinstalled when it is another version than the pinned one)
+	if [ ! -x "$bin" ] || { have go && ! go version -m "$bin" 2>/dev/null |
+		grep -q "mod[[:space:]]*github.com/stripe/stripe-mock[[:space:]]*$stripe_mock_version"; }; then
+		have go || die "no go on PATH to install stripe-mock: install Go, or set STRIPE_MOCK_URL to a stripe-mock you run"
+		log "stripe-mock: installing $stripe_mock_version into $data/bin"
+		mkdir -p "$data/bin"
+		GOBIN=$data/bin go install "github.com/stripe/stripe-mock@$stripe_mock_version" >&2 ||
+			die "go install github.com/stripe/stripe-mock@$stripe_mock_version failed; or set STRIPE_MOCK_URL to a stripe-mock you run"
+	fi
+	port=$(free_port "$stripe_mock_port")
+	mkdir -p "$stripe_mock_dir"
+	log "stripe-mock: starting ours on 127.0.0.1:$port (log $stripe_mock_dir/log)"
+	# setsid: it outlives this script and the make that ran it, like our Redis.
+	setsid "$bin" -http-addr "127.0.0.1:$port" </dev/null >"$stripe_mock_dir/log" 2>&1 3>&- 9>&- &
+	pid=$!
+	echo "$pid" >"$stripe_mock_dir/pid"
+	echo "$port" >"$stripe_mock_dir/port"
+	for _ in $(seq 100); do
+		stripe_mock_ok "$port" && { echo "$port"; return; }
+		kill -0 "$pid" 2>/dev/null || break
+		sleep 0.2
+	done
+	tail -n 20 "$stripe_mock_dir/log" >&2 || true
+	die "our stripe-mock does not answer on 127.0.0.1:$port; see $stripe_mock_dir/log"
+}
+
+stop_stripe_mock() {
+	local pid
+	if ! own_stripe_mock_port >/dev/null; then
+		log "stripe-mock: none of ours is running"
+		return 0
+	fi
+	pid=$(<"$stripe_mock_dir/pid")
+	log "stripe-mock: stopping ours (pid $pid)"
+	kill -TERM "$pid"
+	for _ in $(seq 50); do
+		kill -0 "$pid" 2>/dev/null || return 0
+		sleep 0.2
+	done
+	die "our stripe-mock (pid $pid) did not stop within 10s"
+}
+
+stripe_mock() {
+	local url port
+	if [ -n "${STRIPE_MOCK_URL:-}" ]; then
+		log "stripe-mock: using STRIPE_MOCK_URL from the environment"
+		url=$STRIPE_MOCK_URL
+	else
+		if ! port=$(find_stripe_mock); then
+			lock
+			port=$(find_stripe_mock) || port=$(start_stripe_mock)
+		fi
+		url=http://127.0.0.1:$port
+	fi
+	printf 'export STRIPE_MOCK_URL=%s\n' "$(shquote "$url")" >&3
+}
+
 # --- main ------------------------------------------------------------------------
 
 find_pgbin || true
@@ -410,12 +513,17 @@ wrk)
 	bench_wrk
 	exit 0
 	;;
+stripe-mock)
+	stripe_mock
+	exit 0
+	;;
 stop)
 	stop_redis
 	stop_postgres
+	stop_stripe_mock
 	exit 0
 	;;
-*) die "usage: scripts/services.sh [up|stop|browser|wrk]" ;;
+*) die "usage: scripts/services.sh [up|stop|browser|wrk|stripe-mock]" ;;
 esac
 
 # Find what there is; say at once everything that is missing.

@@ -82,3 +82,34 @@ func TestServicesRefusesRedisOlderThan7(t *testing.T) {
 		}
 	}
 }
+
+// TestServicesStripeMock: `services.sh stripe-mock` passes STRIPE_MOCK_URL
+// on as it is; without it, it prints the URL of a stripe-mock that answers
+// (ours, started and installed when missing).
+func TestServicesStripeMock(t *testing.T) {
+	run := func(env ...string) string {
+		t.Helper()
+		cmd := exec.Command("bash", "services.sh", "stripe-mock")
+		cmd.Env = append(os.Environ(), env...)
+		var o, e bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &o, &e
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("services.sh stripe-mock: %v\n%s", err, e.String())
+		}
+		return o.String()
+	}
+	if got, want := run("STRIPE_MOCK_URL=http://127.0.0.1:1"), "export STRIPE_MOCK_URL='http://127.0.0.1:1'\n"; got != want {
+		t.Errorf("with STRIPE_MOCK_URL set: stdout %q, want %q", got, want)
+	}
+	out := run("STRIPE_MOCK_URL=")
+	url, ok := strings.CutPrefix(strings.TrimSpace(out), "export STRIPE_MOCK_URL=")
+	if !ok || strings.Count(out, "\n") != 1 {
+		t.Fatalf("stdout %q, want one export line", out)
+	}
+	url = strings.Trim(url, "'")
+	if !strings.HasPrefix(url, "http://127.0.0.1:") {
+		t.Fatalf("STRIPE_MOCK_URL %q, want a loopback URL", url)
+	}
+	t.Setenv("STRIPE_MOCK_URL", url)
+	testenv.StripeMockURL(t) // fails the test unless it answers like stripe-mock
+}

@@ -25,6 +25,7 @@ import (
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/redisdb"
+	"github.com/tollgate/tollgate/internal/stripeexport"
 	"github.com/tollgate/tollgate/internal/telemetry"
 	"github.com/tollgate/tollgate/internal/worker"
 )
@@ -115,6 +116,15 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		OnCycle: func(d time.Duration, _ int) { cycleSeconds.Observe(d.Seconds()) },
 		Tracer:  traces.Tracer(),
 	}
+	if cfg.StripeKey != "" {
+		// Last, and bounded to half a cycle: exporting never holds the
+		// other steps back for long.
+		exp := stripeexport.New(db, cfg.StripeKey, cfg.StripeURL, nil, time.Now, log)
+		exp.Budget = cfg.ReconcileInterval / 2
+		loop.Steps = append(loop.Steps, worker.Step{Name: "stripe", Run: exp.Run})
+		stripeMetrics(reg, exp)
+		log.Info("stripe export on", "url", cfg.StripeURL)
+	}
 
 	ln, err := net.Listen("tcp", cfg.WorkerMetricsAddr)
 	if err != nil {
@@ -171,4 +181,24 @@ func workerMetrics(rec *billing.Reconciler, alerts *billing.Deliverer, lastFlush
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return reg, cycle
+}
+
+// stripeMetrics registers the Stripe export's series: export outcomes
+// (an invoice exported; an attempt failed, to be retried) and the invoices
+// whose last attempt failed.
+func stripeMetrics(reg *prometheus.Registry, exp *stripeexport.Exporter) {
+	outcome := func(name string, v func() int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name: "tollgate_stripe_exports_total", Help: "Invoice exports to Stripe: invoices exported, and failed attempts (retried).",
+			ConstLabels: prometheus.Labels{"outcome": name},
+		}, func() float64 { return float64(v()) })
+	}
+	reg.MustRegister(
+		outcome("exported", exp.Exported.Load),
+		outcome("failed", exp.Failed.Load),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "tollgate_stripe_exports_failing",
+			Help: "Final invoices whose last export attempt to Stripe failed (the console shows why; retried with backoff).",
+		}, func() float64 { return float64(exp.Failing()) }),
+	)
 }

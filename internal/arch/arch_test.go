@@ -44,7 +44,8 @@ var (
 	// httpLayer and every package under it.
 	adapters = []string{"internal/ratelimit", "internal/postgres", "internal/redisdb"}
 	services = []string{"internal/admission", "internal/billing", "internal/catalog",
-		"internal/usage", "internal/worker", "internal/locallimit", "internal/policyalg", "internal/limits"}
+		"internal/usage", "internal/worker", "internal/locallimit", "internal/policyalg", "internal/limits",
+		"internal/stripeexport"}
 )
 
 func TestArchitecture(t *testing.T) {

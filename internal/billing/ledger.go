@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -71,6 +72,21 @@ type Invoice struct {
 	CreatedAt   time.Time     `json:"created_at"`
 	UpdatedAt   time.Time     `json:"updated_at"`
 	FinalizedAt *time.Time    `json:"finalized_at"`
+	// Export is the invoice's export to Stripe, nil while it has none (no
+	// Stripe key, or not final yet); the console shows it, the API does not.
+	Export *InvoiceExport `json:"-"`
+}
+
+// InvoiceExport is where a final invoice's export to Stripe stands: pending
+// (not tried yet, or in progress), failed (the last attempt failed; retried
+// at NextAttemptAt) or exported (for good, at ExportedAt).
+type InvoiceExport struct {
+	Status          string // pending, failed or exported
+	StripeInvoiceID string // empty until Stripe has created the invoice
+	Attempts        int
+	LastError       string
+	NextAttemptAt   time.Time
+	ExportedAt      *time.Time
 }
 
 // InvoiceLine is one line of an invoice.
@@ -86,14 +102,33 @@ const invoiceSelect = `
 	       i.created_at, i.updated_at, i.finalized_at,
 	       coalesce((SELECT json_agg(json_build_object('kind', kind, 'description', description,
 	                   'quantity', quantity, 'amount_cents', amount_cents) ORDER BY line_no)
-	                 FROM invoice_lines WHERE invoice_id = i.id), '[]')
-	FROM invoices i`
+	                 FROM invoice_lines WHERE invoice_id = i.id), '[]'),
+	       x.status, coalesce(x.stripe_invoice_id, ''), coalesce(x.attempts, 0), coalesce(x.last_error, ''),
+	       coalesce(x.next_attempt_at, 'epoch'), x.exported_at
+	FROM invoices i LEFT JOIN invoice_exports x ON x.invoice_id = i.id`
 
 func scanInvoice(row pgx.Row) (Invoice, error) {
 	var inv Invoice
+	var status *string
+	var x InvoiceExport
 	err := row.Scan(&inv.ID, &inv.TenantID, &inv.Period, &inv.PeriodStart, &inv.PeriodEnd, &inv.Status, &inv.Currency, &inv.TotalCents,
-		&inv.CreatedAt, &inv.UpdatedAt, &inv.FinalizedAt, &inv.Lines)
+		&inv.CreatedAt, &inv.UpdatedAt, &inv.FinalizedAt, &inv.Lines,
+		&status, &x.StripeInvoiceID, &x.Attempts, &x.LastError, &x.NextAttemptAt, &x.ExportedAt)
 	inv.PeriodStart, inv.PeriodEnd = inv.PeriodStart.UTC(), inv.PeriodEnd.UTC()
+	if status != nil {
+		x.Status = *status
+		inv.Export = &x
+	}
+	return inv, err
+}
+
+// Invoice returns the invoice of that id with its lines and export, or
+// pgx.ErrNoRows.
+func (l *Ledger) Invoice(ctx context.Context, id string) (Invoice, error) {
+	inv, err := scanInvoice(l.db.QueryRow(ctx, invoiceSelect+` WHERE i.id = $1`, id))
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
+		return inv, fmt.Errorf("billing: invoice %s: %w", id, err)
+	}
 	return inv, err
 }
 

@@ -66,6 +66,11 @@ type Config struct {
 	// upstream's answer the proxy reads
 	// (TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES).
 	ProxyMaxResponseHeaderBytes int
+	// StripeKey is the Stripe secret key the worker exports final invoices
+	// with (TOLLGATE_STRIPE_KEY); empty: no export.
+	StripeKey string
+	// StripeURL is the Stripe API's base URL (TOLLGATE_STRIPE_URL).
+	StripeURL string
 }
 
 // Var documents one environment variable.
@@ -105,6 +110,8 @@ var Vars = []Var{
 	{"TOLLGATE_READ_TIMEOUT", "30s", "how long a client has to send a whole request, headers and body, from its first byte (a new connection: its first request), Go duration, 1s to 10m"},
 	{"TOLLGATE_IDLE_TIMEOUT", "120s", "how long a kept-alive connection may wait for its next request, Go duration, 1s to 1h"},
 	{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "65536", "largest header block (status line and headers) of an upstream's answer the proxy reads, in bytes, 4096 to 1048576 (502 past it, not refunded)"},
+	{"TOLLGATE_STRIPE_KEY", "", "Stripe secret or restricted key (sk_… or rk_…); set: the worker exports every final invoice to Stripe; unset: no export"},
+	{"TOLLGATE_STRIPE_URL", "https://api.stripe.com", "base URL of the Stripe API the worker exports to (http or https; a stripe-mock in tests)"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -232,6 +239,17 @@ func Load(getenv func(string) string) (Config, error) {
 	if c.ProxyMaxResponseHeaderBytes, err = byteSize(get, "TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", 4096, 1<<20); err != nil {
 		return c, err
 	}
+	c.StripeKey = get("TOLLGATE_STRIPE_KEY")
+	if c.StripeKey != "" && (!strings.HasPrefix(c.StripeKey, "sk_") && !strings.HasPrefix(c.StripeKey, "rk_") ||
+		len(c.StripeKey) < 8 || strings.ContainsAny(c.StripeKey, " \t\r\n")) {
+		return c, fmt.Errorf("config: TOLLGATE_STRIPE_KEY: must be a Stripe secret key (sk_…) or restricted key (rk_…)")
+	}
+	c.StripeURL = get("TOLLGATE_STRIPE_URL")
+	if u, err := url.Parse(c.StripeURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" ||
+		u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+		return c, fmt.Errorf("config: TOLLGATE_STRIPE_URL: %q must be an http or https base URL such as https://api.stripe.com", redactURL(c.StripeURL))
+	}
+	c.StripeURL = strings.TrimSuffix(c.StripeURL, "/")
 	return c, nil
 }
 

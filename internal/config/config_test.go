@@ -42,6 +42,8 @@ func TestLoadDefaults(t *testing.T) {
 		{"MaxConnsPerIP", c.MaxConnsPerIP, 512},
 		{"ReadTimeout", c.ReadTimeout, 30 * time.Second},
 		{"IdleTimeout", c.IdleTimeout, 120 * time.Second},
+		{"StripeKey", c.StripeKey, ""},
+		{"StripeURL", c.StripeURL, "https://api.stripe.com"},
 	} {
 		if tc.got != tc.want {
 			t.Errorf("%s = %v, want %v", tc.name, tc.got, tc.want)
@@ -115,6 +117,13 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_READ_TIMEOUT", "soon"},
 		{"TOLLGATE_IDLE_TIMEOUT", "500ms"},
 		{"TOLLGATE_IDLE_TIMEOUT", "2h"},
+		{"TOLLGATE_STRIPE_KEY", "pk_test_publishable"},
+		{"TOLLGATE_STRIPE_KEY", "sk_"},
+		{"TOLLGATE_STRIPE_KEY", "sk_test_has space"},
+		{"TOLLGATE_STRIPE_URL", "api.stripe.com"},
+		{"TOLLGATE_STRIPE_URL", "ftp://api.stripe.com"},
+		{"TOLLGATE_STRIPE_URL", "https://user:secret@api.stripe.com"},
+		{"TOLLGATE_STRIPE_URL", "https://"},
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {
@@ -191,5 +200,19 @@ func TestLoadRefusesTheV1Layout(t *testing.T) {
 	}
 	if _, err := Load(env(map[string]string{"TOLLGATE_KEY_LAYOUT": "v2"})); err != nil {
 		t.Errorf("TOLLGATE_KEY_LAYOUT=v2: %v", err)
+	}
+}
+
+func TestLoadStripe(t *testing.T) {
+	c, err := Load(env(map[string]string{"TOLLGATE_STRIPE_KEY": "sk_test_123456", "TOLLGATE_STRIPE_URL": "http://127.0.0.1:12111/"}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.StripeKey != "sk_test_123456" || c.StripeURL != "http://127.0.0.1:12111" {
+		t.Fatalf("StripeKey, StripeURL = %q, %q; want the key and the URL without its trailing slash", c.StripeKey, c.StripeURL)
+	}
+	_, err = Load(env(map[string]string{"TOLLGATE_STRIPE_URL": "https://user:secret@api.stripe.com"}))
+	if err == nil || strings.Contains(err.Error(), "secret") {
+		t.Fatalf("a URL with a password: %v, want an error that does not print the password", err)
 	}
 }

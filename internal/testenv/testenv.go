@@ -12,6 +12,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"net/http"
 	"net/url"
 	"os"
 	"strings"
@@ -213,4 +214,35 @@ func redact(raw string) string {
 		return u.Redacted()
 	}
 	return strings.SplitN(raw, "@", 2)[0]
+}
+
+// StripeMockURL returns the base URL of the stripe-mock server (a real
+// Stripe API mock answering fixtures) the Stripe export's tests call, from
+// STRIPE_MOCK_URL, once it has answered; without one the test fails saying
+// how to start it.
+func StripeMockURL(tb testing.TB) string {
+	tb.Helper()
+	const howToStripe = "run `make test`, which starts stripe-mock, or `eval \"$(scripts/services.sh stripe-mock)\"`, " +
+		"or start one (go install github.com/stripe/stripe-mock@v0.203.0; stripe-mock -http-addr 127.0.0.1:12111) " +
+		"and set STRIPE_MOCK_URL=http://127.0.0.1:12111"
+	u := os.Getenv("STRIPE_MOCK_URL")
+	if u == "" {
+		tb.Fatalf("testenv: STRIPE_MOCK_URL is not set: %s", howToStripe)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(u, "/")+"/v1/balance", nil)
+	if err != nil {
+		tb.Fatalf("testenv: STRIPE_MOCK_URL=%q: %v: %s", u, err, howToStripe)
+	}
+	req.SetBasicAuth("sk_test_tollgate", "")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		tb.Fatalf("testenv: stripe-mock at STRIPE_MOCK_URL=%s does not answer (%v): %s", u, err, howToStripe)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		tb.Fatalf("testenv: STRIPE_MOCK_URL=%s answered GET /v1/balance with %s, not like stripe-mock: %s", u, resp.Status, howToStripe)
+	}
+	return strings.TrimSuffix(u, "/")
 }

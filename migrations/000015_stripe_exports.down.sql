@@ -1,0 +1,2 @@
+DROP TABLE invoice_exports;
+ALTER TABLE tenants DROP COLUMN stripe_customer_id;
