@@ -66,6 +66,9 @@ type Config struct {
 	// upstream's answer the proxy reads
 	// (TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES).
 	ProxyMaxResponseHeaderBytes int
+	// GRPCAddr is the listen address of the gRPC services for Envoy, the
+	// rate limit service and ext_authz (TOLLGATE_GRPC_ADDR); empty: off.
+	GRPCAddr string
 }
 
 // Var documents one environment variable.
@@ -105,6 +108,7 @@ var Vars = []Var{
 	{"TOLLGATE_READ_TIMEOUT", "30s", "how long a client has to send a whole request, headers and body, from its first byte (a new connection: its first request), Go duration, 1s to 10m"},
 	{"TOLLGATE_IDLE_TIMEOUT", "120s", "how long a kept-alive connection may wait for its next request, Go duration, 1s to 1h"},
 	{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "65536", "largest header block (status line and headers) of an upstream's answer the proxy reads, in bytes, 4096 to 1048576 (502 past it, not refunded)"},
+	{"TOLLGATE_GRPC_ADDR", "", "the api's gRPC listen address (host:port; port 0 picks a free one) for Envoy: the rate limit service, ext_authz and gRPC health on one port, plaintext HTTP/2 (docs/envoy.md); unset: off"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -231,6 +235,14 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.ProxyMaxResponseHeaderBytes, err = byteSize(get, "TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", 4096, 1<<20); err != nil {
 		return c, err
+	}
+	if c.GRPCAddr = get("TOLLGATE_GRPC_ADDR"); c.GRPCAddr != "" {
+		if err := checkListenAddr(c.GRPCAddr); err != nil {
+			return c, fmt.Errorf("config: TOLLGATE_GRPC_ADDR: %w", err)
+		}
+		if (c.GRPCAddr == c.Addr || c.GRPCAddr == c.OpsAddr) && !strings.HasSuffix(c.GRPCAddr, ":0") {
+			return c, fmt.Errorf("config: TOLLGATE_GRPC_ADDR: %q is the address of another listener of the api; give it a port of its own", c.GRPCAddr)
+		}
 	}
 	return c, nil
 }
