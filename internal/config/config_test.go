@@ -115,6 +115,9 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_READ_TIMEOUT", "soon"},
 		{"TOLLGATE_IDLE_TIMEOUT", "500ms"},
 		{"TOLLGATE_IDLE_TIMEOUT", "2h"},
+		{"TOLLGATE_GRPC_ADDR", "nowhere"},
+		{"TOLLGATE_GRPC_ADDR", "127.0.0.1:70000"},
+		{"TOLLGATE_GRPC_ADDR", "127.0.0.1:8080"}, // TOLLGATE_ADDR's default
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {
@@ -191,5 +194,18 @@ func TestLoadRefusesTheV1Layout(t *testing.T) {
 	}
 	if _, err := Load(env(map[string]string{"TOLLGATE_KEY_LAYOUT": "v2"})); err != nil {
 		t.Errorf("TOLLGATE_KEY_LAYOUT=v2: %v", err)
+	}
+}
+
+func TestLoadGRPCAddr(t *testing.T) {
+	c, err := Load(env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.GRPCAddr != "" {
+		t.Errorf("GRPCAddr by default = %q, want empty (off)", c.GRPCAddr)
+	}
+	if c, err = Load(env(map[string]string{"TOLLGATE_GRPC_ADDR": "127.0.0.1:8081"})); err != nil || c.GRPCAddr != "127.0.0.1:8081" {
+		t.Errorf("GRPCAddr = %q, %v, want 127.0.0.1:8081", c.GRPCAddr, err)
 	}
 }

@@ -45,9 +45,9 @@ type rateLimitService struct{ s *Server }
 // gRPC error (UNAVAILABLE), where Envoy's failure_mode_deny applies.
 func (r rateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
 	s := r.s
-	asks, err := asksOf(req)
+	asks, instance, err := asksOf(req)
 	if err != nil {
-		return refusedWith(httpapi.ErrorRelay(err, ""), len(req.GetDescriptors()), -1), nil
+		return refusedWith(httpapi.ErrorRelay(err, instance), len(req.GetDescriptors()), -1), nil
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(asks))}
@@ -91,29 +91,31 @@ func (r rateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLi
 }
 
 // asksOf reads req's descriptors as asks, or the first bad input as a
-// *quota.Error: no descriptors, too many, a descriptor without an API key
-// (401, as a metered route without one), a bad cost or an oversized value.
-func asksOf(req *rlsv3.RateLimitRequest) ([]httpapi.Ask, error) {
+// *quota.Error, with the path its descriptor named: no descriptors, too
+// many, a descriptor without an API key (401, as a metered route without
+// one), a bad cost or an oversized value.
+func asksOf(req *rlsv3.RateLimitRequest) ([]httpapi.Ask, string, error) {
 	ds := req.GetDescriptors()
 	switch {
 	case len(ds) == 0:
-		return nil, quota.FieldError("descriptors", "give at least one descriptor")
+		return nil, "", quota.FieldError("descriptors", "give at least one descriptor")
 	case len(ds) > MaxDescriptors:
-		return nil, quota.FieldError("descriptors", "give at most %d descriptors", MaxDescriptors)
+		return nil, "", quota.FieldError("descriptors", "give at most %d descriptors", MaxDescriptors)
 	}
 	asks := make([]httpapi.Ask, len(ds))
 	for i, d := range ds {
 		a, err := askOf(d, req.GetHitsAddend())
 		if err != nil {
-			return nil, err
+			return nil, a.Instance, err
 		}
 		asks[i] = a
 	}
-	return asks, nil
+	return asks, "", nil
 }
 
 // askOf reads one descriptor; hits is the request's hits_addend, which
-// the descriptor's own overrides.
+// the descriptor's own overrides. On an error the ask holds the path read
+// so far.
 func askOf(d *ratelimitv3.RateLimitDescriptor, hits uint32) (httpapi.Ask, error) {
 	entries := d.GetEntries()
 	if len(entries) > MaxEntries {
@@ -154,14 +156,14 @@ func askOf(d *ratelimitv3.RateLimitDescriptor, hits uint32) (httpapi.Ask, error)
 		}
 	}
 	if a.APIKey == "" {
-		return httpapi.Ask{}, httpapi.ErrKeyRequired
+		return a, httpapi.ErrKeyRequired
 	}
 	cost := uint64(hits)
 	if h := d.GetHitsAddend(); h != nil {
 		cost = h.GetValue()
 	}
 	if cost > uint64(quota.MaxQuantity) {
-		return httpapi.Ask{}, quota.FieldError("hits_addend", "must be an integer between 0 (for 1) and %d", quota.MaxQuantity)
+		return a, quota.FieldError("hits_addend", "must be an integer between 0 (for 1) and %d", quota.MaxQuantity)
 	}
 	a.Cost = int64(cost)
 	return a, nil

@@ -187,6 +187,7 @@ func held(d quota.Decision) bool {
 func (s *Server) relay(p catalog.Principal, d quota.Decision, instance string) Relay {
 	var h fasthttp.ResponseHeader
 	h.DisableNormalizing()
+	h.SetNoDefaultContentType(true) // an admission has no body, so no type
 	writeRateLimitHeaders(&h, d)
 	r := Relay{Status: fiber.StatusOK}
 	switch {
