@@ -284,6 +284,10 @@ func TestEnvoyRateLimitRefusesBadCalls(t *testing.T) {
 	e := startEnvoyAPI(t, s)
 	tier := s.tier(44, quota.Limits{DailyQuota: quota.Ptr(int64(5))})
 	_, key := s.tenant(tier.Slug)
+	suspended, suspendedKey := s.tenant(tier.Slug)
+	if r := admin(t, "PATCH", e.base+"/admin/v1/tenants/"+suspended.ID, `{"status": "suspended"}`); r.status != 200 {
+		t.Fatalf("suspending: %d %s", r.status, r.body)
+	}
 	unknown := "tg_" + strings.Repeat("a", len(key)-3)
 	keyOnly := func(k string) *ratelimitv3.RateLimitDescriptor { return desc("api_key", k, "meter", "demo") }
 	negative := keyOnly(key)
@@ -302,6 +306,7 @@ func TestEnvoyRateLimitRefusesBadCalls(t *testing.T) {
 		body   []byte // the whole body, when it is the metered route's
 	}{
 		{"unknown key", 0, []*ratelimitv3.RateLimitDescriptor{keyOnly(unknown)}, 401, "", nil},
+		{"suspended tenant", 0, []*ratelimitv3.RateLimitDescriptor{keyOnly(suspendedKey)}, 403, "", nil},
 		{"no api_key entry", 0, []*ratelimitv3.RateLimitDescriptor{desc("meter", "demo", "path", "/api/demo/echo")}, 401, "", metered401.body},
 		{"empty api_key", 0, []*ratelimitv3.RateLimitDescriptor{keyOnly("  ")}, 401, "", nil},
 		{"a refused key after a good one", 0, []*ratelimitv3.RateLimitDescriptor{keyOnly(key), keyOnly(unknown)}, 401, "", nil},
