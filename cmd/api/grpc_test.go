@@ -489,7 +489,9 @@ func TestEnvoyExtAuthz(t *testing.T) {
 		check   func(p map[string]any, h map[string]string) bool
 	}{
 		{"no key", map[string]string{"accept": "*/*"}, ext, 401, codes.Unauthenticated,
-			func(p map[string]any, h map[string]string) bool { return h["Www-Authenticate"] == `Bearer realm="tollgate"` }},
+			func(p map[string]any, h map[string]string) bool {
+				return h["Www-Authenticate"] == `Bearer realm="tollgate"`
+			}},
 		{"basic credentials", map[string]string{"authorization": "Basic dXNlcjpwYXNz"}, ext, 401, codes.Unauthenticated,
 			func(p map[string]any, h map[string]string) bool { return h["Www-Authenticate"] != "" }},
 		{"unknown key", map[string]string{"authorization": "Bearer tg_nobody"}, ext, 401, codes.Unauthenticated,
