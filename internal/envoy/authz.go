@@ -2,6 +2,7 @@ package envoy
 
 import (
 	"context"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -69,6 +70,7 @@ func (a authService) Check(ctx context.Context, req *authv3.CheckRequest) (*auth
 			ok.HeadersToRemove = append(ok.HeadersToRemove, name)
 		}
 	}
+	slices.Sort(ok.HeadersToRemove) // (the map's order is random)
 	return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.OK)},
 		HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: ok}}, nil
 }
