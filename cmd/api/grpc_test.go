@@ -346,6 +346,15 @@ func TestEnvoyRateLimitRefusesBadCalls(t *testing.T) {
 			}
 		}
 	}
+	// A message past the bound is refused by gRPC itself, and the server
+	// serves on.
+	huge := desc("api_key", key)
+	for range 20 {
+		huge.Entries = append(huge.Entries, &ratelimitv3.RateLimitDescriptor_Entry{Key: "x", Value: strings.Repeat("v", 16<<10)})
+	}
+	if _, err := e.rls.ShouldRateLimit(t.Context(), &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{huge}}); status.Code(err) != codes.ResourceExhausted {
+		t.Errorf("a 320 KiB request: %v, want RESOURCE_EXHAUSTED", err)
+	}
 	// Nothing was counted: 5 left, 4 after this dry run's 1.
 	r := do(t, "POST", e.base+"/v1/check", serviceToken, `{"api_key": "`+key+`", "meter": "demo", "dry_run": true}`).json(t)
 	if left := r["limits"].([]any)[0].(map[string]any)["remaining"]; left != 4.0 {
@@ -502,6 +511,8 @@ func TestEnvoyExtAuthz(t *testing.T) {
 			func(p map[string]any, h map[string]string) bool { return p["field"] == "cost" }},
 		{"zero cost", map[string]string{"x-api-key": twinKey}, map[string]string{"cost": "0"}, 400, codes.PermissionDenied,
 			func(p map[string]any, h map[string]string) bool { return p["field"] == "cost" }},
+		{"oversized context extension", map[string]string{"x-api-key": twinKey}, map[string]string{"meter": strings.Repeat("m", 2000)}, 400, codes.PermissionDenied,
+			func(p map[string]any, h map[string]string) bool { return p["field"] == "context_extensions" }},
 		{"bad meter", map[string]string{"x-api-key": twinKey}, map[string]string{"meter": "Ü"}, 400, codes.PermissionDenied,
 			func(p map[string]any, h map[string]string) bool { return p["field"] == "meter" }},
 		// 10 included units a month: a cost of 11 needs credit it has not.
@@ -522,6 +533,21 @@ func TestEnvoyExtAuthz(t *testing.T) {
 		if h["Content-Type"] != "application/problem+json" || !tc.check(p, h) {
 			t.Errorf("%s: headers %v, problem %v", tc.name, h, p)
 		}
+	}
+	// A path past 2048 characters is a 400 (without an instance), and
+	// headers sent raw (Envoy's encode_raw_headers) are read as well.
+	long := e.check(t, "/"+strings.Repeat("p", 3000), map[string]string{"x-api-key": twinKey}, ext)
+	if d := long.GetDeniedResponse(); d == nil || d.GetStatus().GetCode() != 400 || !strings.Contains(d.GetBody(), `"field":"path"`) {
+		t.Errorf("a 3000-character path: %v, want denied 400 naming the path", long)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	raw, err := e.authz.Check(ctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+		Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{Method: "GET", Path: "/api/demo/echo",
+			HeaderMap: &corev3.HeaderMap{Headers: []*corev3.HeaderValue{{Key: "x-api-key", RawValue: []byte("tg_nobody")}}}}}}})
+	if d := raw.GetDeniedResponse(); err != nil || d == nil || !strings.Contains(d.GetBody(), "API key") ||
+		strings.Contains(d.GetBody(), "required") {
+		t.Errorf("a raw x-api-key header: %v %v, want the unknown key's 401 (the key was read)", raw, err)
 	}
 	// The twin's refusals and bad checks counted nothing: it is at its quota
 	// only through the metered calls above.
