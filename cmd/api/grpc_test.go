@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"io"
+	"net"
 	"net/textproto"
 	"regexp"
 	"slices"
@@ -625,5 +627,22 @@ func TestEnvoyHealth(t *testing.T) {
 	go e.stop()
 	if r, err := w.Recv(); err != nil || r.GetStatus() != healthpb.HealthCheckResponse_NOT_SERVING {
 		t.Fatalf("watch during shutdown: %v %v, want NOT_SERVING", r, err)
+	}
+}
+
+// TestRunFailsWhenTheGRPCPortIsTaken: a gRPC address the api cannot
+// listen on stops it at start, naming the variable.
+func TestRunFailsWhenTheGRPCPortIsTaken(t *testing.T) {
+	t.Parallel()
+	taken, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	s := mustStack(t)
+	env := s.env(map[string]string{"TOLLGATE_ADDR": "127.0.0.1:0", "TOLLGATE_GRPC_ADDR": taken.Addr().String()})
+	err = run(t.Context(), func(k string) string { return env[k] }, io.Discard)
+	if err == nil || !strings.Contains(err.Error(), "TOLLGATE_GRPC_ADDR") {
+		t.Fatalf("run with the gRPC port taken = %v, want an error naming TOLLGATE_GRPC_ADDR", err)
 	}
 }
