@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/envoy"
+	"github.com/tollgate/tollgate/internal/httpapi"
 )
 
 // grpcListener serves the gRPC services for Envoy (internal/envoy) on
@@ -18,9 +19,10 @@ type grpcListener struct {
 }
 
 // serveGRPC listens on addr and serves the Envoy services there, deciding
-// through d and refunding through r; with no addr it serves nothing, and
+// through d, refunding through r and counting the calls in metrics; with
+// no addr it serves nothing, and
 // its failed channel never delivers.
-func serveGRPC(addr string, d envoy.Decider, r envoy.Refunder, log *slog.Logger) (*grpcListener, error) {
+func serveGRPC(addr string, d envoy.Decider, r envoy.Refunder, metrics *httpapi.Metrics, log *slog.Logger) (*grpcListener, error) {
 	g := &grpcListener{}
 	if addr == "" {
 		return g, nil
@@ -29,7 +31,8 @@ func serveGRPC(addr string, d envoy.Decider, r envoy.Refunder, log *slog.Logger)
 	if err != nil {
 		return nil, fmt.Errorf("TOLLGATE_GRPC_ADDR: listen %s: %w", addr, err)
 	}
-	g.srv, g.addr, g.done = envoy.New(d, r, log), ln.Addr().String(), make(chan error, 1)
+	count := func(service, outcome string) { metrics.Envoy.WithLabelValues(service, outcome).Inc() }
+	g.srv, g.addr, g.done = envoy.New(d, r, log, count), ln.Addr().String(), make(chan error, 1)
 	go func() { g.done <- g.srv.Serve(ln) }()
 	return g, nil
 }

@@ -362,6 +362,21 @@ func TestEnvoyRateLimitRefusesBadCalls(t *testing.T) {
 	if left := r["limits"].([]any)[0].(map[string]any)["remaining"]; left != 4.0 {
 		t.Fatalf("after the refused calls a dry run leaves %v, want 4: a refused call counted", left)
 	}
+	// Each call is counted by its outcome (the oversized one never reached
+	// the service).
+	m := string(do(t, "GET", e.base+"/metrics", "", "").body)
+	for _, want := range []string{
+		`tollgate_envoy_calls_total{outcome="invalid",service="ratelimit"} 8`,
+		`tollgate_envoy_calls_total{outcome="unauthorized",service="ratelimit"} 4`,
+		`tollgate_envoy_calls_total{outcome="forbidden",service="ratelimit"} 1`,
+	} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	if strings.Contains(m, `outcome="ok",service="ratelimit"`) {
+		t.Errorf("/metrics counts an admitted call; none was")
+	}
 }
 
 // TestEnvoyRateLimitIsAllOrNothing: a call of several descriptors refused

@@ -42,23 +42,30 @@ type authService struct{ s *Server }
 // all is a gRPC error (UNAVAILABLE), where Envoy's failure_mode_allow
 // applies.
 func (a authService) Check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, error) {
+	resp, outcome, err := a.check(ctx, req)
+	a.s.count("ext_authz", outcome)
+	return resp, err
+}
+
+// check is Check, with the outcome to count.
+func (a authService) check(ctx context.Context, req *authv3.CheckRequest) (*authv3.CheckResponse, string, error) {
 	s := a.s
 	h := req.GetAttributes().GetRequest().GetHttp()
 	headers := headersOf(h)
 	ask, err := checkAsk(h, headers, req.GetAttributes().GetContextExtensions())
 	if err != nil {
-		return denied(httpapi.ErrorRelay(err, ask.Instance)), nil
+		return denied(httpapi.ErrorRelay(err, ask.Instance)), quota.ErrorCode(err), nil
 	}
 	out, err := s.decide.Decide(ctx, ask)
 	if err != nil {
 		if cannotDecide(err) {
 			s.log.Error("an ext_authz check could not be decided", "err", err)
-			return nil, status.Error(codes.Unavailable, "tollgate cannot decide: internal error")
+			return nil, "error", status.Error(codes.Unavailable, "tollgate cannot decide: internal error")
 		}
-		return denied(httpapi.ErrorRelay(err, ask.Instance)), nil
+		return denied(httpapi.ErrorRelay(err, ask.Instance)), quota.ErrorCode(err), nil
 	}
 	if !out.Decision.Allowed {
-		return denied(out.Relay), nil
+		return denied(out.Relay), "refused", nil
 	}
 	ok := &authv3.OkHttpResponse{ResponseHeadersToAdd: headerOptions(out.Relay.Header)}
 	ok.Headers = append(ok.Headers, overwrite(hdrTenantID, out.Principal.Tenant.ID))
@@ -72,7 +79,7 @@ func (a authService) Check(ctx context.Context, req *authv3.CheckRequest) (*auth
 	}
 	slices.Sort(ok.HeadersToRemove) // (the map's order is random)
 	return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(codes.OK)},
-		HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: ok}}, nil
+		HttpResponse: &authv3.CheckResponse_OkResponse{OkResponse: ok}}, "ok", nil
 }
 
 // checkAsk reads the ask of a check, or the first bad input as a

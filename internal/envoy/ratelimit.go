@@ -44,10 +44,17 @@ type rateLimitService struct{ s *Server }
 // (400, 401, 403, 503); only a call Tollgate cannot decide at all is a
 // gRPC error (UNAVAILABLE), where Envoy's failure_mode_deny applies.
 func (r rateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, error) {
+	resp, outcome, err := r.shouldRateLimit(ctx, req)
+	r.s.count("ratelimit", outcome)
+	return resp, err
+}
+
+// shouldRateLimit is ShouldRateLimit, with the outcome to count.
+func (r rateLimitService) shouldRateLimit(ctx context.Context, req *rlsv3.RateLimitRequest) (*rlsv3.RateLimitResponse, string, error) {
 	s := r.s
 	asks, instance, err := asksOf(req)
 	if err != nil {
-		return refusedWith(httpapi.ErrorRelay(err, instance), len(req.GetDescriptors()), -1), nil
+		return refusedWith(httpapi.ErrorRelay(err, instance), len(req.GetDescriptors()), -1), quota.ErrorCode(err), nil
 	}
 	resp := &rlsv3.RateLimitResponse{OverallCode: rlsv3.RateLimitResponse_OK,
 		Statuses: make([]*rlsv3.RateLimitResponse_DescriptorStatus, len(asks))}
@@ -58,18 +65,18 @@ func (r rateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLi
 			s.refundAll(ctx, admitted)
 			if cannotDecide(err) {
 				s.log.Error("a rate limit call could not be decided", "err", err)
-				return nil, status.Error(codes.Unavailable, "tollgate cannot decide: internal error")
+				return nil, "error", status.Error(codes.Unavailable, "tollgate cannot decide: internal error")
 			}
 			refused := refusedWith(httpapi.ErrorRelay(err, a.Instance), len(asks), i)
 			copy(refused.Statuses, resp.Statuses[:i])
-			return refused, nil
+			return refused, quota.ErrorCode(err), nil
 		}
 		resp.Statuses[i] = descriptorStatus(out)
 		if !out.Decision.Allowed {
 			s.refundAll(ctx, admitted)
 			refused := refusedWith(out.Relay, len(asks), i)
 			copy(refused.Statuses, resp.Statuses[:i+1])
-			return refused, nil
+			return refused, "refused", nil
 		}
 		admitted = append(admitted, out)
 	}
@@ -87,7 +94,7 @@ func (r rateLimitService) ShouldRateLimit(ctx context.Context, req *rlsv3.RateLi
 		resp.RequestHeadersToAdd = append(resp.RequestHeadersToAdd, &corev3.HeaderValue{Key: hdrRequestID, Value: strings.Join(ids, ", ")})
 	}
 	resp.RequestHeadersToAdd = append(resp.RequestHeadersToAdd, &corev3.HeaderValue{Key: hdrTenantID, Value: strings.Join(tenants, ", ")})
-	return resp, nil
+	return resp, "ok", nil
 }
 
 // asksOf reads req's descriptors as asks, or the first bad input as a

@@ -65,14 +65,20 @@ type Server struct {
 	decide Decider
 	refund Refunder
 	log    *slog.Logger
+	count  func(service, outcome string)
 	grpc   *grpc.Server
 	health *health.Server
 }
 
 // New returns a Server deciding through d and refunding through r, its
-// health SERVING.
-func New(d Decider, r Refunder, log *slog.Logger) *Server {
-	s := &Server{decide: d, refund: r, log: log, health: health.NewServer()}
+// health SERVING. count, when not nil, is told of every call: its service
+// ("ratelimit", "ext_authz") and outcome ("ok", "refused", a refusal's
+// error code such as "unauthorized", or "error" when not decided).
+func New(d Decider, r Refunder, log *slog.Logger, count func(service, outcome string)) *Server {
+	if count == nil {
+		count = func(string, string) {}
+	}
+	s := &Server{decide: d, refund: r, log: log, count: count, health: health.NewServer()}
 	s.grpc = grpc.NewServer(
 		grpc.MaxRecvMsgSize(MaxRecvBytes),
 		grpc.MaxSendMsgSize(4<<20),
