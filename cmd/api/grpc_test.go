@@ -661,3 +661,44 @@ func TestRunFailsWhenTheGRPCPortIsTaken(t *testing.T) {
 		t.Fatalf("run with the gRPC port taken = %v, want an error naming TOLLGATE_GRPC_ADDR", err)
 	}
 }
+
+// BenchmarkEnvoyCalls measures one admitted call of each Envoy service
+// through the api running in this process, from one grpc-go client over
+// loopback, on a tier whose limits the calls never reach: every iteration
+// decides, counts and reserves in Redis, as the metered route does
+// (BenchmarkMeteredRequest) plus the reservation.
+//
+//	go test -run '^$' -bench BenchmarkEnvoyCalls -benchtime 3s ./cmd/api
+func BenchmarkEnvoyCalls(b *testing.B) {
+	s := mustStack(b)
+	big := quota.Ptr(quota.MaxQuantity)
+	tier := s.tier(999_998, quota.Limits{BurstRate: quota.Ptr(float64(quota.MaxRate)), Burst: quota.Ptr(int64(1 << 30)),
+		BucketCapacity: quota.Ptr(int64(1 << 30)), BucketRefillPerSec: quota.Ptr(float64(quota.MaxRate)),
+		DailyQuota: big, MonthlyQuota: big})
+	_, key := s.tenant(tier.Slug)
+	e := startEnvoyAPI(b, s)
+	ctx := context.Background()
+	b.Run("ratelimit", func(b *testing.B) {
+		req := &rlsv3.RateLimitRequest{Domain: "bench", Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", key, "meter", "demo")}}
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := e.rls.ShouldRateLimit(ctx, req)
+			if err != nil || resp.GetOverallCode() != rlsv3.RateLimitResponse_OK {
+				b.Fatalf("ShouldRateLimit: %v %v, want OK", resp.GetOverallCode(), err)
+			}
+		}
+	})
+	b.Run("ext_authz", func(b *testing.B) {
+		req := &authv3.CheckRequest{Attributes: &authv3.AttributeContext{
+			Request: &authv3.AttributeContext_Request{Http: &authv3.AttributeContext_HttpRequest{
+				Method: "GET", Path: "/api/demo/echo", Headers: map[string]string{"x-api-key": key}}},
+			ContextExtensions: map[string]string{"meter": "demo"}}}
+		b.ReportAllocs()
+		for b.Loop() {
+			resp, err := e.authz.Check(ctx, req)
+			if err != nil || resp.GetOkResponse() == nil {
+				b.Fatalf("Check: %v %v, want OK", resp, err)
+			}
+		}
+	})
+}
