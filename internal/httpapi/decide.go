@@ -245,7 +245,7 @@ func ErrorRelay(err error, instance string) Relay {
 	switch p.Status {
 	case fiber.StatusUnauthorized:
 		challenge := ChallengeInvalidKey
-		if err == ErrKeyRequired {
+		if errors.Is(err, ErrKeyRequired) {
 			challenge = ChallengeKeyRequired
 		}
 		r.Header = append(r.Header, HeaderField{fiber.HeaderWWWAuthenticate, challenge})
