@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"net/textproto"
+	"net/url"
 	"regexp"
 	"slices"
 	"strconv"
@@ -24,6 +25,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
+	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -701,4 +703,55 @@ func BenchmarkEnvoyCalls(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestEnvoyCannotDecideIsAGRPCError: with Postgres away, a key the api has
+// not seen cannot be looked up: both services answer UNAVAILABLE (where
+// Envoy's failure mode applies), never OK, and count it as an error.
+func TestEnvoyCannotDecideIsAGRPCError(t *testing.T) {
+	t.Parallel()
+	s := mustStack(t)
+	e := startEnvoyAPI(t, s)
+	tier := s.tier(50, quota.Limits{DailyQuota: quota.Ptr(int64(5))})
+	_, key := s.tenant(tier.Slug)
+	var db string
+	if err := s.pool.QueryRow(context.Background(), `SELECT current_database()`).Scan(&db); err != nil {
+		t.Fatal(err)
+	}
+	// From the server's maintenance database: no one connects to the
+	// test's database any more, and the open connections are cut.
+	u, err := url.Parse(s.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.Path = "/postgres"
+	admin, err := postgres.Open(context.Background(), u.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	if _, err := admin.Exec(context.Background(), `ALTER DATABASE "`+db+`" ALLOW_CONNECTIONS false`); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _, _ = admin.Exec(context.Background(), `ALTER DATABASE "`+db+`" ALLOW_CONNECTIONS true`) })
+	if _, err := admin.Exec(context.Background(), `SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1`, db); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	_, err = e.rls.ShouldRateLimit(ctx, &rlsv3.RateLimitRequest{Descriptors: []*ratelimitv3.RateLimitDescriptor{desc("api_key", key)}})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("ShouldRateLimit with Postgres away: %v, want UNAVAILABLE", err)
+	}
+	_, err = e.authz.Check(ctx, &authv3.CheckRequest{Attributes: &authv3.AttributeContext{Request: &authv3.AttributeContext_Request{
+		Http: &authv3.AttributeContext_HttpRequest{Path: "/", Headers: map[string]string{"x-api-key": key}}}}})
+	if status.Code(err) != codes.Unavailable {
+		t.Fatalf("Check with Postgres away: %v, want UNAVAILABLE", err)
+	}
+	m := string(do(t, "GET", e.base+"/metrics", "", "").body)
+	for _, want := range []string{`tollgate_envoy_calls_total{outcome="error",service="ratelimit"} 1`, `tollgate_envoy_calls_total{outcome="error",service="ext_authz"} 1`} {
+		if !strings.Contains(m, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
 }
