@@ -56,6 +56,8 @@ bench: build
 	@$(MAKE) --no-print-directory bench-load
 
 ## bench-load: bare Fiber, Fiber + redis_rate and the api side by side on loopback, driven by wrk, one table with the goals
+# The api serves gRPC on BENCH_GRPC_ADDR too: the table's last row drives the rate limit
+# service's ShouldRateLimit for the hot tenant with loadgen's own gRPC client.
 # The two reference servers are bin/loadgen -peer (internal/httpapi/benchpeer); the
 # api is bin/api; Debian's wrk (scripts/services.sh wrk installs it when missing)
 # drives the closed-loop rows, bin/loadgen the open loop, and prints req/s, p50/p99,
@@ -69,13 +71,14 @@ bench: build
 BENCH_ADDR ?= 127.0.0.1:18080
 BENCH_BARE_ADDR ?= 127.0.0.1:18081
 BENCH_REDIS_RATE_ADDR ?= 127.0.0.1:18082
+BENCH_GRPC_ADDR ?= 127.0.0.1:18083
 BENCH_REDIS_PORT ?= 18379
 LOADFLAGS ?= -duration 5s -conns 64 -threads 2 -tenants 400
 # API_BIN: the api binary to measure (another build, to compare two versions).
 API_BIN ?= bin/api
 bench-load: build
 	@$(SERVICES) && $(WRK) || exit 1; \
-	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn TOLLGATE_MAX_CONNS_PER_IP=0 \
+	export TOLLGATE_ADDR=$(BENCH_ADDR) TOLLGATE_GRPC_ADDR=$(BENCH_GRPC_ADDR) TOLLGATE_REDIS_PREFIX=bench TOLLGATE_LOG_LEVEL=warn TOLLGATE_MAX_CONNS_PER_IP=0 \
 		TOLLGATE_SERVICE_TOKEN=bench-service-token-0123456789 TOLLGATE_ADMIN_TOKEN=bench-admin-token-0123456789; \
 	pids="" redis=""; \
 	trap 'kill $$pids 2>/dev/null || true; wait $$pids 2>/dev/null || true; \
@@ -94,7 +97,7 @@ bench-load: build
 	bin/loadgen -peer bare -addr $(BENCH_BARE_ADDR) & bare=$$!; pids="$$pids $$bare"; \
 	bin/loadgen -peer redis_rate -addr $(BENCH_REDIS_RATE_ADDR) & redis_rate=$$!; pids="$$pids $$redis_rate"; \
 	$(API_BIN) & pids="$$pids $$!"; \
-	bin/loadgen -url http://$(BENCH_ADDR) -bare http://$(BENCH_BARE_ADDR) -redis-rate http://$(BENCH_REDIS_RATE_ADDR) \
+	bin/loadgen -url http://$(BENCH_ADDR) -bare http://$(BENCH_BARE_ADDR) -redis-rate http://$(BENCH_REDIS_RATE_ADDR) -grpc $(BENCH_GRPC_ADDR) \
 		-wrk "$$TOLLGATE_WRK" -bare-pid $$bare -redis-rate-pid $$redis_rate $(LOADFLAGS)
 
 ## mutate: mutation testing (gremlins) of the pure domain packages; fails below 90 % efficacy

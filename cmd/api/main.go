@@ -181,22 +181,42 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		ln.Close()
 		return err
 	}
+	grpcSrv, err := serveGRPC(cfg.GRPCAddr, srv, gate, metrics, log)
+	if err != nil {
+		ln.Close()
+		_ = ops.shutdown(cfg.ShutdownTimeout, log)
+		return err
+	}
 	// "listening" is logged once every listener is bound: whoever waits for
 	// it (a supervisor, a test) may then call either.
-	log.Info("listening", "addr", ln.Addr().String(), "max_conns", maxConns, "max_conns_per_ip", cfg.MaxConnsPerIP)
+	listenAttrs := []any{"addr", ln.Addr().String(), "max_conns", maxConns, "max_conns_per_ip", cfg.MaxConnsPerIP}
+	if grpcSrv.addr != "" {
+		listenAttrs = append(listenAttrs, "grpc_addr", grpcSrv.addr)
+	}
+	log.Info("listening", listenAttrs...)
 
 	errc := make(chan error, 1)
 	go func() { errc <- srv.App().Listener(ln) }()
 	select {
 	case err := <-errc:
 		_ = ops.shutdown(cfg.ShutdownTimeout, log)
+		_ = grpcSrv.shutdown(cfg.ShutdownTimeout, log)
 		return fmt.Errorf("api: serve: %w", err)
 	case err := <-ops.failed():
 		_ = srv.App().ShutdownWithTimeout(cfg.ShutdownTimeout)
+		_ = grpcSrv.shutdown(cfg.ShutdownTimeout, log)
 		return fmt.Errorf("api: operations listener: %w", err)
+	case err := <-grpcSrv.failed():
+		_ = srv.App().ShutdownWithTimeout(cfg.ShutdownTimeout)
+		_ = ops.shutdown(cfg.ShutdownTimeout, log)
+		return fmt.Errorf("api: grpc listener: %w", err)
 	case <-ctx.Done():
 	}
 	log.Info("shutting down", "timeout", cfg.ShutdownTimeout.String())
+	// The gRPC services stop beside the HTTP server, within the same
+	// timeout: health answers NOT_SERVING, the calls in flight finish.
+	grpcDone := make(chan error, 1)
+	go func() { grpcDone <- grpcSrv.shutdown(cfg.ShutdownTimeout, log) }()
 	// In-flight requests get ShutdownTimeout to finish. Connections still
 	// open then (a client's keep-alive connection that never sent a request
 	// stays "new" to fasthttp until its read timeout) are dropped with the
@@ -208,6 +228,9 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return fmt.Errorf("api: serve: %w", err)
 	}
 	if err := ops.shutdown(cfg.ShutdownTimeout, log); err != nil {
+		return err
+	}
+	if err := <-grpcDone; err != nil {
 		return err
 	}
 	srv.WaitAudits() // the last settlements' audit entries, before Postgres closes

@@ -40,6 +40,14 @@ func startAPI(tb testing.TB, env map[string]string) string {
 // for run to return nil.
 func startStoppableAPI(tb testing.TB, env map[string]string) (base string, stop func()) {
 	tb.Helper()
+	base, _, stop = startListeningAPI(tb, env)
+	return base, stop
+}
+
+// startListeningAPI is startStoppableAPI that also returns the address of
+// the gRPC listener ("" when TOLLGATE_GRPC_ADDR is unset).
+func startListeningAPI(tb testing.TB, env map[string]string) (base, grpcAddr string, stop func()) {
+	tb.Helper()
 	env["TOLLGATE_ADDR"] = "127.0.0.1:0"
 	ctx, cancel := context.WithCancel(context.Background())
 	sink := &logSink{addr: make(chan string, 1)}
@@ -62,28 +70,33 @@ func startStoppableAPI(tb testing.TB, env map[string]string) (base string, stop 
 	tb.Cleanup(stop)
 	select {
 	case a := <-sink.addr:
-		return "http://" + a, stop
+		return "http://" + a, sink.grpcAddr, stop
 	case err := <-done:
 		tb.Fatalf("run ended before listening: %v", err)
 	case <-time.After(30 * time.Second):
 		tb.Fatal("api did not listen within 30s")
 	}
-	return "", stop
+	return "", "", stop
 }
 
 // logSink takes the api's log lines (one Write each, from slog) and keeps
 // only the address of the "listening" line: no pipe, and no line parsed
 // but that one, so that benchmarks count none of it as the server's.
 type logSink struct {
-	addr  chan string
-	found atomic.Bool
+	addr     chan string
+	grpcAddr string // the line's grpc_addr, set before addr delivers
+	found    atomic.Bool
 }
 
 func (w *logSink) Write(p []byte) (int, error) {
 	if !w.found.Load() && bytes.Contains(p, []byte(`"msg":"listening"`)) {
-		var line struct{ Addr string }
+		var line struct {
+			Addr     string
+			GRPCAddr string `json:"grpc_addr"`
+		}
 		if json.Unmarshal(p, &line) == nil && line.Addr != "" {
 			w.found.Store(true)
+			w.grpcAddr = line.GRPCAddr
 			w.addr <- line.Addr
 		}
 	}

@@ -9,7 +9,10 @@
 //     and on -tenants keys in turn; the api's /healthz; a metered route
 //     admitted for one hot tenant, and for -tenants tenants in turn (each
 //     of wrk's threads walks their API keys in order, wrk.lua); refused
-//     (from the api's deny cache); and POST /v1/check;
+//     (from the api's deny cache); POST /v1/check; and, with -grpc, the
+//     rate limit service's ShouldRateLimit for the hot tenant, driven by
+//     loadgen's own gRPC client (-conns calls in flight on -threads
+//     HTTP/2 connections);
 //  2. open loop, by loadgen's own driver (wrk keeps no constant rate), at
 //     half the hot tenant's saturating rate: p50/p99 of bare Fiber and of
 //     the hot tenant's row, and the p99 overhead;
@@ -71,6 +74,7 @@ func main() {
 type options struct {
 	peer, addr              string // serving a peer
 	api, bare, redisRate    string // base URLs measured
+	grpc                    string // the api's gRPC address; "": no gRPC row
 	duration                time.Duration
 	max                     int64
 	conns                   int
@@ -90,6 +94,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	fs.StringVar(&o.api, "url", "http://127.0.0.1:18080", "the api's base URL (loopback only)")
 	fs.StringVar(&o.bare, "bare", "http://127.0.0.1:18081", "base URL of a `loadgen -peer bare` (loopback only)")
 	fs.StringVar(&o.redisRate, "redis-rate", "http://127.0.0.1:18082", "base URL of a `loadgen -peer redis_rate` (loopback only)")
+	fs.StringVar(&o.grpc, "grpc", "", "the api's gRPC address (TOLLGATE_GRPC_ADDR, loopback only) for the ShouldRateLimit row; empty: no such row")
 	fs.DurationVar(&o.duration, "duration", 5*time.Second, "how long each row is driven (100ms to 10m)")
 	fs.Int64Var(&o.max, "max", 10_000_000, "most requests per row")
 	fs.IntVar(&o.conns, "conns", 64, "connections a row (1 to 1024)")
@@ -128,6 +133,11 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 	for _, u := range []struct{ flag, raw string }{{"-url", o.api}, {"-bare", o.bare}, {"-redis-rate", o.redisRate}} {
 		if err := loopbackURL(u.raw); err != nil {
 			return fmt.Errorf("%s: %w", u.flag, err)
+		}
+	}
+	if o.grpc != "" {
+		if err := loopbackHost(hostOf(o.grpc)); err != nil {
+			return fmt.Errorf("-grpc: %w", err)
 		}
 	}
 	o.serviceToken, o.rdbPrefix, o.adminToken = cfg.ServiceToken, cfg.RedisPrefix, cfg.AdminToken

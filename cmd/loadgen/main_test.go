@@ -58,6 +58,7 @@ func TestRunRefusesWhatItMustNotDo(t *testing.T) {
 		{[]string{"-tenants", "10001"}, "-tenants"},
 		{[]string{"-bare-pid", "-1"}, "-bare-pid"},
 		{[]string{"-wrk", "/nonexistent/wrk"}, "-wrk"},
+		{[]string{"-grpc", "10.1.2.3:9090"}, "-grpc"},
 	} {
 		err := run(t.Context(), tc.args, func(k string) string { return env[k] }, &strings.Builder{})
 		if err == nil || !strings.Contains(err.Error(), tc.want) {

@@ -33,6 +33,10 @@ type row struct {
 	// nil: the row's answers are not the deny cache's.
 	denied func(context.Context) (float64, error)
 
+	// grpc, when set, is what the row drives instead of t (which then
+	// only names the row).
+	grpc *grpcTarget
+
 	res  Result
 	cost cmdStats // INFO commandstats over the measured run, when redis
 	use  cpuRow
@@ -41,10 +45,15 @@ type row struct {
 // rows are the closed-loop table's rows, in the order they run.
 type rows struct {
 	bare, redisRate, redisRateKeys, healthz, hot, many, refused, check *row
+	grpc                                                               *row // nil without -grpc
 }
 
 func (rs rows) all() []*row {
-	return []*row{rs.bare, rs.redisRate, rs.redisRateKeys, rs.healthz, rs.hot, rs.many, rs.refused, rs.check}
+	all := []*row{rs.bare, rs.redisRate, rs.redisRateKeys, rs.healthz, rs.hot, rs.many, rs.refused, rs.check}
+	if rs.grpc != nil {
+		all = append(all, rs.grpc)
+	}
+	return all
 }
 
 // measure runs every row against running servers and prints the tables.
@@ -120,6 +129,15 @@ func measure(ctx context.Context, o options, cfg config.Config, drv driver, out 
 		rs.many.t.keys = append(rs.many.t.keys, "Bearer "+k)
 	}
 	rs.redisRateKeys.t.keys = rs.many.t.keys
+	if o.grpc != "" {
+		const label = "gRPC ShouldRateLimit"
+		g, err := newGRPCTarget(label, o.grpc, ten.admittedKey, "demo", o.threads)
+		if err != nil {
+			return fmt.Errorf("-grpc: %w", err)
+		}
+		defer g.close()
+		rs.grpc = &row{t: &target{row: label}, grpc: g, peer: rs.redisRate, redis: true, server: apiCPUOf(o.api)}
+	}
 	// The refused tenant's one request of the day, so that the next is
 	// refused by Redis and every later one by the api's deny cache.
 	if err := primeRefused(rs.refused.t); err != nil {
@@ -223,7 +241,11 @@ func loadAverage() string {
 // runRow warms r's server up, then drives r with drv, measuring Redis
 // and CPU around it.
 func runRow(ctx context.Context, r *row, drv driver, rdb redis.UniversalClient, warm time.Duration, o options) error {
-	closedLoop(r.t, warm, o.max, o.conns)
+	if r.grpc != nil {
+		r.grpc.closedLoop(ctx, warm, o.max, o.conns)
+	} else {
+		closedLoop(r.t, warm, o.max, o.conns)
+	}
 	var before cmdStats
 	var err error
 	if r.redis {
@@ -241,7 +263,9 @@ func runRow(ctx context.Context, r *row, drv driver, rdb redis.UniversalClient, 
 	if err != nil {
 		return err
 	}
-	if r.res, err = drv.closedLoop(ctx, r.t, o.duration, o.conns); err != nil {
+	if r.grpc != nil {
+		r.res = r.grpc.closedLoop(ctx, o.duration, o.max, o.conns)
+	} else if r.res, err = drv.closedLoop(ctx, r.t, o.duration, o.conns); err != nil {
 		return err
 	}
 	cpuAfter, err := sampleCPU(ctx, rdb, r.server)

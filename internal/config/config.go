@@ -71,6 +71,9 @@ type Config struct {
 	StripeKey string
 	// StripeURL is the Stripe API's base URL (TOLLGATE_STRIPE_URL).
 	StripeURL string
+	// GRPCAddr is the listen address of the gRPC services for Envoy, the
+	// rate limit service and ext_authz (TOLLGATE_GRPC_ADDR); empty: off.
+	GRPCAddr string
 }
 
 // Var documents one environment variable.
@@ -112,6 +115,7 @@ var Vars = []Var{
 	{"TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES", "65536", "largest header block (status line and headers) of an upstream's answer the proxy reads, in bytes, 4096 to 1048576 (502 past it, not refunded)"},
 	{"TOLLGATE_STRIPE_KEY", "", "Stripe secret or restricted key (sk_… or rk_…); set: the worker exports every final invoice to Stripe; unset: no export"},
 	{"TOLLGATE_STRIPE_URL", "https://api.stripe.com", "base URL of the Stripe API the worker exports to (http or https; a stripe-mock in tests)"},
+	{"TOLLGATE_GRPC_ADDR", "", "the api's gRPC listen address (host:port; port 0 picks a free one) for Envoy: the rate limit service, ext_authz and gRPC health on one port, plaintext HTTP/2 (docs/envoy.md); unset: off"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -250,6 +254,14 @@ func Load(getenv func(string) string) (Config, error) {
 		return c, fmt.Errorf("config: TOLLGATE_STRIPE_URL: %q must be an http or https base URL such as https://api.stripe.com", redactURL(c.StripeURL))
 	}
 	c.StripeURL = strings.TrimSuffix(c.StripeURL, "/")
+	if c.GRPCAddr = get("TOLLGATE_GRPC_ADDR"); c.GRPCAddr != "" {
+		if err := checkListenAddr(c.GRPCAddr); err != nil {
+			return c, fmt.Errorf("config: TOLLGATE_GRPC_ADDR: %w", err)
+		}
+		if (c.GRPCAddr == c.Addr || c.GRPCAddr == c.OpsAddr) && !strings.HasSuffix(c.GRPCAddr, ":0") {
+			return c, fmt.Errorf("config: TOLLGATE_GRPC_ADDR: %q is the address of another listener of the api; give it a port of its own", c.GRPCAddr)
+		}
+	}
 	return c, nil
 }
 

@@ -124,6 +124,9 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_STRIPE_URL", "ftp://api.stripe.com"},
 		{"TOLLGATE_STRIPE_URL", "https://user:secret@api.stripe.com"},
 		{"TOLLGATE_STRIPE_URL", "https://"},
+		{"TOLLGATE_GRPC_ADDR", "nowhere"},
+		{"TOLLGATE_GRPC_ADDR", "127.0.0.1:70000"},
+		{"TOLLGATE_GRPC_ADDR", "127.0.0.1:8080"}, // TOLLGATE_ADDR's default
 	} {
 		_, err := Load(env(map[string]string{tc.name: tc.value}))
 		if err == nil {
@@ -214,5 +217,18 @@ func TestLoadStripe(t *testing.T) {
 	_, err = Load(env(map[string]string{"TOLLGATE_STRIPE_URL": "https://user:secret@api.stripe.com"}))
 	if err == nil || strings.Contains(err.Error(), "secret") {
 		t.Fatalf("a URL with a password: %v, want an error that does not print the password", err)
+	}
+}
+
+func TestLoadGRPCAddr(t *testing.T) {
+	c, err := Load(env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.GRPCAddr != "" {
+		t.Errorf("GRPCAddr by default = %q, want empty (off)", c.GRPCAddr)
+	}
+	if c, err = Load(env(map[string]string{"TOLLGATE_GRPC_ADDR": "127.0.0.1:8081"})); err != nil || c.GRPCAddr != "127.0.0.1:8081" {
+		t.Errorf("GRPCAddr = %q, %v, want 127.0.0.1:8081", c.GRPCAddr, err)
 	}
 }

@@ -23,6 +23,16 @@ func presentedKey(c *fiber.Ctx) string {
 	return strings.TrimSpace(c.Get("X-API-Key"))
 }
 
+// ErrKeyRequired is the error of a request that presents no API key.
+var ErrKeyRequired = quota.Errorf(quota.CodeUnauthorized, "an API key is required: Authorization: Bearer <key> or X-API-Key: <key>")
+
+// Challenges are the WWW-Authenticate values of a 401: for a request
+// without a key, and for one whose key is unknown.
+const (
+	ChallengeKeyRequired = `Bearer realm="tollgate"`
+	ChallengeInvalidKey  = `Bearer realm="tollgate", error="invalid_token"`
+)
+
 // tenantAuth resolves the request's API key to a principal, kept in the
 // context's locals for the handler.
 func (s *Server) tenantAuth(c *fiber.Ctx) error {
@@ -43,8 +53,8 @@ func (s *Server) authenticate(c *fiber.Ctx) (catalog.Principal, error) {
 		if err := s.guard.KeyFailed(c, "API keys"); err != nil {
 			return catalog.Principal{}, err
 		}
-		c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tollgate"`)
-		return catalog.Principal{}, quota.Errorf(quota.CodeUnauthorized, "an API key is required: Authorization: Bearer <key> or X-API-Key: <key>")
+		c.Set(fiber.HeaderWWWAuthenticate, ChallengeKeyRequired)
+		return catalog.Principal{}, ErrKeyRequired
 	}
 	p, err := s.catalog.Resolve(c.UserContext(), key)
 	if err != nil {
@@ -52,7 +62,7 @@ func (s *Server) authenticate(c *fiber.Ctx) (catalog.Principal, error) {
 			if err := s.guard.KeyFailed(c, "API keys"); err != nil {
 				return catalog.Principal{}, err
 			}
-			c.Set(fiber.HeaderWWWAuthenticate, `Bearer realm="tollgate", error="invalid_token"`)
+			c.Set(fiber.HeaderWWWAuthenticate, ChallengeInvalidKey)
 		}
 		return catalog.Principal{}, err
 	}

@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strconv"
 
 	"github.com/gofiber/fiber/v2"
@@ -217,6 +218,7 @@ func held(d quota.Decision) bool {
 func (s *Server) relay(p catalog.Principal, d quota.Decision, instance string) Relay {
 	var h fasthttp.ResponseHeader
 	h.DisableNormalizing()
+	h.SetNoDefaultContentType(true) // an admission has no body, so no type
 	writeRateLimitHeaders(&h, d)
 	r := Relay{Status: fiber.StatusOK}
 	switch {
@@ -257,4 +259,34 @@ func creditRefusalBody(d quota.Decision, topUpURL, instance string) []byte {
 		Instance: instance, TopUpURL: topUpURL, Violated: d.Violated,
 	})
 	return b
+}
+
+// Tightest is the limit of d's X-RateLimit-* headers: the one that refused,
+// else the one with the least room left.
+func (d Decided) Tightest() (quota.LimitState, bool) { return tightest(d.Decision) }
+
+// ErrorRelay is what a metered route answers for err, Decide's error, at
+// instance: the problem+json of its status, with the challenge of a 401 (a
+// missing key: ErrKeyRequired) and, for a caller that decides in front of
+// the route, a Retry-After of 1 on a 503. An error that is not a
+// *quota.Error is the 500 "internal error".
+func ErrorRelay(err error, instance string) Relay {
+	var qe *quota.Error
+	if !errors.As(err, &qe) {
+		qe = quota.Errorf(quota.CodeInternal, "internal error")
+	}
+	p := httpx.ErrorProblem(qe, instance)
+	r := Relay{Status: p.Status, Body: p.AppendJSON(nil)}
+	switch p.Status {
+	case fiber.StatusUnauthorized:
+		challenge := ChallengeInvalidKey
+		if errors.Is(err, ErrKeyRequired) {
+			challenge = ChallengeKeyRequired
+		}
+		r.Header = append(r.Header, HeaderField{fiber.HeaderWWWAuthenticate, challenge})
+	case fiber.StatusServiceUnavailable:
+		r.Header = append(r.Header, HeaderField{fiber.HeaderRetryAfter, "1"})
+	}
+	r.Header = append(r.Header, HeaderField{fiber.HeaderContentType, httpx.ContentTypeProblem})
+	return r
 }

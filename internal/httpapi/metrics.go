@@ -21,6 +21,7 @@ type Metrics struct {
 	Policies     *prometheus.CounterVec // policy decisions by policy, algorithm, outcome
 	QueueFull    *prometheus.CounterVec // queued refusals answered at once: a queue bound was full, by bound
 	ConnsRefused *prometheus.CounterVec // client connections refused by the listener's caps, by reason
+	Envoy        *prometheus.CounterVec // decisions of the gRPC services for Envoy, by service and outcome
 
 	// requests caches the children of Requests (see request).
 	requestsMu sync.Mutex
@@ -70,8 +71,12 @@ func NewMetrics() *Metrics {
 			Name: "tollgate_connections_refused_total",
 			Help: "Client connections refused by the listener: past TOLLGATE_MAX_CONNS (max) or TOLLGATE_MAX_CONNS_PER_IP (per_ip).",
 		}, []string{"reason"}),
+		Envoy: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "tollgate_envoy_calls_total",
+			Help: "Calls of the gRPC services for Envoy by service (ratelimit, ext_authz) and outcome (ok, refused, or the refusal's error code: invalid, unauthorized, forbidden, unavailable; error: not decided).",
+		}, []string{"service", "outcome"}),
 	}
-	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures, m.Policies, m.QueueFull, m.ConnsRefused,
+	reg.MustRegister(m.Requests, m.Admission, m.RedisErrors, m.CacheLookups, m.DenyHits, m.AuthFailures, m.Policies, m.QueueFull, m.ConnsRefused, m.Envoy,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

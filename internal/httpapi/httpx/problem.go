@@ -122,6 +122,24 @@ func SendProblemBody(c *fiber.Ctx, status int, body []byte) error {
 	return nil
 }
 
+// ErrorProblem is the problem ErrorHandler answers for e at instance
+// (its type and title filled in): an internal error's detail is
+// "internal error".
+func ErrorProblem(e *quota.Error, instance string) Problem {
+	p := Problem{Instance: instance, Status: statusOf[e.Code], Detail: e.Message, Field: e.Field, Type: typeOf[e.Code]}
+	if p.Status == 0 {
+		p.Status = http.StatusInternalServerError
+	}
+	if p.Status == http.StatusInternalServerError {
+		p.Detail = "internal error"
+	}
+	if p.Type == "" {
+		p.Type = "about:blank"
+	}
+	p.Title = http.StatusText(p.Status)
+	return p
+}
+
 // ErrorHandler is the one place where errors become HTTP answers. Tollgate's
 // *quota.Error maps by code; Fiber's own errors (unknown route, body too large,
 // method not allowed) keep their status; anything else is a bug or an I/O
