@@ -6,6 +6,8 @@ import (
 	"net"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tollgate/tollgate/internal/envoy"
 	"github.com/tollgate/tollgate/internal/httpapi"
 )
@@ -22,7 +24,7 @@ type grpcListener struct {
 // through d, refunding through r and counting the calls in metrics; with
 // no addr it serves nothing, and
 // its failed channel never delivers.
-func serveGRPC(addr string, d envoy.Decider, r envoy.Refunder, metrics *httpapi.Metrics, log *slog.Logger) (*grpcListener, error) {
+func serveGRPC(addr string, d envoy.Decider, r envoy.Refunder, metrics *httpapi.Metrics, log *slog.Logger, tracer trace.Tracer) (*grpcListener, error) {
 	g := &grpcListener{}
 	if addr == "" {
 		return g, nil
@@ -32,7 +34,7 @@ func serveGRPC(addr string, d envoy.Decider, r envoy.Refunder, metrics *httpapi.
 		return nil, fmt.Errorf("TOLLGATE_GRPC_ADDR: listen %s: %w", addr, err)
 	}
 	count := func(service, outcome string) { metrics.Envoy.WithLabelValues(service, outcome).Inc() }
-	g.srv, g.addr, g.done = envoy.New(d, r, log, count), ln.Addr().String(), make(chan error, 1)
+	g.srv, g.addr, g.done = envoy.New(d, r, log, count, tracer), ln.Addr().String(), make(chan error, 1)
 	go func() { g.done <- g.srv.Serve(ln) }()
 	return g, nil
 }

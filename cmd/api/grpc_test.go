@@ -45,9 +45,14 @@ type envoyAPI struct {
 
 // startEnvoyAPI starts an api of s with TOLLGATE_GRPC_ADDR on a free
 // loopback port and connects to it.
-func startEnvoyAPI(tb testing.TB, s *stack) *envoyAPI {
+func startEnvoyAPI(tb testing.TB, s *stack, extra ...map[string]string) *envoyAPI {
 	tb.Helper()
 	env := s.env(map[string]string{"TOLLGATE_GRPC_ADDR": "127.0.0.1:0"})
+	for _, m := range extra {
+		for k, v := range m {
+			env[k] = v
+		}
+	}
 	base, addr, stop := startListeningAPI(tb, env)
 	if addr == "" {
 		tb.Fatal(`the "listening" line names no grpc_addr with TOLLGATE_GRPC_ADDR set`)

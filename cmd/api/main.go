@@ -181,7 +181,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		ln.Close()
 		return err
 	}
-	grpcSrv, err := serveGRPC(cfg.GRPCAddr, srv, gate, metrics, log)
+	grpcSrv, err := serveGRPC(cfg.GRPCAddr, srv, gate, metrics, log, traces.Tracer())
 	if err != nil {
 		ln.Close()
 		_ = ops.shutdown(cfg.ShutdownTimeout, log)

@@ -18,13 +18,19 @@ import (
 
 	authv3 "github.com/envoyproxy/go-control-plane/envoy/service/auth/v3"
 	rlsv3 "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/telemetry"
 )
 
 // DefaultMeter is the meter of a rate limit descriptor without a meter
@@ -74,18 +80,26 @@ type Server struct {
 // health SERVING. count, when not nil, is told of every call: its service
 // ("ratelimit", "ext_authz") and outcome ("ok", "refused", a refusal's
 // error code such as "unauthorized", or "error" when not decided).
-func New(d Decider, r Refunder, log *slog.Logger, count func(service, outcome string)) *Server {
+//
+// tracer, when not nil (traces on), starts a server span for each call,
+// continuing the trace of Envoy's traceparent metadata; the decision's
+// spans and attributes (tenant, meter, decision) hang under it.
+func New(d Decider, r Refunder, log *slog.Logger, count func(service, outcome string), tracer trace.Tracer) *Server {
 	if count == nil {
 		count = func(string, string) {}
 	}
 	s := &Server{decide: d, refund: r, log: log, count: count, health: health.NewServer()}
-	s.grpc = grpc.NewServer(
+	var opts []grpc.ServerOption
+	if tracer != nil {
+		opts = append(opts, grpc.UnaryInterceptor(traced(tracer)))
+	}
+	s.grpc = grpc.NewServer(append(opts,
 		grpc.MaxRecvMsgSize(MaxRecvBytes),
 		grpc.MaxSendMsgSize(4<<20),
 		grpc.MaxConcurrentStreams(1024),
 		// Envoy keeps its connections open and may ping them.
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-	)
+	)...)
 	rlsv3.RegisterRateLimitServiceServer(s.grpc, rateLimitService{s})
 	authv3.RegisterAuthorizationServer(s.grpc, authService{s})
 	healthpb.RegisterHealthServer(s.grpc, s.health)
@@ -154,4 +168,20 @@ func (s *Server) refundAll(ctx context.Context, admitted []httpapi.Decided) {
 // with its problem.
 func cannotDecide(err error) bool {
 	return quota.ErrorCode(err) == quota.CodeInternal
+}
+
+// traced is the interceptor of New's tracer: a server span per call, named
+// by its full method, marked failed when the call answers a gRPC error.
+func traced(tracer trace.Tracer) grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		md, _ := metadata.FromIncomingContext(ctx)
+		ctx, span := telemetry.StartServer(ctx, tracer, info.FullMethod, telemetry.MetadataCarrier(md),
+			attribute.String("rpc.system", "grpc"), attribute.String("rpc.method", info.FullMethod))
+		defer span.End()
+		resp, err := handler(ctx, req)
+		if err != nil {
+			span.SetStatus(codes.Error, status.Code(err).String())
+		}
+		return resp, err
+	}
 }
