@@ -123,7 +123,7 @@ func measure(ctx context.Context, o options, cfg config.Config, drv driver, out 
 	rs.hot.t.auth = "Bearer " + ten.admittedKey
 	rs.refused.t.auth = "Bearer " + ten.refusedKey
 	rs.check.t.auth = "Bearer " + o.serviceToken
-	rs.check.t.body, _ = json.Marshal(map[string]any{"tenant_id": ten.admittedID, "meter": "demo", "cost": 1})
+	rs.check.t.body, _ = json.Marshal(map[string]any{"tenant_id": ten.decideID, "meter": "demo", "cost": 1})
 	for _, k := range ten.manyKeys {
 		// the api's key, and the peer's key of the same client
 		rs.many.t.keys = append(rs.many.t.keys, "Bearer "+k)
@@ -131,7 +131,7 @@ func measure(ctx context.Context, o options, cfg config.Config, drv driver, out 
 	rs.redisRateKeys.t.keys = rs.many.t.keys
 	if o.grpc != "" {
 		const label = "gRPC ShouldRateLimit"
-		g, err := newGRPCTarget(label, o.grpc, ten.admittedKey, "demo", o.threads)
+		g, err := newGRPCTarget(label, o.grpc, ten.decideKey, "demo", o.threads)
 		if err != nil {
 			return fmt.Errorf("-grpc: %w", err)
 		}
@@ -175,6 +175,10 @@ func measure(ctx context.Context, o options, cfg config.Config, drv driver, out 
 	if err != nil {
 		return err
 	}
+	decideBytes, decideKeys, err := tenantMemory(ctx, rdb, o.rdbPrefix, ten.decideID)
+	if err != nil {
+		return err
+	}
 
 	manyMean := int64(-1)
 	if manyKeys > 0 {
@@ -212,6 +216,10 @@ func measure(ctx context.Context, o options, cfg config.Config, drv driver, out 
 	}
 	fmt.Fprintf(out, "bytes per tenant: %d for %s (MEMORY USAGE of its %d keys %s:*{t:<id>}*), %d on average for the %d tenants (%d keys)\n",
 		hotBytes, rs.hot.t.row, hotKeys, o.rdbPrefix, max(manyMean, 0), len(ten.manyIDs), manyKeys)
+	if decideKeys > 1 {
+		fmt.Fprintf(out, "decision API rows' tenant: %d keys, %d bytes: about %d bytes a counted decision, its settle reservation kept 10 minutes\n",
+			decideKeys, decideBytes, decideBytes/int64(decideKeys))
+	}
 	printCPU(out, rs, goalHotVsRedisRate*rs.redisRate.res.RPS)
 
 	fmt.Fprintf(out, "\ngoals (ratios of this run):\n")

@@ -16,6 +16,11 @@ const manyTier = "loadgen-round-robin"
 // tenants are loadgen's own, made afresh on every run.
 type tenants struct {
 	admittedID, admittedKey string   // on a tier whose limits the load cannot reach
+	// decideID, decideKey: the tenant of the decision API's rows (/v1/check,
+	// gRPC), on a tier of their own, limits as admittedID's: each counted
+	// decision leaves a settle reservation for 10 minutes, which is no
+	// part of what the hot tenant keeps.
+	decideID, decideKey string
 	refusedKey              string   // on a tier of one request a day
 	manyIDs, manyKeys       []string // on manyTier, limits as admittedID's
 }
@@ -38,6 +43,8 @@ func newTenants(ctx context.Context, dbURL string, n int) (tenants, error) {
 			Limits: unreachableLimits()}, &ten.admittedID, &ten.admittedKey},
 		{quota.Tier{Slug: "loadgen-refused", Name: "Load generator, one request a day", Rank: 999_999, Overage: quota.OverageBlock,
 			Limits: quota.Limits{DailyQuota: quota.Ptr(int64(1))}}, nil, &ten.refusedKey},
+		{quota.Tier{Slug: "loadgen-decide", Name: "Load generator, decision API", Rank: 999_997, Overage: quota.OverageBlock,
+			Limits: unreachableLimits()}, &ten.decideID, &ten.decideKey},
 	} {
 		id, key, err := tenantOn(ctx, store, tc.tier)
 		if err != nil {
