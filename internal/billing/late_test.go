@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -91,7 +92,7 @@ func (l *lateRig) refund(t *testing.T, d quota.Decision, units, overage int64) {
 	}
 }
 
-// flushAt flushes (and runs the invoices step, as a worker cycle does) at
+// cycleAt flushes (and runs the invoices step, as a worker cycle does) at
 // the time at.
 func (l *lateRig) cycleAt(t *testing.T, at time.Time) {
 	t.Helper()
@@ -253,12 +254,12 @@ func TestLateRefundRecordedTwiceCreditsOnce(t *testing.T) {
 	}
 }
 
-// TestLateRefundsCreditTheRerateddifference gives back three times 10
+// TestLateRefundsCreditTheReratedDifference gives back three times 10
 // overage units of 3,030 (152 cents: 151.5 rounded up): November re-rates
 // to 151, 151 (150.5 rounded up), then 150 cents. The credits are 1, none,
 // 1: two cents, the re-rated difference, where rating each give-back on
 // its own would give back 3 cents (rounded up) or none (rounded down).
-func TestLateRefundsCreditTheRerateddifference(t *testing.T) {
+func TestLateRefundsCreditTheReratedDifference(t *testing.T) {
 	t.Parallel()
 	l := newLateRig(t, "pro")
 	l.admit(t, lateAt.Add(-time.Hour), 1000)
@@ -345,5 +346,81 @@ func TestLateRaiseIsNotBilled(t *testing.T) {
 	l.cycleAt(t, lateFinal.Add(3*time.Minute))
 	if got := l.lateCredits(t); !slices.Equal(got, []int64{20}) {
 		t.Errorf("late credits: got %v, want [20]", got)
+	}
+}
+
+// TestLateRefundOfAPrepaidTenant refunds 10 units of a prepaid tenant's
+// November (a cent a unit, paid by its credit at admission) after
+// November's invoice is final: the 10 cents come back as a credit, which
+// the balance its December admissions draw on counts.
+func TestLateRefundOfAPrepaidTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	store := postgres.NewStore(r.db)
+	tier, tn := payAsYouGo(t, store, nil)
+	invExec(t, r.db, `UPDATE tenants SET created_at = $2 WHERE id = $1`, tn.ID, invNov)
+	invExec(t, r.db, `UPDATE tenant_tier_history SET valid_from = $2 WHERE tenant_id = $1`, tn.ID, invNov)
+	l := &lateRig{rig: r, clock: &invClock{t: invNov.Add(time.Hour)}, log: &lockedBuffer{}, tenant: tn.ID}
+	l.rc = NewReconciler(r.db, r.rl, l.clock.Now, slog.New(slog.NewTextHandler(l.log, nil)))
+	l.rc.SweepEvery = 0
+	l.inv = NewInvoicer(r.db, l.clock.Now, 0)
+	NewCycle(l.rc, l.inv)
+	ledger := NewLedger(r.db)
+	mustCredit(t, r.db, tn.ID, 100, "Prepayment", nil, invNov.Add(time.Minute))
+
+	// admit admits up to n units at the time at, each with the balance as
+	// the API reads it then, and returns the last decision and how many
+	// passed.
+	admit := func(at time.Time, n int) (last quota.Decision, got int) {
+		t.Helper()
+		for range n {
+			pp, err := ledger.Prepaid(ctx, tn.ID, tier, quota.Calendar{}, at)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d, err := r.rl.Admit(ctx, quota.Request{TenantID: tn.ID, Meter: "demo", Cost: 1, Now: at, Limits: tier.Limits,
+				Overage: tier.Overage, OveragePriceCentsPer1K: tier.OveragePriceCentsPer1K, Prepaid: &pp})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !d.Allowed {
+				break
+			}
+			last, got = d, got+1
+		}
+		if err := r.rl.ReportActive(ctx); err != nil {
+			t.Fatal(err)
+		}
+		return last, got
+	}
+	d, got := admit(lateAt, 60)
+	if got != 60 {
+		t.Fatalf("November admitted %d of 60", got)
+	}
+	nov := l.finalNovember(t, 0)
+	if n := len(nov.Lines); n != 4 || nov.Lines[2].Kind != "overage" || nov.Lines[2].AmountCents != 60 ||
+		nov.Lines[3] != crLine("Prepayment", 60) {
+		t.Fatalf("November's lines: %+v; want 60 cents of overage paid by the prepayment", nov.Lines)
+	}
+
+	l.refund(t, d, 10, 10)
+	l.cycleAt(t, lateFinal.Add(5*time.Minute))
+	if got := l.lateCredits(t); !slices.Equal(got, []int64{10}) {
+		t.Errorf("late credits: got %v, want [10]", got)
+	}
+	if got := l.invoice(t, "2026-11"); !reflect.DeepEqual(got, nov) {
+		t.Errorf("the final invoice changed:\n got %+v\nwant %+v", got, nov)
+	}
+	pp, err := ledger.Prepaid(ctx, tn.ID, tier, quota.Calendar{}, l.clock.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pp.CreditCents != 40+10 {
+		t.Errorf("December's prepaid credit: %d cents, want the 40 left and the 10 given back", pp.CreditCents)
+	}
+	// December spends it all, a cent a unit.
+	if _, got := admit(lateFinal.Add(10*time.Minute), 100); got != 50 {
+		t.Errorf("December admitted %d units, want 50", got)
 	}
 }
