@@ -3,6 +3,8 @@ package billing
 import (
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -76,34 +78,50 @@ type lateTally struct {
 // of batches fall in, and returns them. Most batches hold only the current
 // hour's rows and find none.
 func lockLateInvoices(ctx context.Context, tx pgx.Tx, batches []quota.Batch, now time.Time) ([]lateInvoice, error) {
-	var tenants []string
-	var los, his []time.Time
+	type span struct {
+		tenant string
+		lo, hi time.Time
+	}
+	var spans []span
 	for _, b := range batches {
 		if len(b.Rows) == 0 || !quota.ValidID(b.TenantID) {
 			continue
 		}
-		lo, hi := b.Rows[0].Hour, b.Rows[0].Hour
+		sp := span{b.TenantID, b.Rows[0].Hour, b.Rows[0].Hour}
 		for _, row := range b.Rows {
-			lo, hi = minTime(lo, row.Hour), maxTime(hi, row.Hour)
+			sp.lo, sp.hi = minTime(sp.lo, row.Hour), maxTime(sp.hi, row.Hour)
 		}
-		tenants, los, his = append(tenants, b.TenantID), append(los, lo), append(his, hi)
+		spans = append(spans, sp)
 	}
-	if len(tenants) == 0 {
+	if len(spans) == 0 {
 		return nil, nil
 	}
-	// A label is the first of the month of its period's first local date:
+	// Tenant order, the invoicer's: the locks are taken in it.
+	slices.SortFunc(spans, func(a, b span) int { return strings.Compare(a.tenant, b.tenant) })
+	tenants := make([]string, len(spans))
+	los := make([]time.Time, len(spans))
+	his := make([]time.Time, len(spans))
+	for k, sp := range spans {
+		tenants[k], los[k], his[k] = sp.tenant, sp.lo, sp.hi
+	}
+	// One index range scan per tenant (invoices' (tenant_id, period)): a
+	// label is the first of the month of its period's first local date, so
 	// a period that ends after lo has a label after lo's less 33 days, and
-	// one that starts by hi a label before hi's plus a day.
+	// one that starts by hi a label before hi's plus a day. Most find only
+	// the current period's invoice, which has not ended.
 	rows, err := tx.Query(ctx, `
 		SELECT i.id::text, i.tenant_id::text, i.period, i.period_start, i.period_end, i.status = 'final',
 		       EXISTS (SELECT 1 FROM invoice_late_adjustments a WHERE a.invoice_id = i.id)
-		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, lo, hi)
-		JOIN invoices i ON i.tenant_id = b.tenant_id
-		 AND i.period > (b.lo - interval '33 days')::date AND i.period <= (b.hi + interval '1 day')::date
-		 AND i.period_end > b.lo AND i.period_start <= b.hi
-		WHERE i.period_end <= $4
-		ORDER BY i.tenant_id, i.period
-		FOR SHARE OF i`, tenants, los, his, now.Add(lateLockMargin))
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) WITH ORDINALITY AS b(tenant_id, lo, hi, n)
+		CROSS JOIN LATERAL (
+			SELECT * FROM invoices i
+			WHERE i.tenant_id = b.tenant_id
+			  AND i.period > (b.lo - interval '33 days')::date AND i.period <= (b.hi + interval '1 day')::date
+			  AND i.period_end > b.lo AND i.period_start <= b.hi AND i.period_end <= $4
+			ORDER BY i.period
+			FOR SHARE
+		) i
+		ORDER BY b.n, i.period`, tenants, los, his, now.Add(lateLockMargin))
 	if err != nil {
 		return nil, fmt.Errorf("billing: lock ended invoices: %w", err)
 	}
