@@ -424,3 +424,61 @@ func TestLateRefundOfAPrepaidTenant(t *testing.T) {
 		t.Errorf("December admitted %d units, want 50", got)
 	}
 }
+
+// TestLateRefundWhileNovemberIsFinalized flushes a refund of November
+// while November's invoice is being finalized without it, in a
+// transaction not committed yet: the flush waits for that transaction,
+// then finds the invoice final and credits what the refund gives back.
+// (Had it recorded the refund meanwhile, seeing a draft, the final invoice
+// would charge for the refunded units and nothing would give them back.)
+func TestLateRefundWhileNovemberIsFinalized(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	l := newLateRig(t, "pro")
+	l.admit(t, lateAt.Add(-time.Hour), 1000)
+	d := l.admit(t, lateAt, 3600)
+	l.cycleAt(t, lateAt.Add(time.Hour)) // November's draft
+	l.clock.Set(invDec.Add(5 * time.Minute))
+	mustFlush(t, l.rc) // swept past November's end: it may be finalized
+	if got := l.invoice(t, "2026-11"); got.Status != "draft" {
+		t.Fatalf("November: %s, want a draft still", got.Status)
+	}
+	l.refund(t, d, 600, 600)
+
+	l.clock.Set(lateFinal)
+	tx, err := l.db.Begin(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback(ctx) }()
+	if err := l.inv.generateTx(ctx, tx, lateFinal, invNov, []string{l.tenant}); err != nil {
+		t.Fatal(err)
+	}
+	flushed := make(chan error, 1)
+	go func() { flushed <- l.rc.Flush(ctx) }()
+	// The flush waits on the invoice's lock (or, without one, is done).
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		var waiting int
+		if err := l.db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity
+			WHERE datname = current_database() AND wait_event_type = 'Lock'`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		if waiting > 0 || len(flushed) > 0 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	if err := tx.Commit(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-flushed; err != nil {
+		t.Fatal(err)
+	}
+	nov := l.invoice(t, "2026-11")
+	if nov.Status != "final" || nov.TotalCents != 4900+180 {
+		t.Errorf("November: %s, %d cents; want final, %d (finalized without the refund)", nov.Status, nov.TotalCents, 4900+180)
+	}
+	if got := l.lateCredits(t); !slices.Equal(got, []int64{30}) {
+		t.Errorf("late credits: got %v, want [30]", got)
+	}
+}
