@@ -19,7 +19,8 @@ import (
 // refund, a settlement at a lower cost or a proxy's refund of a 5xx gives
 // units back within minutes of the admission, and with a short
 // TOLLGATE_INVOICE_GRACE the invoice may be final by the time the flush
-// records it. The flush that records such usage (Reconciler.record)
+// records it. The flush that records such usage (Reconciler.record, which
+// the usage API nodes record during a Redis outage goes through too)
 // handles it in the same transaction, so that a batch recorded twice
 // counts once:
 //
@@ -27,7 +28,10 @@ import (
 //     whose periods the rows fall in and have ended (lockLateInvoices).
 //     The invoicer locks a draft FOR UPDATE before it rates and finalizes
 //     it, so the two take turns: either the invoice becomes final with the
-//     rows, or the flush sees it final and adjusts for them.
+//     rows, or the flush sees it final and adjusts for them. (An invoice
+//     the invoicer creates and finalizes in one transaction, that of a
+//     tenant no refresh or sweep saw during its period, cannot be locked
+//     before it commits: a refund recorded in that instant is missed.)
 //   - For a final invoice late usage reaches for the first time, it rates
 //     the period as it is before the rows (base_cents of
 //     invoice_late_adjustments); then, after the rows are written, it
@@ -55,7 +59,8 @@ import (
 
 // lateLockMargin widens the periods lockLateInvoices locks to those ending
 // up to this much after the flush's clock: a worker whose clock is ahead
-// may finalize them first.
+// may finalize them first. In that last hour of a period, flushes and the
+// refreshes of its drafts take turns on the drafts' rows.
 const lateLockMargin = time.Hour
 
 // lateInvoice is an invoice of a period that has ended, which the rows of
