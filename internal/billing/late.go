@@ -44,7 +44,8 @@ import (
 //   - The money given back is max(0, base - rerated); what it exceeds the
 //     credits already given back for the invoice by becomes a credit
 //     (credits, reason "Late refund of YYYY-MM", never expiring, created
-//     now), which the tenant's next invoice draws as it draws any credit.
+//     now; audited as the worker's, naming the invoice), which the
+//     tenant's next invoice draws as it draws any credit.
 //     The difference is taken on the re-rated totals, never per give-back:
 //     several give-backs credit exactly the total, and a rounding cent is
 //     credited once.
@@ -308,6 +309,7 @@ func (r *Reconciler) lateAdjust(ctx context.Context, tx pgx.Tx, late []lateInvoi
 		updIDs                  []string
 		updRerated, updCredited []int64
 		crTenants, crReasons    []string
+		crInvoices              []string
 		crCents                 []int64
 	)
 	for _, li := range hit {
@@ -326,6 +328,7 @@ func (r *Reconciler) lateAdjust(ctx context.Context, tx pgx.Tx, late []lateInvoi
 		if credit > 0 {
 			a.credited += credit
 			crTenants, crReasons, crCents = append(crTenants, li.tenant), append(crReasons, lateReason(li.label)), append(crCents, credit)
+			crInvoices = append(crInvoices, li.id)
 			tally.credits++
 			tally.cents += credit
 			r.log.Info("late refund of a final invoice's period: credited on the next invoice",
@@ -334,10 +337,22 @@ func (r *Reconciler) lateAdjust(ctx context.Context, tx pgx.Tx, late []lateInvoi
 		updIDs, updRerated, updCredited = append(updIDs, li.id), append(updRerated, charge), append(updCredited, a.credited)
 	}
 	if len(crTenants) > 0 {
+		// Each credit is audited as the worker's, naming the final invoice
+		// it gives back for (v, referenced twice, is computed once).
 		if _, err := tx.Exec(ctx, `
-			INSERT INTO credits (tenant_id, amount_cents, reason, created_at)
-			SELECT v.tenant_id, v.cents, v.reason, $4 FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS v(tenant_id, cents, reason)`,
-			crTenants, crCents, crReasons, now); err != nil {
+			WITH v AS (
+				SELECT gen_random_uuid() AS id, u.* FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::uuid[]) AS u(tenant_id, cents, reason, invoice_id)
+			), c AS (
+				INSERT INTO credits (id, tenant_id, amount_cents, reason, created_at)
+				SELECT id, tenant_id, cents, reason, $5 FROM v
+			)
+			INSERT INTO audit_log (actor, action, entity, entity_id, after)
+			SELECT 'worker', 'create', 'credit', v.id::text,
+			       jsonb_build_object('id', v.id, 'tenant_id', v.tenant_id, 'kind', 'grant', 'amount_cents', v.cents,
+			                          'reason', v.reason, 'expires_at', NULL, 'created_at', $5::timestamptz,
+			                          'remaining_cents', v.cents, 'late_refund_of_invoice_id', v.invoice_id)
+			FROM v`,
+			crTenants, crCents, crReasons, crInvoices, now); err != nil {
 			return tally, fmt.Errorf("billing: late refund credits: %w", err)
 		}
 	}

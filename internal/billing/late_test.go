@@ -186,6 +186,17 @@ func TestLateRefundBecomesACredit(t *testing.T) {
 	if !strings.Contains(l.log.String(), "credit_cents=30") {
 		t.Errorf("no log of the credit:\n%s", l.log.String())
 	}
+	var actor, forInvoice string
+	var cents int64
+	if err := l.db.QueryRow(context.Background(), `
+		SELECT a.actor, a.after->>'late_refund_of_invoice_id', (a.after->>'amount_cents')::bigint
+		FROM audit_log a JOIN credits c ON c.id::text = a.entity_id
+		WHERE a.entity = 'credit' AND a.action = 'create' AND c.tenant_id = $1 AND c.reason = 'Late refund of 2026-11'`,
+		l.tenant).Scan(&actor, &forInvoice, &cents); err != nil {
+		t.Errorf("the late credit's audit entry: %v", err)
+	} else if actor != "worker" || forInvoice != nov.ID || cents != 30 {
+		t.Errorf("the late credit's audit entry: %s, invoice %s, %d cents; want worker, %s, 30", actor, forInvoice, cents, nov.ID)
+	}
 
 	// The next invoice draws it, once final.
 	dec := crProLines(invDec, invJan)
