@@ -493,3 +493,39 @@ func TestLateRefundWhileNovemberIsFinalized(t *testing.T) {
 		t.Errorf("late credits: got %v, want [30]", got)
 	}
 }
+
+// TestLateBatchOfTwoFinalPeriods records one batch that gives back units
+// of both October and November once both invoices are final (the Postgres
+// side of a flush): each period gets its own credit, of what it gives
+// back.
+func TestLateBatchOfTwoFinalPeriods(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	clock := &invClock{t: invDec.Add(time.Hour)}
+	id := invTenant(t, r.db, "pro", invOct)
+	octHour, novHour := invOct.Add(100*time.Hour), invNov.Add(100*time.Hour)
+	invUsage(t, r.db, id, octHour, 2000, 2000) // 100 cents of overage
+	invUsage(t, r.db, id, novHour, 3000, 3000) // 150 cents
+	inv := NewInvoicer(r.db, clock.Now, 0)
+	for _, m := range []time.Time{invOct, invNov} {
+		if got := invGenerate(t, inv, id, m); got.Status != "final" {
+			t.Fatalf("%s: %s, want final", got.Period, got.Status)
+		}
+	}
+	rc := NewReconciler(r.db, nil, clock.Now, quiet)
+	b := quota.Batch{ID: "late-both", TenantID: id, Rows: []quota.PendingRow{
+		{Hour: octHour, Meter: "demo", Units: -1000, Overage: -1000}, // 50 cents
+		{Hour: novHour, Meter: "demo", Units: -400, Overage: -400},   // 20 cents
+	}}
+	if err := rc.recordTx(ctx, []quota.Batch{b}); err != nil {
+		t.Fatal(err)
+	}
+	got := crLeft(t, r.db, id)
+	if want := map[string]int64{"Late refund of 2026-10": 50, "Late refund of 2026-11": 20}; !reflect.DeepEqual(got, want) {
+		t.Errorf("credits: got %v, want %v", got, want)
+	}
+	if n, c := rc.LateCredits.Load(), rc.LateCreditCents.Load(); n != 2 || c != 70 {
+		t.Errorf("metrics: %d late credits of %d cents, want 2 of 70", n, c)
+	}
+}
