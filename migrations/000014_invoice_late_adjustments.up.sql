@@ -20,3 +20,8 @@ CREATE TABLE invoice_late_adjustments (
     created_at     timestamptz NOT NULL,
     updated_at     timestamptz NOT NULL
 );
+
+-- Each flush asks whether any period ended between its earliest row and now
+-- (almost never: only around period ends, or for late rows), before it
+-- looks for the ended invoices of its tenants.
+CREATE INDEX invoices_period_end_idx ON invoices (period_end);

@@ -107,8 +107,21 @@ func lockLateInvoices(ctx context.Context, tx pgx.Tx, batches []quota.Batch, now
 	tenants := make([]string, len(spans))
 	los := make([]time.Time, len(spans))
 	his := make([]time.Time, len(spans))
+	first := spans[0].lo
 	for k, sp := range spans {
 		tenants[k], los[k], his[k] = sp.tenant, sp.lo, sp.hi
+		first = minTime(first, sp.lo)
+	}
+	// The rows of a flush are mostly of the last minutes: unless a period
+	// of any tenant ended between the earliest row and now (an index probe,
+	// invoices_period_end_idx), none of them falls in an ended period.
+	var ended bool
+	if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM invoices WHERE period_end > $1 AND period_end <= $2)`,
+		first, now.Add(lateLockMargin)).Scan(&ended); err != nil {
+		return nil, fmt.Errorf("billing: ended invoices: %w", err)
+	}
+	if !ended {
+		return nil, nil
 	}
 	// One index range scan per tenant (invoices' (tenant_id, period)): a
 	// label is the first of the month of its period's first local date, so

@@ -34,26 +34,41 @@ func BenchmarkRecordBesideFinalInvoices(b *testing.B) {
 
 // BenchmarkLockLateInvoices is the part of it that looks for ended
 // periods the rows fall in (lockLateInvoices), in a transaction of its
-// own: one index range scan per tenant, finding none.
+// own. Mid-period, the rows of the current hour: one index probe finds
+// that no period ended since. At a period's end, rows of the period's
+// last hour: one index range scan per tenant, each locking the tenant's
+// invoice of the period.
 func BenchmarkLockLateInvoices(b *testing.B) {
 	ctx := context.Background()
 	r, ids, hour := benchFinalInvoices(b)
-	batches := make([]quota.Batch, len(ids))
-	for k, id := range ids {
-		batches[k] = quota.Batch{ID: fmt.Sprintf("bench-%d", k), TenantID: id,
-			Rows: []quota.PendingRow{{Hour: hour, Meter: "demo", Units: 3, Requests: 3}}}
-	}
-	for b.Loop() {
-		err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
-			late, err := lockLateInvoices(ctx, tx, batches, hour)
-			if err == nil && len(late) != 0 {
-				err = fmt.Errorf("%d ended invoices, want none", len(late))
+	cur := quota.MonthStart(hour)
+	for _, bc := range []struct {
+		name      string
+		hour, now time.Time
+		want      int
+	}{
+		{"mid-period", hour, hour, 0},
+		{"at a period's end", cur.Add(-time.Hour), cur.Add(10 * time.Minute), len(ids)},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			batches := make([]quota.Batch, len(ids))
+			for k, id := range ids {
+				batches[k] = quota.Batch{ID: fmt.Sprintf("bench-%d", k), TenantID: id,
+					Rows: []quota.PendingRow{{Hour: bc.hour, Meter: "demo", Units: 3, Requests: 3}}}
 			}
-			return err
+			for b.Loop() {
+				err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
+					late, err := lockLateInvoices(ctx, tx, batches, bc.now)
+					if err == nil && len(late) != bc.want {
+						err = fmt.Errorf("%d ended invoices, want %d", len(late), bc.want)
+					}
+					return err
+				})
+				if err != nil {
+					b.Fatal(err)
+				}
+			}
 		})
-		if err != nil {
-			b.Fatal(err)
-		}
 	}
 }
 
