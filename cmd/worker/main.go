@@ -149,7 +149,8 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 }
 
 // workerMetrics registers the worker's series: cycle duration, tenants and
-// units flushed, batches stuck in flight, lag since the last successful
+// units flushed, late usage of final invoices (credits given back, raises
+// not billed), batches stuck in flight, lag since the last successful
 // flush, webhook outcomes.
 func workerMetrics(rec *billing.Reconciler, alerts *billing.Deliverer, lastFlush func() time.Time) (*prometheus.Registry, prometheus.Histogram) {
 	reg := prometheus.NewRegistry()
@@ -163,6 +164,11 @@ func workerMetrics(rec *billing.Reconciler, alerts *billing.Deliverer, lastFlush
 	reg.MustRegister(cycle,
 		counter("tollgate_worker_tenants_flushed_total", "Tenant batches flushed into the ledger.", rec.TenantsFlushed.Load),
 		counter("tollgate_worker_units_flushed_total", "Units flushed into the ledger.", rec.UnitsFlushed.Load),
+		counter("tollgate_worker_late_credits_total",
+			"Credits given back for usage recorded after its period's invoice was final.", rec.LateCredits.Load),
+		counter("tollgate_worker_late_credit_cents_total", "Cents those credits gave back.", rec.LateCreditCents.Load),
+		counter("tollgate_worker_late_raises_total",
+			"Usage recorded after its period's invoice was final that raised the period's charge (not billed).", rec.LateRaises.Load),
 		counter("tollgate_webhook_delivered_total", "Alerts delivered to their webhook.", alerts.Delivered.Load),
 		counter("tollgate_webhook_failures_total", "Failed webhook attempts that will be retried.", alerts.Retried.Load),
 		counter("tollgate_webhook_given_up_total", "Alerts given up after the last attempt.", alerts.Failed.Load),

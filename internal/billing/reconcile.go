@@ -90,6 +90,11 @@ type Reconciler struct {
 
 	// Counters for the worker's metrics.
 	TenantsFlushed, UnitsFlushed, Batches atomic.Int64
+	// LateCredits and LateCreditCents count the credits given back for
+	// usage recorded after its period's invoice was final, and their sum;
+	// LateRaises the times such usage raised a final period's charge
+	// (not billed). See "Late usage" in late.go.
+	LateCredits, LateCreditCents, LateRaises atomic.Int64
 
 	mu      sync.Mutex            // guards the fields below, read by the invoicer and metrics
 	flushed map[string]struct{}   // tenants recorded since the last TakeFlushed
@@ -136,7 +141,8 @@ func (r *Reconciler) stuckTenants() []string {
 // It is zero until such a flush. The invoices step finalizes a month only
 // once this is past the month's end. (A refund that arrives after that, for
 // a request of the month, still changes the month's usage, not its final
-// invoice.)
+// invoice: what it gives back becomes a credit, see "Late usage" in
+// late.go.)
 func (r *Reconciler) FlushedThrough() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -356,8 +362,9 @@ func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []quota.Batch)
 // committed.
 func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error {
 	var units int64
+	var late lateTally
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
-		units, err = r.record(ctx, tx, batches)
+		units, late, err = r.record(ctx, tx, batches)
 		return err
 	})
 	if err != nil {
@@ -366,14 +373,19 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error 
 	r.Batches.Add(int64(len(batches)))
 	r.TenantsFlushed.Add(int64(len(batches)))
 	r.UnitsFlushed.Add(units)
+	r.LateCredits.Add(late.credits)
+	r.LateCreditCents.Add(late.cents)
+	r.LateRaises.Add(late.raises)
 	return nil
 }
 
 // record inserts the batches' ids and, for the ids that are new, adds their
-// usage rows to the ledger; then writes the threshold crossings those rows
-// cause to the alerts outbox. All in the caller's transaction. It returns the
-// units the new batches added.
-func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (int64, error) {
+// usage rows to the ledger, and credits what rows of a period whose invoice
+// is final give back (see "Late usage" in late.go); then writes the
+// threshold crossings those rows cause to the alerts outbox. All in the
+// caller's transaction. It returns the units the new batches added and
+// what their late usage did.
+func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (int64, lateTally, error) {
 	var (
 		bIDs, bTenants            []string
 		bUnits, bRequests         []int64
@@ -412,6 +424,23 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		bIDs, bTenants = append(bIDs, b.ID), append(bTenants, tenant)
 		bUnits, bRequests = append(bUnits, max(u, 0)), append(bRequests, max(q, 0))
 	}
+	// Invoices of ended periods the rows fall in are locked before the rows
+	// are written; the final ones late usage reaches for the first time
+	// are rated as they are without the rows.
+	late, err := lockLateInvoices(ctx, tx, batches, r.now())
+	if err != nil {
+		return 0, lateTally{}, err
+	}
+	var fresh []lateInvoice
+	for _, li := range late {
+		if li.final && !li.adjusted {
+			fresh = append(fresh, li)
+		}
+	}
+	before, err := rateCharges(ctx, tx, fresh)
+	if err != nil {
+		return 0, lateTally{}, err
+	}
 	// Batches of tenants deleted meanwhile (or malformed ids) are recorded
 	// as flushed so they are not retried forever; their rows are dropped.
 	rows, err := tx.Query(ctx, `
@@ -446,11 +475,11 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		bIDs, bTenants, bUnits, bRequests, rBatch, rTenant, rHour, rMeter, rUnits, rReq, rRej, rOver, r.now(),
 		rShadow, rDegraded, rMeterOver)
 	if err != nil {
-		return 0, fmt.Errorf("billing: record usage: %w", err)
+		return 0, lateTally{}, fmt.Errorf("billing: record usage: %w", err)
 	}
 	newIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
 	if err != nil {
-		return 0, fmt.Errorf("billing: record usage: %w", err)
+		return 0, lateTally{}, fmt.Errorf("billing: record usage: %w", err)
 	}
 	isNew := make(map[string]bool, len(newIDs))
 	for _, id := range newIDs {
@@ -471,13 +500,17 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	}
 	if len(fixes) > 0 {
 		if err := correct(ctx, tx, fixes); err != nil {
-			return 0, err
+			return 0, lateTally{}, err
 		}
 	}
-	if err := r.recordCrossings(ctx, tx, bTenants); err != nil {
-		return 0, err
+	tally, err := r.lateAdjust(ctx, tx, late, before, batches, isNew)
+	if err != nil {
+		return 0, lateTally{}, err
 	}
-	return units, nil
+	if err := r.recordCrossings(ctx, tx, bTenants); err != nil {
+		return 0, lateTally{}, err
+	}
+	return units, tally, nil
 }
 
 // isCorrection reports whether a pending row cannot stand as a ledger row of

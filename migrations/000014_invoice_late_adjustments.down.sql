@@ -1,0 +1,2 @@
+DROP INDEX invoices_period_end_idx;
+DROP TABLE invoice_late_adjustments;
