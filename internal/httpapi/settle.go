@@ -106,6 +106,23 @@ type RequestRef struct {
 	RequestID string `json:"request_id"`
 }
 
+// requestRef authenticates the service and reads a RequestRef body, as
+// POST /v1/refund and /v1/release take it.
+func (s *Server) requestRef(c *fiber.Ctx) (RequestRef, error) {
+	var body RequestRef
+	if err := s.guard.BearerAuth(c, s.guard.Service, s.opts.ServiceToken, "tollgate-service", "service token"); err != nil {
+		return body, err
+	}
+	if err := httpx.DecodeJSON(c, &body); err != nil {
+		return body, err
+	}
+	if err := checkRequestRef(body.TenantID, body.RequestID); err != nil {
+		return body, err
+	}
+	s.traceRef(c.UserContext(), body.TenantID, body.RequestID)
+	return body, nil
+}
+
 // RefundResponse is POST /v1/refund's answer when the refund applied.
 type RefundResponse struct {
 	Refunded  bool   `json:"refunded"`
@@ -123,17 +140,10 @@ type RefundResponse struct {
 // log), 409 when settled or refunded before, 404 when the tenant has no
 // reservation under the id.
 func (s *Server) refund(c *fiber.Ctx) error {
-	if err := s.guard.BearerAuth(c, s.guard.Service, s.opts.ServiceToken, "tollgate-service", "service token"); err != nil {
+	body, err := s.requestRef(c)
+	if err != nil {
 		return err
 	}
-	var body RequestRef
-	if err := httpx.DecodeJSON(c, &body); err != nil {
-		return err
-	}
-	if err := checkRequestRef(body.TenantID, body.RequestID); err != nil {
-		return err
-	}
-	s.traceRef(c.UserContext(), body.TenantID, body.RequestID)
 	ctx := c.UserContext()
 	st, err := s.gate.RefundReserved(ctx, body.TenantID, body.RequestID)
 	if err != nil {
@@ -167,17 +177,10 @@ type ReleaseResponse struct {
 // 200 when it held some, 404 when it holds none (never held, released or
 // refunded before, or lapsed with its lease). Its cost stands.
 func (s *Server) releaseCheck(c *fiber.Ctx) error {
-	if err := s.guard.BearerAuth(c, s.guard.Service, s.opts.ServiceToken, "tollgate-service", "service token"); err != nil {
+	body, err := s.requestRef(c)
+	if err != nil {
 		return err
 	}
-	var body RequestRef
-	if err := httpx.DecodeJSON(c, &body); err != nil {
-		return err
-	}
-	if err := checkRequestRef(body.TenantID, body.RequestID); err != nil {
-		return err
-	}
-	s.traceRef(c.UserContext(), body.TenantID, body.RequestID)
 	n, err := s.releaseHeld(c.UserContext(), body.TenantID, body.RequestID)
 	if err != nil {
 		return err
