@@ -57,7 +57,8 @@ bench: build
 
 ## bench-load: bare Fiber, Fiber + redis_rate and the api side by side on loopback, driven by wrk, one table with the goals
 # The api serves gRPC on BENCH_GRPC_ADDR too: the table's last row drives the rate limit
-# service's ShouldRateLimit for the hot tenant with loadgen's own gRPC client.
+# service's ShouldRateLimit with loadgen's own gRPC client (BENCH_GRPC_ADDR= leaves it out,
+# for an api built before it).
 # The two reference servers are bin/loadgen -peer (internal/httpapi/benchpeer); the
 # api is bin/api; Debian's wrk (scripts/services.sh wrk installs it when missing)
 # drives the closed-loop rows, bin/loadgen the open loop, and prints req/s, p50/p99,
@@ -97,7 +98,7 @@ bench-load: build
 	bin/loadgen -peer bare -addr $(BENCH_BARE_ADDR) & bare=$$!; pids="$$pids $$bare"; \
 	bin/loadgen -peer redis_rate -addr $(BENCH_REDIS_RATE_ADDR) & redis_rate=$$!; pids="$$pids $$redis_rate"; \
 	$(API_BIN) & pids="$$pids $$!"; \
-	bin/loadgen -url http://$(BENCH_ADDR) -bare http://$(BENCH_BARE_ADDR) -redis-rate http://$(BENCH_REDIS_RATE_ADDR) -grpc $(BENCH_GRPC_ADDR) \
+	bin/loadgen -url http://$(BENCH_ADDR) -bare http://$(BENCH_BARE_ADDR) -redis-rate http://$(BENCH_REDIS_RATE_ADDR) $(if $(BENCH_GRPC_ADDR),-grpc $(BENCH_GRPC_ADDR)) \
 		-wrk "$$TOLLGATE_WRK" -bare-pid $$bare -redis-rate-pid $$redis_rate $(LOADFLAGS)
 
 ## mutate: mutation testing (gremlins) of the pure domain packages; fails below 90 % efficacy
