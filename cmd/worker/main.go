@@ -77,6 +77,14 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		return err
 	}
 	rec := billing.NewReconciler(db, runner, time.Now, log)
+	// Workers running at once split the tenants (worker.Shares): each
+	// flushes its shards' tenants; the leader alone runs the steps that
+	// are not split by tenant.
+	shares := worker.NewShares(db, log)
+	shares.IdleTimeout = max(3*cfg.ReconcileInterval, 30*time.Second)
+	defer shares.Close()
+	rec.Share = shares
+	rec.Parallel = flushParallel
 	alerts := billing.NewDeliverer(db, nil, time.Now)
 	alerts.AllowPrivate = cfg.WebhookAllowPrivate
 	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
@@ -93,25 +101,31 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		Interval: cfg.ReconcileInterval,
 		Log:      log,
 		Steps: []worker.Step{
+			// Membership first: the shards this worker flushes this cycle,
+			// and whether it leads.
+			{Name: "shares", Run: shares.Sync},
 			// Grants Redis missed when they were made (it was down): each
 			// applied once by its id (the repair restores only applied ones).
-			{Name: "grants", Run: func(ctx context.Context) error {
+			{Name: "grants", Run: lead(shares, func(ctx context.Context) error {
 				_, err := grants.ApplyMissed(ctx)
 				return err
-			}},
+			})},
 			// Tier changes planned for the next billing period, applied at
 			// their effective time (tier history, audit, invalidation), then
 			// the quota resets Redis missed.
-			{Name: "plans", Run: func(ctx context.Context) error {
+			{Name: "plans", Run: lead(shares, func(ctx context.Context) error {
 				_, err := plans.ApplyDue(ctx)
 				return err
-			}},
+			})},
 			// Repair first: counters lost with Redis are restored before the
 			// flush moves what is still pending.
-			{Name: "repair", Run: rec.Repair},
+			{Name: "repair", Run: lead(shares, rec.Repair)},
+			// Every worker: its shards' tenants; the leader also sweeps.
 			{Name: "flush", Run: cycle.Flush},
+			// Every worker refreshes the drafts of the tenants it flushed;
+			// the leader alone closes months (Cycle.Invoices).
 			{Name: "invoices", Run: cycle.Invoices},
-			{Name: "alerts", Run: alerts.Run},
+			{Name: "alerts", Run: lead(shares, alerts.Run)},
 		},
 		OnCycle: func(d time.Duration, _ int) { cycleSeconds.Observe(d.Seconds()) },
 		Tracer:  traces.Tracer(),
@@ -121,7 +135,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		// other steps back for long.
 		exp := stripeexport.New(db, cfg.StripeKey, cfg.StripeURL, nil, time.Now, log)
 		exp.Budget = cfg.ReconcileInterval / 2
-		loop.Steps = append(loop.Steps, worker.Step{Name: "stripe", Run: exp.Run})
+		loop.Steps = append(loop.Steps, worker.Step{Name: "stripe", Run: lead(shares, exp.Run)})
 		stripeMetrics(reg, exp)
 		log.Info("stripe export on", "url", cfg.StripeURL)
 	}
@@ -146,6 +160,21 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	cancel()
 	log.Info("worker stopped")
 	return err
+}
+
+// flushParallel is how many chunks of 500 tenants a worker's flush moves at
+// once (billing.Reconciler.Parallel).
+const flushParallel = 4
+
+// lead returns run as a step only the leader runs: on the other workers it
+// does nothing.
+func lead(sh *worker.Shares, run func(context.Context) error) func(context.Context) error {
+	return func(ctx context.Context) error {
+		if !sh.Leads() {
+			return nil
+		}
+		return run(ctx)
+	}
 }
 
 // workerMetrics registers the worker's series: cycle duration, tenants and

@@ -48,6 +48,10 @@ func (c *Cycle) Flush(ctx context.Context) error {
 //
 // The prepaid tenants among those refreshed then get their low-balance
 // alerts (RecordCreditAlerts), measured against the drafts just refreshed.
+//
+// With a Share on the Reconciler, each worker refreshes the tenants it
+// flushed, and only the leader runs the invoicer (its FlushedThrough comes
+// from the sweeps only the leader makes).
 func (c *Cycle) Invoices(ctx context.Context) error {
 	ids := c.rec.TakeFlushed()
 	if err := c.invoices.Refresh(ctx, ids); err != nil {
@@ -55,6 +59,9 @@ func (c *Cycle) Invoices(ctx context.Context) error {
 	}
 	if err := RecordCreditAlerts(ctx, c.invoices.db, ids, c.invoices.now()); err != nil {
 		return err
+	}
+	if sh := c.rec.Share; sh != nil && !sh.Leads() {
+		return nil
 	}
 	return c.invoices.Run(ctx)
 }

@@ -83,6 +83,17 @@ type Reconciler struct {
 	// node reported (their node died first).
 	SweepEvery time.Duration
 	lastSweep  time.Time
+	// Share, when set, is this worker's share of the tenants when several
+	// run at once (worker.Shares): Flush flushes only the active tenants it
+	// Owns, and sweeps the keyspace only while it Leads, flushing every
+	// tenant the sweep finds (so that the leader's FlushedThrough, which
+	// gates the closing of months, speaks for all tenants). Nil: this
+	// worker flushes every tenant and sweeps.
+	Share Share
+	// Parallel is how many chunks of tenants a flush moves at once (its
+	// Redis round trips and Postgres transactions overlap); below 2, one
+	// after the other.
+	Parallel int
 
 	// hook, in tests, runs between the steps of a flush; an error stops the
 	// flush there, as a crash would.
@@ -100,6 +111,15 @@ type Reconciler struct {
 	flushed map[string]struct{}   // tenants recorded since the last TakeFlushed
 	stuck   map[string]stuckBatch // by tenant id
 	sweptAt time.Time             // start of the last completed flush that swept the keyspace
+}
+
+// Share is a worker's share of the tenants (see Reconciler.Share).
+type Share interface {
+	// Owns reports whether this worker flushes the tenant's usage.
+	Owns(tenantID string) bool
+	// Leads reports whether this worker runs the steps done by one worker
+	// for all tenants (the sweep among them).
+	Leads() bool
 }
 
 // stuckBatch is a batch Postgres rejected, left in flight.
@@ -163,16 +183,20 @@ func NewReconciler(db *pgxpool.Pool, rl pendingUsage, now func() time.Time, log 
 // Flush flushes every tenant reported active (and, every SweepEvery, every
 // tenant with usage left in Redis), then prunes batch ids too old to be
 // replayed. Its work grows with the tenants active since the last cycle, not
-// with all tenants.
+// with all tenants. With a Share, only this worker's share of them, and the
+// sweep only on the leader.
 func (r *Reconciler) Flush(ctx context.Context) error {
 	began := r.now()
 	ids, err := r.rl.ActiveTenants(ctx)
 	if err != nil {
 		return err
 	}
+	if r.Share != nil {
+		ids = slices.DeleteFunc(ids, func(id string) bool { return !r.Share.Owns(id) })
+	}
 	// Stuck batches are retried every cycle, also those a sweep found.
 	ids = union(ids, r.stuckTenants())
-	swept := began.Sub(r.lastSweep) >= r.SweepEvery
+	swept := began.Sub(r.lastSweep) >= r.SweepEvery && (r.Share == nil || r.Share.Leads())
 	if swept {
 		all, err := r.rl.SweepTenants(ctx)
 		if err != nil {
@@ -180,11 +204,8 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 		}
 		ids = union(ids, all)
 	}
-	for start := 0; start < len(ids); start += chunk {
-		end := min(start+chunk, len(ids))
-		if err := r.flushChunk(ctx, ids[start:end]); err != nil {
-			return err
-		}
+	if err := r.flushChunks(ctx, ids); err != nil {
+		return err
 	}
 	if swept {
 		// Only a flush that completed counts as a sweep: after a failed one
@@ -196,6 +217,42 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 		r.mu.Unlock()
 	}
 	return r.prune(ctx)
+}
+
+// flushChunks flushes ids chunk by chunk, Parallel chunks at once, and
+// returns the first error (the chunks not begun by then are left to the
+// next cycle).
+func (r *Reconciler) flushChunks(ctx context.Context, ids []string) error {
+	if r.Parallel < 2 || len(ids) <= chunk {
+		for start := 0; start < len(ids); start += chunk {
+			if err := r.flushChunk(ctx, ids[start:min(start+chunk, len(ids))]); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	next := make(chan []string)
+	var wg sync.WaitGroup
+	for range r.Parallel {
+		wg.Go(func() {
+			for ids := range next {
+				if err := r.flushChunk(ctx, ids); err != nil {
+					cancel(err)
+				}
+			}
+		})
+	}
+	for start := 0; start < len(ids) && ctx.Err() == nil; start += chunk {
+		select {
+		case next <- ids[start:min(start+chunk, len(ids))]:
+		case <-ctx.Done():
+		}
+	}
+	close(next)
+	wg.Wait()
+	return context.Cause(ctx)
 }
 
 func union(a, b []string) []string {
