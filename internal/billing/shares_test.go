@@ -1,0 +1,207 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tollgate/tollgate/internal/worker"
+)
+
+// sharedWorkers returns n Reconcilers on the rig, each with worker.Shares of
+// its own, synced until they split the shards.
+func (r *rig) sharedWorkers(t *testing.T, n int) ([]*Reconciler, []*worker.Shares) {
+	t.Helper()
+	var recs []*Reconciler
+	var shares []*worker.Shares
+	for range n {
+		sh := worker.NewShares(r.db, quiet)
+		t.Cleanup(sh.Close)
+		rec := r.reconciler()
+		rec.Share = sh
+		rec.Parallel = 2
+		rec.lastSweep = time.Now() // the tests that sweep say so
+		recs, shares = append(recs, rec), append(shares, sh)
+	}
+	for range 2 { // one cycle to give back, one to take
+		syncShares(t, shares)
+	}
+	return recs, shares
+}
+
+func syncShares(t *testing.T, shares []*worker.Shares) {
+	t.Helper()
+	for _, sh := range shares {
+		if err := sh.Sync(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// flushAll runs one Flush of each Reconciler at once, as workers do, and
+// returns the tenants each recorded.
+func flushAll(t *testing.T, recs []*Reconciler) []map[string]bool {
+	t.Helper()
+	var wg sync.WaitGroup
+	errs := make([]error, len(recs))
+	for i, rec := range recs {
+		wg.Go(func() { errs[i] = rec.Flush(context.Background()) })
+	}
+	wg.Wait()
+	out := make([]map[string]bool, len(recs))
+	for i, rec := range recs {
+		if errs[i] != nil {
+			t.Fatalf("worker %d: %v", i, errs[i])
+		}
+		out[i] = map[string]bool{}
+		for _, id := range rec.TakeFlushed() {
+			out[i][id] = true
+		}
+	}
+	return out
+}
+
+// ledgerEquals fails unless the ledger holds exactly want units per tenant.
+func (r *rig) ledgerEquals(t *testing.T, ids []string, want map[string]int64) {
+	t.Helper()
+	got := map[string]int64{}
+	rows, err := r.db.Query(context.Background(), `SELECT tenant_id::text, sum(units)::bigint FROM usage GROUP BY tenant_id`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for rows.Next() {
+		var id string
+		var u int64
+		if err := rows.Scan(&id, &u); err != nil {
+			t.Fatal(err)
+		}
+		got[id] = u
+	}
+	for _, id := range ids {
+		if got[id] != want[id] {
+			t.Errorf("tenant %s: %d units in the ledger, want the %d admitted", id, got[id], want[id])
+		}
+	}
+}
+
+// TestSharedWorkersSplitTheTenants: two, then three workers flushing at
+// once each flush only their shards' tenants, between them every tenant
+// with usage, none twice; the ledger holds the units admitted. A worker's
+// flush skips the tenants of others' shards (they stay pending for them),
+// and only the leader sweeps.
+func TestSharedWorkersSplitTheTenants(t *testing.T) {
+	t.Parallel()
+	for _, n := range []int{2, 3} {
+		r := mustRig(t, nil)
+		ids := r.tenants(t, 300, "pro")
+		recs, shares := r.sharedWorkers(t, n)
+
+		admitted := r.admit(t, ids, 3000, uint64(n))
+		flushed := flushAll(t, recs)
+		seen := map[string]int{}
+		for i, f := range flushed {
+			if len(f) == 0 {
+				t.Errorf("%d workers: worker %d flushed nothing", n, i)
+			}
+			for id := range f {
+				if !shares[i].Owns(id) {
+					t.Errorf("%d workers: worker %d flushed tenant %s of shard %d, not its own", n, i, id, worker.ShardOf(id))
+				}
+				seen[id]++
+			}
+		}
+		for id := range admitted {
+			if seen[id] != 1 {
+				t.Errorf("%d workers: tenant %s flushed by %d workers, want 1", n, id, seen[id])
+			}
+		}
+		r.ledgerEquals(t, ids, admitted)
+		if left, err := r.rl.ActiveTenants(context.Background()); err != nil || len(left) != 0 {
+			t.Errorf("%d workers: %d tenants left active after every worker flushed (%v)", n, len(left), err)
+		}
+
+		// Usage no API node reported (the active set is lost): only the
+		// leader sweeps, and it flushes every tenant it finds.
+		more := r.admit(t, ids, 500, uint64(10+n))
+		for id, u := range more {
+			admitted[id] += u
+		}
+		if err := r.rdb.Del(context.Background(), r.prefix+":v1:active").Err(); err != nil {
+			t.Fatal(err)
+		}
+		for _, rec := range recs {
+			rec.SweepEvery = 0
+		}
+		for i, f := range flushAll(t, recs) {
+			switch {
+			case shares[i].Leads() && len(f) != len(more):
+				t.Errorf("%d workers: the leader's sweep flushed %d tenants, want the %d with usage", n, len(f), len(more))
+			case !shares[i].Leads() && len(f) != 0:
+				t.Errorf("%d workers: worker %d, not the leader, flushed %d tenants with no active set", n, i, len(f))
+			}
+		}
+		r.ledgerEquals(t, ids, admitted)
+	}
+}
+
+// errDied stops a flush where a worker's death would.
+var errDied = errors.New("worker died")
+
+// TestSharedWorkerKilledHandsOver: one of three workers dies after it
+// recorded its tenants' batches and before it dropped them from Redis (its
+// session ends, its batches stay in flight); on their next cycle the other
+// two take its shards and flush its tenants, the batches in flight (recorded
+// again, counted once) and the usage admitted since: the ledger holds
+// exactly the units admitted.
+func TestSharedWorkerKilledHandsOver(t *testing.T) {
+	t.Parallel()
+	r := mustRig(t, nil)
+	ids := r.tenants(t, 300, "pro")
+	recs, shares := r.sharedWorkers(t, 3)
+	admitted := r.admit(t, ids, 3000, 11)
+
+	// Worker 2 records its batches, then dies before finishing them.
+	recs[2].hook = func(step string) error {
+		if step == "committed" {
+			return errDied
+		}
+		return nil
+	}
+	if err := recs[2].Flush(context.Background()); !errors.Is(err, errDied) {
+		t.Fatalf("dying worker's Flush = %v, want it cut short after its commit", err)
+	}
+	var inFlight []string
+	for _, id := range ids {
+		if shares[2].Owns(id) && admitted[id] > 0 {
+			inFlight = append(inFlight, id)
+		}
+	}
+	if len(inFlight) == 0 {
+		t.Fatal("the dying worker owned no tenant with usage; the test exercises nothing")
+	}
+	shares[2].Close()
+
+	more := r.admit(t, ids, 1000, 12)
+	for id, u := range more {
+		admitted[id] += u
+	}
+	syncShares(t, shares[:2])
+	flushed := flushAll(t, recs[:2])
+	for _, id := range inFlight {
+		if !flushed[0][id] && !flushed[1][id] {
+			t.Errorf("tenant %s of the dead worker's shards flushed by neither survivor", id)
+		}
+	}
+	r.ledgerEquals(t, ids, admitted)
+
+	// A worker with no share (it flushes every tenant it finds) finds
+	// nothing left to add.
+	all := r.reconciler()
+	all.SweepEvery = 0
+	if err := all.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.ledgerEquals(t, ids, admitted)
+}
