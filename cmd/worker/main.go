@@ -91,6 +91,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	invoices.FullSweepEvery = 15 * time.Minute // in between, Cycle.Invoices refreshes the tenants just flushed
 	cycle := billing.NewCycle(rec, invoices)
 	reg, cycleSeconds := workerMetrics(rec, alerts, cycle.LastFlush)
+	sharesMetrics(reg, shares)
 
 	store := postgres.NewStore(db)
 	// The catalog's cache is never read here: it publishes the room grants make.
@@ -216,6 +217,27 @@ func workerMetrics(rec *billing.Reconciler, alerts *billing.Deliverer, lastFlush
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	)
 	return reg, cycle
+}
+
+// sharesMetrics registers the worker's share of the tenants: the shards it
+// holds, whether it leads, and the workers alive at its last sync.
+func sharesMetrics(reg *prometheus.Registry, sh *worker.Shares) {
+	gauge := func(name, help string, v func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help}, v)
+	}
+	reg.MustRegister(
+		gauge("tollgate_worker_shards", "Shards of tenants this worker flushes (of 64).",
+			func() float64 { return float64(len(sh.Owned())) }),
+		gauge("tollgate_worker_leader", "1 if this worker leads (sweeps, closes invoices, delivers alerts), else 0.",
+			func() float64 {
+				if sh.Leads() {
+					return 1
+				}
+				return 0
+			}),
+		gauge("tollgate_worker_members", "Workers alive at this worker's last sync, itself included.",
+			func() float64 { return float64(sh.Alive()) }),
+	)
 }
 
 // stripeMetrics registers the Stripe export's series: export outcomes

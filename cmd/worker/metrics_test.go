@@ -1,10 +1,16 @@
 package main
 
 import (
+	"context"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/tollgate/tollgate/internal/billing"
+	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/testenv"
+	"github.com/tollgate/tollgate/internal/worker"
 )
 
 func TestWorkerMetricsSeries(t *testing.T) {
@@ -50,5 +56,38 @@ func TestWorkerMetricsSeries(t *testing.T) {
 	}
 	if lag := got["tollgate_worker_lag_seconds"]; lag < 2 || lag > 60 {
 		t.Errorf("tollgate_worker_lag_seconds = %v, want about 2", lag)
+	}
+}
+
+// TestWorkerSharesSeries: a lone worker, once synced, holds the 64 shards,
+// leads and counts itself alive.
+func TestWorkerSharesSeries(t *testing.T) {
+	t.Parallel()
+	db, err := postgres.Open(context.Background(), testenv.NewDatabase(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	sh := worker.NewShares(db, nil)
+	defer sh.Close()
+	if err := sh.Sync(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	sharesMetrics(reg, sh)
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, f := range families {
+		got[f.GetName()] = f.GetMetric()[0].GetGauge().GetValue()
+	}
+	for name, want := range map[string]float64{
+		"tollgate_worker_shards": 64, "tollgate_worker_leader": 1, "tollgate_worker_members": 1,
+	} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (present %t), want %v", name, v, ok, want)
+		}
 	}
 }

@@ -79,7 +79,8 @@ type Shares struct {
 }
 
 // NewShares returns the Shares of a worker on pool's database. It holds no
-// lock until the first Sync.
+// lock until the first Sync. It logs the changes of its share on log (nil:
+// none).
 func NewShares(pool *pgxpool.Pool, log *slog.Logger) *Shares {
 	return &Shares{cfg: pool.Config().ConnConfig.Copy(), log: log, member: -1}
 }
@@ -112,8 +113,16 @@ func (s *Shares) Alive() int { return int(s.alive.Load()) }
 func (s *Shares) Sync(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if err := s.sync(ctx); err != nil {
+	owned, leads := s.owned.Load(), s.leader.Load()
+	err := s.sync(ctx)
+	if err != nil {
 		s.drop()
+	}
+	if s.log != nil && (s.owned.Load() != owned || s.leader.Load() != leads) {
+		s.log.Info("worker share changed", "shards", bits.OnesCount64(s.owned.Load()), "leader", s.leader.Load(),
+			"workers", s.alive.Load())
+	}
+	if err != nil {
 		return fmt.Errorf("worker: shares: %w", err)
 	}
 	return nil
