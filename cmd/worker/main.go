@@ -81,7 +81,6 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	// flushes its shards' tenants; the leader alone runs the steps that
 	// are not split by tenant.
 	shares := worker.NewShares(db, log)
-	shares.IdleTimeout = max(3*cfg.ReconcileInterval, 30*time.Second)
 	defer shares.Close()
 	rec.Share = shares
 	rec.Parallel = flushParallel
@@ -140,6 +139,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 		stripeMetrics(reg, exp)
 		log.Info("stripe export on", "url", cfg.StripeURL)
 	}
+
+	// Postgres ends the lock session of a worker silent for longer than
+	// its longest cycle (each step is bounded by an interval), so that a
+	// vanished host's shards move on.
+	shares.IdleTimeout = max(time.Duration(len(loop.Steps)+1)*cfg.ReconcileInterval, 30*time.Second)
 
 	ln, err := net.Listen("tcp", cfg.WorkerMetricsAddr)
 	if err != nil {
