@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -204,4 +205,39 @@ func TestSharedWorkerKilledHandsOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	r.ledgerEquals(t, ids, admitted)
+}
+
+// TestParallelFlushChunks: a flush moving several chunks at once records
+// every tenant once; one whose chunk fails midway (a crash after a commit)
+// returns that error, and the next flush completes the rest: the ledger
+// holds exactly the units admitted.
+func TestParallelFlushChunks(t *testing.T) {
+	t.Parallel()
+	r := mustRig(t, nil)
+	ids := r.tenants(t, 1600, "pro")
+	admitted := r.admit(t, ids, 6000, 21)
+	if len(admitted) <= 3*chunk {
+		t.Fatalf("%d tenants with usage, want more than three chunks", len(admitted))
+	}
+	rec := r.reconciler()
+	rec.Parallel = 3
+	rec.lastSweep = time.Now()
+	var commits atomic.Int64
+	rec.hook = func(step string) error {
+		if step == "committed" && commits.Add(1) == 2 {
+			return errDied
+		}
+		return nil
+	}
+	if err := rec.Flush(context.Background()); !errors.Is(err, errDied) {
+		t.Fatalf("Flush = %v, want the error of the chunk that failed", err)
+	}
+	rec.hook = func(string) error { return nil }
+	if err := rec.Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	r.ledgerEquals(t, ids, admitted)
+	if left, err := r.rl.ActiveTenants(context.Background()); err != nil || len(left) != 0 {
+		t.Errorf("%d tenants left active after the second flush (%v)", len(left), err)
+	}
 }
