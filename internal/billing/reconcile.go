@@ -184,8 +184,18 @@ func NewReconciler(db *pgxpool.Pool, rl pendingUsage, now func() time.Time, log 
 // tenant with usage left in Redis), then prunes batch ids too old to be
 // replayed. Its work grows with the tenants active since the last cycle, not
 // with all tenants. With a Share, only this worker's share of them, and the
-// sweep only on the leader.
+// sweep only on the leader; a worker that does not lead flushes nothing
+// while Redis reports a loss not yet repaired (Repair, which the leader runs).
 func (r *Reconciler) Flush(ctx context.Context) error {
+	if r.Share != nil && !r.Share.Leads() {
+		// After Redis lost data the leader restores the counters from the
+		// ledger plus the usage pending in Redis: usage another worker
+		// moved from one to the other meanwhile would be in neither. Until
+		// the leader has restored them, only it flushes.
+		if lost, err := r.rl.EpochLost(ctx); err != nil || lost {
+			return err
+		}
+	}
 	began := r.now()
 	ids, err := r.rl.ActiveTenants(ctx)
 	if err != nil {

@@ -29,6 +29,15 @@ func (r *rig) sharedWorkers(t *testing.T, n int) ([]*Reconciler, []*worker.Share
 	for range 2 { // one cycle to give back, one to take
 		syncShares(t, shares)
 	}
+	// The leader's repair marks Redis intact (a new prefix reads as lost):
+	// the others flush only then.
+	for i, sh := range shares {
+		if sh.Leads() {
+			if err := recs[i].Repair(context.Background()); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	return recs, shares
 }
 
@@ -240,4 +249,37 @@ func TestParallelFlushChunks(t *testing.T) {
 	if left, err := r.rl.ActiveTenants(context.Background()); err != nil || len(left) != 0 {
 		t.Errorf("%d tenants left active after the second flush (%v)", len(left), err)
 	}
+}
+
+// TestSharedWorkersWaitForTheLeadersRepair: after Redis lost data, a worker
+// that does not lead flushes nothing until the leader has restored the
+// counters; then it flushes its share, and the ledger holds the units
+// admitted.
+func TestSharedWorkersWaitForTheLeadersRepair(t *testing.T) {
+	t.Parallel()
+	r := mustRig(t, nil)
+	ids := r.tenants(t, 200, "pro")
+	recs, shares := r.sharedWorkers(t, 2)
+	lead, other := 0, 1
+	if !shares[0].Leads() {
+		lead, other = 1, 0
+	}
+	admitted := r.admit(t, ids, 2000, 31)
+	if err := r.rdb.Del(context.Background(), r.prefix+":v1:epoch").Err(); err != nil { // the loss
+		t.Fatal(err)
+	}
+	if err := recs[other].Flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := recs[other].TakeFlushed(); len(got) != 0 {
+		t.Fatalf("a worker that does not lead flushed %d tenants before the leader's repair, want none", len(got))
+	}
+	if err := recs[lead].Repair(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	flushed := flushAll(t, recs)
+	if len(flushed[other]) == 0 {
+		t.Fatal("after the leader's repair, the other worker still flushed nothing")
+	}
+	r.ledgerEquals(t, ids, admitted)
 }
