@@ -2,6 +2,7 @@
 -- monthly totals of the months whose detail the retention dropped, each as
 -- one row at its month's first hour (the month's totals are kept; its
 -- hourly detail was gone already).
+DROP VIEW usage_ledger;
 ALTER TABLE usage RENAME TO usage_partitioned;
 ALTER TABLE usage_partitioned RENAME CONSTRAINT usage_pkey TO usage_partitioned_pkey;
 

@@ -69,3 +69,13 @@ CREATE TABLE usage_monthly (
     meter_overage_units bigint NOT NULL CHECK (meter_overage_units >= 0),
     PRIMARY KEY (tenant_id, month, meter)
 );
+
+-- Every unit of the ledger, for the readers of past periods (/v1/usage,
+-- the console's totals, invoices and their rerating): the hourly rows, and
+-- each rolled-up month's totals as one row at the month's first instant.
+CREATE VIEW usage_ledger AS
+    SELECT tenant_id, hour, meter, units, requests, rejected, overage_units, shadow_refused, degraded, meter_overage_units
+    FROM usage
+    UNION ALL
+    SELECT tenant_id, month, meter, units, requests, rejected, overage_units, shadow_refused, degraded, meter_overage_units
+    FROM usage_monthly;

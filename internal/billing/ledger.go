@@ -31,7 +31,7 @@ type Totals struct {
 func (l *Ledger) TenantTotals(ctx context.Context, ids []string, from, to time.Time) (map[string]Totals, error) {
 	rows, err := l.db.Query(ctx, `
 		SELECT tenant_id::text, sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint
-		FROM usage WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3
+		FROM usage_ledger WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3
 		GROUP BY tenant_id`, ids, from, to)
 	if err != nil {
 		return nil, fmt.Errorf("billing: tenant totals: %w", err)
@@ -164,7 +164,7 @@ func (l *Ledger) EachUsage(ctx context.Context, tenantID string, from, to time.T
 		SELECT (date_trunc($4, hour AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS period_start, meter,
 		       sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint, sum(overage_units)::bigint,
 		       sum(shadow_refused)::bigint, sum(degraded)::bigint
-		FROM usage WHERE tenant_id = $1 AND hour >= $2 AND hour < $3 AND ($5 = '' OR meter = $5)
+		FROM usage_ledger WHERE tenant_id = $1 AND hour >= $2 AND hour < $3 AND ($5 = '' OR meter = $5)
 		GROUP BY 1, 2 ORDER BY 1, 2`, tenantID, from, to, granularity, meter)
 	if err != nil {
 		return fmt.Errorf("billing: usage: %w", err)
