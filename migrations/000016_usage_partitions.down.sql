@@ -34,3 +34,8 @@ ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET
 
 DROP TABLE usage_monthly;
 DROP TABLE usage_partitioned; -- with its partitions
+
+-- (pg_trgm stays: other objects of the database may use it.)
+DROP INDEX IF EXISTS tenants_name_trgm_idx;
+DROP INDEX IF EXISTS tenants_created_idx;
+DROP INDEX IF EXISTS tenants_id_text_idx;

@@ -79,3 +79,15 @@ CREATE VIEW usage_ledger AS
     UNION ALL
     SELECT tenant_id, month, meter, units, requests, rejected, overage_units, shadow_refused, degraded, meter_overage_units
     FROM usage_monthly;
+
+-- Indexes for 100,000 tenants and more. Tenants are looked up by id given
+-- as text (id::text = $1: input that is not a UUID finds nothing instead
+-- of failing), which without this index is a scan of every tenant on each
+-- lookup (invoice generation, credits, the admin API). The console lists
+-- tenants oldest first, a page at a time, and searches them by a substring
+-- of the name (ILIKE '%...%', which a trigram index serves; pg_trgm is a
+-- trusted extension, which the database's owner may create).
+CREATE INDEX tenants_id_text_idx ON tenants ((id::text));
+CREATE INDEX tenants_created_idx ON tenants (created_at, id);
+CREATE EXTENSION IF NOT EXISTS pg_trgm;
+CREATE INDEX tenants_name_trgm_idx ON tenants USING gin (name gin_trgm_ops);

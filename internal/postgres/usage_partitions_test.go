@@ -37,6 +37,18 @@ func TestUsagePartitionsMigrationDownAndUp(t *testing.T) {
 	if k := kind(); k != "p" {
 		t.Fatalf("usage is relkind %q after the migrations, want a partitioned table (p)", k)
 	}
+	indexes := func() int {
+		t.Helper()
+		var n int
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE tablename = 'tenants'
+			AND indexname IN ('tenants_id_text_idx', 'tenants_created_idx', 'tenants_name_trgm_idx')`).Scan(&n); err != nil {
+			t.Fatal(err)
+		}
+		return n
+	}
+	if n := indexes(); n != 3 {
+		t.Fatalf("%d of the 3 tenants indexes after the migrations", n)
+	}
 
 	var tenant string
 	if err := db.QueryRow(ctx, `INSERT INTO tenants (name, tier, webhook_secret) VALUES ('acme', 'pro', decode(md5('a') || md5('a'), 'hex'))
@@ -84,6 +96,9 @@ func TestUsagePartitionsMigrationDownAndUp(t *testing.T) {
 	if k := kind(); k != "r" {
 		t.Fatalf("usage is relkind %q after down, want one plain table (r)", k)
 	}
+	if n := indexes(); n != 0 {
+		t.Errorf("%d of the tenants indexes left after down", n)
+	}
 	down := total()
 	want := sums{before.rows + 1, before.units + 1000, before.requests + 900, before.overage + 10, before.meterOverage + 4}
 	if down != want {
@@ -101,6 +116,9 @@ func TestUsagePartitionsMigrationDownAndUp(t *testing.T) {
 	}
 	if k := kind(); k != "p" {
 		t.Fatalf("usage is relkind %q after up again, want p", k)
+	}
+	if n := indexes(); n != 3 {
+		t.Errorf("%d of the 3 tenants indexes after up again", n)
 	}
 	if up := total(); up != want {
 		t.Fatalf("after up again: %+v, want %+v", up, want)
