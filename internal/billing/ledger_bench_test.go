@@ -295,4 +295,18 @@ func BenchmarkLedgerAtScale(b *testing.B) {
 		b.ReportMetric(resweep.Seconds(), "unchanged-sweep-s")
 		b.ReportMetric(closing.Seconds(), "close+sweep-s")
 	})
+	// The console's invoices page, once every tenant has invoices: a page
+	// of the current month's and the month's count and total.
+	b.Run("console-invoices-page", func(b *testing.B) {
+		for b.Loop() {
+			page, more, err := led.InvoicePage(ctx, from, "", 100)
+			if err != nil || len(page) != 100 || !more {
+				b.Fatalf("%d invoices (more %t), %v", len(page), more, err)
+			}
+			if _, _, err := led.InvoiceSummary(ctx, from); err != nil {
+				b.Fatal(err)
+			}
+		}
+		ms(b)
+	})
 }
