@@ -39,3 +39,5 @@ DROP TABLE usage_partitioned; -- with its partitions
 DROP INDEX IF EXISTS tenants_name_trgm_idx;
 DROP INDEX IF EXISTS tenants_created_idx;
 DROP INDEX IF EXISTS tenants_id_text_idx;
+CREATE INDEX IF NOT EXISTS invoices_period_idx ON invoices (period);
+DROP INDEX IF EXISTS invoices_period_tenant_idx;

@@ -40,14 +40,14 @@ func TestUsagePartitionsMigrationDownAndUp(t *testing.T) {
 	indexes := func() int {
 		t.Helper()
 		var n int
-		if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE tablename = 'tenants'
-			AND indexname IN ('tenants_id_text_idx', 'tenants_created_idx', 'tenants_name_trgm_idx')`).Scan(&n); err != nil {
+		if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE indexname IN
+			('tenants_id_text_idx', 'tenants_created_idx', 'tenants_name_trgm_idx', 'invoices_period_tenant_idx')`).Scan(&n); err != nil {
 			t.Fatal(err)
 		}
 		return n
 	}
-	if n := indexes(); n != 3 {
-		t.Fatalf("%d of the 3 tenants indexes after the migrations", n)
+	if n := indexes(); n != 4 {
+		t.Fatalf("%d of the 4 indexes of 000016 after the migrations", n)
 	}
 
 	var tenant string
@@ -96,8 +96,12 @@ func TestUsagePartitionsMigrationDownAndUp(t *testing.T) {
 	if k := kind(); k != "r" {
 		t.Fatalf("usage is relkind %q after down, want one plain table (r)", k)
 	}
+	var periodIdx int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM pg_indexes WHERE indexname = 'invoices_period_idx'`).Scan(&periodIdx); err != nil || periodIdx != 1 {
+		t.Errorf("invoices_period_idx after down: %d (%v), want it back", periodIdx, err)
+	}
 	if n := indexes(); n != 0 {
-		t.Errorf("%d of the tenants indexes left after down", n)
+		t.Errorf("%d of the indexes of 000016 left after down", n)
 	}
 	down := total()
 	want := sums{before.rows + 1, before.units + 1000, before.requests + 900, before.overage + 10, before.meterOverage + 4}
@@ -117,8 +121,8 @@ func TestUsagePartitionsMigrationDownAndUp(t *testing.T) {
 	if k := kind(); k != "p" {
 		t.Fatalf("usage is relkind %q after up again, want p", k)
 	}
-	if n := indexes(); n != 3 {
-		t.Errorf("%d of the 3 tenants indexes after up again", n)
+	if n := indexes(); n != 4 {
+		t.Errorf("%d of the 4 indexes of 000016 after up again", n)
 	}
 	if up := total(); up != want {
 		t.Fatalf("after up again: %+v, want %+v", up, want)
