@@ -83,10 +83,9 @@ func (p *Partitions) Run(ctx context.Context) error {
 }
 
 // Ensure creates the partition of the UTC month containing month unless it
-// exists, moving that month's rows out of usage_default into it. Flushes
-// that write to usage_default wait for the move (milliseconds when the
-// default is empty, as it is when partitions are made ahead); other writes
-// and reads go on.
+// exists, moving that month's rows out of usage_default into it. Writes
+// to usage wait for it (milliseconds when the default is empty, as it is
+// when partitions are made ahead); reads go on.
 func (p *Partitions) Ensure(ctx context.Context, month time.Time) error {
 	from := quota.MonthStart(month)
 	to := from.AddDate(0, 1, 0)
@@ -99,13 +98,13 @@ func (p *Partitions) Ensure(ctx context.Context, month time.Time) error {
 		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`, name).Scan(&exists); err != nil || exists {
 			return err
 		}
-		// ATTACH takes only SHARE UPDATE EXCLUSIVE on usage (flushes and
-		// reads go on), and ACCESS EXCLUSIVE on the default partition it
-		// checks; the default is locked first so that the rows moved are
-		// all of them.
+		// SHARE ROW EXCLUSIVE on usage holds back writes (reads go on)
+		// until the partition is attached: a write already routed to the
+		// default partition would otherwise fail its new constraint. The
+		// default is then locked so that the rows moved are all of them.
 		ident := pgx.Identifier{name}.Sanitize()
 		for _, sql := range []string{
-			`LOCK TABLE usage IN SHARE UPDATE EXCLUSIVE MODE`,
+			`LOCK TABLE usage IN SHARE ROW EXCLUSIVE MODE`,
 			`LOCK TABLE usage_default IN ACCESS EXCLUSIVE MODE`,
 			`CREATE TABLE ` + ident + ` (LIKE usage INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)`,
 		} {
@@ -173,14 +172,14 @@ func (p *Partitions) DropBefore(ctx context.Context, cutoff time.Time) ([]string
 				return err
 			}
 			ident := pgx.Identifier{name}.Sanitize()
-			// SHARE on the partition holds back writes to it (late usage
-			// of that month) while reads go on, so that the rollup counts
-			// every row the drop removes. Dropping a partition then takes
-			// ACCESS EXCLUSIVE on usage, for a moment: bounded by
-			// lock_timeout, a busy ledger makes this month wait for the
+			// SHARE ROW EXCLUSIVE on usage holds back writes while reads
+			// go on, so that the rollup counts every row the drop removes
+			// and no write is routed to the partition dropped. Dropping it
+			// then takes ACCESS EXCLUSIVE on usage, for a moment: bounded
+			// by lock_timeout, a busy ledger makes this month wait for the
 			// next Run rather than queue every read behind the drop.
 			for _, sql := range []string{
-				`LOCK TABLE ` + ident + ` IN SHARE MODE`,
+				`LOCK TABLE usage IN SHARE ROW EXCLUSIVE MODE`,
 				fmt.Sprintf(rollupSQL, ident, ""),
 				`SET LOCAL lock_timeout = '5s'`,
 				`LOCK TABLE usage IN ACCESS EXCLUSIVE MODE`,
@@ -198,7 +197,7 @@ func (p *Partitions) DropBefore(ctx context.Context, cutoff time.Time) ([]string
 		dropped = append(dropped, name)
 	}
 	err = pgx.BeginFunc(ctx, p.db, func(tx pgx.Tx) error {
-		if _, err := tx.Exec(ctx, `LOCK TABLE usage_default IN SHARE ROW EXCLUSIVE MODE`); err != nil {
+		if _, err := tx.Exec(ctx, `LOCK TABLE usage IN SHARE ROW EXCLUSIVE MODE`); err != nil {
 			return err
 		}
 		if _, err := tx.Exec(ctx, fmt.Sprintf(rollupSQL, "usage_default", "WHERE hour < $1"), cutoff); err != nil {

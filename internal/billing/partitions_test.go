@@ -2,6 +2,7 @@ package billing
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -246,5 +247,60 @@ func TestPartitionsRetentionRollsUpThenDropsOldDetail(t *testing.T) {
 	}
 	if n := countRows(t, db, `SELECT count(*) FROM usage_default`); n != 0 {
 		t.Errorf("usage_default holds %d rows after the Run, want 0", n)
+	}
+}
+
+// TestPartitionsEnsureLosesNoRowWrittenMeanwhile: rows of a month without
+// a partition keep arriving (in usage_default) while Ensure creates the
+// month's partition and moves them; every row written ends up in the
+// partition, none lost or doubled, none left in the default.
+func TestPartitionsEnsureLosesNoRowWrittenMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := testenv.Postgres(t)
+	a := invTenant(t, db, "pro", time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC))
+	month := time.Date(2033, 8, 1, 0, 0, 0, 0, time.UTC)
+	p := NewPartitions(db, time.Now, 0)
+
+	const writers, perWriter = 4, 60
+	errs := make(chan error, writers)
+	started := make(chan struct{}, writers)
+	for w := range writers {
+		go func() {
+			for k := range perWriter {
+				if k == 5 {
+					started <- struct{}{}
+				}
+				// Each write adds 1 unit to one of 24 rows of the month.
+				if _, err := db.Exec(ctx, `INSERT INTO usage AS u (tenant_id, hour, meter, units, requests) VALUES ($1, $2, $3, 1, 1)
+					ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET units = u.units + 1`,
+					a, month.Add(time.Duration(k%24)*time.Hour), fmt.Sprintf("m%d", w)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range writers {
+		<-started
+	}
+	if err := p.Ensure(ctx, month); err != nil {
+		t.Fatal(err)
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatalf("a write while the partition was made: %v", err)
+		}
+	}
+	if n := countRows(t, db, `SELECT coalesce(sum(units), 0) FROM usage_p203308`); n != writers*perWriter {
+		t.Errorf("usage_p203308 holds %d units, want every one of the %d written", n, writers*perWriter)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM usage_p203308`); n != writers*24 {
+		t.Errorf("usage_p203308 holds %d rows, want %d (24 hours × %d meters, each once)", n, writers*24, writers)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM usage_default`); n != 0 {
+		t.Errorf("usage_default holds %d rows, want 0", n)
 	}
 }
