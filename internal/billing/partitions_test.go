@@ -304,3 +304,70 @@ func TestPartitionsEnsureLosesNoRowWrittenMeanwhile(t *testing.T) {
 		t.Errorf("usage_default holds %d rows, want 0", n)
 	}
 }
+
+// TestPartitionsDropLosesNoRowWrittenMeanwhile: late usage of a month
+// past the retention keeps arriving while DropBefore rolls the month up
+// and drops its partition; every unit written ends up counted once, in
+// usage_monthly or (written after the drop) in usage_default, which the
+// next DropBefore rolls up too.
+func TestPartitionsDropLosesNoRowWrittenMeanwhile(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	db := testenv.Postgres(t)
+	a := invTenant(t, db, "pro", time.Date(2029, 1, 1, 0, 0, 0, 0, time.UTC))
+	month := time.Date(2033, 2, 1, 0, 0, 0, 0, time.UTC)
+	p := NewPartitions(db, time.Now, 0)
+	if err := p.Ensure(ctx, month); err != nil {
+		t.Fatal(err)
+	}
+	for h := range 24 {
+		invExec(t, db, `INSERT INTO usage (tenant_id, hour, meter, units, requests) VALUES ($1, $2, 'm', 100, 1)`, a, month.Add(time.Duration(h)*time.Hour))
+	}
+
+	const writers, perWriter = 4, 60
+	errs := make(chan error, writers)
+	started := make(chan struct{}, writers)
+	for range writers {
+		go func() {
+			for k := range perWriter {
+				if k == 5 {
+					started <- struct{}{}
+				}
+				if _, err := db.Exec(ctx, `INSERT INTO usage AS u (tenant_id, hour, meter, units, requests) VALUES ($1, $2, 'm', 1, 1)
+					ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET units = u.units + 1`,
+					a, month.Add(time.Duration(k%24)*time.Hour)); err != nil {
+					errs <- err
+					return
+				}
+			}
+			errs <- nil
+		}()
+	}
+	for range writers {
+		<-started
+	}
+	dropped, err := p.DropBefore(ctx, month.AddDate(0, 1, 0))
+	if err != nil || !slices.Contains(dropped, "usage_p203302") || slices.Contains(dropped, "usage_p203303") {
+		t.Fatalf("DropBefore: %v, %v; want usage_p203302 dropped (and the migration's months before it)", dropped, err)
+	}
+	for range writers {
+		if err := <-errs; err != nil {
+			t.Fatalf("a write while the partition was dropped: %v", err)
+		}
+	}
+	want := int64(24*100 + writers*perWriter)
+	got := countRows(t, db, `SELECT coalesce(sum(units), 0) FROM usage_ledger WHERE tenant_id = $1`, a)
+	if got != want {
+		t.Errorf("the month's units in usage_ledger: %d, want %d", got, want)
+	}
+	if _, err := p.DropBefore(ctx, month.AddDate(0, 1, 0)); err != nil {
+		t.Fatal(err)
+	}
+	if n := countRows(t, db, `SELECT units FROM usage_monthly WHERE tenant_id = $1 AND month = $2`, a, month); n != want {
+		t.Errorf("usage_monthly: %d units, want %d", n, want)
+	}
+	if n := countRows(t, db, `SELECT count(*) FROM usage WHERE tenant_id = $1`, a); n != 0 {
+		t.Errorf("%d hourly rows left, want 0", n)
+	}
+}
