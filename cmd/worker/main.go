@@ -89,6 +89,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
 	invoices.FullSweepEvery = 15 * time.Minute // in between, Cycle.Invoices refreshes the tenants just flushed
 	cycle := billing.NewCycle(rec, invoices)
+	partitions := billing.NewPartitions(db, time.Now, cfg.UsageRetentionMonths)
 	reg, cycleSeconds := workerMetrics(rec, alerts, cycle.LastFlush)
 	sharesMetrics(reg, shares)
 
@@ -117,6 +118,11 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 				_, err := plans.ApplyDue(ctx)
 				return err
 			})},
+			// The usage ledger's monthly partitions, made ahead of the
+			// flush that writes into them; with TOLLGATE_USAGE_RETENTION,
+			// old months' detail rolled up and dropped (once an hour, by
+			// the leader).
+			{Name: "partitions", Run: lead(shares, partitions.Run)},
 			// Repair first: counters lost with Redis are restored before the
 			// flush moves what is still pending.
 			{Name: "repair", Run: lead(shares, rec.Repair)},

@@ -70,7 +70,7 @@ func TestWorkerStepsAreTraced(t *testing.T) {
 	if len(cycles) == 0 {
 		t.Fatalf("no worker.cycle span exported by the time run returned; took %d spans (refused: %q)", len(spans), rec.Refused())
 	}
-	want := []string{"shares", "grants", "plans", "repair", "flush", "invoices", "alerts"}
+	want := []string{"shares", "grants", "plans", "partitions", "repair", "flush", "invoices", "alerts"}
 	complete := 0
 	for _, c := range cycles {
 		steps := children[c.SpanID]

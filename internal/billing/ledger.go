@@ -27,11 +27,12 @@ type Totals struct {
 }
 
 // TenantTotals returns the flushed usage in [from, to) of each tenant of
-// ids, summed over meters and hours; tenants without usage are absent.
+// ids, summed over meters and hours; tenants without usage are absent. A
+// month whose detail the retention dropped counts as at its first instant.
 func (l *Ledger) TenantTotals(ctx context.Context, ids []string, from, to time.Time) (map[string]Totals, error) {
 	rows, err := l.db.Query(ctx, `
 		SELECT tenant_id::text, sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint
-		FROM usage WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3
+		FROM usage_ledger WHERE tenant_id = ANY($1::uuid[]) AND hour >= $2 AND hour < $3
 		GROUP BY tenant_id`, ids, from, to)
 	if err != nil {
 		return nil, fmt.Errorf("billing: tenant totals: %w", err)
@@ -159,12 +160,14 @@ type UsageRow struct {
 // EachUsage calls fn for every row of the tenant's usage in [from, to), per
 // hour or day ("hour", "day") and meter (all meters when meter is empty),
 // oldest first. Rows are streamed from Postgres, never held all at once.
+// A month whose hourly detail the retention dropped (Partitions) reads as
+// one row per meter at the month's first instant.
 func (l *Ledger) EachUsage(ctx context.Context, tenantID string, from, to time.Time, granularity, meter string, fn func(UsageRow) error) error {
 	rows, err := l.db.Query(ctx, `
 		SELECT (date_trunc($4, hour AT TIME ZONE 'UTC') AT TIME ZONE 'UTC') AS period_start, meter,
 		       sum(units)::bigint, sum(requests)::bigint, sum(rejected)::bigint, sum(overage_units)::bigint,
 		       sum(shadow_refused)::bigint, sum(degraded)::bigint
-		FROM usage WHERE tenant_id = $1 AND hour >= $2 AND hour < $3 AND ($5 = '' OR meter = $5)
+		FROM usage_ledger WHERE tenant_id = $1 AND hour >= $2 AND hour < $3 AND ($5 = '' OR meter = $5)
 		GROUP BY 1, 2 ORDER BY 1, 2`, tenantID, from, to, granularity, meter)
 	if err != nil {
 		return fmt.Errorf("billing: usage: %w", err)

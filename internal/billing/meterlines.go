@@ -79,7 +79,7 @@ func loadMeterOverage(ctx context.Context, tx pgx.Tx, ids []string, starts, ends
 	rows, err := tx.Query(ctx, `
 		SELECT u.tenant_id::text, u.meter, sum(u.meter_overage_units)::bigint
 		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, ps, pe)
-		JOIN usage u ON u.tenant_id = b.tenant_id AND u.hour >= b.ps AND u.hour < b.pe
+		JOIN usage_ledger u ON u.tenant_id = b.tenant_id AND u.hour >= b.ps AND u.hour < b.pe
 		WHERE u.tenant_id = ANY($1::uuid[]) AND u.hour >= $4 AND u.hour < $5 AND u.meter_overage_units > 0
 		GROUP BY u.tenant_id, u.meter ORDER BY u.tenant_id, u.meter`, ids, starts, ends, first, last)
 	if err != nil {

@@ -74,6 +74,10 @@ type Config struct {
 	// GRPCAddr is the listen address of the gRPC services for Envoy, the
 	// rate limit service and ext_authz (TOLLGATE_GRPC_ADDR); empty: off.
 	GRPCAddr string
+	// UsageRetentionMonths is how many months of hourly usage detail the
+	// worker keeps before the current month (TOLLGATE_USAGE_RETENTION);
+	// older months are rolled up into monthly totals. 0: kept for ever.
+	UsageRetentionMonths int
 }
 
 // Var documents one environment variable.
@@ -116,6 +120,7 @@ var Vars = []Var{
 	{"TOLLGATE_STRIPE_KEY", "", "Stripe secret or restricted key (sk_… or rk_…); set: the worker exports every final invoice to Stripe; unset: no export"},
 	{"TOLLGATE_STRIPE_URL", "https://api.stripe.com", "base URL of the Stripe API the worker exports to (http or https; a stripe-mock in tests)"},
 	{"TOLLGATE_GRPC_ADDR", "", "the api's gRPC listen address (host:port; port 0 picks a free one) for Envoy: the rate limit service, ext_authz and gRPC health on one port, plaintext HTTP/2 (docs/envoy.md); unset: off"},
+	{"TOLLGATE_USAGE_RETENTION", "0", "months of hourly usage detail the worker keeps before the current month, 0 or 3 to 1200; older months keep only their monthly totals per tenant and meter (invoices are kept) (docs/operations-ledger.md); 0: all of it, for ever"},
 }
 
 // Load reads the configuration through getenv and validates it. The error
@@ -201,6 +206,10 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	if c.SessionTTL, err = duration(get, "TOLLGATE_SESSION_TTL", 5*time.Minute, 720*time.Hour); err != nil {
 		return c, err
+	}
+	if c.UsageRetentionMonths, err = strconv.Atoi(get("TOLLGATE_USAGE_RETENTION")); err != nil ||
+		c.UsageRetentionMonths < 0 || c.UsageRetentionMonths > 1200 || (c.UsageRetentionMonths > 0 && c.UsageRetentionMonths < 3) {
+		return c, fmt.Errorf("config: TOLLGATE_USAGE_RETENTION: %q must be a number of months, 0 (keep all) or 3 to 1200", get("TOLLGATE_USAGE_RETENTION"))
 	}
 	if c.TrustedProxies, err = ParsePrefixes(get("TOLLGATE_TRUSTED_PROXIES")); err != nil {
 		return c, fmt.Errorf("config: TOLLGATE_TRUSTED_PROXIES: %w", err)

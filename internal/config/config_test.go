@@ -87,6 +87,10 @@ func TestLoadNamesTheBadVariable(t *testing.T) {
 		{"TOLLGATE_INVOICE_GRACE", "1y"},
 		{"TOLLGATE_SESSION_TTL", "1m"},
 		{"TOLLGATE_SESSION_TTL", "always"},
+		{"TOLLGATE_USAGE_RETENTION", "1"},
+		{"TOLLGATE_USAGE_RETENTION", "-3"},
+		{"TOLLGATE_USAGE_RETENTION", "13mo"},
+		{"TOLLGATE_USAGE_RETENTION", "1201"},
 		{"TOLLGATE_TRUSTED_PROXIES", "proxy.internal"},
 		{"TOLLGATE_TRUSTED_PROXIES", "10.0.0.1, 10.0.0.0/33"},
 		{"TOLLGATE_TRUSTED_PROXIES", "fe80::1%eth0"},
@@ -230,5 +234,18 @@ func TestLoadGRPCAddr(t *testing.T) {
 	}
 	if c, err = Load(env(map[string]string{"TOLLGATE_GRPC_ADDR": "127.0.0.1:8081"})); err != nil || c.GRPCAddr != "127.0.0.1:8081" {
 		t.Errorf("GRPCAddr = %q, %v, want 127.0.0.1:8081", c.GRPCAddr, err)
+	}
+}
+
+func TestLoadUsageRetention(t *testing.T) {
+	c, err := Load(env(nil))
+	if err != nil || c.UsageRetentionMonths != 0 {
+		t.Fatalf("UsageRetentionMonths by default = %d, %v, want 0 (keep all)", c.UsageRetentionMonths, err)
+	}
+	for _, v := range []string{"3", "13", "1200"} {
+		c, err := Load(env(map[string]string{"TOLLGATE_USAGE_RETENTION": v}))
+		if err != nil || fmt.Sprint(c.UsageRetentionMonths) != v {
+			t.Errorf("TOLLGATE_USAGE_RETENTION=%s: %d, %v", v, c.UsageRetentionMonths, err)
+		}
 	}
 }
