@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -52,7 +53,12 @@ func StartOwnCluster(tb testing.TB, masters, replicas int) *OwnCluster {
 		}
 	}
 	c := &OwnCluster{tb: tb, dir: tb.TempDir(), nodes: map[string]*exec.Cmd{}}
-	tb.Cleanup(c.stopAll)
+	tb.Cleanup(func() {
+		c.stopAll()
+		if tb.Failed() {
+			c.logTails()
+		}
+	})
 	var err error
 	for attempt := 0; attempt < 3; attempt++ {
 		if err = c.create(masters, replicas); err == nil {
@@ -77,7 +83,42 @@ func (c *OwnCluster) create(masters, replicas int) error {
 	if out, err := exec.CommandContext(ctx, "redis-cli", args...).CombinedOutput(); err != nil {
 		return fmt.Errorf("redis-cli --cluster create: %w: %s", err, out)
 	}
-	return c.waitStable(ctx, n)
+	if err := c.waitStable(ctx, n); err != nil {
+		return err
+	}
+	return c.waitReplicas(ctx)
+}
+
+// waitReplicas waits until every replica's link to its master is up and
+// it has taken all its master has written: a replica still in its first
+// sync is no replica to fail over to.
+func (c *OwnCluster) waitReplicas(ctx context.Context) error {
+	for {
+		err := c.replicasInSync(ctx)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("replicas not in sync (logs in %s): %w", c.dir, err)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+func (c *OwnCluster) replicasInSync(ctx context.Context) error {
+	for _, a := range c.running() {
+		n := c.node(a)
+		info, err := n.Info(ctx, "replication").Result()
+		n.Close()
+		if err != nil {
+			return err
+		}
+		if strings.Contains(info, "role:slave") && !strings.Contains(info, "master_link_status:up") {
+			return fmt.Errorf("replica %s: link to its master down", a)
+		}
+	}
+	return nil
 }
 
 // startNodes starts n cluster-enabled redis-servers that know no other node.
@@ -94,6 +135,7 @@ func (c *OwnCluster) startNodes(n int) ([]string, error) {
 			"--cluster-enabled", "yes",
 			"--cluster-config-file", filepath.Join(c.dir, "nodes-"+ps+".conf"),
 			"--cluster-node-timeout", "1000",
+			"--repl-diskless-sync-delay", "0",
 			"--dir", c.dir,
 			"--save", "",
 			"--appendonly", "no",
@@ -343,7 +385,11 @@ func (c *OwnCluster) MoveSlot(slot int, to ClusterNode, batch int, step func()) 
 	}
 	// The new owner first, then the old, then the others (as redis-cli).
 	must("NODE on the new owner", dst.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", to.ID).Err())
-	must("NODE on the old owner", src.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", to.ID).Err())
+	// An old owner that gave its last slot away makes itself a replica of
+	// the node that took it, and learns the slot from it.
+	if err := src.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", to.ID).Err(); err != nil && !strings.Contains(err.Error(), "only with masters") {
+		must("NODE on the old owner", err)
+	}
 	for _, m := range c.Masters() {
 		if m.ID == from.ID || m.ID == to.ID {
 			continue
@@ -409,12 +455,15 @@ func (c *OwnCluster) RemoveNode(gone ClusterNode) {
 
 // Failover promotes replica in place of its master with CLUSTER FAILOVER
 // (the master stops taking writes, the replica catches up with it, then
-// takes its slots: no acknowledged write is lost), and waits until every
-// node agrees.
+// takes its slots: no acknowledged write is lost), once every replica's
+// link is up, and waits until every node agrees.
 func (c *OwnCluster) Failover(replica ClusterNode) {
 	c.tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
+	if err := c.waitReplicas(ctx); err != nil {
+		c.tb.Fatalf("testenv: failover: %v", err)
+	}
 	n := c.node(replica.Addr)
 	defer n.Close()
 	if err := n.Do(ctx, "CLUSTER", "FAILOVER").Err(); err != nil {
@@ -492,6 +541,19 @@ func (c *OwnCluster) stop(addr string) {
 		_ = p.Process.Signal(syscall.SIGCONT)
 		_ = p.Process.Kill()
 		_ = p.Wait()
+	}
+}
+
+// logTails logs the end of every node's log, for a failed test.
+func (c *OwnCluster) logTails() {
+	logs, _ := filepath.Glob(filepath.Join(c.dir, "redis-*.log"))
+	for _, f := range logs {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+		c.tb.Logf("%s:\n%s", filepath.Base(f), strings.Join(lines[max(0, len(lines)-40):], "\n"))
 	}
 }
 
