@@ -80,7 +80,7 @@ func monthUsed(tb testing.TB, r *Runner, id string) int64 {
 // again for the first's TRYAGAIN would run it again.
 func TestBatchBesideAMigratingSlotCountsEachCallOnce(t *testing.T) {
 	t.Parallel()
-	_, _, r, a, b, _, _ := migratingPair(t)
+	oc, _, r, a, b, slot, to := migratingPair(t)
 	batch := make([]*call, 2)
 	for i, id := range []string{a, b} {
 		keys, args, _ := r.admitCall(id, "", 0, "admit", 1, "demo", "block", mustParams(t, monthOnly), "", 0, nil, nil)
@@ -96,6 +96,7 @@ func TestBatchBesideAMigratingSlotCountsEachCallOnce(t *testing.T) {
 	if got := monthUsed(t, r, b); got != 2 {
 		t.Errorf("tenant of a stable slot: %d units used after two admissions, want 2", got)
 	}
+	oc.MoveSlot(slot, to, 10, nil)
 	if got := monthUsed(t, r, a); got != 1 {
 		t.Errorf("tenant of the migrating slot: %d units used, want the 1 before the refused call", got)
 	}
@@ -108,4 +109,64 @@ func mustParams(tb testing.TB, l quota.Limits) params {
 		tb.Fatal(err)
 	}
 	return p
+}
+
+// TestMasterAddedGetsTheLibraryOnItsFirstCall adds a master (without the
+// Function library: nothing copies it there) and starts moving a slot to
+// it: while the slot is importing the new master serves no slot, yet a
+// call of a key of the slot is sent there (ASK). The runner loads the
+// library there and calls again; once the slot is the new master's, its
+// admissions count there.
+func TestMasterAddedGetsTheLibraryOnItsFirstCall(t *testing.T) {
+	t.Parallel()
+	oc := testenv.StartOwnCluster(t, 3, 0)
+	cc := oc.Client()
+	r, _ := mustRunner(t, cc)
+	ctx := context.Background()
+	if err := r.LoadFunctions(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	added := oc.AddMaster()
+	a := newTenant()
+	slot := keySlot("t:" + a)
+	owner := oc.OwnerOf(slot)
+	src, dst := redis.NewClient(&redis.Options{Addr: owner.Addr}), redis.NewClient(&redis.Options{Addr: added.Addr})
+	defer src.Close()
+	defer dst.Close()
+	if libs, err := dst.FunctionList(ctx, redis.FunctionListQuery{}).Result(); err != nil || len(libs) != 0 {
+		t.Fatalf("new master: libraries %v, %v; want none", libs, err)
+	}
+	for _, c := range []struct {
+		n    *redis.Client
+		args []any
+	}{{dst, []any{"CLUSTER", "SETSLOT", slot, "IMPORTING", owner.ID}}, {src, []any{"CLUSTER", "SETSLOT", slot, "MIGRATING", added.ID}}} {
+		if err := c.n.Do(ctx, c.args...).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// A call of one key the old owner does not have: ASK, to the new master.
+	if err := r.Finish(ctx, []quota.Batch{{TenantID: a, ID: "none"}}); err != nil {
+		t.Fatalf("Finish while the slot imports to a master without the library: %v", err)
+	}
+	libs, err := dst.FunctionList(ctx, redis.FunctionListQuery{}).Result()
+	if err != nil || len(libs) != 1 || libs[0].Name != r.FunctionLibrary() {
+		t.Fatalf("new master: libraries %+v, %v; want %s", libs, err, r.FunctionLibrary())
+	}
+	for _, m := range append([]testenv.ClusterNode{added, owner}, oc.Masters()...) {
+		n := redis.NewClient(&redis.Options{Addr: m.Addr})
+		err := n.Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", added.ID).Err()
+		n.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if d := mustAdmit(t, r, quota.Request{TenantID: a, Meter: "demo", Cost: 1, Limits: monthOnly}); !d.Allowed {
+		t.Fatalf("after the move: %s, want allowed", fmtDecision(d))
+	}
+	if n, err := dst.Exists(ctx, r.stateKey(a)).Result(); err != nil || n != 1 {
+		t.Errorf("the tenant's state on the new master: %d, %v; want it there", n, err)
+	}
+	if got := monthUsed(t, r, a); got != 1 {
+		t.Errorf("%d units used after one admission, want 1", got)
+	}
 }
