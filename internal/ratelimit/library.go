@@ -332,12 +332,12 @@ func (l *library) send(ctx context.Context, c redis.UniversalClient, cmds []*red
 }
 
 // resend sends again the FCALLs of cmds that Redis answered without
-// running them (resendable), as one more pipeline each round, until none
-// is left, resendRounds pass or ctx ends: the library loaded first when a
-// master did not have it (restarted, flushed, or new: a reshard, a
-// failover to a replica that did not have it), a pause first for the rest
-// (a slot migrating, a failover settling). A call Redis did not run counts
-// nothing: sending it again counts nothing twice.
+// running them (resendable), as one more pipeline each round (a lone call
+// as itself), until none is left, resendRounds pass or ctx ends: the
+// library loaded first when a master did not have it (restarted, flushed,
+// or new: a reshard, a failover to a replica that did not have it), a
+// pause first for the rest (a slot migrating, a failover settling). A call
+// Redis did not run counts nothing: sending it again counts nothing twice.
 func (l *library) resend(ctx context.Context, c redis.UniversalClient, cmds []*redis.Cmd) {
 	pause := resendPause
 	for round := range resendRounds {
@@ -375,15 +375,20 @@ func (l *library) resend(ctx context.Context, c redis.UniversalClient, cmds []*r
 			}
 			pause = min(2*pause, resendPauseMax)
 		}
+		for _, i := range again {
+			args := cmds[i].Args()
+			cmds[i] = redis.NewCmd(ctx, args...)
+			if n, _ := args[2].(int); n > 0 {
+				cmds[i].SetFirstKeyPos(3) // (FCALL name numkeys key...)
+			}
+		}
+		if len(again) == 1 {
+			_ = c.Process(ctx, onceCmd{cmds[again[0]]})
+			continue
+		}
 		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, i := range again {
-				old := cmds[i]
-				cmd := redis.NewCmd(ctx, old.Args()...)
-				if n, _ := old.Args()[2].(int); n > 0 {
-					cmd.SetFirstKeyPos(3) // (FCALL name numkeys key...)
-				}
-				_ = p.Process(ctx, onceCmd{cmd})
-				cmds[i] = cmd
+				_ = p.Process(ctx, onceCmd{cmds[i]})
 			}
 			return nil
 		})
