@@ -183,8 +183,9 @@ func functionMissing(err error) bool {
 	return redis.HasErrorPrefix(err, "Function not found")
 }
 
-// load loads the library on every master of c (FUNCTION LOAD; a library of
-// the same name is this one: its name is its text's hash).
+// load loads the library on every master of c, also those serving no slot
+// yet (FUNCTION LOAD; a library of the same name is this one: its name is
+// its text's hash).
 func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 	load := func(ctx context.Context, n *redis.Client) error {
 		err := n.FunctionLoad(ctx, l.text).Err()
@@ -197,9 +198,7 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 		return fmt.Errorf("ratelimit: load the Redis Function library %s (Redis 7.0 or later): %w", l.name, err)
 	}
 	if cc, ok := c.(*redis.ClusterClient); ok {
-		if err := loadSlotless(ctx, cc, load); err != nil {
-			return fmt.Errorf("ratelimit: load the Redis Function library %s: %w", l.name, err)
-		}
+		loadSlotless(ctx, cc, load)
 	}
 	return nil
 }
@@ -207,11 +206,13 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 // loadSlotless runs load on the masters of the cluster that serve no slot
 // yet, which ForEachMaster does not reach (it knows masters by their
 // slots): a master added to the cluster, importing its first slots, is
-// called (ASK) before it serves any.
-func loadSlotless(ctx context.Context, cc *redis.ClusterClient, load func(context.Context, *redis.Client) error) error {
+// called (ASK) before it serves any. It does its best: a master it cannot
+// reach serves nothing yet, and a call sent there that finds no function
+// loads the library again.
+func loadSlotless(ctx context.Context, cc *redis.ClusterClient, load func(context.Context, *redis.Client) error) {
 	nodes, err := cc.ClusterNodes(ctx).Result()
 	if err != nil {
-		return err
+		return
 	}
 	o := cc.Options()
 	for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
@@ -224,13 +225,9 @@ func loadSlotless(ctx context.Context, cc *redis.ClusterClient, load func(contex
 		addr, _, _ := strings.Cut(f[1], "@")
 		n := redis.NewClient(&redis.Options{Addr: addr, Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig,
 			Dialer: o.Dialer, Protocol: o.Protocol, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout})
-		err := load(ctx, n)
+		_ = load(ctx, n)
 		_ = n.Close()
-		if err != nil {
-			return fmt.Errorf("%s: %w", addr, err)
-		}
 	}
-	return nil
 }
 
 // forEachMaster runs f on every master of c (concurrently in a cluster),
