@@ -183,9 +183,9 @@ func functionMissing(err error) bool {
 	return redis.HasErrorPrefix(err, "Function not found")
 }
 
-// load loads the library on every master of c, also those serving no slot
-// yet (FUNCTION LOAD; a library of the same name is this one: its name is
-// its text's hash).
+// load loads the library on every master of c, also those it does not
+// know serve slots (loadListed) (FUNCTION LOAD; a library of the same
+// name is this one: its name is its text's hash).
 func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 	load := func(ctx context.Context, n *redis.Client) error {
 		err := n.FunctionLoad(ctx, l.text).Err()
@@ -198,18 +198,19 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 		return fmt.Errorf("ratelimit: load the Redis Function library %s (Redis 7.0 or later): %w", l.name, err)
 	}
 	if cc, ok := c.(*redis.ClusterClient); ok {
-		loadSlotless(ctx, cc, load)
+		loadListed(ctx, cc, load)
 	}
 	return nil
 }
 
-// loadSlotless runs load on the masters of the cluster that serve no slot
-// yet, which ForEachMaster does not reach (it knows masters by their
-// slots): a master added to the cluster, importing its first slots, is
-// called (ASK) before it serves any. It does its best: a master it cannot
-// reach serves nothing yet, and a call sent there that finds no function
-// loads the library again.
-func loadSlotless(ctx context.Context, cc *redis.ClusterClient, load func(context.Context, *redis.Client) error) {
+// loadListed runs load on every master that CLUSTER NODES lists, which
+// ForEachMaster may not reach: it knows masters by their slots, as its
+// last look at the cluster saw them, and a master added to the cluster is
+// called before it serves any slot (ASK, while it imports its first), or
+// before the node that answered that look knew of its slots. It does its
+// best: a master it cannot reach is called again by the next call that
+// finds no function there.
+func loadListed(ctx context.Context, cc *redis.ClusterClient, load func(context.Context, *redis.Client) error) {
 	nodes, err := cc.ClusterNodes(ctx).Result()
 	if err != nil {
 		return
@@ -218,9 +219,8 @@ func loadSlotless(ctx context.Context, cc *redis.ClusterClient, load func(contex
 	for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
 		f := strings.Fields(line)
 		// <id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slot>...
-		if len(f) < 8 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") ||
-			slices.ContainsFunc(f[8:], func(r string) bool { return !strings.HasPrefix(r, "[") }) {
-			continue // (a slot moving in or out is shown in brackets)
+		if len(f) < 8 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") {
+			continue
 		}
 		addr, _, _ := strings.Cut(f[1], "@")
 		n := redis.NewClient(&redis.Options{Addr: addr, Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig,
