@@ -125,8 +125,9 @@ func (b *batcher) send() {
 // call for the whole batch, of every tenant, was measured too: it saved
 // ~10% of Redis's time per admission and doubled the p99 at half load,
 // since a batch's admissions then wait for each other inside Redis.)
-// Calls that Redis answers "Function not found" (restarted, flushed, a new
-// master) are sent again once the library is loaded (library.go).
+// Calls that Redis answers without running them (a function not found, a
+// slot moving) are sent again, and no call is sent twice by go-redis
+// (library.send).
 func (b *batcher) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
@@ -137,19 +138,16 @@ func (b *batcher) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	}
 	b.shared.Add(int64(len(batch)))
 	groups := groupByTenant(batch)
-	_, _ = b.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, g := range groups {
-			if len(g) == 1 {
-				cmds = append(cmds, p.FCall(ctx, b.lib.names[fnAdmit], g[0].keys, g[0].args...))
-				continue
-			}
-			b.grouped.Add(int64(len(g)))
-			keys, args := frame(g)
-			cmds = append(cmds, p.FCall(ctx, b.lib.names[fnAdmitN], keys, args...))
+	for _, g := range groups {
+		if len(g) == 1 {
+			cmds = append(cmds, fcallCmd(ctx, b.lib.names[fnAdmit], g[0].keys, g[0].args))
+			continue
 		}
-		return nil
-	})
-	b.lib.retryMissing(ctx, b.c, cmds)
+		b.grouped.Add(int64(len(g)))
+		keys, args := frame(g)
+		cmds = append(cmds, fcallCmd(ctx, b.lib.names[fnAdmitN], keys, args))
+	}
+	b.lib.send(ctx, b.c, cmds)
 	for i, g := range groups {
 		if len(g) == 1 {
 			g[0].res, g[0].err = cmds[i].Int64Slice()

@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -181,8 +183,9 @@ func functionMissing(err error) bool {
 	return redis.HasErrorPrefix(err, "Function not found")
 }
 
-// load loads the library on every master of c (FUNCTION LOAD; a library of
-// the same name is this one: its name is its text's hash).
+// load loads the library on every master of c, also those it does not
+// know serve slots (loadListed) (FUNCTION LOAD; a library of the same
+// name is this one: its name is its text's hash).
 func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 	load := func(ctx context.Context, n *redis.Client) error {
 		err := n.FunctionLoad(ctx, l.text).Err()
@@ -194,7 +197,37 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 	if err := forEachMaster(ctx, c, load); err != nil {
 		return fmt.Errorf("ratelimit: load the Redis Function library %s (Redis 7.0 or later): %w", l.name, err)
 	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		loadListed(ctx, cc, load)
+	}
 	return nil
+}
+
+// loadListed runs load on every master that CLUSTER NODES lists, which
+// ForEachMaster may not reach: it knows masters by their slots, as its
+// last look at the cluster saw them, and a master added to the cluster is
+// called before it serves any slot (ASK, while it imports its first), or
+// before the node that answered that look knew of its slots. It does its
+// best: a master it cannot reach is called again by the next call that
+// finds no function there.
+func loadListed(ctx context.Context, cc *redis.ClusterClient, load func(context.Context, *redis.Client) error) {
+	nodes, err := cc.ClusterNodes(ctx).Result()
+	if err != nil {
+		return
+	}
+	o := cc.Options()
+	for _, line := range strings.Split(strings.TrimSpace(nodes), "\n") {
+		f := strings.Fields(line)
+		// <id> <ip:port@cport> <flags> <master> <ping> <pong> <epoch> <link> <slot>...
+		if len(f) < 8 || !strings.Contains(f[2], "master") || strings.Contains(f[2], "fail") {
+			continue
+		}
+		addr, _, _ := strings.Cut(f[1], "@")
+		n := redis.NewClient(&redis.Options{Addr: addr, Username: o.Username, Password: o.Password, TLSConfig: o.TLSConfig,
+			Dialer: o.Dialer, Protocol: o.Protocol, DialTimeout: o.DialTimeout, ReadTimeout: o.ReadTimeout, WriteTimeout: o.WriteTimeout})
+		_ = load(ctx, n)
+		_ = n.Close()
+	}
 }
 
 // forEachMaster runs f on every master of c (concurrently in a cluster),
@@ -209,71 +242,170 @@ func forEachMaster(ctx context.Context, c redis.UniversalClient, f func(context.
 	return fmt.Errorf("unsupported client %T", c)
 }
 
-// call runs the function f (FCALL); when Redis does not have it, the
-// library is loaded and f called once more.
-func (l *library) call(ctx context.Context, c redis.UniversalClient, f fn, keys []string, args ...any) *redis.Cmd {
-	cmd := c.FCall(ctx, l.names[f], keys, args...)
-	if functionMissing(cmd.Err()) {
-		if err := l.load(ctx, c); err != nil {
-			cmd.SetErr(err)
-			return cmd
-		}
-		cmd = c.FCall(ctx, l.names[f], keys, args...)
+// Sending a call once. go-redis sends a command again after errors that
+// leave it unknown whether Redis ran it (a read timeout, a connection lost
+// once the command was written) and, in a Redis Cluster, sends the whole
+// part of a pipeline that went to one master again when Redis answers the
+// part's first command TRYAGAIN, CLUSTERDOWN, LOADING or READONLY, though
+// it ran the others: an admission run twice counts twice. So the library's
+// calls are marked never to be sent again by go-redis (NoRetry), and are
+// sent again here only on the answers that say Redis ran nothing
+// (resendable): a function not found, a slot moved or moving (MOVED, ASK,
+// TRYAGAIN while a slot's keys are split between two masters), a cluster
+// down or a replica answering while a failover settles, a connection never
+// made.
+
+// onceCmd is an FCALL that go-redis never sends twice.
+type onceCmd struct{ *redis.Cmd }
+
+// NoRetry tells go-redis not to send the command again on its own.
+func (onceCmd) NoRetry() bool { return true }
+
+// fcallCmd returns the command FCALL name with keys and args, as
+// Cmdable.FCall builds it, unsent.
+func fcallCmd(ctx context.Context, name string, keys []string, args []any) *redis.Cmd {
+	a := make([]any, 0, 3+len(keys)+len(args))
+	a = append(a, "fcall", name, len(keys))
+	for _, k := range keys {
+		a = append(a, k)
+	}
+	a = append(a, args...)
+	cmd := redis.NewCmd(ctx, a...)
+	if len(keys) > 0 {
+		cmd.SetFirstKeyPos(3)
 	}
 	return cmd
 }
 
-// retryMissing sends again the FCALLs of cmds (commands of one pipeline)
-// that Redis answered "Function not found", as one more pipeline once the
-// library is loaded, and puts their new commands in their places. A call
-// that found no function ran nothing: sending it again counts nothing
-// twice.
-func (l *library) retryMissing(ctx context.Context, c redis.UniversalClient, cmds []*redis.Cmd) {
-	var missing []int
-	for i, cmd := range cmds {
-		if functionMissing(cmd.Err()) {
-			missing = append(missing, i)
+// resendable reports whether err is an answer of Redis saying that it did
+// not run the command, which may then be sent again.
+func resendable(err error) bool {
+	if op := (*net.OpError)(nil); errors.As(err, &op) && op.Op == "dial" {
+		return true // (never sent)
+	}
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false // (a timeout, a lost connection: it may have run)
+	}
+	for _, p := range []string{"MOVED ", "ASK ", "TRYAGAIN ", "CLUSTERDOWN ", "READONLY ", "LOADING ", "MASTERDOWN "} {
+		if strings.HasPrefix(re.Error(), p) {
+			return true
 		}
 	}
-	if len(missing) == 0 {
-		return
-	}
-	if err := l.load(ctx, c); err != nil {
-		for _, i := range missing {
-			cmds[i].SetErr(err)
-		}
-		return
-	}
+	return functionMissing(err)
+}
+
+const (
+	// resendRounds bounds how many times a call is sent again.
+	resendRounds = 12
+	// resendPause is the first pause before a call is sent again for
+	// anything but a missing function; it doubles each round up to
+	// resendPauseMax (about 2 s in all: a slot's migration, a failover).
+	resendPause    = 5 * time.Millisecond
+	resendPauseMax = 250 * time.Millisecond
+)
+
+// call runs the function f (FCALL), sent again while Redis answers that it
+// ran nothing (resend).
+func (l *library) call(ctx context.Context, c redis.UniversalClient, f fn, keys []string, args ...any) *redis.Cmd {
+	cmd := fcallCmd(ctx, l.names[f], keys, args)
+	_ = c.Process(ctx, onceCmd{cmd})
+	cmds := []*redis.Cmd{cmd}
+	l.resend(ctx, c, cmds)
+	return cmds[0]
+}
+
+// send sends cmds (FCALLs made by fcallCmd) as one pipeline, each never
+// sent twice by go-redis, then sends again those Redis ran nothing of
+// (resend), putting their new commands in their places.
+func (l *library) send(ctx context.Context, c redis.UniversalClient, cmds []*redis.Cmd) {
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for _, i := range missing {
-			args := cmds[i].Args()
-			cmd := redis.NewCmd(ctx, args...)
-			if n, _ := args[2].(int); n > 0 {
-				cmd.SetFirstKeyPos(3) // (FCALL name numkeys key...: as FCall sets it)
-			}
-			_ = p.Process(ctx, cmd)
-			cmds[i] = cmd
+		for _, cmd := range cmds {
+			_ = p.Process(ctx, onceCmd{cmd})
 		}
 		return nil
 	})
+	l.resend(ctx, c, cmds)
 }
 
-// pipelined sends n calls of the library as one pipeline, call i made by
-// each on p (an FCALL), and returns their commands (those Redis answered
-// "Function not found" sent again: retryMissing) and the first error among
-// them.
-func (r *Runner) pipelined(ctx context.Context, n int, each func(p redis.Pipeliner, i int) *redis.Cmd) ([]*redis.Cmd, error) {
+// resend sends again the FCALLs of cmds that Redis answered without
+// running them (resendable), as one more pipeline each round (a lone call
+// as itself), until none is left, resendRounds pass or ctx ends: the
+// library loaded first when a master did not have it (restarted, flushed,
+// or new: a reshard, a failover to a replica that did not have it), a
+// pause first for the rest (a slot migrating, a failover settling). A call
+// Redis did not run counts nothing: sending it again counts nothing twice.
+func (l *library) resend(ctx context.Context, c redis.UniversalClient, cmds []*redis.Cmd) {
+	pause := resendPause
+	for round := range resendRounds {
+		var again []int
+		missing, wait := false, false
+		for i, cmd := range cmds {
+			if err := cmd.Err(); resendable(err) {
+				again = append(again, i)
+				if functionMissing(err) {
+					missing = true
+				} else {
+					wait = true
+				}
+			}
+		}
+		if len(again) == 0 {
+			return
+		}
+		if missing {
+			if err := l.load(ctx, c); err != nil {
+				for _, i := range again {
+					cmds[i].SetErr(err)
+				}
+				return
+			}
+		}
+		if wait || round > 0 {
+			if cc, ok := c.(*redis.ClusterClient); ok {
+				cc.ReloadState(ctx)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(pause):
+			}
+			pause = min(2*pause, resendPauseMax)
+		}
+		for _, i := range again {
+			args := cmds[i].Args()
+			cmds[i] = redis.NewCmd(ctx, args...)
+			if n, _ := args[2].(int); n > 0 {
+				cmds[i].SetFirstKeyPos(3) // (FCALL name numkeys key...)
+			}
+		}
+		if len(again) == 1 {
+			_ = c.Process(ctx, onceCmd{cmds[again[0]]})
+			continue
+		}
+		_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+			for _, i := range again {
+				_ = p.Process(ctx, onceCmd{cmds[i]})
+			}
+			return nil
+		})
+	}
+}
+
+// pipelined sends n calls of the library as one pipeline, call i that of
+// the function, keys and arguments each returns for it, and returns their
+// commands (sent again while Redis ran nothing of them: library.send) and
+// the first error among them.
+func (r *Runner) pipelined(ctx context.Context, n int, each func(i int) (f fn, keys []string, args []any)) ([]*redis.Cmd, error) {
 	if n == 0 {
 		return nil, nil
 	}
 	cmds := make([]*redis.Cmd, n)
-	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		for i := range n {
-			cmds[i] = each(p, i)
-		}
-		return nil
-	})
-	r.lib.retryMissing(ctx, r.c, cmds)
+	for i := range n {
+		f, keys, args := each(i)
+		cmds[i] = fcallCmd(ctx, r.lib.names[f], keys, args)
+	}
+	r.lib.send(ctx, r.c, cmds)
 	for _, cmd := range cmds {
 		if err := cmd.Err(); err != nil {
 			return cmds, err
@@ -286,10 +418,6 @@ func (r *Runner) pipelined(ctx context.Context, n int, each func(p redis.Pipelin
 func (r *Runner) fcall(ctx context.Context, f fn, keys []string, args ...any) *redis.Cmd {
 	return r.lib.call(ctx, r.c, f, keys, args...)
 }
-
-// fname is the name of the library's function f, for an FCALL in a
-// pipeline (Runner.pipelined).
-func (r *Runner) fname(f fn) string { return r.lib.names[f] }
 
 // ErrNoFunctions is LoadFunctions's error for a Redis that has no
 // Functions (older than 7.0), on which Tollgate cannot run.

@@ -8,7 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -108,8 +107,8 @@ func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]qu
 			return nil, err
 		}
 	}
-	cmds, err := r.pipelined(ctx, len(ids), func(p redis.Pipeliner, i int) *redis.Cmd {
-		return p.FCall(ctx, r.fname(fnPending), r.pendingKeys(ids[i]), "get")
+	cmds, err := r.pipelined(ctx, len(ids), func(i int) (fn, []string, []any) {
+		return fnPending, r.pendingKeys(ids[i]), []any{"get"}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: pending: %w", err)

@@ -131,8 +131,8 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 	var kept []string
 	for start := 0; start < len(out); start += 500 {
 		ids := out[start:min(start+500, len(out))]
-		has, err := r.pipelined(ctx, len(ids), func(p redis.Pipeliner, i int) *redis.Cmd {
-			return p.FCall(ctx, r.fname(fnPending), r.pendingKeys(ids[i]), "any")
+		has, err := r.pipelined(ctx, len(ids), func(i int) (fn, []string, []any) {
+			return fnPending, r.pendingKeys(ids[i]), []any{"any"}
 		})
 		if err != nil {
 			return nil, fmt.Errorf("ratelimit: sweep: %w", err)
@@ -157,11 +157,11 @@ func newBatchID() string {
 // nothing to flush are left out.
 func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
-	cmds, err := r.pipelined(ctx, len(tenantIDs), func(p redis.Pipeliner, i int) *redis.Cmd {
+	cmds, err := r.pipelined(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
 		id := tenantIDs[i]
 		proposed[i] = newBatchID()
-		return p.FCall(ctx, r.fname(fnClaim), []string{r.key(id, "pending"), r.key(id, "flushing"), r.stateKey(id)},
-			proposed[i], quota.FlushingTTL.Milliseconds())
+		return fnClaim, []string{r.key(id, "pending"), r.key(id, "flushing"), r.stateKey(id)},
+			[]any{proposed[i], quota.FlushingTTL.Milliseconds()}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: claim: %w", err)
@@ -191,9 +191,9 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, 
 
 // Finish drops batches Postgres has recorded, in one pipelined round trip.
 func (r *Runner) Finish(ctx context.Context, batches []quota.Batch) error {
-	_, err := r.pipelined(ctx, len(batches), func(p redis.Pipeliner, i int) *redis.Cmd {
+	_, err := r.pipelined(ctx, len(batches), func(i int) (fn, []string, []any) {
 		b := batches[i]
-		return p.FCall(ctx, r.fname(fnFinish), []string{r.key(b.TenantID, "flushing")}, b.ID)
+		return fnFinish, []string{r.key(b.TenantID, "flushing")}, []any{b.ID}
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: finish: %w", err)
@@ -209,8 +209,8 @@ func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
-	exists, err := r.pipelined(ctx, len(tenantIDs), func(p redis.Pipeliner, i int) *redis.Cmd {
-		return p.FCall(ctx, r.fname(fnPending), r.pendingKeys(tenantIDs[i]), "any")
+	exists, err := r.pipelined(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
+		return fnPending, r.pendingKeys(tenantIDs[i]), []any{"any"}
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: done: %w", err)
@@ -381,10 +381,10 @@ const prepaidKeep = 40 * 24 * time.Hour
 // RestorePrepaid gives prepaid tenants' credit draws back from the ledger
 // after Redis lost data (lua/restore_prepaid.lua), pipelined.
 func (r *Runner) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error {
-	_, err := r.pipelined(ctx, len(recs), func(p redis.Pipeliner, i int) *redis.Cmd {
+	_, err := r.pipelined(ctx, len(recs), func(i int) (fn, []string, []any) {
 		rec := recs[i]
-		return p.FCall(ctx, r.fname(fnRestorePrepaid), []string{r.key(rec.TenantID, "mq")},
-			rec.Period, rec.Millicents, rec.Prev, rec.PrevMillicents, rec.Until.Add(prepaidKeep).UnixMilli())
+		return fnRestorePrepaid, []string{r.key(rec.TenantID, "mq")},
+			[]any{rec.Period, rec.Millicents, rec.Prev, rec.PrevMillicents, rec.Until.Add(prepaidKeep).UnixMilli()}
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: restore prepaid: %w", err)
@@ -439,8 +439,8 @@ func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorde
 		calls = append(calls, restoreCall{fnRestore, keys, []any{day.Unix() / 86400, y*100 + int(m), day.Unix(), month.Unix(),
 			rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage}})
 	}
-	_, err := r.pipelined(ctx, len(calls), func(p redis.Pipeliner, i int) *redis.Cmd {
-		return p.FCall(ctx, r.fname(calls[i].f), calls[i].keys, calls[i].args...)
+	_, err := r.pipelined(ctx, len(calls), func(i int) (fn, []string, []any) {
+		return calls[i].f, calls[i].keys, calls[i].args
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: restore: %w", err)
