@@ -16,9 +16,9 @@ import (
 	"github.com/tollgate/tollgate/internal/worker"
 )
 
-// benchTenants is how many active tenants, each with pending usage, one
+// sharedFlushTenants is how many active tenants, each with pending usage, one
 // flush cycle of BenchmarkSharedFlush moves.
-const benchTenants = 100_000
+const sharedFlushTenants = 100_000
 
 // BenchmarkSharedFlush is one worker cycle's flush of 100,000 active
 // tenants, each with pending usage (one hour, one meter), split between 1, 2
@@ -34,7 +34,7 @@ func BenchmarkSharedFlush(b *testing.B) {
 	ctx := context.Background()
 	db := testenv.Postgres(b)
 	r := &rig{db: db}
-	ids := r.tenants(b, benchTenants, "pro")
+	ids := r.tenants(b, sharedFlushTenants, "pro")
 	// Statistics, as a database in service has them (else the planner
 	// scans the tenants for every chunk).
 	if _, err := db.Exec(ctx, `ANALYZE`); err != nil {
