@@ -3,6 +3,7 @@ package worker
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"testing"
@@ -170,10 +171,33 @@ func TestSharesHandOverWithinOneCycle(t *testing.T) {
 	syncAll(t, members)
 	checkSplit(t, members)
 
-	// One stops cleanly: the two left hold everything after one cycle.
+	// One stops cleanly: the two left hold everything after one cycle
+	// (once its backend has ended: closing the connection only asks it to).
 	members[0].Close()
+	if err := waitMembers(pool, 2); err != nil {
+		t.Fatal(err)
+	}
 	syncAll(t, members[1:])
 	checkSplit(t, members[1:])
+}
+
+// waitMembers waits (a bounded number of polls) until n membership locks
+// are held in the pool's database.
+func waitMembers(pool *pgxpool.Pool, n int) error {
+	for range 500 {
+		var got int
+		if err := pool.QueryRow(context.Background(), `
+			SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND classid = $1::int8::oid AND granted
+			  AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+			int64(nsMember)).Scan(&got); err != nil {
+			return err
+		}
+		if got == n {
+			return nil
+		}
+		_, _ = pool.Exec(context.Background(), `SELECT pg_sleep(0.01)`)
+	}
+	return fmt.Errorf("%d membership locks still not held after 500 polls", n)
 }
 
 // waitUnlocked waits (a bounded number of polls) until no terminated
