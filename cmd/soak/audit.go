@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"time"
@@ -34,6 +35,9 @@ type tenantRecord struct {
 	low, high       int64
 	quota, capUnits int64 // -1: not checked
 	billed          billed
+	// meters: per meter, answered, billed, answered + lost, and the
+	// admissions a node's fail-open limiter answered.
+	meters map[string][4]int64
 }
 
 // examples joins at most three of items, saying how many there were.
@@ -53,7 +57,8 @@ func auditBilling(ts []tenantRecord) verdict {
 		high += t.high
 		got += t.billed.units
 		if t.billed.units < t.low || t.billed.units > t.high {
-			bad = append(bad, fmt.Sprintf("%s tenant %s: answered %d, billed %d, answered+lost %d", t.kind, t.id, t.low, t.billed.units, t.high))
+			bad = append(bad, fmt.Sprintf("%s tenant %s: answered %d, billed %d, answered+lost %d (%s)",
+				t.kind, t.id, t.low, t.billed.units, t.high, byMeter(t.meters)))
 		}
 	}
 	v := verdict{name: "billed-as-answered", held: len(bad) == 0,
@@ -232,4 +237,19 @@ func auditOdd(n int64, odd []string) verdict {
 		v.detail += ": " + examples(odd)
 	}
 	return v
+}
+
+// byMeter shows the meters out of their bounds: "meter low<=billed<=high".
+func byMeter(ms map[string][4]int64) string {
+	var out []string
+	for _, m := range slices.Sorted(maps.Keys(ms)) {
+		b := ms[m]
+		if b[1] < b[0] || b[1] > b[2] {
+			out = append(out, fmt.Sprintf("%s: %d <= %d <= %d, %d admitted fail-open", m, b[0], b[1], b[2], b[3]))
+		}
+	}
+	if len(out) == 0 {
+		return "every meter within its bounds"
+	}
+	return strings.Join(out, ", ")
 }

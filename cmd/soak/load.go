@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -36,6 +37,11 @@ type tenant struct {
 	// the answers that said so (2xx, after the refunds and settlements
 	// answered), high adds every unit a lost answer may have admitted.
 	low, high int64
+	// byMeter splits low and high by meter, as the ledger does.
+	byMeter map[string][2]int64
+	// degraded counts, per meter, the admissions answered by a node's
+	// fail-open limiter (Tollgate-Degraded: fail-open, or degraded: true).
+	degraded map[string]int64
 	// quota is the most units the tenant may be billed past its overage
 	// (its monthly quota plus grants); -1: no quota checked.
 	quota int64
@@ -44,11 +50,18 @@ type tenant struct {
 	capUnits int64
 }
 
-// add records what one exchange may have admitted.
-func (t *tenant) add(low, high int64) {
+// add records what one exchange of a meter may have admitted.
+func (t *tenant) add(meter string, low, high int64) {
 	t.mu.Lock()
 	t.low += low
 	t.high += high
+	if t.byMeter == nil {
+		t.byMeter = map[string][2]int64{}
+	}
+	m := t.byMeter[meter]
+	m[0] += low
+	m[1] += high
+	t.byMeter[meter] = m
 	t.mu.Unlock()
 }
 
@@ -200,6 +213,9 @@ type reply struct {
 	// but a refused connection, which nothing received).
 	lost    bool
 	refused bool
+	// node answered (or was asked): a fail-open admission is settled or
+	// refunded by the node that holds it, so the follow-up goes there.
+	node *node
 }
 
 func (d *driver) do(method, url string, header map[string]string, body []byte) reply {
@@ -237,8 +253,14 @@ func (d *driver) metered(t *tenant, method, path string, extra map[string]string
 	for k, v := range extra {
 		h[k] = v
 	}
-	r := d.do(method, d.pick().base+path, h, nil)
+	n := d.pick()
+	r := d.do(method, n.base+path, h, nil)
+	r.node = n
 	d.classify(t, r, path)
+	if r.status >= 200 && r.status < 300 && r.header.Get("Tollgate-Degraded") == "fail-open" || r.status >= 500 && r.header.Get("Tollgate-Degraded") == "fail-open" {
+		d.tally.inc("admitted fail-open")
+		t.failOpen(meterOf(path))
+	}
 	return r
 }
 
@@ -286,7 +308,7 @@ func bounds(r reply, c int64) (int64, int64) {
 
 func (d *driver) plain(t *tenant) {
 	r := d.metered(t, http.MethodGet, "/api/p/plain", nil)
-	t.add(bounds(r, costPlain))
+	t.addReply("plain", r, costPlain)
 }
 
 // refundRoute calls the refund_on_5xx route; fail asks the upstream for a
@@ -300,13 +322,13 @@ func (d *driver) refundRoute(t *tenant, fail bool) {
 	if r.status >= 500 && r.header.Get("X-Soak-Upstream") != "" {
 		if r.header.Get("Tollgate-Refunded") == "" {
 			d.tally.oddity("%s: an upstream 503 on a refund_on_5xx route was not refunded", t.kind)
-			t.add(0, costRefund)
+			t.add("refund", 0, costRefund)
 			return
 		}
 		d.tally.inc("refunded by route")
 		return
 	}
-	t.add(bounds(r, costRefund))
+	t.addReply("refund", r, costRefund)
 }
 
 // settle calls the settle route, which costs costSettle until settled to
@@ -318,7 +340,7 @@ func (d *driver) settle(t *tenant, actual int, viaAPI bool) {
 	}
 	r := d.metered(t, http.MethodGet, "/api/s/x?actual="+strconv.Itoa(actual)+"&via="+via, nil)
 	if r.status < 200 || r.status >= 300 {
-		t.add(bounds(r, costSettle))
+		t.addReply("settle", r, costSettle)
 		return
 	}
 	if !viaAPI {
@@ -326,29 +348,29 @@ func (d *driver) settle(t *tenant, actual int, viaAPI bool) {
 			// A fail-open admission settles on the node; anything else
 			// must say what it settled to.
 			d.tally.oddity("%s: settle by header answered Tollgate-Settled-Cost %q, want %d", t.kind, got, actual)
-			t.add(int64(min(actual, costSettle)), costSettle)
+			t.add("settle", int64(min(actual, costSettle)), costSettle)
 			return
 		}
 		d.tally.inc("settled by header")
-		t.add(int64(actual), int64(actual))
+		t.add("settle", int64(actual), int64(actual))
 		return
 	}
 	id := r.header.Get("Tollgate-Request-Id")
 	body, _ := json.Marshal(map[string]any{"request_id": id, "tenant_id": t.id, "actual_cost": actual})
-	s := d.service("/v1/settle", body)
+	s := d.service(r.node, "/v1/settle", body)
 	switch {
 	case s.status == http.StatusOK:
 		d.tally.inc("settled by api")
-		t.add(int64(actual), int64(actual))
+		t.add("settle", int64(actual), int64(actual))
 	case s.lost || s.refused || s.status >= 500:
 		d.tally.inc("settle unanswered")
 		if s.status >= 500 {
 			d.tally.fiveHundred(s.status, t.kind+" /v1/settle")
 		}
-		t.add(int64(actual), costSettle)
+		t.add("settle", int64(actual), costSettle)
 	default:
 		d.tally.oddity("%s: POST /v1/settle of a request admitted by the settle route: %d %s", t.kind, s.status, trim(s.body))
-		t.add(int64(actual), costSettle)
+		t.add("settle", int64(actual), costSettle)
 	}
 }
 
@@ -359,7 +381,7 @@ func (d *driver) idempotent(t *tenant) {
 	path := "/api/p/idem?op=" + op
 	h := map[string]string{"Idempotency-Key": op}
 	r := d.metered(t, http.MethodPost, path, h)
-	t.add(bounds(r, costPlain))
+	t.addReply("plain", r, costPlain)
 	if r.status < 200 || r.status >= 300 {
 		return
 	}
@@ -370,7 +392,7 @@ func (d *driver) idempotent(t *tenant) {
 		d.tally.inc("replayed")
 	case rr.status >= 200 && rr.status < 300:
 		d.tally.oddity("%s: a repeat of an admitted Idempotency-Key was answered %d without Idempotent-Replayed", t.kind, rr.status)
-		t.add(0, costPlain)
+		t.add("plain", 0, costPlain)
 	default:
 		// Burst limits, a fault window: the repeat ran nothing.
 	}
@@ -380,16 +402,17 @@ func (d *driver) idempotent(t *tenant) {
 // back with /v1/refund.
 func (d *driver) check(t *tenant, refund bool) {
 	body, _ := json.Marshal(map[string]any{"tenant_id": t.id, "meter": "check", "cost": costCheck})
-	r := d.service("/v1/check", body)
+	r := d.service(d.pick(), "/v1/check", body)
 	var ans struct {
 		Allowed   bool   `json:"allowed"`
 		RequestID string `json:"request_id"`
 		Status    int    `json:"status"`
+		Degraded  bool   `json:"degraded"`
 	}
 	if r.status == http.StatusOK {
 		if err := json.Unmarshal(r.body, &ans); err != nil {
 			d.tally.oddity("%s: /v1/check answered 200 with %q: %v", t.kind, trim(r.body), err)
-			t.add(0, costCheck)
+			t.add("check", 0, costCheck)
 			return
 		}
 	}
@@ -399,12 +422,12 @@ func (d *driver) check(t *tenant, refund bool) {
 		return
 	case r.lost:
 		d.tally.inc("lost")
-		t.add(0, costCheck)
+		t.add("check", 0, costCheck)
 		return
 	case r.status >= 500:
 		d.tally.inc("api 5xx")
 		d.tally.fiveHundred(r.status, t.kind+" /v1/check")
-		t.add(0, costCheck)
+		t.add("check", 0, costCheck)
 		return
 	case r.status != http.StatusOK:
 		d.tally.oddity("%s: /v1/check answered %d %s", t.kind, r.status, trim(r.body))
@@ -414,12 +437,16 @@ func (d *driver) check(t *tenant, refund bool) {
 		return
 	}
 	d.tally.inc("admitted")
+	if ans.Degraded {
+		d.tally.inc("admitted fail-open")
+		t.failOpen("check")
+	}
 	if !refund {
-		t.add(costCheck, costCheck)
+		t.add("check", costCheck, costCheck)
 		return
 	}
 	body, _ = json.Marshal(map[string]any{"tenant_id": t.id, "request_id": ans.RequestID})
-	f := d.service("/v1/refund", body)
+	f := d.service(r.node, "/v1/refund", body)
 	switch {
 	case f.status == http.StatusOK:
 		d.tally.inc("refunded by api")
@@ -428,17 +455,19 @@ func (d *driver) check(t *tenant, refund bool) {
 		if f.status >= 500 {
 			d.tally.fiveHundred(f.status, t.kind+" /v1/refund")
 		}
-		t.add(0, costCheck)
+		t.add("check", 0, costCheck)
 	default:
 		d.tally.oddity("%s: POST /v1/refund of an admitted check: %d %s", t.kind, f.status, trim(f.body))
-		t.add(0, costCheck)
+		t.add("check", 0, costCheck)
 	}
 }
 
-// service posts body to a service route of a live node.
-func (d *driver) service(path string, body []byte) reply {
-	return d.do(http.MethodPost, d.pick().base+path, map[string]string{
+// service posts body to a service route of node n.
+func (d *driver) service(n *node, path string, body []byte) reply {
+	r := d.do(http.MethodPost, n.base+path, map[string]string{
 		"Authorization": "Bearer " + d.serviceToken, "Content-Type": "application/json"}, body)
+	r.node = n
+	return r
 }
 
 func trim(b []byte) string {
@@ -518,4 +547,32 @@ func (u *upstream) twice() (ops, twice int) {
 		}
 	}
 	return ops, twice
+}
+
+// failOpen counts an admission a node's fail-open limiter answered.
+func (t *tenant) failOpen(meter string) {
+	t.mu.Lock()
+	if t.degraded == nil {
+		t.degraded = map[string]int64{}
+	}
+	t.degraded[meter]++
+	t.mu.Unlock()
+}
+
+// addReply records the bounds of an answer to a request of cost c.
+func (t *tenant) addReply(meter string, r reply, c int64) {
+	lo, hi := bounds(r, c)
+	t.add(meter, lo, hi)
+}
+
+// meterOf is the meter of a path of the soak's route table.
+func meterOf(path string) string {
+	switch {
+	case strings.HasPrefix(path, "/api/r/"):
+		return "refund"
+	case strings.HasPrefix(path, "/api/s/"):
+		return "settle"
+	default:
+		return "plain"
+	}
 }

@@ -367,7 +367,8 @@ func equal(a, b map[string]billed) bool {
 	return true
 }
 
-// ledger is each tenant's billed units and overage units in Postgres.
+// ledger is each tenant's billed units and overage units in Postgres,
+// in total and per meter (key "<tenant id>/<meter>", overage 0).
 func ledger(ctx context.Context, url string) (map[string]billed, error) {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -376,18 +377,22 @@ func ledger(ctx context.Context, url string) (map[string]billed, error) {
 		return nil, err
 	}
 	defer c.Close(ctx)
-	rows, err := c.Query(ctx, `SELECT tenant_id::text, sum(units)::bigint, sum(overage_units)::bigint FROM usage GROUP BY tenant_id`)
+	rows, err := c.Query(ctx, `SELECT tenant_id::text, meter, sum(units)::bigint, sum(overage_units)::bigint FROM usage GROUP BY tenant_id, meter`)
 	if err != nil {
 		return nil, err
 	}
 	out := map[string]billed{}
 	for rows.Next() {
-		var id string
+		var id, meter string
 		var b billed
-		if err := rows.Scan(&id, &b.units, &b.overage); err != nil {
+		if err := rows.Scan(&id, &meter, &b.units, &b.overage); err != nil {
 			return nil, err
 		}
-		out[id] = b
+		t := out[id]
+		t.units += b.units
+		t.overage += b.overage
+		out[id] = t
+		out[id+"/"+meter] = billed{units: b.units}
 	}
 	return out, rows.Err()
 }
@@ -461,8 +466,12 @@ func (s *soak) report(loadStart time.Time, tenants []*tenant, tal *tally, ledger
 	var recs []tenantRecord
 	for _, t := range tenants {
 		t.mu.Lock()
+		meters := map[string][4]int64{}
+		for m, b := range t.byMeter {
+			meters[m] = [4]int64{b[0], ledger[t.id+"/"+m].units, b[1], t.degraded[m]}
+		}
 		recs = append(recs, tenantRecord{id: t.id, kind: t.kind, low: t.low, high: t.high, quota: t.quota,
-			capUnits: t.capUnits, billed: ledger[t.id]})
+			capUnits: t.capUnits, billed: ledger[t.id], meters: meters})
 		t.mu.Unlock()
 	}
 	s.mu.Lock()
