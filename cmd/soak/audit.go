@@ -220,7 +220,7 @@ func auditCoverage(counts map[string]int64) verdict {
 			missing = append(missing, k)
 		}
 	}
-	for _, k := range []string{"lost", "connection refused", "api 5xx", "skipped"} {
+	for _, k := range []string{"admitted fail-open", "lost", "connection refused", "api 5xx", "skipped"} {
 		parts = append(parts, fmt.Sprintf("%s %d", k, counts[k]))
 	}
 	v := verdict{name: "traffic-covered", held: len(missing) == 0, detail: strings.Join(parts, ", ")}

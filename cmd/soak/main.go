@@ -143,6 +143,9 @@ func (s *soak) stopAll() {
 	if s.redis != nil {
 		s.redis.stop(syscall.SIGTERM, 10*time.Second)
 	}
+	if s.upstream != nil {
+		_ = s.upstream.srv.Close()
+	}
 }
 
 const (
