@@ -12,6 +12,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"net/http"
+	"net/http/httptrace"
 	"strconv"
 	"strings"
 	"sync"
@@ -223,7 +224,14 @@ func (d *driver) do(method, url string, header map[string]string, body []byte) r
 	if body != nil {
 		rd = bytes.NewReader(body)
 	}
-	req, err := http.NewRequest(method, url, rd)
+	// Whether any attempt wrote the request: Go's transport sends a
+	// replayable request again on a new connection when a kept-alive one
+	// breaks, and the second attempt's refused connection must not hide a
+	// first one that reached a node killed mid-request.
+	var wrote atomic.Bool
+	ctx := httptrace.WithClientTrace(context.Background(), &httptrace.ClientTrace{
+		WroteRequest: func(httptrace.WroteRequestInfo) { wrote.Store(true) }})
+	req, err := http.NewRequestWithContext(ctx, method, url, rd)
 	if err != nil {
 		panic(err) // the soak's own URLs
 	}
@@ -232,7 +240,7 @@ func (d *driver) do(method, url string, header map[string]string, body []byte) r
 	}
 	resp, err := d.client.Do(req)
 	if err != nil {
-		if errors.Is(err, syscall.ECONNREFUSED) {
+		if errors.Is(err, syscall.ECONNREFUSED) && !wrote.Load() {
 			return reply{refused: true}
 		}
 		return reply{lost: true}
@@ -485,7 +493,7 @@ func newID() string {
 
 // upstream is the api's upstream, served by the soak on loopback: /p/ answers
 // 200, /r/fail 503, /s/ its ?actual= in Tollgate-Actual-Cost (unless
-// ?via=api); each answer it writes as a 5xx carries X-Soak-Upstream, so
+// ?via=api), each after 0 to 100 ms; each answer it writes as a 5xx carries X-Soak-Upstream, so
 // that the client tells them from the api's own. It counts how often each
 // idempotent op ran.
 type upstream struct {
@@ -507,6 +515,9 @@ func startUpstream() (*upstream, error) {
 }
 
 func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	// Work takes a while, so that a node killed mid-run has requests in
+	// flight whose answers are lost.
+	time.Sleep(time.Duration(rand.IntN(100)) * time.Millisecond)
 	q := r.URL.Query()
 	if op := q.Get("op"); op != "" {
 		u.mu.Lock()

@@ -48,7 +48,7 @@ type settings struct {
 }
 
 func load(getenv func(string) string) (settings, error) {
-	s := settings{duration: 10 * time.Minute, rate: 150, clients: 16, tenant: 24, dir: ".data/soak", bin: "bin"}
+	s := settings{duration: 10 * time.Minute, rate: 150, clients: 32, tenant: 24, dir: ".data/soak", bin: "bin"}
 	if v := getenv("SOAK_DURATION"); v != "" {
 		d, err := time.ParseDuration(v)
 		if err != nil || d < 30*time.Second || d > 24*time.Hour {

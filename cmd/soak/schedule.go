@@ -66,9 +66,10 @@ func (s *soak) schedule(ctx context.Context, ad admin, ts []*tenant, p plan) {
 }
 
 // killAPI kills api node i with SIGKILL, and starts it again 2 s later.
+// The requests in flight on it lose their answers; new ones go to the
+// other node.
 func (s *soak) killAPI(ctx context.Context, i int) {
 	s.nodes[i].down.Store(true)
-	time.Sleep(200 * time.Millisecond) // new requests go to the other node; those in flight are lost
 	s.apis[i].kill()
 	time.Sleep(2 * time.Second)
 	s.event(fmt.Sprintf("SIGKILL of api node %d, started again", i+1), s.startAPI(ctx, i))
