@@ -141,3 +141,16 @@ func TestSettingsFromTheEnvironment(t *testing.T) {
 		}
 	}
 }
+
+func TestAuditOddForgivesOnlyInsideTheWindows(t *testing.T) {
+	t0 := time.Date(2026, 11, 26, 0, 0, 0, 0, time.UTC)
+	ws := []window{{from: t0.Add(10 * time.Second), to: t0.Add(20 * time.Second)}}
+	inside := []oddity{{at: t0.Add(15 * time.Second), what: "settle kept the route cost"}}
+	if v := auditOdd(t0, inside, ws); !v.held || !strings.Contains(v.detail, "0 answers outside the contract outside the fail-closed windows, 1 inside") {
+		t.Errorf("inside a window: got %v, want held, counting it", v)
+	}
+	outside := append(inside, oddity{at: t0.Add(30 * time.Second), what: "a 404 to a refund"})
+	if v := auditOdd(t0, outside, ws); v.held || !strings.Contains(v.detail, ": a 404 to a refund at +30s") {
+		t.Errorf("outside a window: got %v, want BROKEN naming it", v)
+	}
+}

@@ -72,9 +72,9 @@ type tally struct {
 	counts map[string]int64
 	// fiveXX are the api's own 5xx answers (an upstream's carry its mark).
 	fiveXX []answer5xx
-	// odd are answers no promise allows outside a fault (a 404 to a refund
-	// of a known request id, a 5xx of the upstream not refunded, …).
-	odd []string
+	// odd are answers outside the contract (a 404 to a refund of a known
+	// request id, a 5xx of the upstream not refunded, …), with their time.
+	odd []oddity
 }
 
 // answer5xx is one 5xx answer the api wrote itself.
@@ -102,12 +102,17 @@ func (t *tally) fiveHundred(status int, what string) {
 	t.mu.Unlock()
 }
 
+// oddity is one answer outside the contract.
+type oddity struct {
+	at   time.Time
+	what string
+}
+
 func (t *tally) oddity(format string, args ...any) {
 	t.mu.Lock()
-	if len(t.odd) < 1000 {
-		t.odd = append(t.odd, fmt.Sprintf(format, args...))
+	if len(t.odd) < 10000 {
+		t.odd = append(t.odd, oddity{time.Now(), fmt.Sprintf(format, args...)})
 	}
-	t.counts["odd"]++
 	t.mu.Unlock()
 }
 

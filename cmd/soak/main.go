@@ -502,7 +502,7 @@ func (s *soak) report(loadStart time.Time, tenants []*tenant, tal *tally, ledger
 		{name: "idempotent-once", held: twice == 0 && ops > 0,
 			detail: fmt.Sprintf("%d admitted Idempotency-Key requests, %d run by the upstream more than once", ops, twice)},
 		audit5xx(loadStart, fiveXX, s.windows),
-		auditOdd(counts["odd"], odd),
+		auditOdd(loadStart, odd, s.windows),
 		flatness("api-rss-flat", " MiB", s.samples, s.started, warmup, s.windows,
 			func(x sample) int64 { return x.rss }, 16<<20, 1<<20),
 		flatness("api-goroutines-flat", "", s.samples, s.started, warmup, s.windows,
