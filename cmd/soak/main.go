@@ -319,7 +319,7 @@ func (s *soak) drive(ctx context.Context) (bool, error) {
 	if err != nil {
 		return false, err
 	}
-	return s.report(loadStart, tenants, tal, ledger), nil
+	return s.report(tenants, tal, ledger), nil
 }
 
 // finalFlush waits until the workers have flushed everything: the ledger's
@@ -465,7 +465,8 @@ func goroutines(c *http.Client, url string) (int64, error) {
 }
 
 // report audits and prints one line per promise; true when all held.
-func (s *soak) report(loadStart time.Time, tenants []*tenant, tal *tally, ledger map[string]billed) bool {
+// Times in it count from the soak's start, as the timeline does.
+func (s *soak) report(tenants []*tenant, tal *tally, ledger map[string]billed) bool {
 	var recs []tenantRecord
 	for _, t := range tenants {
 		t.mu.Lock()
@@ -501,8 +502,8 @@ func (s *soak) report(loadStart time.Time, tenants []*tenant, tal *tally, ledger
 			func(t tenantRecord) int64 { return t.capUnits }, func(t tenantRecord) int64 { return t.billed.overage }),
 		{name: "idempotent-once", held: twice == 0 && ops > 0,
 			detail: fmt.Sprintf("%d admitted Idempotency-Key requests, %d run by the upstream more than once", ops, twice)},
-		audit5xx(loadStart, fiveXX, s.windows),
-		auditOdd(loadStart, odd, s.windows),
+		audit5xx(s.start, fiveXX, s.windows),
+		auditOdd(s.start, odd, s.windows),
 		flatness("api-rss-flat", " MiB", s.samples, s.started, warmup, s.windows,
 			func(x sample) int64 { return x.rss }, 16<<20, 1<<20),
 		flatness("api-goroutines-flat", "", s.samples, s.started, warmup, s.windows,

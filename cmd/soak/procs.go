@@ -157,17 +157,6 @@ func waitFor(ctx context.Context, p *proc, d time.Duration, ready func() error) 
 	}
 }
 
-// tcpUp is nil once something accepts connections on addr.
-func tcpUp(addr string) func() error {
-	return func() error {
-		c, err := net.DialTimeout("tcp", addr, time.Second)
-		if err != nil {
-			return err
-		}
-		return c.Close()
-	}
-}
-
 // httpOK is nil once GET url answers 200.
 func httpOK(url string) func() error {
 	return func() error {
