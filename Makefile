@@ -25,7 +25,7 @@ token = if [ -z "$${$(1):-}" ]; then \
 	  $(1)=$$(<.data/$(2)); \
 	fi; export $(1)
 
-.PHONY: run test bench bench-load mutate build generate services services-stop clean
+.PHONY: run test bench bench-load soak mutate build generate services services-stop clean
 
 ## run: start Redis/Postgres if needed, migrate, print a demo key, run the api and worker until Ctrl-C
 run: build
@@ -100,6 +100,14 @@ bench-load: build
 	$(API_BIN) & pids="$$pids $$!"; \
 	bin/loadgen -url http://$(BENCH_ADDR) -bare http://$(BENCH_BARE_ADDR) -redis-rate http://$(BENCH_REDIS_RATE_ADDR) $(if $(BENCH_GRPC_ADDR),-grpc $(BENCH_GRPC_ADDR)) \
 		-wrk "$$TOLLGATE_WRK" -bare-pid $$bare -redis-rate-pid $$redis_rate $(LOADFLAGS)
+
+## soak: 2 api nodes and 2 workers on their own Redis (append-only) and Postgres under load, with faults; audits the promises
+# bin/soak starts its own redis-server and Postgres cluster (initdb) on free loopback
+# ports, its data and the processes' logs under .data/soak, and stops everything it
+# started when it ends. SOAK_DURATION (10m) is how long the load runs; docs/soak.md.
+SOAK_DURATION ?= 10m
+soak: build
+	@SOAK_DURATION=$(SOAK_DURATION) bin/soak
 
 ## mutate: mutation testing (gremlins) of the pure domain packages; fails below 90 % efficacy
 # Slow (minutes a package), so not part of `make test`. scripts/mutate.sh
