@@ -302,6 +302,14 @@ func (g *Gate) admitShared(ctx context.Context, req quota.Request) (quota.Decisi
 			shard = g.store.Shard(req.TenantID)
 		}
 		g.failed(shard, now)
+		if errors.Is(err, quota.ErrOutcomeUnknown) && !req.DryRun {
+			// Redis may have counted it (a pause, a timeout): admitted
+			// here too, a fail-open tier's request would be billed twice.
+			// It is refused as a fail-closed one is; the requests after it
+			// meet the open breaker and are decided here alone.
+			return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,
+				Message: "the quota store did not answer in time and may have counted this request; it was not served: retry shortly"}
+		}
 	}
 	if !req.FailOpen {
 		return quota.Decision{}, &quota.Error{Code: quota.CodeUnavailable,

@@ -500,3 +500,76 @@ func TestFailOpenRowsAreCountedInTheOrderAdmitted(t *testing.T) {
 		}
 	}
 }
+
+// TestFailOpenRefusesARequestRedisMayHaveCounted: a fail-open tenant's
+// request whose Redis call got no answer (Redis paused) may still be
+// counted there when Redis resumes, so it is refused rather than admitted
+// in process (which would count it twice); the requests after it meet the
+// open breaker and are admitted in process, counted once each.
+func TestFailOpenRefusesARequestRedisMayHaveCounted(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	proc := testenv.StartRedis(t)
+	opts, err := redis.ParseURL(proc.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.MaxRetries, opts.DialTimeout, opts.ReadTimeout = -1, 200*time.Millisecond, 300*time.Millisecond
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	runner := ratelimit.New(rdb, "fo")
+	g := New(runner, time.Now)
+	req := failOpen()
+	if d, err := g.Admit(ctx, req); err != nil || !d.Allowed || d.Degraded {
+		t.Fatalf("before the pause: %+v, %v", d, err)
+	}
+	proc.Pause()
+	resumed := false
+	defer func() {
+		if !resumed {
+			proc.Resume()
+		}
+	}()
+	// Until the breaker opens (breakerErrors failures), each request
+	// reaches the paused Redis and is refused; then they are admitted here.
+	refused := 0
+	for {
+		d, err := g.Admit(ctx, req)
+		if err == nil {
+			if !d.Allowed || !d.Degraded || refused != breakerErrors {
+				t.Fatalf("after %d refusals: %+v; want admitted in process once the breaker opened at %d", refused, d, breakerErrors)
+			}
+			break
+		}
+		if quota.ErrorCode(err) != quota.CodeUnavailable || refused == breakerErrors {
+			t.Fatalf("request %d Redis got no answer to: %v; want unavailable (it may be counted there), %d times", refused+1, err, breakerErrors)
+		}
+		if rows, units := g.OutagePending(); rows != 0 || units != 0 {
+			t.Fatalf("held in process for a refused request: %d rows, %d units; want none", rows, units)
+		}
+		refused++
+	}
+	if _, units := g.OutagePending(); units != req.Cost {
+		t.Fatalf("held in process: %d units, want %d (the one admitted here)", units, req.Cost)
+	}
+	proc.Resume()
+	resumed = true
+	// The paused calls run on resume: Redis counts the first request and
+	// those of the refused ones whose call it got (a refused request may
+	// have been stopped earlier, on a new connection's handshake); the
+	// process holds the one it admitted, whose call Redis never got. No
+	// request is counted twice: Redis holds at most the first and the
+	// refused ones.
+	deadline := time.Now().Add(5 * time.Second)
+	for rdb.Ping(ctx).Err() != nil {
+		if time.Now().After(deadline) {
+			t.Fatal("Redis does not answer after the resume")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	time.Sleep(300 * time.Millisecond)
+	u, r := pendingUsage(t, runner, req.TenantID)
+	if r < 1 || r > int64(1+refused) || u != r*req.Cost {
+		t.Fatalf("Redis holds %d units in %d requests after the resume; want the first and at most the %d refused", u, r, refused)
+	}
+}

@@ -222,3 +222,10 @@ func ResetTime(t time.Time) time.Time {
 // (it expired between the decision and the read, or was stored by a caller
 // with nothing to answer but the decision).
 var ErrNoAnswer = errors.New("quota: no stored answer")
+
+// ErrOutcomeUnknown marks a store's error after which the decision may
+// have been made and counted all the same: the call reached the store and
+// no answer came back (a timeout, a connection lost after the call was
+// written). A fail-open tier must not admit such a request locally: its
+// usage would be counted twice.
+var ErrOutcomeUnknown = errors.New("quota: the store may have decided and counted the request")

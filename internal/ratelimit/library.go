@@ -16,6 +16,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/lua"
 )
 
@@ -275,6 +276,22 @@ func fcallCmd(ctx context.Context, name string, keys []string, args []any) *redi
 		cmd.SetFirstKeyPos(3)
 	}
 	return cmd
+}
+
+// mayHaveRun reports whether a call that failed with err may have run in
+// Redis all the same: it was sent, and neither an answer nor a refusal
+// came back (a timeout, a connection lost after the write). An answer of
+// Redis's (an error reply), a call never sent (no connection to be had)
+// and Tollgate's own refusal of bad input did not run it.
+func mayHaveRun(err error) bool {
+	var qe *quota.Error
+	var re redis.Error
+	switch {
+	case errors.As(err, &qe), errors.As(err, &re), resendable(err),
+		errors.Is(err, redis.ErrPoolTimeout), errors.Is(err, redis.ErrClosed):
+		return false
+	}
+	return true
 }
 
 // resendable reports whether err is an answer of Redis saying that it did

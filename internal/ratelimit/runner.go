@@ -89,7 +89,18 @@ func (r *Runner) keys(tenantID, idem string) []string {
 // passing the burst limits; while the first is in flight it is IdemInFlight,
 // and another request under the key is IdemMismatch. Refusals are not kept,
 // since they consumed nothing.
+//
+// An error after which Redis may have run the admission all the same (no
+// answer came to a call it was sent) wraps quota.ErrOutcomeUnknown.
 func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, error) {
+	d, err := r.admit(ctx, req)
+	if err != nil && mayHaveRun(err) {
+		err = fmt.Errorf("%w: %w", quota.ErrOutcomeUnknown, err)
+	}
+	return d, err
+}
+
+func (r *Runner) admit(ctx context.Context, req quota.Request) (quota.Decision, error) {
 	if err := checkRequest(req); err != nil {
 		return quota.Decision{}, err
 	}

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -80,3 +81,21 @@ func (p *RedisProcess) Stop() {
 
 // String names the server for messages.
 func (p *RedisProcess) String() string { return fmt.Sprintf("redis-server %s", p.addr) }
+
+// Pause stops the server with SIGSTOP, as a stalled host would: it keeps
+// its connections and answers nothing until Resume.
+func (p *RedisProcess) Pause() { p.signal(syscall.SIGSTOP) }
+
+// Resume continues a paused server (SIGCONT): the calls it received while
+// paused run then.
+func (p *RedisProcess) Resume() { p.signal(syscall.SIGCONT) }
+
+func (p *RedisProcess) signal(sig syscall.Signal) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.cmd != nil {
+		if err := p.cmd.Process.Signal(sig); err != nil {
+			p.tb.Errorf("testenv: signal %v to %s: %v", sig, p, err)
+		}
+	}
+}
