@@ -32,7 +32,7 @@ func TestSoakRunsEveryFaultAndAuditsEveryPromise(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	env := map[string]string{"SOAK_DURATION": "30s", "SOAK_RATE": "80", "SOAK_CLIENTS": "8", "SOAK_TENANTS": "8",
+	env := map[string]string{"SOAK_DURATION": "60s", "SOAK_RATE": "80", "SOAK_CLIENTS": "8", "SOAK_TENANTS": "8",
 		"SOAK_DIR": filepath.Join(dir, "soak"), "SOAK_BIN": bin}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
@@ -43,16 +43,16 @@ func TestSoakRunsEveryFaultAndAuditsEveryPromise(t *testing.T) {
 		t.Fatalf("run: %v", err)
 	}
 	report := out.String()
-	for _, name := range []string{"traffic-covered", "faults-injected", "idempotent-once", "quota-not-passed",
+	for _, name := range []string{"traffic-covered", "faults-injected", "billed-as-answered", "idempotent-once", "quota-not-passed",
 		"spend-cap-not-passed", "credit-not-passed", "no-5xx-outside-faults", "answers-as-documented"} {
 		if !regexp.MustCompile(`(?m)^promise ` + name + `: +held `).MatchString(report) {
 			t.Errorf("promise %s: not held in the report", name)
 		}
 	}
-	// These depend on the machine's timing (the double count of a fail-open
-	// admission whose Redis call timed out; readings on a loaded machine):
-	// their lines must be there, held or not.
-	for _, name := range []string{"billed-as-answered", "api-rss-flat", "api-goroutines-flat"} {
+	// These depend on the machine's timing (readings on a loaded machine, in
+	// a run too short to judge a trend): their lines must be there, held or
+	// not.
+	for _, name := range []string{"api-rss-flat", "api-goroutines-flat"} {
 		if !regexp.MustCompile(`(?m)^promise ` + name + `: +(held|BROKEN) `).MatchString(report) {
 			t.Errorf("promise %s: no line in the report", name)
 		}
