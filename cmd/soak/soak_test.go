@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// TestSoakRunsEveryFaultAndAuditsEveryPromise runs the whole soak for 30 s
+// TestSoakRunsEveryFaultAndAuditsEveryPromise runs the whole soak for 60 s
 // (its own Redis and Postgres, the api and worker binaries built from this
 // tree) and holds it to its machinery: every fault injected and recovered
 // from, every kind of request answered, the promises that do not depend on
