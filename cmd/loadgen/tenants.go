@@ -15,14 +15,14 @@ const manyTier = "loadgen-round-robin"
 
 // tenants are loadgen's own, made afresh on every run.
 type tenants struct {
-	admittedID, admittedKey string   // on a tier whose limits the load cannot reach
+	admittedID, admittedKey string // on a tier whose limits the load cannot reach
 	// decideID, decideKey: the tenant of the decision API's rows (/v1/check,
 	// gRPC), on a tier of their own, limits as admittedID's: each counted
 	// decision leaves a settle reservation for 10 minutes, which is no
 	// part of what the hot tenant keeps.
 	decideID, decideKey string
-	refusedKey              string   // on a tier of one request a day
-	manyIDs, manyKeys       []string // on manyTier, limits as admittedID's
+	refusedKey          string   // on a tier of one request a day
+	manyIDs, manyKeys   []string // on manyTier, limits as admittedID's
 }
 
 // newTenants makes the hot tenant, the refused one and n on manyTier,
