@@ -49,6 +49,22 @@ func failOpen() quota.Request {
 		Overage: quota.OverageBlock, Limits: quota.Limits{DailyQuota: quota.Ptr(int64(100))}}
 }
 
+// ownRedisGate is a Gate over a redis-server of the test's own, which the
+// test may stop, start or pause, with calls that fail after readTimeout.
+func ownRedisGate(t *testing.T, readTimeout time.Duration) (*testenv.RedisProcess, *redis.Client, *ratelimit.Runner, *Gate) {
+	t.Helper()
+	proc := testenv.StartRedis(t)
+	opts, err := redis.ParseURL(proc.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	opts.MaxRetries, opts.DialTimeout, opts.ReadTimeout = -1, 200*time.Millisecond, readTimeout
+	rdb := redis.NewClient(opts)
+	t.Cleanup(func() { rdb.Close() })
+	runner := ratelimit.New(rdb, "fo")
+	return proc, rdb, runner, New(runner, time.Now)
+}
+
 // TestFailOpenUsageIsRecordedOnceRedisAnswers stops a Redis of the test's
 // own: the requests the gate admits in process meanwhile reach the
 // tenant's pending usage (and its daily quota) once Redis answers again
@@ -56,16 +72,7 @@ func failOpen() quota.Request {
 func TestFailOpenUsageIsRecordedOnceRedisAnswers(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	proc := testenv.StartRedis(t)
-	opts, err := redis.ParseURL(proc.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.MaxRetries, opts.DialTimeout, opts.ReadTimeout = -1, 200*time.Millisecond, 500*time.Millisecond
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { rdb.Close() })
-	runner := ratelimit.New(rdb, "fo")
-	g := New(runner, time.Now)
+	proc, _, runner, g := ownRedisGate(t, 500*time.Millisecond)
 	req := failOpen()
 	if d, err := g.Admit(ctx, req); err != nil || !d.Allowed || d.Degraded {
 		t.Fatalf("before the outage: %+v, %v", d, err)
@@ -509,16 +516,7 @@ func TestFailOpenRowsAreCountedInTheOrderAdmitted(t *testing.T) {
 func TestFailOpenRefusesARequestRedisMayHaveCounted(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	proc := testenv.StartRedis(t)
-	opts, err := redis.ParseURL(proc.URL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	opts.MaxRetries, opts.DialTimeout, opts.ReadTimeout = -1, 200*time.Millisecond, 300*time.Millisecond
-	rdb := redis.NewClient(opts)
-	t.Cleanup(func() { rdb.Close() })
-	runner := ratelimit.New(rdb, "fo")
-	g := New(runner, time.Now)
+	proc, rdb, runner, g := ownRedisGate(t, 300*time.Millisecond)
 	req := failOpen()
 	if d, err := g.Admit(ctx, req); err != nil || !d.Allowed || d.Degraded {
 		t.Fatalf("before the pause: %+v, %v", d, err)
