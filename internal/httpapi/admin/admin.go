@@ -150,29 +150,6 @@ func (s *API) ListTiers(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.Tier, *string, error) { return s.store.ListTiers(c.UserContext(), p) })
 }
 
-// tierCreate is the body of POST /admin/v1/tiers: every field is required,
-// limits may be null (unlimited).
-type tierCreate struct {
-	Slug                   *string                 `json:"slug"`
-	Name                   *string                 `json:"name"`
-	Rank                   *int                    `json:"rank"`
-	PriceCents             *int64                  `json:"price_cents"`
-	BurstRate              quota.Optional[float64] `json:"burst_rate"`
-	Burst                  quota.Optional[int64]   `json:"burst"`
-	BucketCapacity         quota.Optional[int64]   `json:"bucket_capacity"`
-	BucketRefillPerSec     quota.Optional[float64] `json:"bucket_refill_per_sec"`
-	DailyQuota             quota.Optional[int64]   `json:"daily_quota"`
-	MonthlyQuota           quota.Optional[int64]   `json:"monthly_quota"`
-	Overage                *quota.Overage          `json:"overage"`
-	OveragePriceCentsPer1K *int64                  `json:"overage_price_cents_per_1k"`
-	FailOpen               *bool                   `json:"fail_open"`
-	UpgradeURL             *string                 `json:"upgrade_url"`
-	MaxOverageCents        quota.Optional[int64]   `json:"max_overage_cents"` // absent: null (no cap)
-	MeterQuotas            []quota.MeterQuota      `json:"meter_quotas"`      // absent or null: none
-	Billing                *quota.Billing          `json:"billing"`           // absent: postpaid
-	TopUpURL               *string                 `json:"top_up_url"`
-}
-
 func required[T any](field string, v *T) (T, error) {
 	if v == nil {
 		var zero T
@@ -181,62 +158,29 @@ func required[T any](field string, v *T) (T, error) {
 	return *v, nil
 }
 
-func (b tierCreate) tier() (quota.Tier, error) {
-	var t quota.Tier
-	var err error
-	if t.Slug, err = required("slug", b.Slug); err != nil {
-		return t, err
+// newTier is the tier of a body of POST /admin/v1/tiers: slug, name, rank,
+// price_cents and overage are required; the other fields may be absent or
+// null (limits: unlimited; meter quotas: none; billing: postpaid).
+func newTier(b httpx.TierFields) (quota.Tier, error) {
+	t := quota.Tier{Billing: quota.BillingPostpaid}
+	for _, f := range []struct {
+		name    string
+		present bool
+	}{{"slug", b.Slug.Value != nil}, {"name", b.Name.Value != nil}, {"rank", b.Rank.Value != nil}, {"price_cents", b.PriceCents.Value != nil}, {"overage", b.Overage.Value != nil}} {
+		if !f.present {
+			return t, quota.FieldError(f.name, "is required")
+		}
 	}
-	if t.Name, err = required("name", b.Name); err != nil {
-		return t, err
-	}
-	if t.Rank, err = required("rank", b.Rank); err != nil {
-		return t, err
-	}
-	if t.PriceCents, err = required("price_cents", b.PriceCents); err != nil {
-		return t, err
-	}
-	if t.Overage, err = required("overage", b.Overage); err != nil {
-		return t, err
-	}
-	t.BurstRate, t.Burst = b.BurstRate.Value, b.Burst.Value
-	t.BucketCapacity, t.BucketRefillPerSec = b.BucketCapacity.Value, b.BucketRefillPerSec.Value
-	t.DailyQuota, t.MonthlyQuota = b.DailyQuota.Value, b.MonthlyQuota.Value
-	t.MaxOverageCents = b.MaxOverageCents.Value
-	t.MeterQuotas = b.MeterQuotas
-	if b.OveragePriceCentsPer1K != nil {
-		t.OveragePriceCentsPer1K = *b.OveragePriceCentsPer1K
-	}
-	if b.FailOpen != nil {
-		t.FailOpen = *b.FailOpen
-	}
-	if b.UpgradeURL != nil {
-		t.UpgradeURL = *b.UpgradeURL
-	}
-	t.Billing = quota.BillingPostpaid
-	if b.Billing != nil {
-		t.Billing = *b.Billing
-	}
-	if b.TopUpURL != nil {
-		t.TopUpURL = *b.TopUpURL
-	}
-	return t, tierURLs(t)
-}
-
-// tierURLs checks the tier's URLs.
-func tierURLs(t quota.Tier) error {
-	if err := httpx.ValidURL("upgrade_url", t.UpgradeURL); err != nil {
-		return err
-	}
-	return httpx.ValidURL("top_up_url", t.TopUpURL)
+	t.Slug = *b.Slug.Value
+	return t, b.Fill(&t)
 }
 
 func (s *API) CreateTier(c *fiber.Ctx) error {
-	var body tierCreate
+	var body httpx.TierFields
 	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
-	t, err := body.tier()
+	t, err := newTier(body)
 	if err != nil {
 		return err
 	}
@@ -254,81 +198,15 @@ func (s *API) GetTier(c *fiber.Ctx) error {
 	return c.JSON(t)
 }
 
-// tierPatch is the body of PATCH /admin/v1/tiers/{slug}: present fields
-// change; limits set to null become unlimited.
-type tierPatch struct {
-	Name                   quota.Optional[string]        `json:"name"`
-	Rank                   quota.Optional[int]           `json:"rank"`
-	PriceCents             quota.Optional[int64]         `json:"price_cents"`
-	BurstRate              quota.Optional[float64]       `json:"burst_rate"`
-	Burst                  quota.Optional[int64]         `json:"burst"`
-	BucketCapacity         quota.Optional[int64]         `json:"bucket_capacity"`
-	BucketRefillPerSec     quota.Optional[float64]       `json:"bucket_refill_per_sec"`
-	DailyQuota             quota.Optional[int64]         `json:"daily_quota"`
-	MonthlyQuota           quota.Optional[int64]         `json:"monthly_quota"`
-	Overage                quota.Optional[quota.Overage] `json:"overage"`
-	OveragePriceCentsPer1K quota.Optional[int64]         `json:"overage_price_cents_per_1k"`
-	FailOpen               quota.Optional[bool]          `json:"fail_open"`
-	UpgradeURL             quota.Optional[string]        `json:"upgrade_url"`
-	MaxOverageCents        quota.Optional[int64]         `json:"max_overage_cents"`
-	// MeterQuotas replaces the whole list; null or [] removes them all.
-	MeterQuotas quota.Optional[[]quota.MeterQuota] `json:"meter_quotas"`
-	Billing     quota.Optional[quota.Billing]      `json:"billing"`
-	TopUpURL    quota.Optional[string]             `json:"top_up_url"`
-}
-
-// set assigns a present, non-null value of a field that cannot be null.
-func set[T any](field string, o quota.Optional[T], dst *T) error {
-	if !o.Set {
-		return nil
-	}
-	if o.Value == nil {
-		return quota.FieldError(field, "must not be null")
-	}
-	*dst = *o.Value
-	return nil
-}
-
-// setNullable assigns a present field whose null means unlimited.
-func setNullable[T any](o quota.Optional[T], dst **T) {
-	if o.Set {
-		*dst = o.Value
-	}
-}
-
-func (p tierPatch) apply(t *quota.Tier) error {
-	for _, err := range []error{
-		set("name", p.Name, &t.Name), set("rank", p.Rank, &t.Rank), set("price_cents", p.PriceCents, &t.PriceCents),
-		set("overage", p.Overage, &t.Overage), set("overage_price_cents_per_1k", p.OveragePriceCentsPer1K, &t.OveragePriceCentsPer1K),
-		set("fail_open", p.FailOpen, &t.FailOpen), set("upgrade_url", p.UpgradeURL, &t.UpgradeURL),
-		set("billing", p.Billing, &t.Billing), set("top_up_url", p.TopUpURL, &t.TopUpURL),
-	} {
-		if err != nil {
-			return err
-		}
-	}
-	setNullable(p.BurstRate, &t.BurstRate)
-	setNullable(p.Burst, &t.Burst)
-	setNullable(p.BucketCapacity, &t.BucketCapacity)
-	setNullable(p.BucketRefillPerSec, &t.BucketRefillPerSec)
-	setNullable(p.DailyQuota, &t.DailyQuota)
-	setNullable(p.MonthlyQuota, &t.MonthlyQuota)
-	setNullable(p.MaxOverageCents, &t.MaxOverageCents)
-	if p.MeterQuotas.Set {
-		t.MeterQuotas = []quota.MeterQuota{}
-		if p.MeterQuotas.Value != nil {
-			t.MeterQuotas = *p.MeterQuotas.Value
-		}
-	}
-	return tierURLs(*t)
-}
-
 func (s *API) PatchTier(c *fiber.Ctx) error {
-	var body tierPatch
+	var body httpx.TierFields
 	if err := httpx.DecodeJSON(c, &body); err != nil {
 		return err
 	}
-	t, err := s.catalog.UpdateTier(c.UserContext(), adminActor, c.Params("slug"), body.apply)
+	if err := body.RefuseSlug(); err != nil {
+		return err
+	}
+	t, err := s.catalog.UpdateTier(c.UserContext(), adminActor, c.Params("slug"), body.Apply)
 	if err != nil {
 		return err
 	}
@@ -442,7 +320,7 @@ func (p tenantPatch) plan() (*quota.PlanRequest, error) {
 	}
 	var r quota.PlanRequest
 	for _, err := range []error{
-		set("tier", p.Tier, &r.Tier), set("effective", p.Effective, &r.Effective), set("quota", p.Quota, &r.Quota),
+		httpx.Assign("tier", p.Tier, &r.Tier), httpx.Assign("effective", p.Effective, &r.Effective), httpx.Assign("quota", p.Quota, &r.Quota),
 	} {
 		if err != nil {
 			return nil, err
@@ -453,9 +331,9 @@ func (p tenantPatch) plan() (*quota.PlanRequest, error) {
 
 func (p tenantPatch) apply(t *quota.Tenant) error {
 	for _, err := range []error{
-		set("name", p.Name, &t.Name), set("status", p.Status, &t.Status),
-		set("webhook_url", p.WebhookURL, &t.WebhookURL),
-		set("billing_anchor_day", p.BillingAnchorDay, &t.BillingAnchorDay), set("time_zone", p.TimeZone, &t.TimeZone),
+		httpx.Assign("name", p.Name, &t.Name), httpx.Assign("status", p.Status, &t.Status),
+		httpx.Assign("webhook_url", p.WebhookURL, &t.WebhookURL),
+		httpx.Assign("billing_anchor_day", p.BillingAnchorDay, &t.BillingAnchorDay), httpx.Assign("time_zone", p.TimeZone, &t.TimeZone),
 	} {
 		if err != nil {
 			return err

@@ -19,11 +19,11 @@ import (
 // their handlers run before touching the database.
 var decoders = []func(c *fiber.Ctx) error{
 	func(c *fiber.Ctx) error {
-		var b tierCreate
+		var b httpx.TierFields
 		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
-		t, err := b.tier()
+		t, err := newTier(b)
 		if err != nil {
 			return err
 		}
@@ -33,12 +33,15 @@ var decoders = []func(c *fiber.Ctx) error{
 		return t.Validate()
 	},
 	func(c *fiber.Ctx) error {
-		var b tierPatch
+		var b httpx.TierFields
 		if err := httpx.DecodeJSON(c, &b); err != nil {
 			return err
 		}
+		if err := b.RefuseSlug(); err != nil {
+			return err
+		}
 		t := quota.Tier{Slug: "pro", Name: "Pro", Rank: 1, Overage: quota.OverageBlock}
-		if err := b.apply(&t); err != nil {
+		if err := b.Apply(&t); err != nil {
 			return err
 		}
 		if err := quota.CheckName("name", t.Name); err != nil { // the store's check of a name changed

@@ -162,51 +162,35 @@ func tierValues(t quota.Tier) map[string]string {
 	return v
 }
 
-// tierFromForm parses the editor's fields; errors go to errs by field. The
+// tierFromForm parses the editor's fields into a new tier with the admin
+// API's decoder (httpx.TierFields, through decodeForm); errors go to errs
+// by field. The
 // domain's Validate, run by the store, checks the values themselves.
 func tierFromForm(errs formErrors, f map[string]string) quota.Tier {
-	t := quota.Tier{Slug: strings.TrimSpace(f["slug"]), Name: strings.TrimSpace(f["name"]),
-		Overage: quota.Overage(f["overage"]), FailOpen: f["fail_open"] == "on", UpgradeURL: strings.TrimSpace(f["upgrade_url"])}
-	if v := f["fail_open"]; v != "" && v != "on" {
-		errs.add(quota.FieldError("fail_open", "must be on or absent"))
-	}
-	// the billing mode: one of the select's two values (absent is postpaid,
-	// the store's default); what prepaid needs of the other fields is the
-	// domain's Validate's, shown beside the field it names
+	t := quota.Tier{Slug: strings.TrimSpace(f["slug"]), Billing: quota.BillingPostpaid}
+	var fields httpx.TierFields
+	decodeForm(errs, f, &fields)
+	// the billing mode: one of the select's two values (absent is postpaid);
+	// what prepaid needs of the other fields is the domain's Validate's,
+	// shown beside the field it names
 	switch b := quota.Billing(f["billing"]); b {
-	case "", quota.BillingPostpaid:
-		t.Billing = quota.BillingPostpaid
-	case quota.BillingPrepaid:
-		t.Billing = b
+	case "":
+		fields.Billing.Set = false
+	case quota.BillingPostpaid, quota.BillingPrepaid:
 	default:
 		errs.add(quota.FieldError("billing", "must be postpaid or prepaid"))
 	}
-	t.TopUpURL = strings.TrimSpace(f["top_up_url"])
-	if rank := intField(errs, f, "rank", false); rank != nil {
-		if *rank < 0 || *rank > 1_000_000 {
-			errs.add(quota.FieldError("rank", "must be between 0 and 1000000"))
-		} else {
-			t.Rank = int(*rank)
+	for _, name := range []string{"rank", "price_cents"} {
+		if strings.TrimSpace(f[name]) == "" {
+			errs.add(quota.FieldError(name, "is required"))
 		}
 	}
-	if p := intField(errs, f, "price_cents", false); p != nil {
-		t.PriceCents = *p
-	}
-	if p := intField(errs, f, "overage_price_cents_per_1k", true); p != nil {
-		t.OveragePriceCentsPer1K = *p
-	}
-	t.BurstRate = rateField(errs, f, "burst_rate")
-	t.Burst = intField(errs, f, "burst", true)
-	t.BucketCapacity = intField(errs, f, "bucket_capacity", true)
-	t.BucketRefillPerSec = rateField(errs, f, "bucket_refill_per_sec")
-	t.DailyQuota = intField(errs, f, "daily_quota", true)
-	t.MonthlyQuota = intField(errs, f, "monthly_quota", true)
-	t.MaxOverageCents = intField(errs, f, "max_overage_cents", true)
-	if err := httpx.ValidURL("upgrade_url", t.UpgradeURL); err != nil {
-		errs.add(err)
-	}
-	if err := httpx.ValidURL("top_up_url", t.TopUpURL); err != nil {
-		errs.add(err)
+	// An empty field that cannot be null keeps its default, as an absent one
+	// does (Fill): an empty overage price is 0.
+	if len(errs) == 0 {
+		if err := fields.Fill(&t); err != nil {
+			errs.add(err)
+		}
 	}
 	return t
 }

@@ -3,6 +3,7 @@ package pages
 import (
 	"errors"
 	"math"
+	"reflect"
 	"regexp"
 	"strconv"
 	"strings"
@@ -146,4 +147,54 @@ func rateField(errs formErrors, f map[string]string, name string) *float64 {
 		return nil
 	}
 	return &x
+}
+
+// decodeForm reads the form f into dst, a pointer to a struct of
+// quota.Optional fields named by their json tags (httpx.TierFields): each
+// scalar field is set from the form field of its name, as the admin API's
+// JSON decoder would set it from the same value, written as a form writes
+// it: an empty field is null (unlimited, or an error for a field that
+// cannot be null), whole numbers may carry thousands separators, and a
+// checkbox is on or absent. Fields that are not scalars (lists) are left
+// to the caller. A value that does not parse goes to errs by field.
+func decodeForm(errs formErrors, f map[string]string, dst any) {
+	v := reflect.ValueOf(dst).Elem()
+	for i := range v.NumField() {
+		name, _, _ := strings.Cut(v.Type().Field(i).Tag.Get("json"), ",")
+		opt := v.Field(i)
+		ptr := opt.FieldByName("Value")
+		val := reflect.New(ptr.Type().Elem())
+		raw := strings.TrimSpace(f[name])
+		switch val.Elem().Kind() {
+		case reflect.String:
+			val.Elem().SetString(raw)
+		case reflect.Bool:
+			if raw != "" && raw != "on" {
+				errs.add(quota.FieldError(name, "must be on or absent"))
+				continue
+			}
+			val.Elem().SetBool(raw == "on")
+		case reflect.Int, reflect.Int64:
+			n := intField(errs, f, name, true)
+			if n == nil {
+				val = reflect.Zero(ptr.Type()) // null, or not a number (errs has it)
+			} else if val.Elem().OverflowInt(*n) {
+				errs.add(quota.FieldError(name, "must be a whole number"))
+				continue
+			} else {
+				val.Elem().SetInt(*n)
+			}
+		case reflect.Float64:
+			x := rateField(errs, f, name)
+			if x == nil {
+				val = reflect.Zero(ptr.Type())
+			} else {
+				val.Elem().SetFloat(*x)
+			}
+		default:
+			continue
+		}
+		opt.FieldByName("Set").SetBool(true)
+		ptr.Set(val)
+	}
 }
