@@ -85,8 +85,8 @@ type Var struct {
 	Name, Default, Meaning string
 }
 
-// Vars lists every variable Load reads, with its default; the README's table
-// is this list.
+// Vars lists every variable Load reads, with its default; the table of
+// docs/operations/configuration.md is this list.
 var Vars = []Var{
 	{"REDIS_URL", "redis://127.0.0.1:6379/0", "Redis; several comma-separated addresses mean a Redis Cluster"},
 	{"DATABASE_URL", "postgres://postgres@127.0.0.1:5432/tollgate?sslmode=disable", "Postgres"},
@@ -149,8 +149,8 @@ func Load(getenv func(string) string) (Config, error) {
 	}
 	// The setting of earlier releases, whose v1 layout this one neither
 	// reads nor writes: a node still told to share it with old nodes
-	// stops here instead of ignoring their state (README, "Redis state,
-	// and upgrading it").
+	// stops here instead of ignoring their state
+	// (docs/operations/redis.md).
 	if l := strings.TrimSpace(getenv("TOLLGATE_KEY_LAYOUT")); l != "" && l != "v2" {
 		return c, fmt.Errorf("config: TOLLGATE_KEY_LAYOUT: %q: the limit state has one layout now (v2, one hash per tenant); "+
 			"run the previous release with v2 first, then unset it", l)

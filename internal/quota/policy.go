@@ -22,7 +22,7 @@ const (
 	AlgAdaptive      Algorithm = "adaptive"       // node-local shedding (Sentinel BBR)
 )
 
-// Algorithms lists every algorithm, in the order of the README's table.
+// Algorithms lists every algorithm, in the order of the table in docs/concepts/limits.md.
 var Algorithms = []Algorithm{AlgFixedWindow, AlgSlidingLog, AlgSlidingWindow,
 	AlgTokenBucket, AlgGCRA, AlgLeakyBucket, AlgConcurrency, AlgWarmUp, AlgAdaptive}
 

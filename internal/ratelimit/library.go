@@ -31,7 +31,7 @@ import (
 // releases' libraries live side by side in Redis during a rolling upgrade,
 // and neither calls the other's code. A node never deletes a library (an
 // older node may still call it); FUNCTION DELETE removes an old release's
-// once none of its nodes runs (README.md, "Redis state, and upgrading it").
+// once none of its nodes runs (docs/operations/redis.md).
 
 // fn names a function of the library.
 type fn uint8
