@@ -18,6 +18,11 @@ BROWSER = brw=$$(scripts/services.sh browser) && eval "$$brw"
 WRK = wrk=$$(scripts/services.sh wrk) && eval "$$wrk"
 # stripe-mock, the Stripe API the Stripe export's tests call (installed and started when missing).
 STRIPE_MOCK = stripe=$$(scripts/services.sh stripe-mock) && eval "$$stripe"
+# golangci-lint at its pinned version in .data/bin (installed when missing), then
+# run on the root module and on the Go SDK's (.golangci.yml; SDK= leaves it out).
+LINT = lint=$$(scripts/tools.sh golangci-lint) && eval "$$lint" && \
+	"$$TOLLGATE_GOLANGCI_LINT" run $(PKGS) && \
+	if [ -n "$(SDK)" ]; then (cd $(SDK) && "$$TOLLGATE_GOLANGCI_LINT" run --config "$(CURDIR)/.golangci.yml" ./...); fi
 # $(call token,VAR,FILE): keep VAR from the environment, else read it from
 # .data/FILE, made once with 32 random hex characters.
 token = if [ -z "$${$(1):-}" ]; then \
@@ -25,7 +30,7 @@ token = if [ -z "$${$(1):-}" ]; then \
 	  $(1)=$$(<.data/$(2)); \
 	fi; export $(1)
 
-.PHONY: run test bench bench-load soak mutate build generate services services-stop clean
+.PHONY: run test test-unit lint bench bench-load soak mutate build generate services services-stop clean
 
 ## run: start Redis/Postgres if needed, migrate, print a demo key, run the api and worker until Ctrl-C
 run: build
@@ -43,12 +48,25 @@ run: build
 # root skips), vetted and tested after the root's; SDK= leaves it out.
 SDK ?= sdk/go
 
-## test: go vet, then every test with -race against real Redis, Postgres, a headless Chromium, wrk and stripe-mock; then the Go SDK's
+## test: go vet and golangci-lint, then every test with -race against real Redis, Postgres, a headless Chromium, wrk and stripe-mock; then the Go SDK's
 test:
 	@$(SERVICES) && $(BROWSER) && $(WRK) && $(STRIPE_MOCK) && $(GO) vet $(PKGS) && \
 	if [ -n "$(SDK)" ]; then $(GO) -C $(SDK) vet ./...; fi && \
+	$(LINT) && \
 	$(GO) test -race -count=1 -timeout 30m $(TESTFLAGS) $(PKGS) && \
 	if [ -n "$(SDK)" ]; then $(GO) -C $(SDK) test -race -count=1 -timeout 10m $(TESTFLAGS) ./...; fi
+
+## test-unit: the unit tests alone (go test -short), root module and Go SDK, in seconds: no Redis, Postgres or other service
+# -short skips every test that needs a service (internal/testenv's helpers, and
+# the tests that start one themselves), whether it is reachable or not;
+# `make test` runs them all.
+test-unit:
+	@$(GO) test -short -count=1 $(TESTFLAGS) $(PKGS) && \
+	if [ -n "$(SDK)" ]; then $(GO) -C $(SDK) test -short -count=1 $(TESTFLAGS) ./...; fi
+
+## lint: golangci-lint (.golangci.yml) on the root module and the Go SDK, installed at its pinned version by scripts/tools.sh
+lint:
+	@$(LINT)
 
 ## bench: the Go benchmarks, then bench-load (its table and goals last)
 bench: build

@@ -87,6 +87,7 @@ func TestServicesRefusesRedisOlderThan7(t *testing.T) {
 // on as it is; without it, it prints the URL of a stripe-mock that answers
 // (ours, started and installed when missing).
 func TestServicesStripeMock(t *testing.T) {
+	testenv.Integration(t, "stripe-mock (installed and started by services.sh when missing)")
 	run := func(env ...string) string {
 		t.Helper()
 		cmd := exec.Command("bash", "services.sh", "stripe-mock")

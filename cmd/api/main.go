@@ -76,7 +76,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	defer rdb.Close()
+	defer func() { _ = rdb.Close() }()
 
 	table, err := routes.Load(cfg.RoutesFile)
 	if err != nil {
@@ -178,12 +178,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	metrics.WatchConns(ln.Open)
 	ops, err := serveOps(cfg.OpsAddr, srv, log)
 	if err != nil {
-		ln.Close()
+		_ = ln.Close()
 		return err
 	}
 	grpcSrv, err := serveGRPC(cfg.GRPCAddr, srv, gate, metrics, log, traces.Tracer())
 	if err != nil {
-		ln.Close()
+		_ = ln.Close()
 		_ = ops.shutdown(cfg.ShutdownTimeout, log)
 		return err
 	}

@@ -154,7 +154,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout 
 		if err != nil {
 			return err
 		}
-		defer w.close()
+		defer func() { _ = w.close() }()
 		drv = w
 	}
 	return measure(ctx, o, cfg, drv, stdout)

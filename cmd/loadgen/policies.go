@@ -510,7 +510,7 @@ func waitPolicy(ctx context.Context, t *target, name string, limit time.Duration
 	req, resp, release := t.newRequest()
 	defer release()
 	deadline := time.Now().Add(limit)
-	last := "none"
+	var last string // what the last answer was, set by every round
 	for {
 		if err := t.client.Do(req, resp); err != nil {
 			last = err.Error()

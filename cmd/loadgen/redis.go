@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io/fs"
 	"regexp"
@@ -180,7 +181,7 @@ func scanMemory(ctx context.Context, rdb redis.UniversalClient, pattern string, 
 				continue
 			}
 			n, err := c.MemoryUsage(ctx, iter.Val()).Result()
-			if err == redis.Nil {
+			if errors.Is(err, redis.Nil) {
 				continue // expired since SCAN saw it
 			}
 			if err != nil {

@@ -40,7 +40,7 @@ func newWrkDriver(path string, threads int) (*wrkDriver, error) {
 		return nil, err
 	}
 	if err := os.WriteFile(filepath.Join(dir, "wrk.lua"), wrkScript, 0o600); err != nil {
-		os.RemoveAll(dir)
+		_ = os.RemoveAll(dir)
 		return nil, err
 	}
 	return &wrkDriver{path: path, threads: threads, dir: dir}, nil

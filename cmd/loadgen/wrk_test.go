@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/httpapi/benchpeer"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // wrkOutput is what wrk 4.1 printed for a run with wrk.lua.
@@ -163,6 +164,7 @@ func balanced(t *testing.T, counts map[string]int, keys []string, slack int) {
 // testWrk is the wrk of the tests: TOLLGATE_WRK, else wrk on PATH.
 func testWrk(t *testing.T) string {
 	t.Helper()
+	testenv.Integration(t, "wrk")
 	name := os.Getenv("TOLLGATE_WRK")
 	if name == "" {
 		name = "wrk"

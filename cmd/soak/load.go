@@ -90,12 +90,6 @@ func (t *tally) inc(what string) {
 	t.mu.Unlock()
 }
 
-func (t *tally) get(what string) int64 {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.counts[what]
-}
-
 func (t *tally) fiveHundred(status int, what string) {
 	t.mu.Lock()
 	t.fiveXX = append(t.fiveXX, answer5xx{time.Now(), status, what})

@@ -144,10 +144,10 @@ func waitFor(ctx context.Context, p *proc, d time.Duration, ready func() error) 
 			return nil
 		}
 		if p != nil && p.pid() == 0 {
-			return fmt.Errorf("%s exited before it was ready (see %s): %v", p.name, p.log, err)
+			return fmt.Errorf("%s exited before it was ready (see %s): %w", p.name, p.log, err)
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s not ready after %s (see %s): %v", p.name, d, p.log, err)
+			return fmt.Errorf("%s not ready after %s (see %s): %w", p.name, d, p.log, err)
 		}
 		select {
 		case <-ctx.Done():

@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // TestSoakRunsEveryFaultAndAuditsEveryPromise runs the whole soak for 60 s
@@ -19,6 +21,7 @@ import (
 // from, every kind of request answered, the promises that do not depend on
 // timing held, one line per promise, and nothing left running.
 func TestSoakRunsEveryFaultAndAuditsEveryPromise(t *testing.T) {
+	testenv.Integration(t, "redis-server, Postgres (initdb) and a build of the api and worker")
 	bin := t.TempDir()
 	build := exec.Command("go", "build", "-o", bin, "./cmd/api", "./cmd/worker")
 	build.Dir = filepath.Join("..", "..")

@@ -70,7 +70,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	defer rdb.Close()
+	defer func() { _ = rdb.Close() }()
 
 	runner := ratelimit.New(rdb, cfg.RedisPrefix)
 	if err := runner.LoadFunctions(ctx, log); err != nil {

@@ -533,7 +533,7 @@ func (c *Catalog) Run(ctx context.Context, refresh time.Duration, ready chan<- s
 	// subscription is what ends it.
 	stop := context.AfterFunc(ctx, func() { _ = sub.Close() })
 	defer stop()
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	go func() {
 		t := time.NewTicker(refresh)
 		defer t.Stop()

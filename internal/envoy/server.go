@@ -12,6 +12,7 @@ package envoy
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
 	"time"
@@ -112,7 +113,7 @@ func New(d Decider, r Refunder, log *slog.Logger, count func(service, outcome st
 
 // Serve serves on ln until Shutdown; it returns nil after Shutdown.
 func (s *Server) Serve(ln net.Listener) error {
-	if err := s.grpc.Serve(ln); err != nil && err != grpc.ErrServerStopped {
+	if err := s.grpc.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
 		return err
 	}
 	return nil

@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"errors"
 	"github.com/gofiber/fiber/v2"
 	"github.com/gofiber/fiber/v2/utils"
 
@@ -19,9 +20,9 @@ type pathKey struct{}
 func (s *Server) resolveRoute(c *fiber.Ctx) (*routes.Route, error) {
 	raw := utils.UnsafeString(c.Request().URI().PathOriginal())
 	route, path, err := s.routes.Resolve(c.Method(), raw)
-	switch err {
-	case nil:
-	case routes.ErrAmbiguous:
+	switch {
+	case err == nil:
+	case errors.Is(err, routes.ErrAmbiguous):
 		return nil, quota.FieldError("path", "must read as one route to every upstream: with %%2F, %%5C or \\ read as /, a ;parameter or an empty segment dropped, or case ignored, it names another route")
 	default:
 		return nil, quota.FieldError("path", "must be a plain path: no dot segments (. or .., escaped or not), bad escapes or control characters")

@@ -247,7 +247,7 @@ func Parse(tenant, meters map[string]string, idem map[string]map[string]string) 
 		r := IdemRecord{Fingerprint: h["fp"], Done: h["st"] == "done"}
 		dec, err := parseInts(h["dec"], -1)
 		if err = errors.Join(err, scan(h["lease"], &r.Lease), scan(h["at"], &r.At)); err != nil || !r.Done && h["st"] != "run" {
-			return s, fmt.Errorf("limits: parse idempotency record %s %v: %v", k, h, err)
+			return s, fmt.Errorf("limits: parse idempotency record %s %v: %v", k, h, err) //nolint:errorlint // err is nil for a record in no known state, which %w would print as %!w(<nil>)
 		}
 		r.Decision = dec
 		s.Idem = put(s.Idem, k, r)

@@ -51,7 +51,7 @@ const maxLists = 1024
 type listKey struct {
 	rate, refill                               float64
 	burst, capacity, daily, monthly, overCents int64
-	hasRate, hasBucket, hasDaily, hasMonthly   bool
+	hasRate, hasDaily, hasMonthly              bool
 	hasCap, hasBurst, hasCapacity, hasRefill   bool
 	overage                                    quota.Overage
 	price                                      int64

@@ -1,6 +1,7 @@
 package quota
 
 import (
+	"errors"
 	"strconv"
 	"strings"
 	"time"
@@ -339,7 +340,7 @@ func (p *Policy) validateScope() error {
 			}
 			if err := q.validateNumbers(); err != nil || n < 0 {
 				msg := "limits must be within the bounds of the policy's own limit"
-				if e, ok := err.(*Error); ok {
+				if e := (*Error)(nil); errors.As(err, &e) {
 					msg += ": " + e.Message
 				}
 				return FieldError("exceptions", "%s", msg)

@@ -3,7 +3,9 @@ package ratelimit_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
+	"testing"
 
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
@@ -11,8 +13,23 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
+// exampleRunnerAdmitOutput is what ExampleRunner_Admit prints.
+const exampleRunnerAdmitOutput = `allowed: true
+burst: 19 of 20 left, window 4s
+daily: 990 of 1000 left, window 24h0m0s
+`
+
 // A fresh tenant with a burst limit and a daily quota: the first call is
-// allowed, and the decision says what is left of each limit.
+// allowed, and the decision says what is left of each limit. With the Redis
+// of REDIS_URL (else 127.0.0.1:6379) it prints:
+//
+//	allowed: true
+//	burst: 19 of 20 left, window 4s
+//	daily: 990 of 1000 left, window 24h0m0s
+//
+// (An example cannot be skipped, and this one needs a Redis: rather than
+// by an Output comment, what it prints is checked by TestExampleRunnerAdmit,
+// which go test -short skips.)
 func ExampleRunner_Admit() {
 	url := os.Getenv("REDIS_URL")
 	if url == "" {
@@ -53,8 +70,29 @@ func ExampleRunner_Admit() {
 	for _, l := range d.Limits {
 		fmt.Printf("%s: %d of %d left, window %v\n", l.Name, l.Remaining, l.Limit, l.Window)
 	}
-	// Output:
-	// allowed: true
-	// burst: 19 of 20 left, window 4s
-	// daily: 990 of 1000 left, window 24h0m0s
+}
+
+// TestExampleRunnerAdmit runs ExampleRunner_Admit against the tests' Redis
+// and checks what it prints, as an Output comment would.
+func TestExampleRunnerAdmit(t *testing.T) {
+	t.Setenv("REDIS_URL", testenv.RedisURL(t))
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := make(chan string)
+	go func() {
+		b, _ := io.ReadAll(r)
+		read <- string(b)
+	}()
+	stdout := os.Stdout
+	os.Stdout = w
+	func() {
+		defer func() { os.Stdout = stdout }()
+		ExampleRunner_Admit()
+	}()
+	_ = w.Close()
+	if got := <-read; got != exampleRunnerAdmitOutput {
+		t.Errorf("ExampleRunner_Admit printed:\n%s\nwant:\n%s", got, exampleRunnerAdmitOutput)
+	}
 }

@@ -20,6 +20,7 @@ const howToBrowser = "run `make test`, which installs Debian's chromium package 
 // none, the test fails saying how to get one: browser tests never skip.
 func ChromiumPath(tb testing.TB) string {
 	tb.Helper()
+	Integration(tb, "a headless Chromium")
 	if p := os.Getenv("TOLLGATE_CHROMIUM"); p != "" {
 		if _, err := exec.LookPath(p); err != nil {
 			tb.Fatalf("testenv: TOLLGATE_CHROMIUM=%s: %v: %s", p, err, howToBrowser)

@@ -47,6 +47,7 @@ var cluster struct {
 // the test fails with a message saying what to install: it never skips.
 func Cluster(tb testing.TB) redis.UniversalClient {
 	tb.Helper()
+	Integration(tb, "a Redis Cluster")
 	cluster.once.Do(func() {
 		if env := os.Getenv("REDIS_CLUSTER_URL"); env != "" {
 			cluster.addrs, cluster.err = parseClusterURL(env)

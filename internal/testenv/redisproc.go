@@ -31,6 +31,7 @@ type RedisProcess struct {
 // message saying what to install, when redis-server is missing.
 func StartRedis(tb testing.TB) *RedisProcess {
 	tb.Helper()
+	Integration(tb, "redis-server")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		tb.Fatalf("testenv: redis-server not found: install it (apt-get install redis-server); make test does")
 	}

@@ -47,6 +47,7 @@ type ClusterNode struct {
 // saying what to install.
 func StartOwnCluster(tb testing.TB, masters, replicas int) *OwnCluster {
 	tb.Helper()
+	Integration(tb, "a Redis Cluster of redis-server processes")
 	for _, bin := range []string{"redis-server", "redis-cli"} {
 		if _, err := exec.LookPath(bin); err != nil {
 			tb.Fatalf("testenv: %s not found in PATH: install redis-server (apt-get install redis-server)", bin)

@@ -4,7 +4,13 @@
 // Servers come from REDIS_URL and DATABASE_URL (make test sets both, starting
 // local servers when none is reachable). Without them, when a Docker engine is
 // reachable, testcontainers starts throwaway containers. Otherwise the test
-// fails with a message saying how to start them: integration tests never skip.
+// fails with a message saying how to start them: integration tests never skip
+// because a service is missing.
+//
+// Under go test -short (make test-unit) every helper that needs a service
+// (Redis, Postgres, a Redis Cluster, stripe-mock, a browser) skips the test
+// instead, whether the service is there or not: -short runs the unit tests
+// alone, without services, in seconds. That is the only skip.
 package testenv
 
 import (
@@ -73,9 +79,25 @@ func fromContainer(image, port string, env map[string]string, scheme func(endpoi
 	return r.url, r.err
 }
 
+// Integration skips the test under go test -short, saying that it needs
+// service (make test-unit runs with -short, make test without): it is how an
+// integration test that starts or reaches a service outside the test
+// process (a server, a browser, a load generator, a build of the binaries)
+// is left out of the unit run. Without -short it does nothing, and the
+// test fails later, saying how to start what is missing, when it is.
+// testenv's own helpers call it; a test that starts such a thing by other
+// means calls it first.
+func Integration(tb testing.TB, service string) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("needs " + service + ": an integration test; make test runs it")
+	}
+}
+
 // RedisURL returns the Redis server tests use.
 func RedisURL(tb testing.TB) string {
 	tb.Helper()
+	Integration(tb, "Redis")
 	if u := os.Getenv("REDIS_URL"); u != "" {
 		return u
 	}
@@ -89,6 +111,7 @@ func RedisURL(tb testing.TB) string {
 // DatabaseURL returns the Postgres server's URL tests create databases in.
 func DatabaseURL(tb testing.TB) string {
 	tb.Helper()
+	Integration(tb, "Postgres")
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		return u
 	}
@@ -222,6 +245,7 @@ func redact(raw string) string {
 // how to start it.
 func StripeMockURL(tb testing.TB) string {
 	tb.Helper()
+	Integration(tb, "stripe-mock")
 	const howToStripe = "run `make test`, which starts stripe-mock, or `eval \"$(scripts/services.sh stripe-mock)\"`, " +
 		"or start one (go install github.com/stripe/stripe-mock@v0.203.0; stripe-mock -http-addr 127.0.0.1:12111) " +
 		"and set STRIPE_MOCK_URL=http://127.0.0.1:12111"

@@ -70,9 +70,20 @@ func atExit(f func()) {
 	stopMu.Unlock()
 }
 
+// integration skips the test under go test -short (make test-unit): the
+// tests that build and run the api and worker need Redis and Postgres.
+// Without -short a missing server fails the test, saying how to start it.
+func integration(tb testing.TB) {
+	tb.Helper()
+	if testing.Short() {
+		tb.Skip("needs Redis, Postgres and a build of the api and worker: an integration test; make test runs it")
+	}
+}
+
 // binaries builds cmd/api and cmd/worker (and the examples) once.
 func binaries(tb testing.TB) string {
 	tb.Helper()
+	integration(tb)
 	binsOnce.Do(func() {
 		if binDir, binsErr = os.MkdirTemp("", "tollgate-sdk-bin-"); binsErr != nil {
 			return
@@ -108,6 +119,7 @@ type stack struct {
 // each test makes a tier and tenant of its own in it.
 func sharedStack(tb testing.TB) *stack {
 	tb.Helper()
+	integration(tb)
 	stackOnce.Do(func() { shared, stackErr = newStack(tb) })
 	if stackErr != nil {
 		tb.Fatal(stackErr)
