@@ -37,6 +37,8 @@ type module struct {
 const (
 	domain    = "internal/quota"
 	httpLayer = "internal/httpapi"
+	envoy     = "internal/envoy"
+	admission = "internal/admission"
 )
 
 var (
@@ -46,6 +48,9 @@ var (
 	services = []string{"internal/admission", "internal/billing", "internal/catalog",
 		"internal/usage", "internal/worker", "internal/locallimit", "internal/policyalg", "internal/limits",
 		"internal/stripeexport"}
+	// quotaState are the packages that keep or decide quota state behind
+	// the admission use case, which the HTTP layer and envoy do not import.
+	quotaState = []string{"internal/ratelimit", "internal/redisdb", "internal/limits", "internal/policyalg"}
 )
 
 func TestArchitecture(t *testing.T) {
@@ -130,6 +135,30 @@ func TestArchitecture(t *testing.T) {
 			if 4*c.lines > total {
 				t.Errorf("%s holds %d of %d non-test Go lines (%.1f%%), more than a quarter\n%s",
 					c.pkg, c.lines, total, 100*float64(c.lines)/float64(total), table.String())
+			}
+		}
+	})
+
+	t.Run("the HTTP layer and envoy decide through the admission use case", func(t *testing.T) {
+		m.mustExist(t, httpLayer, envoy, admission)
+		m.mustExist(t, quotaState...)
+		if !slices.Contains(m.imports(httpLayer), m.path+"/"+admission) {
+			t.Errorf("%s does not import %s: its metered route and decision API admit through the admission use case", httpLayer, admission)
+		}
+		for _, p := range m.sorted() {
+			if !under(p, httpLayer) && !under(p, envoy) {
+				continue
+			}
+			for _, imp := range m.imports(p) {
+				rel, ours := m.rel(imp)
+				if !ours {
+					continue
+				}
+				for _, q := range quotaState {
+					if under(rel, q) {
+						t.Errorf("%s imports %s: the HTTP layer and %s reach quota state through %s only", p, rel, envoy, admission)
+					}
+				}
 			}
 		}
 	})

@@ -24,6 +24,10 @@
 //     internal/ratelimit, internal/postgres or the HTTP layer; they declare
 //     the small interfaces they consume and cmd/* wires the adapters in.
 //     Their tests may import adapters: only non-test imports are checked.
+//   - The HTTP layer and internal/envoy reach quota state through the
+//     admission use case: internal/httpapi imports internal/admission, and
+//     neither imports internal/ratelimit, internal/redisdb, internal/limits
+//     or internal/policyalg.
 //
 // Every package a rule names must exist, so that renaming one fails the test
 // rather than silently voiding the rule.

@@ -10,6 +10,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tollgate/tollgate/internal/admission"
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
@@ -144,72 +145,34 @@ func (s *Server) Decide(ctx context.Context, a Ask) (Decided, error) {
 		scopeValues{tenant: p.Tenant.ID, key: p.KeyID, hold: a.Hold && !a.DryRun}); err != nil {
 		return Decided{}, err
 	}
-	counted := !a.DryRun
-	if len(req.Policies) > 0 || counted {
+	if len(req.Policies) > 0 || !a.DryRun {
 		req.RequestID = httpx.NewID()
 	}
 	if s.tracer != nil {
 		trace.SpanFromContext(ctx).SetAttributes(telemetry.TenantID.String(p.Tenant.ID), telemetry.Meter.String(a.Meter),
 			telemetry.Cost.Int64(cost), telemetry.DryRun.Bool(a.DryRun))
 	}
-	d, err := s.admit(ctx, p, &req)
-	if err != nil {
+	ch, err := s.adm.Check(ctx, &p, &req)
+	d := ch.Decision
+	if err != nil && d.Idem == quota.IdemNone {
 		if s.tracer != nil {
 			trace.SpanFromContext(ctx).SetAttributes(telemetry.Decision.String(telemetry.DecisionUnavailable))
 		}
 		return Decided{}, err
 	}
 	if s.tracer != nil {
-		traceOutcome(ctx, outcomeOf(d), d)
+		admission.TraceOutcome(ctx, admission.Outcome(d), d)
 	}
 	if len(d.Policies) > 0 {
 		s.countPolicies(d)
 	}
 	out := Decided{Principal: p, Request: req, Decision: d}
-	if err := idemError(d); err != nil {
-		return out, err
+	if err != nil {
+		return out, err // (an idempotency refusal)
 	}
 	out.Relay = s.relay(p, d, a.Instance)
-	if counted && d.Allowed && !d.Replayed() && d.Fallback == nil {
-		if err := s.gate.Reserve(ctx, req.RequestID, req, d); err != nil {
-			// The decision stands; it just cannot be settled or refunded.
-			s.log.Error("reserving a check failed; its cost is final", "tenant_id", p.Tenant.ID, "meter", a.Meter, "err", err)
-		} else {
-			out.RequestID = req.RequestID
-			if req.IdempotencyKey != "" && !d.Degraded {
-				if err := s.gate.NoteRequestID(ctx, req, req.RequestID); err != nil {
-					s.log.Error("noting a check's request id for its repeats failed", "tenant_id", p.Tenant.ID, "err", err)
-				}
-			}
-			if s.tracer != nil {
-				trace.SpanFromContext(ctx).SetAttributes(telemetry.RequestID.String(req.RequestID))
-			}
-			if held(d) {
-				if err := s.gate.Hold(ctx, req, d); err != nil {
-					s.log.Error("recording a check's leases failed; they lapse with their lease", "tenant_id", p.Tenant.ID, "err", err)
-				}
-			}
-		}
-	}
-	if counted && d.Replayed() {
-		// A repeat answers the first check's id (when noted: a repeat
-		// concurrent with the first may come before it).
-		if out.RequestID, err = s.gate.RequestIDOf(ctx, req); err != nil {
-			s.log.Error("reading a repeated check's request id failed", "tenant_id", p.Tenant.ID, "err", err)
-			out.RequestID = ""
-		}
-	}
+	out.RequestID = ch.RequestID
 	return out, nil
-}
-
-// held reports whether d holds concurrency leases in Redis.
-func held(d quota.Decision) bool {
-	for _, st := range d.Policies {
-		if st.Policy.Algorithm == quota.AlgConcurrency && st.Outcome == quota.PolicyAdmitted && st.Policy.InRedis() {
-			return true
-		}
-	}
-	return false
 }
 
 // relay renders what a metered route of p would answer for d: the quota

@@ -3,13 +3,13 @@ package httpapi
 import (
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/gofiber/fiber/v2"
 
+	"github.com/tollgate/tollgate/internal/admission"
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/routes"
@@ -23,7 +23,7 @@ import (
 //     the SHA-256 of its body as sent (encoded, if it came so);
 //   - a repeat of the same request is answered with the first answer,
 //     stored after it was sent: its status, the headers in replayHeaders and
-//     the body up to MaxReplayBody, marked Idempotent-Replayed: true; neither
+//     the body up to admission.MaxReplayBody, marked Idempotent-Replayed: true; neither
 //     the handler nor the upstream runs again and no quota is counted, but
 //     the repeat still passes (and consumes) the burst limits, since it is
 //     load all the same;
@@ -39,12 +39,6 @@ import (
 //     request holds room for the largest answer until its own is stored,
 //     so that an admitted request always has room for its answer.
 
-// MaxReplayBody is the largest answer body stored for replays. The first
-// answer to a larger body is sent as usual; its repeats get 409, since
-// running the request again is what the key forbids. An answer whose
-// stored headers pass quota.MaxAnswerHeader is treated the same.
-const MaxReplayBody = quota.MaxAnswerBody
-
 // leaseMargin is added to a route's timeout for the in-flight lease.
 const leaseMargin = 30 * time.Second
 
@@ -59,9 +53,6 @@ var replayHeaders = []string{
 	fiber.HeaderContentDisposition, fiber.HeaderCacheControl, fiber.HeaderETag,
 	fiber.HeaderLastModified, fiber.HeaderLocation, fiber.HeaderVary, fiber.HeaderExpires,
 }
-
-// headerTooLarge marks a stored answer whose body was not kept.
-const headerTooLarge = "Tollgate-Replay-Too-Large"
 
 // fingerprint identifies a metered request for its idempotency key. The
 // body is hashed as it came, the bytes the upstream gets: Fiber's c.Body()
@@ -103,48 +94,18 @@ func idemRefusal(c *fiber.Ctx, d quota.Decision) error {
 	if d.Idem == quota.IdemLimit {
 		c.Set(fiber.HeaderRetryAfter, strconv.FormatInt(max(1, quota.CeilSeconds(d.RetryAfter)), 10))
 	}
-	return idemError(d)
-}
-
-// idemError is the error of a decision its idempotency key made, nil for
-// any other.
-func idemError(d quota.Decision) error {
-	switch d.Idem {
-	case quota.IdemLimit:
-		return quota.Errorf(quota.CodeIdempotencyLimit,
-			"this tenant's stored idempotent answers fill their room (answers live 24 hours; a request in flight holds room for the largest answer); retry after %d s, or send the request without an Idempotency-Key",
-			max(1, quota.CeilSeconds(d.RetryAfter)))
-	case quota.IdemInFlight:
-		return quota.Errorf(quota.CodeConflict, "a request with this Idempotency-Key is still in flight; retry once it has answered")
-	case quota.IdemMismatch:
-		return &quota.Error{Code: quota.CodeMismatch, Field: "Idempotency-Key",
-			Message: "this Idempotency-Key was used for a different request (method, path or body); use a new key"}
-	}
-	return nil
+	return admission.IdemError(d)
 }
 
 // replay answers a repeat with the first request's stored answer.
-func (s *Server) replay(c *fiber.Ctx, req quota.Request, d quota.Decision) error {
-	a, err := s.gate.Answer(c.UserContext(), req)
-	if errors.Is(err, quota.ErrNoAnswer) {
-		return quota.Errorf(quota.CodeConflict, "the answer to this Idempotency-Key is no longer stored; use a new key")
-	}
+func (s *Server) replay(c *fiber.Ctx, req *quota.Request, d quota.Decision) error {
+	a, err := s.adm.Replay(c.UserContext(), req)
 	if err != nil {
 		return err
 	}
 	setRateLimitHeaders(c, d)
 	for _, line := range strings.Split(a.Header, "\n") {
 		if name, value, ok := strings.Cut(line, ": "); ok {
-			if n, ok := strings.CutPrefix(value, "headers "); ok && name == headerTooLarge {
-				return quota.Errorf(quota.CodeConflict,
-					"the first answer to this Idempotency-Key had %s bytes of headers to replay, more than the %d stored for replays; it ran once and is not run again",
-					n, quota.MaxAnswerHeader)
-			}
-			if name == headerTooLarge {
-				return quota.Errorf(quota.CodeConflict,
-					"the first answer to this Idempotency-Key (%s bytes) was larger than the %d bytes stored for replays; it ran once and is not run again",
-					value, MaxReplayBody)
-			}
 			c.Set(name, value)
 		}
 	}
@@ -153,9 +114,10 @@ func (s *Server) replay(c *fiber.Ctx, req quota.Request, d quota.Decision) error
 	return c.Send(a.Body)
 }
 
-// storeAnswer keeps the answer just made for the repeats of req. It runs
-// after the handler, whether or not the client is still there.
-func (s *Server) storeAnswer(c *fiber.Ctx, req quota.Request) {
+// storeAnswer keeps the answer just made for the repeats of req: its
+// status, the headers in replayHeaders and its body. It runs after the
+// handler, whether or not the client is still there.
+func (s *Server) storeAnswer(c *fiber.Ctx, req *quota.Request) {
 	resp := c.Response()
 	var hdr strings.Builder
 	for _, name := range replayHeaders {
@@ -166,43 +128,13 @@ func (s *Server) storeAnswer(c *fiber.Ctx, req quota.Request) {
 			hdr.WriteByte('\n')
 		}
 	}
-	a := quota.StoredAnswer{Status: resp.StatusCode()}
-	switch {
-	case resp.IsBodyStream():
+	a := admission.Answer{Status: resp.StatusCode(), Header: hdr.String()}
+	if resp.IsBodyStream() {
 		// Only an upstream's answer past MaxReplayBody is left a stream
 		// (forward); it is not read here, where it would be held whole.
-		size := "more than " + strconv.Itoa(MaxReplayBody)
-		if n := resp.Header.ContentLength(); n >= 0 {
-			size = strconv.Itoa(n)
-		}
-		hdr.Reset()
-		hdr.WriteString(headerTooLarge + ": " + size)
-	case len(resp.Body()) > MaxReplayBody:
-		hdr.Reset()
-		hdr.WriteString(headerTooLarge + ": " + strconv.Itoa(len(resp.Body())))
-	case hdr.Len() > quota.MaxAnswerHeader:
-		// (its room holds quota.AnswerReserve: the body and the headers
-		// of the largest answer)
-		n := hdr.Len()
-		hdr.Reset()
-		hdr.WriteString(headerTooLarge + ": headers " + strconv.Itoa(n))
-	default:
+		a.Streamed, a.Size = true, resp.Header.ContentLength()
+	} else {
 		a.Body = resp.Body()
 	}
-	a.Header = hdr.String()
-	ctx, cancel := detached(c)
-	defer cancel()
-	if err := s.gate.StoreAnswer(ctx, req, a); err != nil {
-		// The key stays in flight until its lease ends: repeats get 409
-		// meanwhile, never a second run.
-		s.log.Error("storing an idempotent answer failed", "tenant_id", req.TenantID, "err", err)
-	}
-}
-
-// idemOutcome is the metrics outcome of a request idemRefusal answered.
-func idemOutcome(d quota.Decision) string {
-	if d.Idem == quota.IdemLimit {
-		return "idempotency_limit"
-	}
-	return "idempotency_conflict"
+	s.adm.KeepAnswer(c.UserContext(), req, a)
 }

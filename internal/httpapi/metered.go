@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -15,6 +14,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tollgate/tollgate/internal/admission"
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/routes"
@@ -66,7 +66,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		}
 	}
 	start := time.Now()
-	d, err := s.admit(ctx, p, &req)
+	d, err := s.adm.Admit(ctx, &p, &req)
 	s.metrics.Admission.Observe(time.Since(start).Seconds())
 	if err != nil {
 		s.count(c, route, "unavailable", p.Tier.Slug, d)
@@ -76,7 +76,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		s.countPolicies(d)
 	}
 	if err := idemRefusal(c, d); err != nil {
-		s.count(c, route, idemOutcome(d), p.Tier.Slug, d)
+		s.count(c, route, admission.Outcome(d), p.Tier.Slug, d)
 		return err
 	}
 	if d.Fallback != nil {
@@ -96,19 +96,17 @@ func (s *Server) metered(c *fiber.Ctx) error {
 		// (nothing to release: a replay holds no lease or place in flight,
 		// Gate.Admit gave back what its policies took)
 		s.count(c, route, "replayed", p.Tier.Slug, d)
-		return s.replay(c, req, d)
+		return s.replay(c, &req, d)
 	}
 	s.count(c, route, "allowed", p.Tier.Slug, d)
 	if len(d.Policies) > 0 {
-		defer s.release(c, req, d)
+		defer s.adm.Release(c.UserContext(), &req, &d)
 		waitDelay(ctx, d)
 		if ctx.Err() != nil {
 			// The client hung up while its request waited: it ran nothing
 			// and has no answer to store, so its key is given back (a
 			// retry runs), as when a handler fails before answering.
-			if req.IdempotencyKey != "" && !d.Degraded {
-				s.releaseKey(c, req)
-			}
+			s.adm.Finish(c.UserContext(), &req, &d, false, false)
 			return ctx.Err()
 		}
 		watch.end() // it waits no more
@@ -120,18 +118,14 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	settleID := ""
 	if route.Settle {
 		// (a fail-open admission is reserved on this node: Gate.Reserve)
-		settleID = httpx.UniqueID(c)
-		rctx, cancel := detached(c)
-		if rerr := s.gate.Reserve(rctx, settleID, req, d); rerr != nil {
-			s.log.Error("reserving a settle route's request failed; its route cost is final", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)
-			settleID = ""
+		if id := httpx.UniqueID(c); s.adm.Reserve(c.UserContext(), id, &req, &d) {
+			settleID = id
 		}
-		cancel()
 	}
 	failed := false // what refund_on_5xx gives back: the upstream did not do the work
 	if route.UpstreamURL() != nil {
 		// An answer stored for idempotent repeats is read whole when it
-		// fits MaxReplayBody.
+		// fits admission.MaxReplayBody.
 		failed, err = s.forward(c, route, p.Tenant.ID, settleID, req.IdempotencyKey != "" && !d.Degraded)
 	} else {
 		err = s.builtin(c, route, p.Tenant.ID, p.Tier.Slug, d)
@@ -141,45 +135,13 @@ func (s *Server) metered(c *fiber.Ctx) error {
 	if settleID != "" {
 		s.settleFromHeader(c, p.Tenant.ID, route, settleID, err)
 	}
-	switch {
-	case route.RefundOn5xx && (err != nil || failed):
-		rctx, cancel := detached(c)
-		if rerr := s.gate.Refund(rctx, req, d); rerr != nil {
-			s.log.Error("refund failed", "tenant_id", p.Tenant.ID, "meter", route.Meter, "err", rerr)
-		} else {
-			c.Set("Tollgate-Refunded", httpx.Itoa(route.Cost))
-		}
-		cancel()
-	case req.IdempotencyKey != "" && !d.Degraded:
-		if err != nil {
-			// No answer was made; the error handler makes one after us.
-			// Give the key back rather than store half an answer.
-			s.releaseKey(c, req)
-		} else {
-			s.storeAnswer(c, req)
-		}
+	switch s.adm.Finish(c.UserContext(), &req, &d, route.RefundOn5xx && (err != nil || failed), err == nil) {
+	case admission.AfterRefunded:
+		c.Set("Tollgate-Refunded", httpx.Itoa(route.Cost))
+	case admission.AfterKeepAnswer:
+		s.storeAnswer(c, &req)
 	}
 	return err
-}
-
-// releaseKey gives back the idempotency key of a request that made no
-// answer to store: its repeats run again instead of waiting for its lease.
-func (s *Server) releaseKey(c *fiber.Ctx, req quota.Request) {
-	rctx, cancel := detached(c)
-	defer cancel()
-	if err := s.gate.ReleaseKey(rctx, req); err != nil {
-		s.log.Error("releasing an idempotency key failed", "tenant_id", req.TenantID, "err", err)
-	}
-}
-
-// release ends what the request held until its answer (concurrency
-// leases), after the answer is made.
-func (s *Server) release(c *fiber.Ctx, req quota.Request, d quota.Decision) {
-	rctx, cancel := detached(c)
-	defer cancel()
-	if err := s.gate.Release(rctx, req, d); err != nil {
-		s.log.Error("releasing a concurrency lease failed; it expires with its lease", "tenant_id", req.TenantID, "err", err)
-	}
 }
 
 // mayWait reports whether a request of these policies may wait before it
@@ -193,18 +155,11 @@ func mayWait(calls []quota.PolicyCall) bool {
 	return false
 }
 
-// detached is the context of what must follow an answer even when the
-// client hung up (a refund, an idempotent answer stored or released): the
-// request's values without its cancellation, bounded on its own.
-func detached(c *fiber.Ctx) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(context.WithoutCancel(c.UserContext()), 2*time.Second)
-}
-
 // count counts a metered request's outcome, and records it on its span.
 func (s *Server) count(c *fiber.Ctx, r *routes.Route, outcome, tier string, d quota.Decision) {
 	s.metrics.request(r.Meter, outcome, tier).Inc()
 	if s.tracer != nil {
-		traceOutcome(c.UserContext(), outcome, d)
+		admission.TraceOutcome(c.UserContext(), outcome, d)
 	}
 }
 
@@ -321,7 +276,7 @@ func (s *Server) answer(c *fiber.Ctx, up *fasthttp.Response, route *routes.Route
 		// A chunked answer may still fit: read ahead to know. (One of
 		// known length past MaxReplayBody is stored as too large unread.)
 		prefix = bytebufferpool.Get()
-		n, rerr := io.CopyN(prefix, stream, MaxReplayBody+1)
+		n, rerr := io.CopyN(prefix, stream, admission.MaxReplayBody+1)
 		switch {
 		case rerr != nil && rerr != io.EOF:
 			bytebufferpool.Put(prefix)
@@ -331,7 +286,7 @@ func (s *Server) answer(c *fiber.Ctx, up *fasthttp.Response, route *routes.Route
 			bytebufferpool.Put(prefix)
 			closeUnread(up)
 			return errAnswerTooLarge
-		case n <= MaxReplayBody:
+		case n <= admission.MaxReplayBody:
 			// Whole: the stream is at its end.
 			_ = up.CloseBodyStream()
 			up.SwapBody(prefix.B)
@@ -424,16 +379,7 @@ func (s *Server) settleFromHeader(c *fiber.Ctx, tenantID string, route *routes.R
 		s.log.Warn("ignoring a bad Tollgate-Actual-Cost; the route cost stands", "tenant_id", tenantID, "meter", route.Meter, "value", v)
 		return
 	}
-	rctx, cancel := detached(c)
-	defer cancel()
-	st, serr := s.gate.Settle(rctx, tenantID, id, actual)
-	if serr != nil {
-		s.log.Error("settling from Tollgate-Actual-Cost failed", "tenant_id", tenantID, "meter", route.Meter, "err", serr)
-		return
-	}
-	if st.Status == quota.SettleApplied {
+	if s.adm.SettleByUpstream(c.UserContext(), tenantID, route.Meter, id, actual) {
 		c.Set("Tollgate-Settled-Cost", httpx.Itoa(actual))
-		s.settlements.recordLater(rctx, quota.SettleByUpstream,
-			quota.SettlementRecord{RequestID: id, TenantID: tenantID, ActualCost: actual, Delta: st.Delta})
 	}
 }

@@ -1,13 +1,10 @@
 package httpapi
 
 import (
-	"context"
-	"errors"
 	"slices"
 
 	"github.com/gofiber/fiber/v2"
 
-	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -15,43 +12,6 @@ import (
 // ProblemCreditExhausted is the problem type of a prepaid tenant's request
 // refused because its credit does not cover it (402).
 const ProblemCreditExhausted = "https://tollgate.dev/problems/credit-exhausted"
-
-// admit decides req of principal p. A prepaid tenant's request carries the
-// balance it draws on (quota.Prepaid, from the catalog's cache); when the
-// admission script's clock is in another billing period than the cached
-// balance (a period just ended, or the clocks disagree about it), the
-// balance of the script's period is read and the request asked once more.
-// With tracing on, the admission is a span of its own (tracing.go).
-func (s *Server) admit(ctx context.Context, p catalog.Principal, req *quota.Request) (quota.Decision, error) {
-	if s.tracer != nil {
-		return s.admitTraced(ctx, p, req)
-	}
-	return s.gateAdmit(ctx, p, req)
-}
-
-// gateAdmit is admit without its span.
-func (s *Server) gateAdmit(ctx context.Context, p catalog.Principal, req *quota.Request) (quota.Decision, error) {
-	if p.Tier.IsPrepaid() {
-		pp, err := s.catalog.Prepaid(ctx, p, s.now())
-		if err != nil {
-			return quota.Decision{}, err
-		}
-		req.Prepaid = pp
-	}
-	d, err := s.gate.Admit(ctx, *req)
-	if err != nil && req.Prepaid != nil {
-		// (only then: the target of errors.As escapes, an allocation
-		// every metered request would pay)
-		var stale *quota.PrepaidStaleError
-		if errors.As(err, &stale) {
-			if req.Prepaid, err = s.catalog.PrepaidAt(ctx, p, stale.Now); err != nil {
-				return quota.Decision{}, err
-			}
-			d, err = s.gate.Admit(ctx, *req)
-		}
-	}
-	return d, err
-}
 
 // creditRefusal is the 402 problem of a prepaid tenant's request that its
 // credit does not cover.

@@ -8,6 +8,8 @@ import (
 
 	"github.com/valyala/bytebufferpool"
 	"github.com/valyala/fasthttp"
+
+	"github.com/tollgate/tollgate/internal/admission"
 )
 
 // Upstream answers are streamed to the client: the proxy holds at most
@@ -24,7 +26,7 @@ import (
 // one whose Content-Length passes it is a 502 before anything is sent; a
 // chunked one that passes it is cut there (the status and headers are gone
 // by then), and the client sees the connection end before the body does.
-const bufferedAnswer = MaxReplayBody
+const bufferedAnswer = admission.MaxReplayBody
 
 // defaultAnswerHeader is the largest header block of an answer the proxy
 // reads unless told otherwise (TOLLGATE_PROXY_MAX_RESPONSE_HEADER_BYTES).

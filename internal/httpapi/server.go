@@ -15,6 +15,7 @@ import (
 	"github.com/valyala/fasthttp"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/tollgate/tollgate/internal/admission"
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/httpapi/admin"
@@ -57,25 +58,6 @@ type Options struct {
 	MaxResponseHeaderBytes int
 }
 
-// gate is the door to quota state of the metered requests and /v1/check
-// (*admission.Gate): admissions, refunds and idempotent answers.
-type gate interface {
-	Admit(ctx context.Context, req quota.Request) (quota.Decision, error)
-	Refund(ctx context.Context, req quota.Request, d quota.Decision) error
-	StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) error
-	ReleaseKey(ctx context.Context, req quota.Request) error
-	Answer(ctx context.Context, req quota.Request) (quota.StoredAnswer, error)
-	Release(ctx context.Context, req quota.Request, d quota.Decision) error
-	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
-	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
-	RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error)
-	Hold(ctx context.Context, req quota.Request, d quota.Decision) error
-	TakeHold(ctx context.Context, tenantID, requestID string) ([]quota.HeldLease, error)
-	ReleaseLeases(ctx context.Context, req quota.Request) error
-	NoteRequestID(ctx context.Context, req quota.Request, requestID string) error
-	RequestIDOf(ctx context.Context, req quota.Request) (string, error)
-}
-
 // records is the store of tiers, tenants, keys, grants and the audit log
 // (*postgres.Store) as the admin API and the pages read it.
 type records interface {
@@ -102,14 +84,16 @@ type Deps struct {
 	Catalog  *catalog.Catalog
 	Grants   *catalog.Grants
 	Plans    *catalog.Plans
-	Gate     gate
-	Ledger   *billing.Ledger
-	Usage    *usage.Reader
-	Alerts   *billing.Deliverer // for listing alerts
-	Ready    []ReadyCheck       // what /readyz checks
-	Routes   *routes.Table
-	Metrics  *Metrics
-	Now      func() time.Time
+	// Gate is the door to quota state, behind the admission use case
+	// (admission.Service) of the metered requests and the decision API.
+	Gate    *admission.Gate
+	Ledger  *billing.Ledger
+	Usage   *usage.Reader
+	Alerts  *billing.Deliverer // for listing alerts
+	Ready   []ReadyCheck       // what /readyz checks
+	Routes  *routes.Table
+	Metrics *Metrics
+	Now     func() time.Time
 	// Policies lists the policies (*catalog.Catalog); nil: none apply.
 	Policies policyList
 	// Tracer makes the spans of the metered requests and the decision API
@@ -123,7 +107,9 @@ type Server struct {
 	app     *fiber.App
 	log     *slog.Logger
 	catalog *catalog.Catalog
-	gate    gate
+	// adm is the admission use case: admissions, reservations,
+	// idempotent answers, refunds, settlements.
+	adm     *admission.Service
 	ready   []ReadyCheck
 	ledger  *billing.Ledger
 	reports *usage.Reader
@@ -143,8 +129,6 @@ type Server struct {
 	pages     *pages.Pages
 	// ops is the operations listener's app (Options.Ops); nil: none.
 	ops *fiber.App
-	// settlements writes settlements to the audit log (settle.go).
-	settlements settlementLog
 	// tracer makes the spans (tracing.go); nil: none.
 	tracer trace.Tracer
 }
@@ -161,11 +145,9 @@ func New(d Deps, opts Options) (*Server, error) {
 	if d.Routes == nil {
 		d.Routes = routes.Default()
 	}
-	if w, ok := d.Gate.(interface{ Waiters() int64 }); ok {
-		d.Metrics.watchWaiters(w.Waiters)
-	}
-	if g, ok := d.Gate.(outageGate); ok {
-		d.Metrics.watchOutage(g)
+	if d.Gate != nil {
+		d.Metrics.watchWaiters(d.Gate.Waiters)
+		d.Metrics.watchOutage(d.Gate)
 	}
 	guard := httpx.NewGuard(opts.TrustedProxies, d.Now, d.Metrics.AuthFailures.Inc)
 	pg, err := pages.New(pages.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
@@ -174,13 +156,15 @@ func New(d Deps, opts Options) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, gate: d.Gate, ready: d.Ready,
+	adm := admission.NewService(admission.ServiceDeps{Gate: d.Gate, Balances: d.Catalog, Policies: d.Policies,
+		Audit: d.Store, Log: d.Log, Now: d.Now, Tracer: d.Tracer})
+	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, adm: adm, ready: d.Ready,
 		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, policies: d.Policies, opts: opts, guard: guard,
 		upstream: newUpstreamClient(opts.MaxResponseBytes, opts.MaxResponseHeaderBytes),
 		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),
-		pages: pg, settlements: newSettlementLog(d.Store, d.Log), tracer: d.Tracer}
+		pages: pg, tracer: d.Tracer}
 	s.app = fiber.New(fiber.Config{
 		AppName:               "tollgate",
 		BodyLimit:             opts.BodyLimit,

@@ -1,11 +1,6 @@
 package httpapi
 
 import (
-	"context"
-	"log/slog"
-	"sync"
-	"time"
-
 	"github.com/gofiber/fiber/v2"
 
 	"github.com/tollgate/tollgate/internal/httpapi/httpx"
@@ -56,21 +51,10 @@ func (s *Server) settle(c *fiber.Ctx) error {
 		return err
 	}
 	s.traceRef(c.UserContext(), body.TenantID, body.RequestID)
-	ctx := c.UserContext()
-	st, err := s.gate.Settle(ctx, body.TenantID, body.RequestID, *body.ActualCost)
+	st, err := s.adm.Settle(c.UserContext(), body.TenantID, body.RequestID, *body.ActualCost, s.guard.ClientIP(c).String())
 	if err != nil {
 		return err
 	}
-	switch st.Status {
-	case quota.SettleAlready:
-		return quota.Errorf(quota.CodeConflict, "request %s was settled before; nothing changed", body.RequestID)
-	case quota.SettleRefunded:
-		return quota.Errorf(quota.CodeConflict, "request %s was refunded before; nothing changed", body.RequestID)
-	case quota.SettleUnknown:
-		return quota.Errorf(quota.CodeNotFound, "tenant %s has no request %s to settle: unknown, or admitted more than 10 minutes ago (its route cost is final)", body.TenantID, body.RequestID)
-	}
-	s.settlements.record(ctx, quota.SettleByService, quota.SettlementRecord{RequestID: body.RequestID, TenantID: body.TenantID,
-		ActualCost: *body.ActualCost, Delta: st.Delta, RemoteIP: s.guard.ClientIP(c).String()})
 	return c.JSON(SettleResponse{Settled: true, RequestID: body.RequestID, ActualCost: *body.ActualCost, Delta: st.Delta})
 }
 
@@ -144,24 +128,9 @@ func (s *Server) refund(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	ctx := c.UserContext()
-	st, err := s.gate.RefundReserved(ctx, body.TenantID, body.RequestID)
+	st, n, err := s.adm.Refund(c.UserContext(), body.TenantID, body.RequestID, s.guard.ClientIP(c).String())
 	if err != nil {
 		return err
-	}
-	switch st.Status {
-	case quota.SettleAlready:
-		return quota.Errorf(quota.CodeConflict, "request %s was settled before; nothing changed (a settled request is not refunded)", body.RequestID)
-	case quota.SettleRefunded:
-		return quota.Errorf(quota.CodeConflict, "request %s was refunded before; nothing changed", body.RequestID)
-	case quota.SettleUnknown:
-		return quota.Errorf(quota.CodeNotFound, "tenant %s has no request %s to refund: unknown, or counted more than 10 minutes ago (its cost is final)", body.TenantID, body.RequestID)
-	}
-	s.settlements.record(ctx, quota.SettleByRefund, quota.SettlementRecord{RequestID: body.RequestID, TenantID: body.TenantID,
-		ActualCost: 0, Delta: st.Delta, RemoteIP: s.guard.ClientIP(c).String()})
-	n, err := s.releaseHeld(ctx, body.TenantID, body.RequestID)
-	if err != nil {
-		s.log.Error("releasing a refunded check's leases failed; they lapse with their lease", "tenant_id", body.TenantID, "err", err)
 	}
 	return c.JSON(RefundResponse{Refunded: true, RequestID: body.RequestID, Delta: st.Delta, ReleasedLeases: n})
 }
@@ -181,121 +150,14 @@ func (s *Server) releaseCheck(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	n, err := s.releaseHeld(c.UserContext(), body.TenantID, body.RequestID)
+	n, err := s.adm.ReleaseCheck(c.UserContext(), body.TenantID, body.RequestID)
 	if err != nil {
 		return err
 	}
-	if n == 0 {
-		return quota.Errorf(quota.CodeNotFound, "tenant %s holds no lease under request %s: never held, released before, or lapsed", body.TenantID, body.RequestID)
-	}
 	return c.JSON(ReleaseResponse{Released: true, RequestID: body.RequestID, ReleasedLeases: n})
-}
-
-// releaseHeld ends the leases a check holds under requestID, once (the
-// first caller takes the record), and reports how many it held. A lease
-// whose policy no longer exists lapses.
-func (s *Server) releaseHeld(ctx context.Context, tenantID, requestID string) (int, error) {
-	held, err := s.gate.TakeHold(ctx, tenantID, requestID)
-	if err != nil || len(held) == 0 {
-		return 0, err
-	}
-	req := quota.Request{TenantID: tenantID, RequestID: requestID}
-	if s.policies != nil {
-		list, err := s.policies.Policies(ctx)
-		if err != nil {
-			return 0, err
-		}
-		for _, h := range held {
-			for i := range list {
-				if pol := &list[i]; pol.Name == h.Policy && pol.Algorithm == quota.AlgConcurrency {
-					limit, _ := pol.LimitFor(h.Value)
-					req.Policies = append(req.Policies, quota.PolicyCall{Policy: pol, Value: h.Value, Limit: limit})
-				}
-			}
-		}
-	}
-	if len(req.Policies) == 0 {
-		return len(held), nil
-	}
-	if err := s.gate.ReleaseLeases(ctx, req); err != nil {
-		return 0, err
-	}
-	return len(held), nil
-}
-
-// settlementLog writes settlements to the audit log. POST /v1/settle's is
-// written before its answer; the upstream header's, from the metered path,
-// is written off it, by a goroutine of its own (at most maxAuditWriters at
-// once), so that a metered request never waits for Postgres. A settlement
-// the log does not take (Postgres away, or every writer busy) is logged by
-// the node instead, with every field of its entry: the settlement itself,
-// in Redis, is applied whatever the log does.
-type settlementLog struct {
-	store interface {
-		AuditSettlement(ctx context.Context, actor string, r quota.SettlementRecord) error
-	}
-	log     *slog.Logger
-	writers chan struct{}
-	wg      *sync.WaitGroup
-}
-
-// maxAuditWriters bounds the settlements being written off the metered
-// path at once.
-const maxAuditWriters = 64
-
-// auditTimeout bounds the writing of one entry.
-const auditTimeout = 5 * time.Second
-
-func newSettlementLog(store records, log *slog.Logger) settlementLog {
-	l := settlementLog{log: log, writers: make(chan struct{}, maxAuditWriters), wg: &sync.WaitGroup{}}
-	if store != nil {
-		l.store = store
-	}
-	return l
-}
-
-// record writes r by actor, now.
-func (l settlementLog) record(ctx context.Context, actor string, r quota.SettlementRecord) {
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), auditTimeout)
-	defer cancel()
-	var err error
-	if l.store != nil {
-		err = l.store.AuditSettlement(ctx, actor, r)
-	}
-	if err != nil || l.store == nil {
-		l.lost(actor, r, err)
-	}
-}
-
-// recordLater writes r by actor off the request's path.
-func (l settlementLog) recordLater(ctx context.Context, actor string, r quota.SettlementRecord) {
-	select {
-	case l.writers <- struct{}{}:
-	default:
-		l.lost(actor, r, errAuditBusy)
-		return
-	}
-	l.wg.Add(1)
-	go func() {
-		defer func() { <-l.writers; l.wg.Done() }()
-		l.record(ctx, actor, r)
-	}()
-}
-
-// wait returns once the settlements being written off the path are.
-func (l settlementLog) wait() { l.wg.Wait() }
-
-var errAuditBusy = quota.Errorf(quota.CodeUnavailable, "every audit writer is busy")
-
-func (l settlementLog) lost(actor string, r quota.SettlementRecord, err error) {
-	if l.log == nil {
-		return
-	}
-	l.log.Error("a settlement is not in the audit log", "actor", actor, "request_id", r.RequestID, "tenant_id", r.TenantID,
-		"actual_cost", r.ActualCost, "delta", r.Delta, "remote_ip", r.RemoteIP, "err", err)
 }
 
 // WaitAudits returns once the settlements this server writes to the audit
 // log off the metered path are written: at shutdown, before Postgres
 // closes.
-func (s *Server) WaitAudits() { s.settlements.wait() }
+func (s *Server) WaitAudits() { s.adm.WaitAudits() }

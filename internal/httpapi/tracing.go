@@ -11,8 +11,6 @@ import (
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/routes"
 	"github.com/tollgate/tollgate/internal/telemetry"
 )
@@ -74,66 +72,6 @@ func traceMetered(c *fiber.Ctx, route *routes.Route, tenantID string) {
 	span.SetName(methodOf(c) + " " + route.Path)
 	span.SetAttributes(attrRoute.String(route.Path), telemetry.TenantID.String(tenantID),
 		telemetry.Meter.String(route.Meter), telemetry.Cost.Int64(route.Cost))
-}
-
-// traceOutcome records a decision on the span of ctx: outcome is the
-// metrics' (allowed, refused, replayed, degraded, unavailable, or an
-// idempotency refusal's).
-func traceOutcome(ctx context.Context, outcome string, d quota.Decision) {
-	span := trace.SpanFromContext(ctx)
-	attrs := make([]attribute.KeyValue, 0, 4)
-	switch outcome {
-	case "idempotency_conflict", "idempotency_limit":
-		attrs = append(attrs, telemetry.Decision.String(telemetry.DecisionRefused),
-			telemetry.Idempotency.String(outcome[len("idempotency_"):]))
-	default:
-		attrs = append(attrs, telemetry.Decision.String(outcome))
-	}
-	if len(d.Violated) > 0 {
-		v := make([]string, len(d.Violated))
-		for i, l := range d.Violated {
-			v[i] = string(l)
-		}
-		attrs = append(attrs, telemetry.Violated.StringSlice(v))
-	}
-	if d.Degraded {
-		attrs = append(attrs, telemetry.FailOpen.Bool(true))
-	}
-	span.SetAttributes(attrs...)
-}
-
-// outcomeOf is the outcome of a decision the Gate made, as the metered
-// path counts it.
-func outcomeOf(d quota.Decision) string {
-	switch {
-	case idemError(d) != nil:
-		return idemOutcome(d)
-	case d.Fallback != nil:
-		return telemetry.DecisionDegraded
-	case !d.Allowed:
-		return telemetry.DecisionRefused
-	case d.Replayed():
-		return telemetry.DecisionReplayed
-	}
-	return telemetry.DecisionAllowed
-}
-
-// admitTraced is admit in a child span of ctx's: the Gate's decision, with
-// its outcome, or its error.
-func (s *Server) admitTraced(ctx context.Context, p catalog.Principal, req *quota.Request) (quota.Decision, error) {
-	ctx, span := s.tracer.Start(ctx, "tollgate.admit", trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(telemetry.TenantID.String(req.TenantID), telemetry.Meter.String(req.Meter),
-			telemetry.Cost.Int64(req.Cost), telemetry.DryRun.Bool(req.DryRun)))
-	defer span.End()
-	d, err := s.gateAdmit(ctx, p, req)
-	if err != nil {
-		span.SetAttributes(telemetry.Decision.String(telemetry.DecisionUnavailable))
-		span.SetStatus(codes.Error, "admission failed")
-		span.RecordError(err)
-		return d, err
-	}
-	traceOutcome(ctx, outcomeOf(d), d)
-	return d, nil
 }
 
 // startUpstream starts the client span of a proxied call and puts its

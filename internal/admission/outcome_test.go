@@ -1,4 +1,4 @@
-package httpapi
+package admission
 
 import (
 	"testing"
@@ -6,9 +6,9 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// outcomeOf names a decision of the Gate as the metered path counts it,
+// Outcome names a decision of the Gate as the metered path counts it,
 // which the spans of /v1/check and of the admission record.
-func TestOutcomeOf(t *testing.T) {
+func TestOutcome(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name string
@@ -24,8 +24,8 @@ func TestOutcomeOf(t *testing.T) {
 		{"key reused", quota.Decision{Idem: quota.IdemMismatch}, "idempotency_conflict"},
 		{"records full", quota.Decision{Idem: quota.IdemLimit}, "idempotency_limit"},
 	} {
-		if got := outcomeOf(tc.d); got != tc.want {
-			t.Errorf("%s: outcomeOf = %q, want %q", tc.name, got, tc.want)
+		if got := Outcome(tc.d); got != tc.want {
+			t.Errorf("%s: Outcome = %q, want %q", tc.name, got, tc.want)
 		}
 	}
 }
