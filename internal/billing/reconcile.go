@@ -19,9 +19,23 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// chunk is how many tenants one Redis pipeline and one Postgres transaction
-// carry.
+// chunk is how many tenants one Redis pipeline of the repair carries, and
+// the fewest a chunk of a flush carries.
 const chunk = 500
+
+// maxChunk is the most tenants a flush claims in one Redis pipeline and
+// records in one Postgres transaction. A chunk's fixed costs (its round
+// trips, its statements' planning, its commit) are spread over its
+// tenants; a flush of many tenants makes its chunks bigger, up to this.
+const maxChunk = 2000
+
+// chunkSize is how many tenants each chunk of a flush of n tenants moving
+// parallel chunks at once carries: at least four chunks for each one moved
+// at once, so that their Redis round trips and Postgres transactions
+// overlap, between chunk and maxChunk.
+func chunkSize(n, parallel int) int {
+	return min(max(n/(4*max(parallel, 1)), chunk), maxChunk)
+}
 
 // batchRetention is how long usage_batches remembers a recorded batch's id.
 // A batch can be replayed only while its in-flight hash lives
@@ -233,9 +247,10 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 // returns the first error (the chunks not begun by then are left to the
 // next cycle).
 func (r *Reconciler) flushChunks(ctx context.Context, ids []string) error {
-	if r.Parallel < 2 || len(ids) <= chunk {
-		for start := 0; start < len(ids); start += chunk {
-			if err := r.flushChunk(ctx, ids[start:min(start+chunk, len(ids))]); err != nil {
+	size := chunkSize(len(ids), r.Parallel)
+	if r.Parallel < 2 || len(ids) <= size {
+		for start := 0; start < len(ids); start += size {
+			if err := r.flushTenants(ctx, ids[start:min(start+size, len(ids))]); err != nil {
 				return err
 			}
 		}
@@ -248,15 +263,15 @@ func (r *Reconciler) flushChunks(ctx context.Context, ids []string) error {
 	for range r.Parallel {
 		wg.Go(func() {
 			for ids := range next {
-				if err := r.flushChunk(ctx, ids); err != nil {
+				if err := r.flushTenants(ctx, ids); err != nil {
 					cancel(err)
 				}
 			}
 		})
 	}
-	for start := 0; start < len(ids) && ctx.Err() == nil; start += chunk {
+	for start := 0; start < len(ids) && ctx.Err() == nil; start += size {
 		select {
-		case next <- ids[start:min(start+chunk, len(ids))]:
+		case next <- ids[start:min(start+size, len(ids))]:
 		case <-ctx.Done():
 		}
 	}
@@ -277,10 +292,10 @@ func union(a, b []string) []string {
 	return out
 }
 
-// flushChunk flushes the tenants' usage. A tenant whose claim resumed a
+// flushTenants flushes the tenants' usage. A tenant whose claim resumed a
 // batch left in flight gets a second claim in the same cycle, so its newer
 // pending usage does not wait for another cycle.
-func (r *Reconciler) flushChunk(ctx context.Context, ids []string) error {
+func (r *Reconciler) flushTenants(ctx context.Context, ids []string) error {
 	for round := 0; len(ids) > 0 && round < 3; round++ {
 		resumed, err := r.flushOnce(ctx, ids)
 		if err != nil {
@@ -678,18 +693,24 @@ func (r *Reconciler) prune(ctx context.Context) error {
 func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []string) error {
 	month := quota.MonthStart(r.now())
 	_, err := tx.Exec(ctx, `
-		WITH q AS (
-			SELECT t.id,
-			       CASE WHEN t.overrides ? 'monthly_quota' THEN (t.overrides->>'monthly_quota')::bigint
-			            ELSE tr.monthly_quota END
-			       + coalesce((SELECT sum(g.units) FROM grants g WHERE g.tenant_id = t.id
-			                   AND g.period = 'month' AND g.period_start = $2::date), 0) AS quota
+		WITH t AS MATERIALIZED (
+			-- (each tenant looked up once, for both kinds of quota)
+			SELECT t.id, t.overrides, tr.monthly_quota, tr.meter_quotas
 			FROM tenants t JOIN tiers tr ON tr.slug = t.tier
 			WHERE t.id = ANY($1::uuid[])
+		), g AS (
+			SELECT g.tenant_id, sum(g.units) AS units FROM grants g
+			WHERE g.tenant_id = ANY($1::uuid[]) AND g.period = 'month' AND g.period_start = $2::date
+			GROUP BY g.tenant_id
+		), q AS (
+			SELECT t.id,
+			       CASE WHEN t.overrides ? 'monthly_quota' THEN (t.overrides->>'monthly_quota')::bigint
+			            ELSE t.monthly_quota END + coalesce(g.units, 0) AS quota
+			FROM t LEFT JOIN g ON g.tenant_id = t.id
 		), mq AS (
 			SELECT t.id, m->>'meter' AS meter, (m->>'monthly_quota')::bigint AS quota
-			FROM tenants t JOIN tiers tr ON tr.slug = t.tier, jsonb_array_elements(tr.meter_quotas) AS m
-			WHERE t.id = ANY($1::uuid[]) AND m->>'monthly_quota' IS NOT NULL
+			FROM t, jsonb_array_elements(t.meter_quotas) AS m
+			WHERE m->>'monthly_quota' IS NOT NULL
 		), used AS (
 			SELECT q.id, ''::text AS meter, q.quota, coalesce(sum(u.units), 0)::bigint AS units
 			FROM q LEFT JOIN usage u ON u.tenant_id = q.id AND u.hour >= $2 AND u.hour < $3

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -146,18 +147,50 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 	return kept, nil
 }
 
+// batchIDs numbers the batch ids this process proposes, after a random
+// prefix of its own: the ids one worker records follow one another in
+// usage_batches' primary key (its inserts land on the same few pages, not
+// all over the index), and are as unique as random ones.
+var batchIDs struct {
+	once   sync.Once
+	prefix string
+	n      atomic.Uint64
+}
+
 func newBatchID() string {
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	return hex.EncodeToString(b)
+	batchIDs.once.Do(func() {
+		b := make([]byte, 8)
+		_, _ = rand.Read(b)
+		batchIDs.prefix = hex.EncodeToString(b)
+	})
+	return batchIDs.prefix + fmt.Sprintf("%016x", batchIDs.n.Add(1))
+}
+
+// pipelinePart is the most calls Claim and Finish send in one pipeline,
+// so that the answers to one pipeline come back well within the client's
+// read timeout also when Redis is busy.
+const pipelinePart = 500
+
+// pipelinedParts is pipelined in pipelines of at most pipelinePart calls,
+// one after the other.
+func (r *Runner) pipelinedParts(ctx context.Context, n int, each func(i int) (fn, []string, []any)) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, 0, n)
+	for start := 0; start < n; start += pipelinePart {
+		part, err := r.pipelined(ctx, min(pipelinePart, n-start), func(i int) (fn, []string, []any) { return each(start + i) })
+		if err != nil {
+			return nil, err
+		}
+		cmds = append(cmds, part...)
+	}
+	return cmds, nil
 }
 
 // Claim takes the pending usage of each tenant as a batch (or returns the
-// batch already in flight), in one pipelined round trip. Tenants with
-// nothing to flush are left out.
+// batch already in flight), pipelined (a round trip per pipelinePart
+// tenants). Tenants with nothing to flush are left out.
 func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
-	cmds, err := r.pipelined(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
+	cmds, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
 		id := tenantIDs[i]
 		proposed[i] = newBatchID()
 		return fnClaim, []string{r.key(id, "pending"), r.key(id, "flushing"), r.stateKey(id)},
@@ -189,9 +222,10 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, 
 	return out, nil
 }
 
-// Finish drops batches Postgres has recorded, in one pipelined round trip.
+// Finish drops batches Postgres has recorded, pipelined (a round trip per
+// pipelinePart batches).
 func (r *Runner) Finish(ctx context.Context, batches []quota.Batch) error {
-	_, err := r.pipelined(ctx, len(batches), func(i int) (fn, []string, []any) {
+	_, err := r.pipelinedParts(ctx, len(batches), func(i int) (fn, []string, []any) {
 		b := batches[i]
 		return fnFinish, []string{r.key(b.TenantID, "flushing")}, []any{b.ID}
 	})
@@ -209,7 +243,7 @@ func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
-	exists, err := r.pipelined(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
+	exists, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
 		return fnPending, r.pendingKeys(tenantIDs[i]), []any{"any"}
 	})
 	if err != nil {
