@@ -133,7 +133,9 @@ func TestDenyCacheAndDryRuns(t *testing.T) {
 	ctx := context.Background()
 	g, inner, _ := mustLiveGate(t)
 	echo := withMeterQuota(1000, 1)
-	g.Admit(ctx, echo)
+	if _, err := g.Admit(ctx, echo); err != nil {
+		t.Fatal(err)
+	}
 	if d, _ := g.Admit(ctx, echo); d.Allowed {
 		t.Fatal("second echo admitted")
 	}
@@ -211,7 +213,9 @@ func BenchmarkDenyCacheHit(b *testing.B) {
 		}
 		name := map[int64]string{1000: "tier", 1: "meter"}[meterDaily]
 		b.Run(name, func(b *testing.B) {
-			g.Admit(ctx, req)
+			if _, err := g.Admit(ctx, req); err != nil {
+				b.Fatal(err)
+			}
 			if d, _ := g.Admit(ctx, req); d.Allowed {
 				b.Fatal("not refused")
 			}

@@ -24,9 +24,9 @@
 //     are never paused, and a tenant's in-process limiter is dropped only
 //     when its own shard answers for it again.
 //
-// Being the one entry point is also what lets a later version coalesce the
-// admissions of concurrent requests into one Redis pipeline without changing
-// any caller.
+// Concurrent admissions reach Redis coalesced, one pipeline per Redis node
+// and one call per tenant (internal/ratelimit's batcher), behind the same
+// entry point.
 package admission
 
 import (

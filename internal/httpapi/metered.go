@@ -145,7 +145,7 @@ func (s *Server) metered(c *fiber.Ctx) error {
 }
 
 // mayWait reports whether a request of these policies may wait before it
-// proceeds: a queue, or a leaky bucket's slot.
+// proceeds: one of them queues its refusals.
 func mayWait(calls []quota.PolicyCall) bool {
 	for _, c := range calls {
 		if c.Policy.OnRefuse == quota.RefuseQueue {
@@ -278,7 +278,7 @@ func (s *Server) answer(c *fiber.Ctx, up *fasthttp.Response, route *routes.Route
 		prefix = bytebufferpool.Get()
 		n, rerr := io.CopyN(prefix, stream, admission.MaxReplayBody+1)
 		switch {
-		case rerr != nil && rerr != io.EOF:
+		case rerr != nil && !errors.Is(rerr, io.EOF):
 			bytebufferpool.Put(prefix)
 			closeUnread(up)
 			return fmt.Errorf("%w: %w", errAnswerBroken, rerr)

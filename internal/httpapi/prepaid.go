@@ -11,7 +11,7 @@ import (
 
 // ProblemCreditExhausted is the problem type of a prepaid tenant's request
 // refused because its credit does not cover it (402).
-const ProblemCreditExhausted = "https://tollgate.dev/problems/credit-exhausted"
+const ProblemCreditExhausted = "https://tollgate.dev/problems/credit-exhausted" //nolint:gosec // G101: a problem type URI, not a credential
 
 // creditRefusal is the 402 problem of a prepaid tenant's request that its
 // credit does not cover.
