@@ -174,10 +174,16 @@ func NewInvoicer(db *pgxpool.Pool, now func() time.Time, grace time.Duration) *I
 // most TenantsPerRun tenants (closing first, then the current month's
 // sweep); the next Run carries on where it stopped, as it does after a Run
 // cut short by its context. A draft is therefore at most
-// (tenants / TenantsPerRun) cycles old.
-func (i *Invoicer) Run(ctx context.Context) error {
+// (tenants / TenantsPerRun) cycles old. Last, it folds the months' invoice
+// sums the writes to invoices left (compactInvoiceTotals).
+func (i *Invoicer) Run(ctx context.Context) (err error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
+	defer func() {
+		if cerr := compactInvoiceTotals(ctx, i.db); err == nil {
+			err = cerr
+		}
+	}()
 	now := i.now().UTC()
 	cur := quota.MonthStart(now)
 	prev := cur.AddDate(0, -1, 0)
