@@ -72,7 +72,7 @@ type billedTenant struct {
 func (i *Invoicer) billedTenants(ctx context.Context, tx pgx.Tx, ids []string) ([]billedTenant, error) {
 	rows, err := tx.Query(ctx, `
 		SELECT id::text, created_at, billing_anchor_day, time_zone FROM tenants
-		WHERE id = ANY($1::uuid[]) ORDER BY tenants.id`, ids)
+		WHERE id = ANY($1::uuid[]) ORDER BY tenants.id`, customPlan, ids)
 	if err != nil {
 		return nil, fmt.Errorf("billing: tenant calendars: %w", err)
 	}
