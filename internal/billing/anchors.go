@@ -72,7 +72,7 @@ type billedTenant struct {
 func (i *Invoicer) billedTenants(ctx context.Context, tx pgx.Tx, ids []string) ([]billedTenant, error) {
 	rows, err := tx.Query(ctx, `
 		SELECT id::text, created_at, billing_anchor_day, time_zone FROM tenants
-		WHERE id = ANY($1::uuid[]) ORDER BY id`, ids)
+		WHERE id = ANY($1::uuid[]) ORDER BY tenants.id`, customPlan, ids)
 	if err != nil {
 		return nil, fmt.Errorf("billing: tenant calendars: %w", err)
 	}
@@ -216,7 +216,7 @@ func (i *Invoicer) closeDue(ctx context.Context, now time.Time, left *int) (bool
 			ids, err := i.tenantBatch(ctx, `
 				SELECT tenant_id::text FROM invoices
 				WHERE status = 'draft' AND period = $1 AND period_end <= $2 AND tenant_id > $3::uuid
-				ORDER BY tenant_id LIMIT $4`, l, cutoff, after, limit)
+				ORDER BY invoices.tenant_id LIMIT $4`, l, cutoff, after, limit)
 			if err != nil {
 				return false, err
 			}

@@ -146,6 +146,17 @@ const DefaultTenantsPerRun = 10_000
 // invoiceBatch bounds the tenants, and so the rows, one transaction handles.
 const invoiceBatch = 500
 
+// customPlan, passed as a statement's first argument, has Postgres plan it
+// for its arguments on every execution (an unnamed prepared statement)
+// rather than reuse a generic plan, for the batch statements: a generic
+// plan takes an unnest of the batch's arrays for 10 rows and joins it in a
+// nested loop, rescanning it for each row (about 80 ms rather than 10 for
+// the tier history of 500 tenants), and one made while a month's invoices
+// were few keeps scanning them whole as they grow by thousands a second
+// (faster than their statistics follow); a custom plan sees the tables'
+// current sizes.
+const customPlan = pgx.QueryExecModeCacheDescribe
+
 // firstTenantID sorts before every tenant id: the start of a keyset sweep.
 const firstTenantID = "00000000-0000-0000-0000-000000000000"
 
@@ -174,10 +185,16 @@ func NewInvoicer(db *pgxpool.Pool, now func() time.Time, grace time.Duration) *I
 // most TenantsPerRun tenants (closing first, then the current month's
 // sweep); the next Run carries on where it stopped, as it does after a Run
 // cut short by its context. A draft is therefore at most
-// (tenants / TenantsPerRun) cycles old.
-func (i *Invoicer) Run(ctx context.Context) error {
+// (tenants / TenantsPerRun) cycles old. Last, it folds the months' invoice
+// sums the writes to invoices left (compactInvoiceTotals).
+func (i *Invoicer) Run(ctx context.Context) (err error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
+	defer func() {
+		if cerr := compactInvoiceTotals(ctx, i.db); err == nil {
+			err = cerr
+		}
+	}()
 	now := i.now().UTC()
 	cur := quota.MonthStart(now)
 	prev := cur.AddDate(0, -1, 0)
@@ -218,7 +235,10 @@ func (i *Invoicer) Run(ctx context.Context) error {
 	}
 	end := cur.AddDate(0, 1, 0)
 	for left > 0 {
-		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE created_at < $1 AND id > $2::uuid ORDER BY id LIMIT $3`,
+		// ORDER BY tenants.id, the uuid: a bare "id" would name the text
+		// column selected, which no index serves with the uuid cursor (each
+		// batch filtered every tenant before the cursor).
+		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE created_at < $1 AND id > $2::uuid ORDER BY tenants.id LIMIT $3`,
 			end, i.sweepAfter, min(i.batch, left))
 		if err != nil {
 			return err
@@ -251,7 +271,7 @@ func (i *Invoicer) Refresh(ctx context.Context, tenantIDs []string) error {
 	now := i.now().UTC()
 	cur := quota.MonthStart(now)
 	for start := 0; start < len(tenantIDs); start += i.batch {
-		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE id::text = ANY($1) AND created_at < $2 ORDER BY id`,
+		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE id::text = ANY($1) AND created_at < $2 ORDER BY tenants.id`,
 			tenantIDs[start:min(start+i.batch, len(tenantIDs))], cur.AddDate(0, 1, 0))
 		if err != nil {
 			return err
@@ -441,7 +461,7 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 		       tr.slug, tr.name, tr.price_cents, tr.monthly_quota, tr.overage, tr.overage_price_cents_per_1k, tr.billing
 		FROM invoices i JOIN tenants t ON t.id = i.tenant_id JOIN tiers tr ON tr.slug = t.tier
 		WHERE i.tenant_id = ANY($1::uuid[]) AND i.period = $2 AND i.status = 'draft'
-		ORDER BY i.tenant_id FOR UPDATE OF i`, keep, label)
+		ORDER BY i.tenant_id FOR UPDATE OF i`, customPlan, keep, label)
 	if err != nil {
 		return fmt.Errorf("billing: lock invoices: %w", err)
 	}
@@ -493,18 +513,13 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 
 	// Rate, and keep only the invoices that change.
 	var (
-		invIDs      []string
-		totals      []int64
-		statuses    []string
-		finalizedAt []*time.Time
-		pStarts     []time.Time
-		pEnds       []time.Time
-		lines       struct {
-			invoiceID   []string
-			no          []int32
-			kind, descr []string
-			qty, amount []int64
-		}
+		invIDs       []string
+		totals       []int64
+		statuses     []string
+		finalizedAt  []*time.Time
+		pStarts      []time.Time
+		pEnds        []time.Time
+		lines        [][]any  // invoice_lines rows, for COPY
 		drawInvoices []string // the invoice of each of draws
 		draws        []creditDraw
 	)
@@ -533,12 +548,7 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 		finalizedAt = append(finalizedAt, fin)
 		pStarts, pEnds = append(pStarts, start), append(pEnds, end)
 		for n, l := range got {
-			lines.invoiceID = append(lines.invoiceID, t.invoiceID)
-			lines.no = append(lines.no, int32(n+1))
-			lines.kind = append(lines.kind, l.Kind)
-			lines.descr = append(lines.descr, l.Description)
-			lines.qty = append(lines.qty, l.Quantity)
-			lines.amount = append(lines.amount, l.AmountCents)
+			lines = append(lines, []any{t.invoiceID, int32(n + 1), l.Kind, l.Description, l.Quantity, l.AmountCents})
 		}
 	}
 	if len(invIDs) == 0 {
@@ -551,16 +561,16 @@ func (i *Invoicer) generateTenantsTx(ctx context.Context, tx pgx.Tx, now, label 
 		FROM unnest($1::uuid[], $2::bigint[], $3::text[], $4::timestamptz[], $5::timestamptz[], $6::timestamptz[])
 		     AS v(id, total, status, finalized_at, s, e)
 		WHERE i.id = v.id`,
-		invIDs, totals, statuses, finalizedAt, pStarts, pEnds, now); err != nil {
+		customPlan, invIDs, totals, statuses, finalizedAt, pStarts, pEnds, now); err != nil {
 		return fmt.Errorf("billing: update invoices: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `DELETE FROM invoice_lines WHERE invoice_id = ANY($1::uuid[])`, invIDs); err != nil {
+	if _, err := tx.Exec(ctx, `DELETE FROM invoice_lines WHERE invoice_id = ANY($1::uuid[])`, customPlan, invIDs); err != nil {
 		return fmt.Errorf("billing: delete invoice lines: %w", err)
 	}
-	if _, err := tx.Exec(ctx, `
-		INSERT INTO invoice_lines (invoice_id, line_no, kind, description, quantity, amount_cents)
-		SELECT * FROM unnest($1::uuid[], $2::int[], $3::text[], $4::text[], $5::bigint[], $6::bigint[])`,
-		lines.invoiceID, lines.no, lines.kind, lines.descr, lines.qty, lines.amount); err != nil {
+	// The lines by COPY: a batch writes a thousand or more.
+	if _, err := tx.CopyFrom(ctx, pgx.Identifier{"invoice_lines"},
+		[]string{"invoice_id", "line_no", "kind", "description", "quantity", "amount_cents"},
+		pgx.CopyFromRows(lines)); err != nil {
 		return fmt.Errorf("billing: insert invoice lines: %w", err)
 	}
 	return recordDraws(ctx, tx, now, drawInvoices, draws)
@@ -601,6 +611,9 @@ func (t *ratedTenant) rate() []InvoiceLine {
 // detail the retention dropped (Partitions) as one row at the month's
 // first instant, so a period that month's first instant falls in gets the
 // whole month.
+//
+// The statements that join the batch's arrays (unnest) run with plans made
+// for their arguments (customPlan).
 func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID map[string]*ratedTenant) error {
 	ids := make([]string, len(ts))
 	starts := make([]time.Time, len(ts))
@@ -635,7 +648,7 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		  AND p.valid_from < least(coalesce(h.valid_to, b.pe), b.pe) AND (p.valid_to IS NULL OR p.valid_to > greatest(h.valid_from, b.ps))
 		WHERE h.tenant_id = ANY($1::uuid[]) AND h.valid_from < $5 AND (h.valid_to IS NULL OR h.valid_to > $4)
 		  AND h.valid_from < b.pe AND (h.valid_to IS NULL OR h.valid_to > b.ps)
-		ORDER BY h.tenant_id, 8`, ids, starts, ends, first, last)
+		ORDER BY h.tenant_id, 8`, customPlan, ids, starts, ends, first, last)
 	if err != nil {
 		return fmt.Errorf("billing: tier history: %w", err)
 	}
@@ -650,27 +663,33 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		return fmt.Errorf("billing: tier history: %w", err)
 	}
 
-	var units, overage int64
+	// The period's units and overage units, and each meter's units past
+	// its meter quota (usage.meter_overage_units), in one pass over the
+	// usage: a row per tenant (meter NULL) with its totals, then a row per
+	// meter of it.
+	var meter *string
+	var units, overage, meterOverage int64
 	rows, err = tx.Query(ctx, `
-		SELECT u.tenant_id::text, sum(u.units)::bigint, sum(u.overage_units)::bigint
+		SELECT u.tenant_id::text, u.meter, sum(u.units)::bigint, sum(u.overage_units)::bigint, sum(u.meter_overage_units)::bigint
 		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, ps, pe)
 		JOIN usage_ledger u ON u.tenant_id = b.tenant_id AND u.hour >= b.ps AND u.hour < b.pe
 		WHERE u.tenant_id = ANY($1::uuid[]) AND u.hour >= $4 AND u.hour < $5
-		GROUP BY u.tenant_id`, ids, starts, ends, first, last)
+		GROUP BY GROUPING SETS ((u.tenant_id), (u.tenant_id, u.meter))
+		ORDER BY u.tenant_id, u.meter NULLS FIRST`, customPlan, ids, starts, ends, first, last)
 	if err != nil {
 		return fmt.Errorf("billing: usage: %w", err)
 	}
-	_, err = pgx.ForEachRow(rows, []any{&tenantID, &units, &overage}, func() error {
+	_, err = pgx.ForEachRow(rows, []any{&tenantID, &meter, &units, &overage, &meterOverage}, func() error {
 		t := byID[tenantID]
-		t.in.Units, t.in.OverageUnits = units, overage
+		if meter == nil {
+			t.in.Units, t.in.OverageUnits = units, overage
+		} else if meterOverage > 0 {
+			t.in.MeterOverage = append(t.in.MeterOverage, MeterOverage{Meter: *meter, Units: meterOverage})
+		}
 		return nil
 	})
 	if err != nil {
 		return fmt.Errorf("billing: usage: %w", err)
-	}
-
-	if err := loadMeterOverage(ctx, tx, ids, starts, ends, first, last, byID); err != nil {
-		return err
 	}
 
 	var g InvoiceGrant
@@ -680,7 +699,7 @@ func loadRatingInputs(ctx context.Context, tx pgx.Tx, ts []*ratedTenant, byID ma
 		JOIN grants g ON g.tenant_id = b.tenant_id
 		  AND ((g.period = 'month' AND g.period_start = b.df) OR (g.period = 'day' AND g.period_start >= b.df AND g.period_start < b.dt))
 		WHERE g.tenant_id = ANY($1::uuid[])
-		ORDER BY g.tenant_id, g.period_start, g.period DESC, g.created_at, g.id`, ids, dayFrom, dayTo)
+		ORDER BY g.tenant_id, g.period_start, g.period DESC, g.created_at, g.id`, customPlan, ids, dayFrom, dayTo)
 	if err != nil {
 		return fmt.Errorf("billing: grants: %w", err)
 	}
@@ -708,7 +727,7 @@ func loadInvoiceLines(ctx context.Context, tx pgx.Tx, ts []*ratedTenant) error {
 	var l InvoiceLine
 	rows, err := tx.Query(ctx, `
 		SELECT invoice_id::text, kind, description, quantity, amount_cents FROM invoice_lines
-		WHERE invoice_id = ANY($1::uuid[]) ORDER BY invoice_id, line_no`, invIDs)
+		WHERE invoice_id = ANY($1::uuid[]) ORDER BY invoice_id, line_no`, customPlan, invIDs)
 	if err != nil {
 		return fmt.Errorf("billing: invoice lines: %w", err)
 	}

@@ -213,9 +213,13 @@ func (l *Ledger) InvoicePage(ctx context.Context, period time.Time, after string
 }
 
 // InvoiceSummary returns the number of invoices labelled with the month
-// starting at period and the sum of their totals.
+// starting at period and the sum of their totals, from the sums every write
+// to invoices keeps (invoice_period_totals): a few rows, however many
+// invoices the month has.
 func (l *Ledger) InvoiceSummary(ctx context.Context, period time.Time) (count, totalCents int64, err error) {
-	err = l.db.QueryRow(ctx, `SELECT count(*), coalesce(sum(total_cents), 0)::bigint FROM invoices WHERE period = $1`, period).
+	err = l.db.QueryRow(ctx, `
+		SELECT coalesce(sum(invoices), 0)::bigint, coalesce(sum(total_cents), 0)::bigint
+		FROM invoice_period_totals WHERE period = $1`, period).
 		Scan(&count, &totalCents)
 	if err != nil {
 		return 0, 0, fmt.Errorf("billing: invoice summary: %w", err)

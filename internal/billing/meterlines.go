@@ -1,13 +1,9 @@
 package billing
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
-	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -68,30 +64,4 @@ func meterRate(segs []TierSegment, meter string) (*quota.MeterQuota, string) {
 		}
 	}
 	return nil, ""
-}
-
-// loadMeterOverage reads the meter overage of the tenants ids, each over
-// its period [starts[k], ends[k]) (all within [first, last)), into their
-// rating inputs (byID).
-func loadMeterOverage(ctx context.Context, tx pgx.Tx, ids []string, starts, ends []time.Time, first, last time.Time, byID map[string]*ratedTenant) error {
-	var tenantID string
-	var o MeterOverage
-	rows, err := tx.Query(ctx, `
-		SELECT u.tenant_id::text, u.meter, sum(u.meter_overage_units)::bigint
-		FROM unnest($1::uuid[], $2::timestamptz[], $3::timestamptz[]) AS b(tenant_id, ps, pe)
-		JOIN usage_ledger u ON u.tenant_id = b.tenant_id AND u.hour >= b.ps AND u.hour < b.pe
-		WHERE u.tenant_id = ANY($1::uuid[]) AND u.hour >= $4 AND u.hour < $5 AND u.meter_overage_units > 0
-		GROUP BY u.tenant_id, u.meter ORDER BY u.tenant_id, u.meter`, ids, starts, ends, first, last)
-	if err != nil {
-		return fmt.Errorf("billing: meter overage: %w", err)
-	}
-	_, err = pgx.ForEachRow(rows, []any{&tenantID, &o.Meter, &o.Units}, func() error {
-		t := byID[tenantID]
-		t.in.MeterOverage = append(t.in.MeterOverage, o)
-		return nil
-	})
-	if err != nil {
-		return fmt.Errorf("billing: meter overage: %w", err)
-	}
-	return nil
 }
