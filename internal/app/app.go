@@ -18,16 +18,17 @@ import (
 	"github.com/tollgate/tollgate/internal/telemetry"
 )
 
-// Run is how a binary runs: until ctx ends, reading its configuration with
-// getenv and writing its log lines to stdout. It returns nil after a
-// graceful shutdown, and the error that stopped it otherwise.
-type Run func(ctx context.Context, getenv func(string) string, stdout io.Writer) error
+// RunFunc is how a binary runs (RunAPI, RunWorker): until ctx ends,
+// reading its configuration with getenv and writing its log lines to
+// stdout. It returns nil after a graceful shutdown, and the error that
+// stopped it otherwise.
+type RunFunc func(ctx context.Context, getenv func(string) string, stdout io.Writer) error
 
 // Main runs r as the process named name ("api", "worker") until SIGINT or
 // SIGTERM, reading the process's environment and logging to its stdout, and
 // returns the exit code: 0 once r returned nil; 1 after printing r's error
 // to stderr, after name and a colon.
-func Main(name string, r Run) int {
+func Main(name string, r RunFunc) int {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if err := r(ctx, os.Getenv, os.Stdout); err != nil {
