@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -39,6 +40,8 @@ const (
 	httpLayer = "internal/httpapi"
 	envoy     = "internal/envoy"
 	admission = "internal/admission"
+	startUp   = "internal/app"
+	e2e       = "internal/e2e"
 )
 
 var (
@@ -51,6 +54,17 @@ var (
 	// quotaState are the packages that keep or decide quota state behind
 	// the admission use case, which the HTTP layer and envoy do not import.
 	quotaState = []string{"internal/ratelimit", "internal/redisdb", "internal/limits", "internal/policyalg"}
+	// mains are the binaries whose start-up is startUp's, each with the
+	// only packages of the module it may import.
+	mains = map[string][]string{
+		"cmd/api":    {startUp, "internal/config"}, // config: `api -healthcheck` reads TOLLGATE_ADDR
+		"cmd/worker": {startUp},
+	}
+	// e2eSuites are the end-to-end test packages under e2e.
+	e2eSuites = []string{e2e + "/api", e2e + "/worker"}
+	// testOnly are the packages no product code imports: the tests' helpers
+	// and suites, and this one.
+	testOnly = []string{"internal/testenv", e2e, "internal/arch"}
 )
 
 func TestArchitecture(t *testing.T) {
@@ -170,7 +184,73 @@ func TestArchitecture(t *testing.T) {
 			for _, imp := range m.imports(s) {
 				rel, ours := m.rel(imp)
 				if ours && (under(rel, "internal/ratelimit") || under(rel, "internal/postgres") || under(rel, httpLayer)) {
-					t.Errorf("%s imports %s: a service does not import the adapters internal/ratelimit, internal/postgres or %s (cmd/* wires them in)", s, rel, httpLayer)
+					t.Errorf("%s imports %s: a service does not import the adapters internal/ratelimit, internal/postgres or %s (%s wires them in)", s, rel, httpLayer, startUp)
+				}
+			}
+		}
+	})
+
+	t.Run("the mains import only the start-up, which only they import", func(t *testing.T) {
+		m.mustExist(t, startUp)
+		for main, allowed := range mains {
+			m.mustExist(t, main)
+			for _, imp := range m.imports(main) {
+				if rel, ours := m.rel(imp); ours && !slices.Contains(allowed, rel) {
+					t.Errorf("%s imports %s: a main imports only %v; its wiring belongs in %s", main, rel, allowed, startUp)
+				}
+			}
+		}
+		for _, p := range m.sorted() {
+			if _, isMain := mains[p]; isMain {
+				continue
+			}
+			for _, imp := range m.imports(p) {
+				if rel, ours := m.rel(imp); ours && under(rel, startUp) {
+					t.Errorf("%s imports %s: only the mains (%s) import the start-up", p, rel, strings.Join(slices.Sorted(maps.Keys(mains)), ", "))
+				}
+			}
+		}
+	})
+
+	t.Run("the start-up imports no test package", func(t *testing.T) {
+		m.mustExist(t, startUp, "internal/testenv", "internal/arch")
+		m.mustExist(t, e2eSuites...)
+		for _, imp := range m.imports(startUp) {
+			rel, ours := m.rel(imp)
+			if !ours {
+				continue
+			}
+			if under(rel, "cmd") {
+				t.Errorf("%s imports %s: the start-up imports no binary", startUp, rel)
+			}
+			for _, tp := range testOnly {
+				if under(rel, tp) {
+					t.Errorf("%s imports %s: the start-up imports none of %v", startUp, rel, testOnly)
+				}
+			}
+		}
+	})
+
+	t.Run("the end-to-end suites hold tests only", func(t *testing.T) {
+		m.mustExist(t, e2eSuites...)
+		for _, p := range m.sorted() {
+			if !under(p, e2e) {
+				continue
+			}
+			if !slices.Contains(e2eSuites, p) {
+				t.Errorf("%s: a package under %s that the rules do not list in e2eSuites", p, e2e)
+			}
+			if files := m.pkgs[p].GoFiles; len(files) > 1 || len(files) == 1 && files[0] != "doc.go" {
+				t.Errorf("%s has non-test files %v: an end-to-end suite holds its package doc (doc.go) and tests only", p, files)
+			}
+			if imps := m.imports(p); len(imps) > 0 {
+				t.Errorf("%s imports %v outside its tests: an end-to-end suite holds tests only", p, imps)
+			}
+		}
+		for _, p := range m.sorted() {
+			for _, imp := range m.imports(p) {
+				if rel, ours := m.rel(imp); ours && under(rel, e2e) {
+					t.Errorf("%s imports %s: no package imports an end-to-end suite", p, rel)
 				}
 			}
 		}

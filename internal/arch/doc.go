@@ -22,12 +22,22 @@
 //   - The services (internal/admission, internal/billing, internal/catalog,
 //     internal/usage, internal/worker, internal/locallimit, internal/policyalg) do not import
 //     internal/ratelimit, internal/postgres or the HTTP layer; they declare
-//     the small interfaces they consume and cmd/* wires the adapters in.
-//     Their tests may import adapters: only non-test imports are checked.
+//     the small interfaces they consume and internal/app wires the adapters
+//     in. Their tests may import adapters: only non-test imports are checked.
 //   - The HTTP layer and internal/envoy reach quota state through the
 //     admission use case: internal/httpapi imports internal/admission, and
 //     neither imports internal/ratelimit, internal/redisdb, internal/limits
 //     or internal/policyalg.
+//   - The binaries' start-up is internal/app's: cmd/api and cmd/worker import
+//     no package of this module but internal/app (cmd/api also
+//     internal/config, for its health check), and no other package imports
+//     internal/app (the end-to-end tests do, from their test files).
+//   - internal/app imports no binary and none of the tests' packages:
+//     internal/testenv, internal/arch, internal/e2e and below.
+//   - The end-to-end suites, internal/e2e/api and internal/e2e/worker, hold
+//     tests only: no non-test file but their package doc (doc.go), no
+//     non-test import, and no package imports them. A package under
+//     internal/e2e that the rule does not list fails it.
 //
 // Every package a rule names must exist, so that renaming one fails the test
 // rather than silently voiding the rule.

@@ -1,7 +1,0 @@
-//go:build !race
-
-package main
-
-// memFactor scales the bounds of the tests that measure the api process's
-// resident memory (memfactor_race_test.go): 1 without the race detector.
-const memFactor = 1

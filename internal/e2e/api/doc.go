@@ -1,0 +1,5 @@
+// Package api holds the api's end-to-end tests and nothing else: each starts
+// the api in-process with app.RunAPI (or as a process, through app.Main) on
+// real Redis and Postgres, and drives it over HTTP, gRPC or a headless
+// browser as its clients do.
+package api
