@@ -74,7 +74,7 @@ type ReadyCheck struct {
 	Check func(ctx context.Context) error
 }
 
-// Deps are the parts the handlers use; cmd/api builds them.
+// Deps are the parts the handlers use; internal/app (RunAPI) builds them.
 type Deps struct {
 	Log   *slog.Logger
 	Store records

@@ -42,7 +42,7 @@ type Records interface {
 	Policy(ctx context.Context, name string) (quota.Policy, error)
 }
 
-// Deps are what the admin API uses; cmd/api builds them.
+// Deps are what the admin API uses; internal/app (RunAPI) builds them.
 type Deps struct {
 	Store   Records
 	Catalog *catalog.Catalog // reads and the writes that invalidate it

@@ -35,7 +35,7 @@ type creditsClock struct {
 func (c *creditsClock) Now() time.Time  { c.mu.Lock(); defer c.mu.Unlock(); return c.t }
 func (c *creditsClock) Set(t time.Time) { c.mu.Lock(); defer c.mu.Unlock(); c.t = t }
 
-// creditsRig is the HTTP layer as cmd/api builds it, on a database of the
+// creditsRig is the HTTP layer as internal/app builds it, on a database of the
 // test's own, with a tenant on Pro since November 1.
 type creditsRig struct {
 	db     *pgxpool.Pool

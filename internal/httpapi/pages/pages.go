@@ -41,7 +41,7 @@ type SessionStore interface {
 	Delete(ctx context.Context, key string) error
 }
 
-// Deps are what the pages use; cmd/api builds them.
+// Deps are what the pages use; internal/app (RunAPI) builds them.
 type Deps struct {
 	Store    Records
 	Catalog  *catalog.Catalog // reads and the writes that invalidate it
