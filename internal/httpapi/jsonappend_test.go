@@ -243,3 +243,40 @@ func TestRequestCounterIsTheVecsChild(t *testing.T) {
 		t.Errorf("%d cached counters, want 2", n)
 	}
 }
+
+// BenchmarkAnswerBodies is why the hot path's bodies are written by hand
+// (httpx's JSON append functions) rather than by encoding/json: each
+// sub-benchmark renders the same bytes both ways (the tests above hold
+// them equal), typed and through the map encoding/json would be given.
+// `make bench` runs it; the typed rows must stay the faster and allocate
+// nothing, else the hand encoders no longer pay and should go.
+func BenchmarkAnswerBodies(b *testing.B) {
+	now := time.Date(2026, 11, 22, 12, 0, 0, 0, time.UTC)
+	d := quota.Decision{Now: now, Violated: []quota.LimitName{quota.LimitDaily}, RetryAfter: 3 * time.Hour,
+		Limits: []quota.LimitState{{Name: quota.LimitDaily, Limit: 1000, Remaining: 0, Reset: now.Add(12 * time.Hour), Window: 24 * time.Hour}}}
+	up := &quota.Upgrade{Tier: "pro", Name: "Pro", PriceCents: 4900, URL: "https://example.test/up"}
+	e := echoBody{tenantID: "ten_1", tier: "pro", method: "GET", path: "/api/demo/echo", query: []byte("a=1"),
+		meter: "demo", cost: 3, time: now}
+	buf := make([]byte, 0, 1024)
+	b.Run("refusal/typed", func(b *testing.B) {
+		for b.Loop() {
+			buf = refusalProblem(d, up, "/api/demo/echo").appendJSON(buf[:0])
+		}
+	})
+	b.Run("refusal/encoding-json", func(b *testing.B) {
+		for b.Loop() {
+			buf = oracleRefusal(d, up, "/api/demo/echo")
+		}
+	})
+	b.Run("echo/typed", func(b *testing.B) {
+		for b.Loop() {
+			buf = e.appendJSON(buf[:0])
+		}
+	})
+	b.Run("echo/encoding-json", func(b *testing.B) {
+		for b.Loop() {
+			buf, _ = json.Marshal(fiber.Map{"tenant_id": e.tenantID, "tier": e.tier, "method": e.method, "path": e.path,
+				"query": string(e.query), "meter": e.meter, "cost": e.cost, "time": e.time.UTC().Format(time.RFC3339Nano)})
+		}
+	})
+}
