@@ -118,6 +118,37 @@ func created(c *fiber.Ctx, path string, v any) error {
 	return c.Status(fiber.StatusCreated).JSON(v)
 }
 
+// The shapes most admin handlers share: read one resource, answer it; or
+// delete one, answer 204. param names the path parameter of the resource.
+
+// one answers a GET of one resource: what load returns for the path
+// parameter param, as JSON.
+func one[T any](c *fiber.Ctx, param string, load func(context.Context, string) (T, error)) error {
+	v, err := load(c.UserContext(), c.Params(param))
+	if err != nil {
+		return err
+	}
+	return c.JSON(v)
+}
+
+// oneByID is one for a resource named by one of Tollgate's ids: an id of
+// another shape is not found (validID) before it reaches a query.
+func oneByID[T any](c *fiber.Ctx, what, param string, load func(context.Context, string) (T, error)) error {
+	if err := validID(what, c.Params(param)); err != nil {
+		return err
+	}
+	return one(c, param, load)
+}
+
+// gone answers a DELETE: remove, by the admin, of the resource the path
+// parameter param names, then 204.
+func gone(c *fiber.Ctx, param string, remove func(ctx context.Context, actor, id string) error) error {
+	if err := remove(c.UserContext(), adminActor, c.Params(param)); err != nil {
+		return err
+	}
+	return c.SendStatus(fiber.StatusNoContent)
+}
+
 // validID refuses, as not found, an id that is not one of Tollgate's
 // before it reaches a query.
 func validID(what, id string) error {
@@ -190,13 +221,7 @@ func (s *API) CreateTier(c *fiber.Ctx) error {
 	return created(c, "/admin/v1/tiers/"+url.PathEscape(t.Slug), t)
 }
 
-func (s *API) GetTier(c *fiber.Ctx) error {
-	t, err := s.store.Tier(c.UserContext(), c.Params("slug"))
-	if err != nil {
-		return err
-	}
-	return c.JSON(t)
-}
+func (s *API) GetTier(c *fiber.Ctx) error { return one(c, "slug", s.store.Tier) }
 
 func (s *API) PatchTier(c *fiber.Ctx) error {
 	var body httpx.TierFields
@@ -213,13 +238,7 @@ func (s *API) PatchTier(c *fiber.Ctx) error {
 	return c.JSON(t)
 }
 
-func (s *API) DeleteTier(c *fiber.Ctx) error {
-	slug := c.Params("slug")
-	if err := s.catalog.DeleteTier(c.UserContext(), adminActor, slug); err != nil {
-		return err
-	}
-	return c.SendStatus(fiber.StatusNoContent)
-}
+func (s *API) DeleteTier(c *fiber.Ctx) error { return gone(c, "slug", s.catalog.DeleteTier) }
 
 // ---- tenants
 
@@ -282,13 +301,7 @@ func (s *API) CreateTenant(c *fiber.Ctx) error {
 	return created(c, "/admin/v1/tenants/"+t.ID, t)
 }
 
-func (s *API) GetTenant(c *fiber.Ctx) error {
-	t, err := s.store.Tenant(c.UserContext(), c.Params("id"))
-	if err != nil {
-		return err
-	}
-	return c.JSON(t)
-}
+func (s *API) GetTenant(c *fiber.Ctx) error { return one(c, "id", s.store.Tenant) }
 
 type tenantPatch struct {
 	Name             quota.Optional[string]             `json:"name"`
@@ -394,13 +407,7 @@ func (s *API) PatchTenant(c *fiber.Ctx) error {
 	return c.JSON(t)
 }
 
-func (s *API) DeleteTenant(c *fiber.Ctx) error {
-	id := c.Params("id")
-	if err := s.catalog.DeleteTenant(c.UserContext(), adminActor, id); err != nil {
-		return err
-	}
-	return c.SendStatus(fiber.StatusNoContent)
-}
+func (s *API) DeleteTenant(c *fiber.Ctx) error { return gone(c, "id", s.catalog.DeleteTenant) }
 
 // ---- keys
 
@@ -438,17 +445,7 @@ func (s *API) IssueKey(c *fiber.Ctx) error {
 }
 
 // GetKey answers one key, without its secret.
-func (s *API) GetKey(c *fiber.Ctx) error {
-	id := c.Params("id")
-	if err := validID("key", id); err != nil {
-		return err
-	}
-	k, err := s.store.Key(c.UserContext(), id)
-	if err != nil {
-		return err
-	}
-	return c.JSON(k)
-}
+func (s *API) GetKey(c *fiber.Ctx) error { return oneByID(c, "key", "id", s.store.Key) }
 
 func (s *API) RevokeKey(c *fiber.Ctx) error {
 	if _, err := s.catalog.RevokeKey(c.UserContext(), adminActor, c.Params("id")); err != nil {

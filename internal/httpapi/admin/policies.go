@@ -35,13 +35,7 @@ func (s *API) CreatePolicy(c *fiber.Ctx) error {
 	return created(c, "/admin/v1/policies/"+url.PathEscape(p.Name), p)
 }
 
-func (s *API) GetPolicy(c *fiber.Ctx) error {
-	p, err := s.store.Policy(c.UserContext(), c.Params("name"))
-	if err != nil {
-		return err
-	}
-	return c.JSON(p)
-}
+func (s *API) GetPolicy(c *fiber.Ctx) error { return one(c, "name", s.store.Policy) }
 
 func (s *API) PatchPolicy(c *fiber.Ctx) error {
 	patch, err := decodePolicyPatch(c)
@@ -55,12 +49,7 @@ func (s *API) PatchPolicy(c *fiber.Ctx) error {
 	return c.JSON(p)
 }
 
-func (s *API) DeletePolicy(c *fiber.Ctx) error {
-	if err := s.catalog.DeletePolicy(c.UserContext(), adminActor, c.Params("name")); err != nil {
-		return err
-	}
-	return c.SendStatus(fiber.StatusNoContent)
-}
+func (s *API) DeletePolicy(c *fiber.Ctx) error { return gone(c, "name", s.catalog.DeletePolicy) }
 
 // decodePolicy reads the body of POST /admin/v1/policies.
 func decodePolicy(c *fiber.Ctx) (quota.Policy, error) {
