@@ -1,4 +1,4 @@
-package ratelimit
+package pending
 
 import (
 	"context"
@@ -50,13 +50,13 @@ func (a *activeSet) take() []string {
 	return out
 }
 
-func (r *Runner) activeKey() string { return r.prefix + ":v1:active" }
+func (r *Usage) activeKey() string { return r.prefix + ":v1:active" }
 
 // ReportActive adds the tenants this node counted usage for since the last
 // report to the active set the worker reads. It is not on the request path:
 // cmd/api calls it about once a second. A node that dies before reporting
 // leaves its tenants' pending usage to the worker's sweep.
-func (r *Runner) ReportActive(ctx context.Context) error {
+func (r *Usage) ReportActive(ctx context.Context) error {
 	ids := r.active.take()
 	if len(ids) == 0 {
 		return nil
@@ -81,7 +81,7 @@ func (r *Runner) ReportActive(ctx context.Context) error {
 
 // ActiveTenants returns the tenants reported active since the worker last
 // marked them done.
-func (r *Runner) ActiveTenants(ctx context.Context) ([]string, error) {
+func (r *Usage) ActiveTenants(ctx context.Context) ([]string, error) {
 	ids, err := r.c.SMembers(ctx, r.activeKey()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: active tenants: %w", err)
@@ -93,7 +93,7 @@ func (r *Runner) ActiveTenants(ctx context.Context) ([]string, error) {
 // scanning the keyspace (every master of a cluster). It is the worker's
 // safety net for tenants whose API node died before reporting them; its cost
 // grows with the keyspace, so the worker runs it rarely.
-func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
+func (r *Usage) SweepTenants(ctx context.Context) ([]string, error) {
 	seen := map[string]struct{}{}
 	var mu sync.Mutex
 	scan := func(ctx context.Context, c *redis.Client) error {
@@ -173,7 +173,7 @@ const pipelinePart = 500
 
 // pipelinedParts is pipelined in pipelines of at most pipelinePart calls,
 // one after the other.
-func (r *Runner) pipelinedParts(ctx context.Context, n int, each func(i int) (fn, []string, []any)) ([]*redis.Cmd, error) {
+func (r *Usage) pipelinedParts(ctx context.Context, n int, each func(i int) (fn, []string, []any)) ([]*redis.Cmd, error) {
 	cmds := make([]*redis.Cmd, 0, n)
 	for start := 0; start < n; start += pipelinePart {
 		part, err := r.pipelined(ctx, min(pipelinePart, n-start), func(i int) (fn, []string, []any) { return each(start + i) })
@@ -188,7 +188,7 @@ func (r *Runner) pipelinedParts(ctx context.Context, n int, each func(i int) (fn
 // Claim takes the pending usage of each tenant as a batch (or returns the
 // batch already in flight), pipelined (a round trip per pipelinePart
 // tenants). Tenants with nothing to flush are left out.
-func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
+func (r *Usage) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
 	cmds, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
 		id := tenantIDs[i]
@@ -224,7 +224,7 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, 
 
 // Finish drops batches Postgres has recorded, pipelined (a round trip per
 // pipelinePart batches).
-func (r *Runner) Finish(ctx context.Context, batches []quota.Batch) error {
+func (r *Usage) Finish(ctx context.Context, batches []quota.Batch) error {
 	_, err := r.pipelinedParts(ctx, len(batches), func(i int) (fn, []string, []any) {
 		b := batches[i]
 		return fnFinish, []string{r.key(b.TenantID, "flushing")}, []any{b.ID}
@@ -239,7 +239,7 @@ func (r *Runner) Finish(ctx context.Context, batches []quota.Batch) error {
 // except those that have pending usage again: they stay for the next cycle.
 // (A tenant that counts usage after this check is reported again by its API
 // node within a second, and the sweep finds it in any case.)
-func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
+func (r *Usage) Done(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
@@ -282,7 +282,7 @@ const (
 )
 
 // epochKeys returns one epoch key per master (one key on a single server).
-func (r *Runner) epochKeys(ctx context.Context) ([]string, error) {
+func (r *Usage) epochKeys(ctx context.Context) ([]string, error) {
 	cc, ok := r.c.(*redis.ClusterClient)
 	if !ok {
 		return []string{r.prefix + ":v1:epoch"}, nil
@@ -343,7 +343,7 @@ func keySlot(tag string) int {
 // epoch key of some master is gone, or a restore began and has not
 // succeeded. It extends the keys' lives; it changes nothing else, so the
 // answer stays true until MarkRestored.
-func (r *Runner) EpochLost(ctx context.Context) (bool, error) {
+func (r *Usage) EpochLost(ctx context.Context) (bool, error) {
 	keys, err := r.epochKeys(ctx)
 	if err != nil {
 		return false, err
@@ -373,18 +373,18 @@ func (r *Runner) EpochLost(ctx context.Context) (bool, error) {
 
 // MarkRestoring marks every master's epoch as being restored, before a
 // restore starts: until MarkRestored, EpochLost reports a loss.
-func (r *Runner) MarkRestoring(ctx context.Context) error {
+func (r *Usage) MarkRestoring(ctx context.Context) error {
 	return r.markEpoch(ctx, epochRestoring, false)
 }
 
 // MarkRestored marks the epochs intact after a successful restore, except on
 // a master whose key vanished since MarkRestoring: that master lost its data
 // again during the restore, and the next EpochLost reports it.
-func (r *Runner) MarkRestored(ctx context.Context) error {
+func (r *Usage) MarkRestored(ctx context.Context) error {
 	return r.markEpoch(ctx, epochIntact, true)
 }
 
-func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool) error {
+func (r *Usage) markEpoch(ctx context.Context, value string, onlyExisting bool) error {
 	keys, err := r.epochKeys(ctx)
 	if err != nil {
 		return err
@@ -414,7 +414,7 @@ const prepaidKeep = 40 * 24 * time.Hour
 
 // RestorePrepaid gives prepaid tenants' credit draws back from the ledger
 // after Redis lost data (lua/restore_prepaid.lua), pipelined.
-func (r *Runner) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error {
+func (r *Usage) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error {
 	_, err := r.pipelined(ctx, len(recs), func(i int) (fn, []string, []any) {
 		rec := recs[i]
 		return fnRestorePrepaid, []string{r.key(rec.TenantID, "mq")},
@@ -448,7 +448,7 @@ func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {
 // The month's overage comes back with its units (the tier's, and the
 // meters' millicents that the spend cap counts), so that the cap's room
 // is what the ledger left of it, not full again.
-func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error {
+func (r *Usage) Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error {
 	at = at.UTC()
 	day, month := quota.DayStart(at), quota.MonthStart(at)
 	y, m, _ := at.Date()

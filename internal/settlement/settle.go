@@ -1,4 +1,4 @@
-package ratelimit
+package settlement
 
 import (
 	"context"
@@ -14,7 +14,7 @@ import (
 
 // settleKey holds a reservation of a settle route, under the tenant's hash
 // tag (settle.lua reads it atomically with the tenant's state).
-func (r *Runner) settleKey(tenantID, requestID string) string {
+func (r *Settler) settleKey(tenantID, requestID string) string {
 	return r.key(tenantID, "settle:"+requestID)
 }
 
@@ -42,7 +42,7 @@ func checkRequestID(id string) error {
 // index naming the tenant by the id alone, <prefix>:v1:settle:{r:<id>},
 // which this version neither writes nor reads: it expires with its
 // entry.)
-func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
+func (r *Settler) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
 	if err := checkTenant(req.TenantID); err != nil {
 		return err
 	}
@@ -111,14 +111,14 @@ func settleMoney(req quota.Request, d quota.Decision) string {
 // (lua/settle.lua): the first call applies actual - cost (a refund or a
 // charge that may pass the quota); later calls, from any node, and calls
 // after quota.SettleWindow change nothing and say so.
-func (r *Runner) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
+func (r *Settler) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
 	return r.settle(ctx, tenantID, requestID, actual, settledMark)
 }
 
 // RefundReserved refunds a reserved request whole, exactly once: a settle
 // to 0 that marks the entry refunded, so that a later settle or refund
 // answers SettleRefunded and changes nothing.
-func (r *Runner) RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error) {
+func (r *Settler) RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error) {
 	return r.settle(ctx, tenantID, requestID, 0, refundedMark)
 }
 
@@ -128,7 +128,7 @@ const (
 	refundedMark = "refunded"
 )
 
-func (r *Runner) settle(ctx context.Context, tenantID, requestID string, actual int64, mark string) (quota.Settlement, error) {
+func (r *Settler) settle(ctx context.Context, tenantID, requestID string, actual int64, mark string) (quota.Settlement, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return quota.Settlement{}, err
 	}
@@ -163,7 +163,7 @@ func (r *Runner) settle(ctx context.Context, tenantID, requestID string, actual 
 // Hold records the concurrency leases a reserved request holds (value, as
 // admission.Gate encodes them) until TakeHold or ttl, the longest of their
 // leases.
-func (r *Runner) Hold(ctx context.Context, tenantID, requestID, value string, ttl time.Duration) error {
+func (r *Settler) Hold(ctx context.Context, tenantID, requestID, value string, ttl time.Duration) error {
 	if err := checkTenant(tenantID); err != nil {
 		return err
 	}
@@ -178,7 +178,7 @@ func (r *Runner) Hold(ctx context.Context, tenantID, requestID, value string, tt
 
 // TakeHold reads and removes, atomically, what Hold recorded: the first
 // of concurrent calls gets it, the others none.
-func (r *Runner) TakeHold(ctx context.Context, tenantID, requestID string) (string, bool, error) {
+func (r *Settler) TakeHold(ctx context.Context, tenantID, requestID string) (string, bool, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return "", false, err
 	}
@@ -202,7 +202,7 @@ var noteRequestID = redis.NewScript(`if redis.call('EXISTS', KEYS[1]) == 1 then 
 // NoteRequestID records, in the idempotency record of a counted check
 // (key), the request id it was reserved under, so that a repeat of the
 // key answers the same id.
-func (r *Runner) NoteRequestID(ctx context.Context, tenantID, key, requestID string) error {
+func (r *Settler) NoteRequestID(ctx context.Context, tenantID, key, requestID string) error {
 	if err := checkTenant(tenantID); err != nil {
 		return err
 	}
@@ -216,7 +216,7 @@ func (r *Runner) NoteRequestID(ctx context.Context, tenantID, key, requestID str
 }
 
 // RequestIDOf reads what NoteRequestID wrote for key: "" when nothing.
-func (r *Runner) RequestIDOf(ctx context.Context, tenantID, key string) (string, error) {
+func (r *Settler) RequestIDOf(ctx context.Context, tenantID, key string) (string, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return "", err
 	}

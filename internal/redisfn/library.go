@@ -1,4 +1,4 @@
-package ratelimit
+package redisfn
 
 import (
 	"context"
@@ -413,7 +413,7 @@ func (l *library) resend(ctx context.Context, c redis.UniversalClient, cmds []*r
 // the function, keys and arguments each returns for it, and returns their
 // commands (sent again while Redis ran nothing of them: library.send) and
 // the first error among them.
-func (r *Runner) pipelined(ctx context.Context, n int, each func(i int) (f fn, keys []string, args []any)) ([]*redis.Cmd, error) {
+func (r *Store) pipelined(ctx context.Context, n int, each func(i int) (f fn, keys []string, args []any)) ([]*redis.Cmd, error) {
 	if n == 0 {
 		return nil, nil
 	}
@@ -432,7 +432,7 @@ func (r *Runner) pipelined(ctx context.Context, n int, each func(i int) (f fn, k
 }
 
 // fcall runs the library's function f with keys and args: library.call.
-func (r *Runner) fcall(ctx context.Context, f fn, keys []string, args ...any) *redis.Cmd {
+func (r *Store) fcall(ctx context.Context, f fn, keys []string, args ...any) *redis.Cmd {
 	return r.lib.call(ctx, r.c, f, keys, args...)
 }
 
@@ -448,7 +448,7 @@ var ErrNoFunctions = errors.New("ratelimit: Redis has no Functions: Tollgate nee
 // a Redis older than 7.0; any other failure (a master that does not
 // answer) is logged, and the calls load the library when they find it
 // missing, as they do after a restart.
-func (r *Runner) LoadFunctions(ctx context.Context, log *slog.Logger) error {
+func (r *Store) LoadFunctions(ctx context.Context, log *slog.Logger) error {
 	err := r.lib.load(ctx, r.c)
 	var others []string
 	if err == nil {
@@ -468,7 +468,7 @@ func (r *Runner) LoadFunctions(ctx context.Context, log *slog.Logger) error {
 
 // otherLibraries returns the names of the libraries of other releases than
 // this one (tollgate_<v>) on the masters of the runner's Redis.
-func (r *Runner) otherLibraries(ctx context.Context) ([]string, error) {
+func (r *Store) otherLibraries(ctx context.Context) ([]string, error) {
 	var (
 		mu     sync.Mutex
 		others []string
@@ -495,4 +495,4 @@ func (r *Runner) otherLibraries(ctx context.Context) ([]string, error) {
 }
 
 // FunctionLibrary is the name of the runner's Function library.
-func (r *Runner) FunctionLibrary() string { return r.lib.name }
+func (r *Store) FunctionLibrary() string { return r.lib.name }

@@ -1,4 +1,4 @@
-package ratelimit
+package pending
 
 import (
 	"context"
@@ -71,7 +71,7 @@ func ParsePending(h map[string]string) ([]quota.PendingRow, error) {
 }
 
 // Pending returns the tenant's usage counted in Redis and not yet flushed.
-func (r *Runner) Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error) {
+func (r *Usage) Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return nil, err
 	}
@@ -85,7 +85,7 @@ func (r *Runner) Pending(ctx context.Context, tenantID string) ([]quota.PendingR
 // pendingKeys are the KEYS of pending (lua/pending.lua, which reads pending
 // usage wherever it lives): the pending hash, the state hash and the
 // flushing hash.
-func (r *Runner) pendingKeys(tenantID string) []string {
+func (r *Usage) pendingKeys(tenantID string) []string {
 	return []string{r.key(tenantID, "pending"), r.stateKey(tenantID), r.key(tenantID, "flushing")}
 }
 
@@ -101,7 +101,7 @@ func pairs(flat []string) map[string]string {
 // PendingMany returns the pending usage of each tenant of ids, in one
 // pipelined round trip (the dashboard's tenant list). Tenants with nothing
 // pending are absent from the map.
-func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error) {
+func (r *Usage) PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error) {
 	for _, id := range ids {
 		if err := checkTenant(id); err != nil {
 			return nil, err
@@ -134,14 +134,14 @@ func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]qu
 // request admitted at time at, whose upstream failed: see lua/refund.lua.
 // The day and month are those of the default calendar: RefundIn takes the
 // tenant's.
-func (r *Runner) Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error {
+func (r *Usage) Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error {
 	return r.RefundIn(ctx, tenantID, meter, quota.Calendar{}, cost, overage, at)
 }
 
 // RefundIn is Refund for a tenant whose billing calendar is cal: the
 // counters are given back while they are still those of at's local day
 // and billing month.
-func (r *Runner) RefundIn(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time) error {
+func (r *Usage) RefundIn(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time) error {
 	if err := checkTenant(tenantID); err != nil {
 		return err
 	}
@@ -152,7 +152,7 @@ func (r *Runner) RefundIn(ctx context.Context, tenantID, meter string, cal quota
 // failed: RefundIn with req's calendar, and, when req's meter has a quota
 // (quota.MeterQuota), that quota's units too, with the meter overage d
 // admitted (see lua/refund.lua).
-func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error {
+func (r *Usage) RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error {
 	if err := checkTenant(req.TenantID); err != nil {
 		return err
 	}
@@ -177,7 +177,7 @@ func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.D
 // -1); pp, for a prepaid tenant, the tier's and the meter's overage prices
 // (ARGV[8]);
 // mover the meter overage units the admission took.
-func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time,
+func (r *Usage) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time,
 	q *quota.MeterQuota, price int64, pp string, mover int64) error {
 	day, month := periodIDs(cal, at)
 	keys := r.stateKeys(tenantID, "pending")

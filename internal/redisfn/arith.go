@@ -1,4 +1,4 @@
-package ratelimit
+package redisfn
 
 // floorDiv is integer division rounding toward minus infinity (Go's /
 // truncates toward zero), as the scripts' idiv; b > 0.

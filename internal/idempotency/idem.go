@@ -1,4 +1,4 @@
-package ratelimit
+package idempotency
 
 import (
 	"context"
@@ -19,14 +19,14 @@ import (
 
 // WithAnswerLimits sets the room of each tenant's idempotency records
 // (quota.DefaultAnswerLimits unless set) and returns r.
-func (r *Runner) WithAnswerLimits(l quota.AnswerLimits) *Runner {
+func (r *Answers) WithAnswerLimits(l quota.AnswerLimits) *Answers {
 	r.answers = l
 	return r
 }
 
 // idemKeys are lua/idem.lua's KEYS: the tenant's room, then the record of
 // key ("" for none: the room alone).
-func (r *Runner) idemKeys(tenantID, key string) []string {
+func (r *Answers) idemKeys(tenantID, key string) []string {
 	keys := []string{r.key(tenantID, "idemroom"), r.key(tenantID, "idembytes")}
 	if key != "" {
 		keys = append(keys, r.key(tenantID, "idem2:"+idemHash(key)))
@@ -65,7 +65,7 @@ func checkClaim(req quota.Request) error {
 // 422), which writes none. With force, the room is taken whatever the
 // limits: for an admission that wrote a record after its claim was
 // skipped (the deciding record went in between).
-func (r *Runner) ClaimAnswer(ctx context.Context, req quota.Request, force bool) (quota.AnswerClaim, error) {
+func (r *Answers) ClaimAnswer(ctx context.Context, req quota.Request, force bool) (quota.AnswerClaim, error) {
 	if err := checkClaim(req); err != nil {
 		return quota.AnswerClaim{}, err
 	}
@@ -99,7 +99,7 @@ func (r *Runner) ClaimAnswer(ctx context.Context, req quota.Request, force bool)
 
 // UnclaimAnswer gives back the room req claimed: its admission wrote no
 // record.
-func (r *Runner) UnclaimAnswer(ctx context.Context, req quota.Request) error {
+func (r *Answers) UnclaimAnswer(ctx context.Context, req quota.Request) error {
 	if err := checkClaim(req); err != nil {
 		return err
 	}
@@ -113,7 +113,7 @@ func (r *Runner) UnclaimAnswer(ctx context.Context, req quota.Request) error {
 
 // AnswerUsage reports the room the tenant's idempotency records hold, and
 // the limits.
-func (r *Runner) AnswerUsage(ctx context.Context, tenantID string) (quota.AnswerUsage, error) {
+func (r *Answers) AnswerUsage(ctx context.Context, tenantID string) (quota.AnswerUsage, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return quota.AnswerUsage{}, err
 	}
@@ -133,7 +133,7 @@ func (r *Runner) AnswerUsage(ctx context.Context, tenantID string) (quota.Answer
 // expires. It reports false when the record is not this request's any
 // more (its lease ran out and a newer request took the key); its claim is
 // given back then. An answer larger than quota.AnswerReserve is an error.
-func (r *Runner) StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) (bool, error) {
+func (r *Answers) StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) (bool, error) {
 	if err := checkClaim(req); err != nil {
 		return false, err
 	}
@@ -147,7 +147,7 @@ func (r *Runner) StoreAnswer(ctx context.Context, req quota.Request, a quota.Sto
 
 // ReleaseKey forgets the first request req (a refunded request did not
 // happen: a retry with the key runs again), and gives back its claim.
-func (r *Runner) ReleaseKey(ctx context.Context, req quota.Request) error {
+func (r *Answers) ReleaseKey(ctx context.Context, req quota.Request) error {
 	if err := checkClaim(req); err != nil {
 		return err
 	}
@@ -160,7 +160,7 @@ func (r *Runner) ReleaseKey(ctx context.Context, req quota.Request) error {
 }
 
 // Answer reads the stored answer of key.
-func (r *Runner) Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error) {
+func (r *Answers) Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error) {
 	v, err := r.c.HMGet(ctx, r.key(tenantID, "idem2:"+idemHash(key)), "status", "hdr", "body").Result()
 	if err != nil {
 		return quota.StoredAnswer{}, fmt.Errorf("ratelimit: read idempotent answer: %w", err)

@@ -1,4 +1,4 @@
-package ratelimit
+package pending
 
 import (
 	"context"
@@ -28,7 +28,7 @@ func prepaidStale(err error) error {
 // and of the previous one while its invoice is not final (pp.PrevID), drew
 // on the tenant's credit and no final invoice holds, and the rounding it
 // keeps back (999 millicents per invoice line past the first).
-func (r *Runner) PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Prepaid) (int64, error) {
+func (r *Usage) PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Prepaid) (int64, error) {
 	if err := checkTenant(tenantID); err != nil {
 		return 0, err
 	}
