@@ -23,7 +23,7 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/config"
 	"github.com/tollgate/tollgate/internal/postgres"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/stripeexport"
 	"github.com/tollgate/tollgate/internal/telemetry"
@@ -72,7 +72,7 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	}
 	defer func() { _ = rdb.Close() }()
 
-	runner := ratelimit.New(rdb, cfg.RedisPrefix)
+	runner := quotaredis.New(rdb, cfg.RedisPrefix)
 	if err := runner.LoadFunctions(ctx, log); err != nil {
 		return err
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // This file is the answer half of idempotency: admit.lua decides and writes
@@ -27,15 +28,15 @@ func (r *Answers) WithAnswerLimits(l quota.AnswerLimits) *Answers {
 // idemKeys are lua/idem.lua's KEYS: the tenant's room, then the record of
 // key ("" for none: the room alone).
 func (r *Answers) idemKeys(tenantID, key string) []string {
-	keys := []string{r.key(tenantID, "idemroom"), r.key(tenantID, "idembytes")}
+	keys := []string{r.Key(tenantID, "idemroom"), r.Key(tenantID, "idembytes")}
 	if key != "" {
-		keys = append(keys, r.key(tenantID, "idem2:"+idemHash(key)))
+		keys = append(keys, r.Key(tenantID, "idem2:"+redisfn.IdemHash(key)))
 	}
 	return keys
 }
 
 // millis is t in ms since the epoch, or 0 (Redis TIME) for the zero time.
-func millis(t time.Time) int64 { return micros(t) / 1000 }
+func millis(t time.Time) int64 { return redisfn.Micros(t) / 1000 }
 
 // reserve is the room a request's record holds until its answer is
 // stored: the largest answer, unless its decision is the answer (no lease:
@@ -48,13 +49,13 @@ func reserve(req quota.Request) int64 {
 }
 
 func checkClaim(req quota.Request) error {
-	if err := checkTenant(req.TenantID); err != nil {
+	if err := redisfn.CheckTenant(req.TenantID); err != nil {
 		return err
 	}
 	if req.IdempotencyKey == "" || req.IdempotencyClaim == "" || len(req.IdempotencyClaim) > 64 {
 		return quota.FieldError("idempotency", "a claim needs the key and a claim id of 1 to 64 characters")
 	}
-	return checkNow(req.Now)
+	return redisfn.CheckNow(req.Now)
 }
 
 // ClaimAnswer takes the room of the record that req (with an idempotency
@@ -71,13 +72,13 @@ func (r *Answers) ClaimAnswer(ctx context.Context, req quota.Request, force bool
 	}
 	keys := r.idemKeys(req.TenantID, req.IdempotencyKey)
 	if force {
-		if err := r.fcall(ctx, fnIdem, keys, "count", millis(req.Now), req.IdempotencyClaim,
+		if err := r.Call(ctx, redisfn.FnIdem, keys, "count", millis(req.Now), req.IdempotencyClaim,
 			req.IdempotencyFingerprint, reserve(req)).Err(); err != nil {
 			return quota.AnswerClaim{}, fmt.Errorf("ratelimit: count an idempotency record: %w", err)
 		}
 		return quota.AnswerClaim{Status: quota.ClaimTaken}, nil
 	}
-	res, err := r.fcall(ctx, fnIdem, keys, "claim", millis(req.Now), req.IdempotencyClaim,
+	res, err := r.Call(ctx, redisfn.FnIdem, keys, "claim", millis(req.Now), req.IdempotencyClaim,
 		req.IdempotencyFingerprint, reserve(req), r.answers.Answers, r.answers.Bytes).Int64Slice()
 	if err != nil {
 		return quota.AnswerClaim{}, fmt.Errorf("ratelimit: claim an idempotency record: %w", err)
@@ -103,7 +104,7 @@ func (r *Answers) UnclaimAnswer(ctx context.Context, req quota.Request) error {
 	if err := checkClaim(req); err != nil {
 		return err
 	}
-	err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "unclaim", millis(req.Now),
+	err := r.Call(ctx, redisfn.FnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "unclaim", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint).Err()
 	if err != nil {
 		return fmt.Errorf("ratelimit: give back an idempotency claim: %w", err)
@@ -114,10 +115,10 @@ func (r *Answers) UnclaimAnswer(ctx context.Context, req quota.Request) error {
 // AnswerUsage reports the room the tenant's idempotency records hold, and
 // the limits.
 func (r *Answers) AnswerUsage(ctx context.Context, tenantID string) (quota.AnswerUsage, error) {
-	if err := checkTenant(tenantID); err != nil {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return quota.AnswerUsage{}, err
 	}
-	res, err := r.fcall(ctx, fnIdem, r.idemKeys(tenantID, ""), "room", 0).Int64Slice()
+	res, err := r.Call(ctx, redisfn.FnIdem, r.idemKeys(tenantID, ""), "room", 0).Int64Slice()
 	if err != nil {
 		return quota.AnswerUsage{}, fmt.Errorf("ratelimit: idempotency room: %w", err)
 	}
@@ -137,7 +138,7 @@ func (r *Answers) StoreAnswer(ctx context.Context, req quota.Request, a quota.St
 	if err := checkClaim(req); err != nil {
 		return false, err
 	}
-	n, err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "store", millis(req.Now),
+	n, err := r.Call(ctx, redisfn.FnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "store", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint, a.Status, a.Header, a.Body, quota.AnswerReserve).Int()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: store idempotent answer: %w", err)
@@ -151,7 +152,7 @@ func (r *Answers) ReleaseKey(ctx context.Context, req quota.Request) error {
 	if err := checkClaim(req); err != nil {
 		return err
 	}
-	err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "release", millis(req.Now),
+	err := r.Call(ctx, redisfn.FnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "release", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint).Err()
 	if err != nil {
 		return fmt.Errorf("ratelimit: release idempotency key: %w", err)
@@ -161,7 +162,7 @@ func (r *Answers) ReleaseKey(ctx context.Context, req quota.Request) error {
 
 // Answer reads the stored answer of key.
 func (r *Answers) Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error) {
-	v, err := r.c.HMGet(ctx, r.key(tenantID, "idem2:"+idemHash(key)), "status", "hdr", "body").Result()
+	v, err := r.Client().HMGet(ctx, r.Key(tenantID, "idem2:"+redisfn.IdemHash(key)), "status", "hdr", "body").Result()
 	if err != nil {
 		return quota.StoredAnswer{}, fmt.Errorf("ratelimit: read idempotent answer: %w", err)
 	}

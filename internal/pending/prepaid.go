@@ -6,22 +6,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
-
-// prepaidStale turns the script's "PREPAID <now us>" error (the balance is
-// of another period than the script's clock: lua/admit.lua, "Prepaid")
-// into a *quota.PrepaidStaleError; other errors are returned as they are.
-func prepaidStale(err error) error {
-	if us := errorNow(err, "PREPAID "); us > 0 {
-		return &quota.PrepaidStaleError{Now: time.UnixMicro(us).UTC()}
-	}
-	return err
-}
 
 // PrepaidDrawn returns what the admission script counts against
 // pp.BalanceMillicents: the millicents that the admissions of pp's period,
@@ -29,11 +19,11 @@ func prepaidStale(err error) error {
 // on the tenant's credit and no final invoice holds, and the rounding it
 // keeps back (999 millicents per invoice line past the first).
 func (r *Usage) PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Prepaid) (int64, error) {
-	if err := checkTenant(tenantID); err != nil {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return 0, err
 	}
 	lines := int64(max(pp.Lines, 1))
-	v, err := r.c.HGet(ctx, r.key(tenantID, "mq"), "P").Result()
+	v, err := r.Client().HGet(ctx, r.Key(tenantID, "mq"), "P").Result()
 	if errors.Is(err, redis.Nil) {
 		return 999 * (lines - 1), nil
 	}
