@@ -58,7 +58,7 @@ const (
 	maxRefusalKeys = 100_000
 )
 
-// Store is what the gate needs of the Redis side; *ratelimit.Runner
+// Store is what the gate needs of the Redis side; *quotaredis.Store
 // provides it.
 type Store interface {
 	quota.Admitter
@@ -547,7 +547,7 @@ func (g *Gate) Forget(tenantID string) {
 }
 
 // Refund gives back the units of an admitted request whose upstream failed
-// (see ratelimit.Runner.Refund), releases its idempotency key so that a
+// (see pending.Usage.Refund), releases its idempotency key so that a
 // retry runs again, and clears the tenant's deny entries on every node: the
 // refund may have made room. A fail-open admission's units are taken off
 // the usage this node holds for Redis (outage.go) instead.
@@ -708,7 +708,7 @@ func (g *Gate) admitLocally(req quota.Request, now time.Time) (quota.Decision, e
 }
 
 // Settler is what settling needs of the store (routes with settle: true);
-// *ratelimit.Runner provides it.
+// *settlement.Settler, in *quotaredis.Store, provides it.
 type Settler interface {
 	Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error
 	Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error)
@@ -727,7 +727,7 @@ type Settler interface {
 var errNoSettler = errors.New("admission: the store cannot settle")
 
 // Reserve records an admitted request of a settle route for Settle
-// (ratelimit.Runner.Reserve). A fail-open admission is reserved on this
+// (settlement.Settler.Reserve). A fail-open admission is reserved on this
 // node only (Redis is away): it settles here, into the usage the node
 // holds for it.
 func (g *Gate) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
@@ -743,7 +743,7 @@ func (g *Gate) Reserve(ctx context.Context, requestID string, req quota.Request,
 }
 
 // Settle settles a reserved request to its actual cost, exactly once
-// (ratelimit.Runner.Settle). A refund clears the tenant's deny entries on
+// (settlement.Settler.Settle). A refund clears the tenant's deny entries on
 // every node, as Refund does.
 func (g *Gate) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
 	return g.settle(ctx, tenantID, requestID, actual, false)

@@ -11,13 +11,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // counting wraps a real runner and counts the admissions that reach it.
 type counting struct {
-	*ratelimit.Runner
+	*quotaredis.Store
 	calls atomic.Int64
 }
 
@@ -38,7 +38,7 @@ func (c *clock) add(d time.Duration) { c.mu.Lock(); c.t = c.t.Add(d); c.mu.Unloc
 func mustLiveGate(tb testing.TB) (*Gate, *counting, *clock) {
 	tb.Helper()
 	rdb := testenv.Redis(tb)
-	inner := &counting{Runner: ratelimit.New(rdb, testenv.Prefix(tb, rdb))}
+	inner := &counting{Store: quotaredis.New(rdb, testenv.Prefix(tb, rdb))}
 	clk := &clock{t: time.Now()}
 	return New(inner, clk.now), inner, clk
 }
@@ -54,7 +54,7 @@ func mustDeadGate(tb testing.TB) (*Gate, *counting, *clock) {
 	}
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	tb.Cleanup(func() { dead.Close() })
-	inner := &counting{Runner: ratelimit.New(dead, "dead")}
+	inner := &counting{Store: quotaredis.New(dead, "dead")}
 	clk := &clock{t: time.Now()}
 	return New(inner, clk.now), inner, clk
 }

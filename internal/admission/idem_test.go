@@ -8,16 +8,16 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // mustRoomGate is a live gate whose runner bounds idempotency records by l.
-func mustRoomGate(tb testing.TB, l quota.AnswerLimits) (*Gate, *ratelimit.Runner) {
+func mustRoomGate(tb testing.TB, l quota.AnswerLimits) (*Gate, *quotaredis.Store) {
 	tb.Helper()
 	rdb := testenv.Redis(tb)
-	r := ratelimit.New(rdb, testenv.Prefix(tb, rdb)).WithAnswerLimits(l)
-	return New(&counting{Runner: r}, time.Now), r
+	r := quotaredis.New(rdb, testenv.Prefix(tb, rdb)).WithAnswerLimits(l)
+	return New(&counting{Store: r}, time.Now), r
 }
 
 // keyed is req with an idempotency key of its own claim, at now.
@@ -27,7 +27,7 @@ func keyed(req quota.Request, key string, now time.Time) quota.Request {
 	return req
 }
 
-func mustRoom(tb testing.TB, r *ratelimit.Runner, tenant string, answers, bytes int64) {
+func mustRoom(tb testing.TB, r *quotaredis.Store, tenant string, answers, bytes int64) {
 	tb.Helper()
 	u, err := r.AnswerUsage(context.Background(), tenant)
 	if err != nil || u.Answers != answers || u.Bytes != bytes {
@@ -124,7 +124,7 @@ func admitLimit(tb testing.TB, d quota.Decision, name quota.LimitName) (quota.Li
 
 // mustRoomAt admits req (a new key, at its time) and checks the room after
 // it.
-func mustRoomAt(tb testing.TB, g *Gate, r *ratelimit.Runner, req quota.Request, tenant string, answers, bytes int64) {
+func mustRoomAt(tb testing.TB, g *Gate, r *quotaredis.Store, req quota.Request, tenant string, answers, bytes int64) {
 	tb.Helper()
 	if d, err := g.Admit(context.Background(), req); err != nil || !d.Allowed {
 		tb.Fatalf("%s at %s: %+v, %v; want admitted", req.IdempotencyKey, req.Now, d, err)

@@ -13,12 +13,12 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // pendingUsage sums a tenant's pending units and requests in Redis.
-func pendingUsage(tb testing.TB, r *ratelimit.Runner, tenant string) (units, requests int64) {
+func pendingUsage(tb testing.TB, r *quotaredis.Store, tenant string) (units, requests int64) {
 	tb.Helper()
 	rows, err := r.Pending(context.Background(), tenant)
 	if err != nil {
@@ -33,7 +33,7 @@ func pendingUsage(tb testing.TB, r *ratelimit.Runner, tenant string) (units, req
 
 // mustIntact marks r's Redis as holding every counter the worker would
 // restore (the worker's repair after a loss, or its first start).
-func mustIntact(tb testing.TB, r *ratelimit.Runner) {
+func mustIntact(tb testing.TB, r *quotaredis.Store) {
 	tb.Helper()
 	ctx := context.Background()
 	if err := r.MarkRestoring(ctx); err != nil {
@@ -51,7 +51,7 @@ func failOpen() quota.Request {
 
 // ownRedisGate is a Gate over a redis-server of the test's own, which the
 // test may stop, start or pause, with calls that fail after readTimeout.
-func ownRedisGate(t *testing.T, readTimeout time.Duration) (*testenv.RedisProcess, *redis.Client, *ratelimit.Runner, *Gate) {
+func ownRedisGate(t *testing.T, readTimeout time.Duration) (*testenv.RedisProcess, *redis.Client, *quotaredis.Store, *Gate) {
 	t.Helper()
 	proc := testenv.StartRedis(t)
 	opts, err := redis.ParseURL(proc.URL)
@@ -61,7 +61,7 @@ func ownRedisGate(t *testing.T, readTimeout time.Duration) (*testenv.RedisProces
 	opts.MaxRetries, opts.DialTimeout, opts.ReadTimeout = -1, 200*time.Millisecond, readTimeout
 	rdb := redis.NewClient(opts)
 	t.Cleanup(func() { rdb.Close() })
-	runner := ratelimit.New(rdb, "fo")
+	runner := quotaredis.New(rdb, "fo")
 	return proc, rdb, runner, New(runner, time.Now)
 }
 
@@ -132,7 +132,7 @@ func TestFailOpenUsageIsRecordedOnceRedisAnswers(t *testing.T) {
 // whose first outage records fail after they landed (a timeout), or
 // before they left (notSent).
 type flaky struct {
-	*ratelimit.Runner
+	*quotaredis.Store
 	notSent bool
 	calls   atomic.Int64
 }
@@ -157,12 +157,12 @@ func (f *flaky) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error {
 // failingGate is a Gate whose admissions fail (Redis is away for them)
 // on a Redis of the test's own that holds every counter, on the test's
 // clock; its outage records reach that Redis.
-func failingGate(t *testing.T) (*Gate, *ratelimit.Runner, *clock) {
+func failingGate(t *testing.T) (*Gate, *quotaredis.Store, *clock) {
 	t.Helper()
 	rdb := testenv.Redis(t)
-	runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	runner := quotaredis.New(rdb, testenv.Prefix(t, rdb))
 	mustIntact(t, runner)
-	f := &flaky{Runner: runner}
+	f := &flaky{Store: runner}
 	f.calls.Store(1) // no failure
 	clk := &clock{t: time.Now()}
 	return New(f, clk.now), runner, clk
@@ -178,9 +178,9 @@ func TestFailOpenUsageRetriedIsCountedOnce(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
 			rdb := testenv.Redis(t)
-			runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+			runner := quotaredis.New(rdb, testenv.Prefix(t, rdb))
 			mustIntact(t, runner)
-			f := &flaky{Runner: runner, notSent: notSent}
+			f := &flaky{Store: runner, notSent: notSent}
 			clk := &clock{t: time.Now()}
 			g := New(f, clk.now)
 			req := failOpen()

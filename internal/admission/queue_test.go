@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -86,7 +86,7 @@ func holdAndWait(t *testing.T, a, b *Gate, holder, waiter quota.Request) {
 func TestQueuedNodeConcurrencyWaitsForTheRelease(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.Redis(t)
-	g := New(ratelimit.New(rdb, testenv.Prefix(t, rdb)), time.Now)
+	g := New(quotaredis.New(rdb, testenv.Prefix(t, rdb)), time.Now)
 	tenant := "tn-" + testenv.RandomHex(6)
 	pol := queuedConcurrency("one-here", quota.ScopeNode)
 	holdAndWait(t, g, g, withPolicies(tenant, 100, 1, pol), withPolicies(tenant, 100, 2, pol))
@@ -103,7 +103,7 @@ func TestQueuedConcurrencyWakesOnAnotherNode(t *testing.T) {
 	t.Cleanup(cancel)
 	var gates [2]*Gate
 	for i := range gates {
-		r := ratelimit.New(testenv.Redis(t), prefix)
+		r := quotaredis.New(testenv.Redis(t), prefix)
 		gates[i] = New(r, time.Now)
 		ready := make(chan struct{})
 		go r.ListenReleases(ctx, gates[i].Released, gates[i].ReleasesLost, ready)
@@ -195,7 +195,7 @@ type plainStore struct{ Store }
 func TestQueuedConcurrencyUnheardKeepsItsRetry(t *testing.T) {
 	t.Parallel()
 	rdb := testenv.Redis(t)
-	inner := &counting{Runner: ratelimit.New(rdb, testenv.Prefix(t, rdb))}
+	inner := &counting{Store: quotaredis.New(rdb, testenv.Prefix(t, rdb))}
 	g := New(plainStore{inner}, time.Now)
 	tenant := "tn-" + testenv.RandomHex(6)
 	pol := queuedConcurrency("one-unheard", quota.ScopeTenant)

@@ -16,7 +16,7 @@ import (
 	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/internal/httpapi/connlimit"
 	"github.com/tollgate/tollgate/internal/postgres"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/routes"
 	"github.com/tollgate/tollgate/internal/usage"
@@ -44,7 +44,7 @@ func serveAPI(ctx context.Context, b *base) error {
 	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now).WithBalances(billing.NewLedger(db))
 	cat.Hits = metrics.CacheLookups.WithLabelValues("hit").Inc
 	cat.Misses = metrics.CacheLookups.WithLabelValues("miss").Inc
-	runner := ratelimit.New(rdb, cfg.RedisPrefix).WithAnswerLimits(cfg.IdempotencyLimits)
+	runner := quotaredis.New(rdb, cfg.RedisPrefix).WithAnswerLimits(cfg.IdempotencyLimits)
 	if err := runner.LoadFunctions(ctx, log); err != nil {
 		return err
 	}

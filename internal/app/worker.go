@@ -16,7 +16,7 @@ import (
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/stripeexport"
 	"github.com/tollgate/tollgate/internal/worker"
 )
@@ -33,7 +33,7 @@ func RunWorker(ctx context.Context, getenv func(string) string, stdout io.Writer
 func serveWorker(ctx context.Context, b *base) error {
 	cfg, log, traces, db, rdb := b.cfg, b.log, b.traces, b.db, b.rdb
 
-	runner := ratelimit.New(rdb, cfg.RedisPrefix)
+	runner := quotaredis.New(rdb, cfg.RedisPrefix)
 	if err := runner.LoadFunctions(ctx, log); err != nil {
 		return err
 	}

@@ -42,18 +42,25 @@ const (
 	admission = "internal/admission"
 	startUp   = "internal/app"
 	e2e       = "internal/e2e"
+	redisSide = "internal/redisfn"
+	redisJoin = "internal/quotaredis"
 )
 
 var (
 	// adapters are the adapters other than the HTTP layer, which is
 	// httpLayer and every package under it.
-	adapters = []string{"internal/ratelimit", "internal/postgres", "internal/redisdb"}
-	services = []string{"internal/admission", "internal/billing", "internal/catalog",
+	adapters = []string{redisSide, "internal/postgres", "internal/redisdb"}
+	// redisParts are the Redis side of quota state, which counts as one
+	// adapter (redisSide): the parts, each on the store of internal/redisfn,
+	// and internal/quotaredis, which joins them.
+	redisParts   = []string{"internal/ratelimit", "internal/pending", "internal/settlement", "internal/idempotency"}
+	redisSideAll = append([]string{redisSide, redisJoin}, redisParts...)
+	services     = []string{"internal/admission", "internal/billing", "internal/catalog",
 		"internal/usage", "internal/worker", "internal/locallimit", "internal/policyalg", "internal/limits",
 		"internal/stripeexport"}
 	// quotaState are the packages that keep or decide quota state behind
 	// the admission use case, which the HTTP layer and envoy do not import.
-	quotaState = []string{"internal/ratelimit", "internal/redisdb", "internal/limits", "internal/policyalg"}
+	quotaState = append([]string{"internal/redisdb", "internal/limits", "internal/policyalg"}, redisSideAll...)
 	// mains are the binaries whose start-up is startUp's, each with the
 	// only packages of the module it may import.
 	mains = map[string][]string{
@@ -177,14 +184,16 @@ func TestArchitecture(t *testing.T) {
 		}
 	})
 
-	t.Run("services do not import ratelimit, postgres or the HTTP layer", func(t *testing.T) {
+	t.Run("services do not import the Redis side, postgres or the HTTP layer", func(t *testing.T) {
 		m.mustExist(t, services...)
-		m.mustExist(t, "internal/ratelimit", "internal/postgres", httpLayer)
+		m.mustExist(t, "internal/postgres", httpLayer)
+		m.mustExist(t, redisSideAll...)
 		for _, s := range services {
 			for _, imp := range m.imports(s) {
 				rel, ours := m.rel(imp)
-				if ours && (under(rel, "internal/ratelimit") || under(rel, "internal/postgres") || under(rel, httpLayer)) {
-					t.Errorf("%s imports %s: a service does not import the adapters internal/ratelimit, internal/postgres or %s (%s wires them in)", s, rel, httpLayer, startUp)
+				if ours && (adapterOf(rel) == redisSide || under(rel, "internal/postgres") || under(rel, httpLayer)) {
+					t.Errorf("%s imports %s: a service does not import the Redis side (%s), internal/postgres or %s (%s wires them in)",
+						s, rel, strings.Join(redisSideAll, ", "), httpLayer, startUp)
 				}
 			}
 		}
@@ -255,6 +264,22 @@ func TestArchitecture(t *testing.T) {
 			}
 		}
 	})
+
+	t.Run("the Redis parts share only internal/redisfn", func(t *testing.T) {
+		m.mustExist(t, redisSideAll...)
+		for _, p := range append([]string{redisSide}, redisParts...) {
+			for _, imp := range m.imports(p) {
+				rel, ours := m.rel(imp)
+				if !ours || under(rel, redisSide) {
+					continue
+				}
+				if slices.ContainsFunc(redisSideAll, func(q string) bool { return under(rel, q) }) {
+					t.Errorf("%s imports %s: the parts of the Redis side import %s only, and %s none of them (%s joins them)",
+						p, rel, redisSide, redisSide, redisJoin)
+				}
+			}
+		}
+	})
 }
 
 // adapterOf returns the adapter a module-relative package belongs to
@@ -262,6 +287,11 @@ func TestArchitecture(t *testing.T) {
 func adapterOf(rel string) string {
 	if under(rel, httpLayer) {
 		return httpLayer
+	}
+	for _, q := range redisSideAll {
+		if under(rel, q) {
+			return redisSide
+		}
 	}
 	for _, a := range adapters {
 		if under(rel, a) {

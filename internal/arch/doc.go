@@ -9,11 +9,17 @@
 //     nothing of Redis (github.com/redis/...), Postgres (github.com/jackc/...,
 //     github.com/golang-migrate/...) or HTTP (github.com/gofiber/...,
 //     github.com/valyala/..., net/http and below).
-//   - Adapters do not import one another. The adapters are internal/ratelimit
-//     (quota state in Redis), internal/postgres (the catalog store),
-//     internal/redisdb (the Redis connection) and the HTTP layer,
-//     internal/httpapi and every package under it, which counts as one
-//     adapter: its subpackages may import each other.
+//   - Adapters do not import one another. The adapters are the Redis side of
+//     quota state, internal/postgres (the catalog store), internal/redisdb
+//     (the Redis connection) and the HTTP layer, internal/httpapi and every
+//     package under it, which counts as one adapter: its subpackages may
+//     import each other. The Redis side counts as one adapter too:
+//     internal/redisfn (the Function library and the key layout), the
+//     parts on it (internal/ratelimit, internal/pending,
+//     internal/settlement, internal/idempotency) and internal/quotaredis,
+//     which joins them.
+//   - The Redis parts import internal/redisfn and not one another;
+//     internal/redisfn imports none of them.
 //   - No package outside the HTTP layer imports Fiber (github.com/gofiber/...),
 //     cmd/* included. (cmd/loadgen drives its load with fasthttp's client,
 //     which is not a server framework.)
@@ -21,12 +27,12 @@
 //     counted over the packages under cmd/ and internal/.
 //   - The services (internal/admission, internal/billing, internal/catalog,
 //     internal/usage, internal/worker, internal/locallimit, internal/policyalg) do not import
-//     internal/ratelimit, internal/postgres or the HTTP layer; they declare
+//     the Redis side, internal/postgres or the HTTP layer; they declare
 //     the small interfaces they consume and internal/app wires the adapters
 //     in. Their tests may import adapters: only non-test imports are checked.
 //   - The HTTP layer and internal/envoy reach quota state through the
 //     admission use case: internal/httpapi imports internal/admission, and
-//     neither imports internal/ratelimit, internal/redisdb, internal/limits
+//     neither imports the Redis side, internal/redisdb, internal/limits
 //     or internal/policyalg.
 //   - The binaries' start-up is internal/app's: cmd/api and cmd/worker import
 //     no package of this module but internal/app (cmd/api also

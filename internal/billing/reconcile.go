@@ -52,7 +52,7 @@ const (
 )
 
 // pendingUsage is the admission side of the flush and the repair, where
-// the usage counted at admission waits (*ratelimit.Runner): the tenants to
+// the usage counted at admission waits (*pending.Usage, in quotaredis.Store): the tenants to
 // flush, their batches claimed and finished, and the counters restored after
 // a loss.
 type pendingUsage interface {

@@ -16,7 +16,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -27,7 +27,7 @@ type rig struct {
 	db     *pgxpool.Pool
 	rdb    redis.UniversalClient
 	prefix string
-	rl     *ratelimit.Runner
+	rl     *quotaredis.Store
 }
 
 func mustRig(tb testing.TB, rdb redis.UniversalClient) *rig {
@@ -36,7 +36,7 @@ func mustRig(tb testing.TB, rdb redis.UniversalClient) *rig {
 		rdb = testenv.Redis(tb)
 	}
 	prefix := testenv.Prefix(tb, rdb)
-	return &rig{db: testenv.Postgres(tb), rdb: rdb, prefix: prefix, rl: ratelimit.New(rdb, prefix)}
+	return &rig{db: testenv.Postgres(tb), rdb: rdb, prefix: prefix, rl: quotaredis.New(rdb, prefix)}
 }
 
 // tenants inserts n tenants on tier and returns their ids.

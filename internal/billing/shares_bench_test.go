@@ -11,7 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/internal/worker"
 )
@@ -49,7 +49,7 @@ func BenchmarkSharedFlush(b *testing.B) {
 				rdb = testenv.Redis(b)
 			}
 			prefix := testenv.Prefix(b, rdb)
-			rl := ratelimit.New(rdb, prefix)
+			rl := quotaredis.New(rdb, prefix)
 			if err := rl.LoadFunctions(ctx, quiet); err != nil {
 				b.Fatal(err)
 			}
@@ -66,7 +66,7 @@ func BenchmarkSharedFlush(b *testing.B) {
 
 // benchFlush times one cycle's flush of ids by workers workers, each with
 // Shares of its own and par chunks at once.
-func benchFlush(b *testing.B, r *rig, rl *ratelimit.Runner, rdb redis.UniversalClient, prefix string, ids []string, workers, par int) {
+func benchFlush(b *testing.B, r *rig, rl *quotaredis.Store, rdb redis.UniversalClient, prefix string, ids []string, workers, par int) {
 	ctx := context.Background()
 	recs := make([]*Reconciler, workers)
 	shares := make([]*worker.Shares, workers)

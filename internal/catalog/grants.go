@@ -18,7 +18,7 @@ type grantStore interface {
 }
 
 // counters applies a recorded grant to the tenant's live quota, once by its
-// id (*ratelimit.Runner); false when the grant's period is not the current
+// id (*ratelimit.Runner, in quotaredis.Store); false when the grant's period is not the current
 // one there.
 type counters interface {
 	ApplyGrant(ctx context.Context, tenantID string, cal quota.Calendar, id, period string, start time.Time, units int64) (bool, error)

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -20,7 +20,7 @@ func TestGrantInTheTenantsCalendar(t *testing.T) {
 	ctx := context.Background()
 	store, nodes, _ := mustNodes(t, testenv.Postgres(t), 1)
 	rdb := testenv.Redis(t)
-	runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	runner := quotaredis.New(rdb, testenv.Prefix(t, rdb))
 	tenant, err := store.CreateTenantWith(ctx, "test", quota.Tenant{Name: "ny", Tier: "pro",
 		BillingAnchorDay: 15, TimeZone: "America/New_York"})
 	if err != nil {
@@ -59,7 +59,7 @@ func TestMissedGrantsInTheTenantsCalendar(t *testing.T) {
 	ctx := context.Background()
 	store, nodes, _ := mustNodes(t, testenv.Postgres(t), 1)
 	rdb := testenv.Redis(t)
-	runner := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	runner := quotaredis.New(rdb, testenv.Prefix(t, rdb))
 	g := NewGrants(store, runner, nodes[0], time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	now := time.Now()
 	for _, tc := range []struct {

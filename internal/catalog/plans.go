@@ -21,7 +21,7 @@ type planStore interface {
 }
 
 // resetter empties a tenant's live day and month counters (those of its
-// calendar), once per reset (*ratelimit.Runner).
+// calendar), once per reset (*ratelimit.Runner, in quotaredis.Store).
 type resetter interface {
 	ResetQuotasIn(ctx context.Context, tenantID string, cal quota.Calendar, at time.Time) (bool, error)
 }

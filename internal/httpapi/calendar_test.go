@@ -15,7 +15,7 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/internal/usage"
@@ -33,7 +33,7 @@ func TestMeteredFollowsTheCalendar(t *testing.T) {
 	prefix := testenv.Prefix(t, rdb)
 	store := postgres.NewStore(pool)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	runner := ratelimit.New(rdb, prefix)
+	runner := quotaredis.New(rdb, prefix)
 	ledger := billing.NewLedger(pool)
 	s, err := New(Deps{Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, prefix),
 		Catalog: catalog.New(store, rdb, prefix, log, time.Now), Gate: admission.New(runner, time.Now),

@@ -16,7 +16,7 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -67,7 +67,7 @@ func TestHotPathIsOneRedisRoundTripAndNoPostgres(t *testing.T) {
 	store := postgres.NewStore(pool)
 	src := &pgReads{Store: store}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	runner := ratelimit.New(rdb, prefix)
+	runner := quotaredis.New(rdb, prefix)
 	s, err := New(Deps{Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, prefix), Catalog: catalog.New(src, rdb, prefix, log, time.Now),
 		Gate: admission.New(runner, time.Now), Ledger: billing.NewLedger(pool)}, Options{BodyLimit: 1 << 20})
 	if err != nil {

@@ -14,7 +14,7 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/internal/usage"
@@ -37,7 +37,7 @@ func TestUsageListsTheTierPolicies(t *testing.T) {
 	prefix := testenv.Prefix(t, rdb)
 	store := postgres.NewStore(pool)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	runner := ratelimit.New(rdb, prefix)
+	runner := quotaredis.New(rdb, prefix)
 	ledger := billing.NewLedger(pool)
 	bucket := func(name string, capacity int64, scope quota.Scope, how quota.OnRefuse, tiers ...string) quota.Policy {
 		p := quota.Policy{Name: name, Algorithm: quota.AlgTokenBucket, Capacity: quota.Ptr(capacity),

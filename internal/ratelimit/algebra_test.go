@@ -13,6 +13,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/limits"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -29,7 +30,7 @@ import (
 type twin struct {
 	tb       testing.TB
 	c        redis.UniversalClient
-	r        *Runner
+	r        *stack
 	tenant   string
 	m        ref
 	keys     []string // the idempotency keys used
@@ -47,7 +48,7 @@ type admission struct {
 	settled bool
 }
 
-func newTwin(tb testing.TB, c redis.UniversalClient, r *Runner) *twin {
+func newTwin(tb testing.TB, c redis.UniversalClient, r *stack) *twin {
 	w := &twin{tb: tb, c: c, r: r, tenant: newTenant()}
 	w.fail = func(format string, args ...any) {
 		tb.Helper()
@@ -153,7 +154,7 @@ func (w *twin) reset(cal quota.Calendar, at time.Time, retry bool) {
 	if err != nil {
 		w.fail("ResetQuotasIn: %v", err)
 	}
-	day, month := periodIDs(cal, stamp)
+	day, month := redisfn.PeriodIDs(cal, stamp)
 	want := w.m.Reset(w.stamp, day, month, time.Now().UnixMicro()) >= 0
 	step := fmt.Sprintf("reset %s retry=%t -> %t", stamp.Format(time.RFC3339Nano), retry, want)
 	w.log("%s", step)
@@ -232,7 +233,7 @@ func (p plan) request(meter string, cost int64, now time.Time) quota.Request {
 		OveragePriceCentsPer1K: p.price, MeterQuotas: p.meters, Calendar: p.cal}
 	if p.prepaid != nil {
 		pp := *p.prepaid
-		_, month := periodIDs(p.cal, now)
+		_, month := redisfn.PeriodIDs(p.cal, now)
 		pp.PeriodID = int(month)
 		if pp.PrevID != 0 {
 			pp.PrevID = prevPeriod(pp.PeriodID)
@@ -452,7 +453,7 @@ func runAlgebraWith(t *testing.T, c redis.UniversalClient, schedules, steps int,
 				}
 			}
 		}
-		testenv.DeleteKeys(c, r.prefix+":*{t:"+w.tenant+"}*")
+		testenv.DeleteKeys(c, r.Prefix()+":*{t:"+w.tenant+"}*")
 	}
 	t.Logf("outcomes: %v", seen)
 }

@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // Coalescing. Every admission is one function call (FCALL of the
-// library's admit: library.go), but the calls of
+// library's admit: internal/redisfn), but the calls of
 // concurrent requests need not each pay a round trip of their own: a few
 // sender goroutines take whatever admissions are waiting and send them to
 // Redis as one pipeline (go-redis splits a pipeline by node in a Redis
@@ -44,8 +46,7 @@ type call struct {
 var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
 
 type batcher struct {
-	c     redis.UniversalClient
-	lib   *library
+	s     *redisfn.Store
 	queue chan *call
 	once  sync.Once
 	// shared counts the calls sent in a batch of more than one, grouped
@@ -54,8 +55,8 @@ type batcher struct {
 	shared, grouped atomic.Int64
 }
 
-func newBatcher(c redis.UniversalClient, l *library) *batcher {
-	return &batcher{c: c, lib: l, queue: make(chan *call, senders*maxBatch)}
+func newBatcher(s *redisfn.Store) *batcher {
+	return &batcher{s: s, queue: make(chan *call, senders*maxBatch)}
 }
 
 func (b *batcher) start() {
@@ -127,27 +128,27 @@ func (b *batcher) send() {
 // since a batch's admissions then wait for each other inside Redis.)
 // Calls that Redis answers without running them (a function not found, a
 // slot moving) are sent again, and no call is sent twice by go-redis
-// (library.send).
+// (redisfn.Store.Send).
 func (b *batcher) run(batch []*call, cmds []*redis.Cmd) []*redis.Cmd {
 	ctx, cancel := context.WithTimeout(context.Background(), batchTimeout)
 	defer cancel()
 	if len(batch) == 1 {
 		c := batch[0]
-		c.res, c.err = b.lib.call(ctx, b.c, fnAdmit, c.keys, c.args...).Int64Slice()
+		c.res, c.err = b.s.Call(ctx, redisfn.FnAdmit, c.keys, c.args...).Int64Slice()
 		return cmds
 	}
 	b.shared.Add(int64(len(batch)))
 	groups := groupByTenant(batch)
 	for _, g := range groups {
 		if len(g) == 1 {
-			cmds = append(cmds, fcallCmd(ctx, b.lib.names[fnAdmit], g[0].keys, g[0].args))
+			cmds = append(cmds, b.s.Command(ctx, redisfn.FnAdmit, g[0].keys, g[0].args))
 			continue
 		}
 		b.grouped.Add(int64(len(g)))
 		keys, args := frame(g)
-		cmds = append(cmds, fcallCmd(ctx, b.lib.names[fnAdmitN], keys, args))
+		cmds = append(cmds, b.s.Command(ctx, redisfn.FnAdmitN, keys, args))
 	}
-	b.lib.send(ctx, b.c, cmds)
+	b.s.Send(ctx, cmds)
 	for i, g := range groups {
 		if len(g) == 1 {
 			g[0].res, g[0].err = cmds[i].Int64Slice()

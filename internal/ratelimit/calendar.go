@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // Billing calendars in the scripts (lua/admit.lua, "Calendars"). A tenant
@@ -98,7 +99,7 @@ func makeBounds(cal quota.Calendar, t time.Time) *calBounds {
 // containing now (us), from b's bounds, or from cal when now is outside
 // them (a Redis clock far from Go's).
 func (b *calBounds) windows(cal quota.Calendar, now int64) (day, month time.Duration) {
-	s := floorDiv(now, 1e6)
+	s := redisfn.FloorDiv(now, 1e6)
 	day, month = -1, -1
 	for i := range 4 {
 		if b.days[i] <= s && s < b.days[i+1] {
@@ -144,14 +145,4 @@ func errorNow(err error, tag string) int64 {
 		return 0
 	}
 	return n
-}
-
-// periodIDs returns the scripts' day and month ids of t in cal: days since
-// 1970-01-01 and year*100+month, UTC for the default calendar.
-func periodIDs(cal quota.Calendar, t time.Time) (day, month int64) {
-	if cal.IsDefault() {
-		t = t.UTC()
-		return floorDiv(t.Unix(), 86400), int64(t.Year())*100 + int64(t.Month())
-	}
-	return cal.DayID(t), int64(cal.PeriodID(t))
 }

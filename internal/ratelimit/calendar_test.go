@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -283,7 +284,7 @@ func TestCalendarClockSkew(t *testing.T) {
 	wantPeriods(t, cal, d)
 	// the function itself: an error naming its now, nothing written
 	keys := r.keys(req.TenantID, "")
-	err := r.fcall(context.Background(), fnAdmit, keys, 0, "admit", 1, "demo", "block",
+	err := r.Call(context.Background(), redisfn.FnAdmit, keys, 0, "admit", 1, "demo", "block",
 		0, 0, 0, 0, 5, 50, "", 0, -1, 0, "", "", "", stale.arg).Err()
 	if at := calendarNow(err); at <= 0 || time.Since(time.UnixMicro(at)).Abs() > time.Minute {
 		t.Fatalf("script with stale boundaries: %v, want CALENDAR <now>", err)

@@ -8,6 +8,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -56,7 +57,7 @@ func TestClusterTenantKeysShareOneSlot(t *testing.T) {
 		if _, err := r.Peek(ctx, tenant, allLimits(), d.Now); err != nil {
 			t.Fatalf("tenant %s: Peek: %v", tenant, err)
 		}
-		keys := r.keys(tenant, idemHash("k"))
+		keys := r.keys(tenant, redisfn.IdemHash("k"))
 		want := c.ClusterKeySlot(ctx, keys[0]).Val()
 		for _, k := range keys[1:] {
 			if got := c.ClusterKeySlot(ctx, k).Val(); got != want {

@@ -37,9 +37,9 @@ func testExactQuota(t *testing.T, c redis.UniversalClient, newClient func(testin
 	now := at(t, "2031-05-15T12:00:00Z")
 	limits := quota.Limits{MonthlyQuota: i64(quotaN)}
 
-	runners := make([]*Runner, workers)
+	runners := make([]*stack, workers)
 	for i := range runners {
-		runners[i] = New(newClient(t), prefix)
+		runners[i] = newStack(newClient(t), prefix)
 	}
 	admitted := make([][]int, workers) // per worker, per tenant
 	start := make(chan struct{})
@@ -81,7 +81,7 @@ func testExactQuota(t *testing.T, c redis.UniversalClient, newClient func(testin
 		if total != quotaN {
 			t.Errorf("tenant %s: admitted %d, want exactly %d", tenant, total, quotaN)
 		}
-		got := sumPending(t, New(c, prefix), tenant)
+		got := sumPending(t, newStack(c, prefix), tenant)
 		if got["u"] != quotaN || got["r"] != quotaN || got["x"] != workers || got["o"] != 0 {
 			t.Errorf("tenant %s pending: got u=%d r=%d x=%d o=%d, want u=%d r=%d x=%d o=0",
 				tenant, got["u"], got["r"], got["x"], got["o"], quotaN, quotaN, workers)
@@ -126,7 +126,7 @@ func TestGCRAWindowBound(t *testing.T) {
 			)
 			deadline := time.Now().Add(1500 * time.Millisecond)
 			for range 8 {
-				r := New(testenv.Redis(t), prefix)
+				r := newStack(testenv.Redis(t), prefix)
 				wg.Go(func() {
 					for time.Now().Before(deadline) {
 						d, err := r.Admit(context.Background(), quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: limits})

@@ -1,36 +1,24 @@
-// Package ratelimit is the Redis side of admission: it calls the functions
-// of Tollgate's Redis Function library (lua/, loaded by library.go): admit,
-// which checks a tenant's GCRA burst limit, token bucket, daily quota and
-// monthly quota together and commits all of them or none in one FCALL,
-// grant, which adds units to the current day or month, and the others.
+// Package ratelimit is the Redis side of admission, the limit algebra's
+// side in Redis: it calls the functions of Tollgate's Redis Function
+// library (internal/redisfn): admit, which checks a tenant's GCRA burst
+// limit, token bucket, daily quota and monthly quota together and commits
+// all of them or none in one FCALL (Admit, coalesced into pipelines:
+// batch.go), its peeks (Peek, PeekIn, PeekMeterQuotas, PeekSpendCap,
+// PeekPolicies), the policies (RunPolicies, ReleasePolicies, the leases
+// and their releases), grants (Grant, ApplyGrant), quota resets
+// (ResetQuotas), the usage of fail-open admissions (RecoverOutage), the
+// deny cache's refusals (CountRefused) and the node's active set
+// (ReportActive).
+//
+// It owns the limiting only. It must not flush, read or repair pending
+// usage (internal/pending), settle reservations (internal/settlement) or
+// store idempotent answers (internal/idempotency), and it imports none of
+// them; internal/quotaredis joins them on one internal/redisfn.Store,
+// whose package doc describes the key layout.
 //
 // internal/limits is the pure-Go reference of the scripts (the limit
 // algebra), with the same integer arithmetic; the tests hold the scripts
 // to it request by request, field by field of the state.
-//
-// # Keys
-//
-// Every key of a tenant carries the hash tag {t:<tenant id>}, so that one
-// script call touches one Redis Cluster slot, and a state-format version, so
-// that a change of format bumps the prefix instead of migrating Redis:
-//
-//	<prefix>:v2:{t:<id>}              the limit state (GCRA, bucket and their limits, day, month
-//	                                  and the month before, grant marks) and
-//	                                  the pending usage ("p" fields), one hash (lua/state.lua);
-//	                                  14 days after the last admission, at least to the month's end + 1 h
-//	<prefix>:v1:{t:<id>}:pending      pending usage of a tenant without state (a refusal), and the
-//	                                  deny cache's refusals (CountRefused); 14 days
-//	<prefix>:v1:{t:<id>}:flushing     the batch the worker claimed (claim.lua)
-//	<prefix>:v1:{t:<id>}:idem2:<hex>  idempotency record: fingerprint, state, first decision, stored answer; 24 h
-//	<prefix>:v1:{t:<id>}:idemroom     the room of the tenant's records: claim id -> ms it frees (sorted set)
-//	<prefix>:v1:{t:<id>}:idembytes    claim id -> bytes held, '$' -> their sum (lua/idem.lua); both
-//	                                  live as long as the latest claim
-//	<prefix>:v1:{t:<id>}:mq           the meter quotas, their overage millicents and a prepaid
-//	                                  tenant's credit draws (lua/admit.lua, "Meter quotas", "Prepaid")
-//
-// Pending usage fields are "<hour start, unix s>|<meter>|u" (units), "|r"
-// (admitted requests), "|x" (refused requests) and "|o" (overage units),
-// each a counter the worker reads and subtracts.
 //
 // # Semantics and the choices behind them
 //

@@ -10,6 +10,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/redisdb"
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -50,7 +51,7 @@ func ExampleRunner_Admit() {
 	prefix := "example-" + testenv.RandomHex(4)
 	defer testenv.DeleteKeys(c, prefix+"*")
 
-	r := ratelimit.New(c, prefix)
+	r := ratelimit.New(redisfn.New(c, prefix))
 	d, err := r.Admit(ctx, quota.Request{
 		TenantID: "acme",
 		Meter:    "report",

@@ -11,7 +11,11 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/idempotency"
+	"github.com/tollgate/tollgate/internal/pending"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
+	"github.com/tollgate/tollgate/internal/settlement"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -23,12 +27,32 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// mustRunner returns a Runner on c under a key prefix of the test's own,
+// stack is every part of the Redis side on one store, joined as
+// quotaredis.Store joins them (which these tests cannot import: it imports
+// this package), so that a test admits, settles, refunds and flushes on
+// one store.
+type stack struct {
+	*redisfn.Store
+	*Runner
+	*pending.Usage
+	*settlement.Settler
+	*idempotency.Answers
+}
+
+// newStack returns the parts on c under prefix.
+func newStack(c redis.UniversalClient, prefix string) *stack { return stackOn(redisfn.New(c, prefix)) }
+
+// stackOn returns the parts on s.
+func stackOn(s *redisfn.Store) *stack {
+	return &stack{Store: s, Runner: New(s), Usage: pending.New(s), Settler: settlement.New(s), Answers: idempotency.New(s)}
+}
+
+// mustRunner returns the parts on c under a key prefix of the test's own,
 // whose keys are deleted at cleanup, and the prefix.
-func mustRunner(tb testing.TB, c redis.UniversalClient) (*Runner, string) {
+func mustRunner(tb testing.TB, c redis.UniversalClient) (*stack, string) {
 	tb.Helper()
 	prefix := testenv.Prefix(tb, c)
-	return New(c, prefix), prefix
+	return newStack(c, prefix), prefix
 }
 
 // newTenant returns a random tenant id, so that tests sharing a prefix or a
@@ -36,7 +60,7 @@ func mustRunner(tb testing.TB, c redis.UniversalClient) (*Runner, string) {
 func newTenant() string { return "tn-" + testenv.RandomHex(6) }
 
 // mustAdmit admits req and fails the test on an error.
-func mustAdmit(tb testing.TB, r *Runner, req quota.Request) quota.Decision {
+func mustAdmit(tb testing.TB, r *stack, req quota.Request) quota.Decision {
 	tb.Helper()
 	d, err := r.Admit(context.Background(), req)
 	if err != nil {
@@ -137,7 +161,7 @@ func untilRefused(t *testing.T, workers int, newClient func(testing.TB) redis.Un
 		start = make(chan struct{})
 	)
 	for w := range workers {
-		r := New(newClient(t), prefix)
+		r := newStack(newClient(t), prefix)
 		wg.Go(func() {
 			<-start
 			for {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -126,7 +127,7 @@ func TestClusterAnswerRoom(t *testing.T) {
 		if u, err := r.AnswerUsage(ctx, tenant); err != nil || u.Answers != 1 || u.Bytes != 2 {
 			t.Fatalf("tenant %s: room %+v, %v; want 1 answer of 2 bytes", tenant, u, err)
 		}
-		keys := r.idemKeys(tenant, "k")
+		keys := []string{r.Key(tenant, "idemroom"), r.Key(tenant, "idembytes"), r.Key(tenant, "idem2:"+redisfn.IdemHash("k"))}
 		want := c.ClusterKeySlot(ctx, keys[0]).Val()
 		for _, k := range keys[1:] {
 			if got := c.ClusterKeySlot(ctx, k).Val(); got != want {

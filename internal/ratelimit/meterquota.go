@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // PeekMeterQuotas reports the tenant's meter quotas qs as they stand, in
@@ -16,7 +17,7 @@ import (
 // tenant's billing calendar cal (Redis time, or now when it is not zero).
 // It consumes and counts nothing.
 func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, cal quota.Calendar, qs []quota.MeterQuota, now time.Time) ([]quota.LimitState, error) {
-	if err := checkTenant(tenantID); err != nil {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return nil, err
 	}
 	if len(qs) == 0 {
@@ -27,7 +28,7 @@ func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, cal quota
 		args[i] = q.Meter
 	}
 	// the hash with the function's clock (lua/peek.lua)
-	res, err := r.fcall(ctx, fnMeterPeek, []string{r.key(tenantID, "mq")}, args...).StringSlice()
+	res, err := r.Call(ctx, redisfn.FnMeterPeek, []string{r.Key(tenantID, "mq")}, args...).StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: peek meter quotas: %w", err)
 	}
@@ -37,7 +38,7 @@ func (r *Runner) PeekMeterQuotas(ctx context.Context, tenantID string, cal quota
 	if now, err = orRedisTime(now, res[0], res[1]); err != nil {
 		return nil, fmt.Errorf("ratelimit: peek meter quotas: %w", err)
 	}
-	dayID, monthID := periodIDs(cal, now)
+	dayID, monthID := redisfn.PeriodIDs(cal, now)
 	dayStart, dayEnd := cal.Day(now)
 	monthStart, monthEnd := cal.Period(now)
 	var out []quota.LimitState

@@ -189,7 +189,7 @@ func TestMeterSpendCapExactUnderConcurrency(t *testing.T) {
 					Limits: quota.Limits{MonthlyQuota: i64(10), MaxOverageCents: i64(10)}, Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000}
 			}
 			// the tier's quota first, with demo requests
-			r0 := New(newClient(t), prefix)
+			r0 := newStack(newClient(t), prefix)
 			for range 10 {
 				if d := mustAdmit(t, r0, req("demo")); !d.Allowed {
 					t.Fatalf("demo: %s", fmtDecision(d))

@@ -22,16 +22,16 @@ import (
 
 // pendingAt is a tenant's pending count of kind (u, r, o, m, ...) for meter
 // in the hour of t.
-func pendingAt(tb testing.TB, r *Runner, tenant string, t time.Time, meter, kind string) int64 {
+func pendingAt(tb testing.TB, r *stack, tenant string, t time.Time, meter, kind string) int64 {
 	tb.Helper()
 	return pendingFields(tb, r, tenant)[fmt.Sprintf("%d|%s|%s", t.Truncate(time.Hour).Unix(), meter, kind)]
 }
 
 // meterCounters reads a meter's field of the meter quotas' hash: day id
 // and units, month id, units and overage units (zeros when absent).
-func meterCounters(tb testing.TB, r *Runner, tenant, meter string) [5]int64 {
+func meterCounters(tb testing.TB, r *stack, tenant, meter string) [5]int64 {
 	tb.Helper()
-	v, err := r.c.HGet(context.Background(), r.key(tenant, "mq"), meter).Result()
+	v, err := r.Client().HGet(context.Background(), r.Key(tenant, "mq"), meter).Result()
 	if err == redis.Nil {
 		return [5]int64{}
 	}
@@ -46,7 +46,7 @@ func meterCounters(tb testing.TB, r *Runner, tenant, meter string) [5]int64 {
 }
 
 // capLeft is the spend cap's room of req's tenant at now, in cents.
-func capLeft(tb testing.TB, r *Runner, req quota.Request, now time.Time) int64 {
+func capLeft(tb testing.TB, r *stack, req quota.Request, now time.Time) int64 {
 	tb.Helper()
 	l, ok, err := r.PeekSpendCap(context.Background(), req, now)
 	if err != nil || !ok {
@@ -583,14 +583,14 @@ func TestRefundAndSettleAfterTheTenantsPeriodRolled(t *testing.T) {
 	if f := meterCounters(t, r, tenant, "search"); f[2] != 203103 || f[3] != 1 || f[4] != 0 {
 		t.Errorf("the new period's search counters %v, want its 1 unit", f)
 	}
-	if w, err := r.c.HGet(ctx, r.key(tenant, "mq"), "search|w").Result(); err != nil || w != "203102,30,20" {
+	if w, err := r.Client().HGet(ctx, r.Key(tenant, "mq"), "search|w").Result(); err != nil || w != "203102,30,20" {
 		t.Errorf("the old period's search counters %q (%v), want 30 units, 20 of overage", w, err)
 	}
 	if d := mustAdmit(t, r, req(1, "2031-03-15T04:02:00Z")); limitOf(t, d, "monthly").Remaining != 8 {
 		t.Errorf("the new period's quota: %s, want 8 left", fmtDecision(d))
 	}
 	// the tier's old period: 15 units, less B's 5, plus A's 20
-	if w, err := r.c.HGet(ctx, r.stateKeys(tenant)[0], "w").Result(); err != nil || w != "203102,30,0,0" {
+	if w, err := r.Client().HGet(ctx, r.StateKeys(tenant)[0], "w").Result(); err != nil || w != "203102,30,0,0" {
 		t.Errorf("the tier's old period %q (%v), want 30 units, none of the tier's overage (the meter's only)", w, err)
 	}
 }
@@ -654,7 +654,7 @@ func TestPrepaidSettlementAfterTheRollDrawsOnItsPeriod(t *testing.T) {
 	if s, err := r.Settle(ctx, tenant, "a-"+tenant, 30); err != nil || s.OverageDelta != 20 {
 		t.Fatalf("settle: %+v %v, want 20 units of March's overage", s, err)
 	}
-	if p, err := r.c.HGet(ctx, r.key(tenant, "mq"), "P").Result(); err != nil || p != "203104,1000,203103,20000" {
+	if p, err := r.Client().HGet(ctx, r.Key(tenant, "mq"), "P").Result(); err != nil || p != "203104,1000,203103,20000" {
 		t.Errorf("credit draws %q (%v), want April's 1,000 and March's 20,000 millicents", p, err)
 	}
 }
@@ -680,7 +680,7 @@ func TestSettleReadsEntriesOfOlderNodes(t *testing.T) {
 		rid := fmt.Sprintf("old-%d-%s", i, tenant)
 		d := mustAdmit(t, r, req)
 		entry := fmt.Sprintf("5|%d|%d|203103|%d|1|12|10,500,0|llm", now.Truncate(time.Hour).Unix(), now.Unix()/86400, d.OverageUnits)
-		if err := r.c.Set(ctx, r.settleKey(tenant, rid), entry, quota.SettleWindow).Err(); err != nil {
+		if err := r.Client().Set(ctx, r.Key(tenant, "settle:"+rid), entry, quota.SettleWindow).Err(); err != nil {
 			t.Fatal(err)
 		}
 		if s, err := r.Settle(ctx, tenant, rid, tc.actual); err != nil || s.Status != quota.SettleApplied {

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // outageArgs is how many ARGV one row of outage (lua/outage.lua) takes.
@@ -31,7 +32,7 @@ const outageArgs = 11
 // that was applied, and must be retried with the same id.
 func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error {
 	req := b.Request
-	if err := checkTenant(req.TenantID); err != nil {
+	if err := redisfn.CheckTenant(req.TenantID); err != nil {
 		return err
 	}
 	if err := checkBatchID(b.ID); err != nil {
@@ -56,14 +57,14 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 	// overage by it, tier's and meters' alike, as admit.lua does with
 	// ARGV[18] and settle.lua with a settle entry's)
 	args = append(args, bill+","+strconv.FormatInt(mq, 10)+","+strconv.FormatInt(tprice, 10)+","+
-		strconv.FormatInt(capMillicents(req), 10)+","+cal)
+		strconv.FormatInt(redisfn.CapMillicents(req), 10)+","+cal)
 	for _, row := range b.Rows {
 		if n := len(row.Meter); n == 0 || n > maxMeterLen || strings.Contains(row.Meter, "|") {
 			return quota.FieldError("meter", "must be 1 to %d characters without '|'", maxMeterLen)
 		}
 		_, dayEnd := req.Calendar.Day(row.At)
 		_, periodEnd := req.Calendar.Period(row.At)
-		day, month := periodIDs(req.Calendar, row.At)
+		day, month := redisfn.PeriodIDs(req.Calendar, row.At)
 		give := [2]int64{}
 		if row.Units < 0 {
 			give = [2]int64{max(row.Overage, 0), max(row.MeterOverage, 0)}
@@ -71,8 +72,8 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 		args = append(args, row.Hour.Truncate(time.Hour).Unix(), row.Meter, day, dayEnd.Unix(), month, periodEnd.Unix(),
 			row.Units, row.Requests, outageMeterSpec(req, row.Meter), give[0], give[1])
 	}
-	keys := r.stateKeys(req.TenantID, "pending", "mq", "outage:"+b.ID)
-	res, err := r.fcall(ctx, fnOutage, keys, args...).Int64Slice()
+	keys := r.StateKeys(req.TenantID, "pending", "mq", "outage:"+b.ID)
+	res, err := r.Call(ctx, redisfn.FnOutage, keys, args...).Int64Slice()
 	if err != nil {
 		if notSent(err) {
 			err = errors.Join(quota.ErrNotSent, err)
@@ -85,7 +86,7 @@ func (r *Runner) RecoverOutage(ctx context.Context, b *quota.OutageBatch) error 
 			b.Rows[i].Overage, b.Rows[i].MeterOverage = res[j], res[j+1]
 		}
 	}
-	r.active.add(req.TenantID)
+	r.MarkActive(req.TenantID)
 	return nil
 }
 

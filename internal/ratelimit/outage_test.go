@@ -12,7 +12,7 @@ import (
 )
 
 // pendingTotals sums the tenant's pending rows.
-func pendingTotals(tb testing.TB, r *Runner, tenant string) quota.PendingRow {
+func pendingTotals(tb testing.TB, r *stack, tenant string) quota.PendingRow {
 	tb.Helper()
 	rows, err := r.Pending(context.Background(), tenant)
 	if err != nil {
@@ -150,9 +150,9 @@ func outageRowAt(meter string, t time.Time, units, requests int64) quota.OutageR
 
 // monthBefore reads the tenant's month before (state.lua's field w:
 // "m,mu,mg,mo").
-func monthBefore(tb testing.TB, r *Runner, tenant string) string {
+func monthBefore(tb testing.TB, r *stack, tenant string) string {
 	tb.Helper()
-	w, err := r.c.HGet(context.Background(), r.stateKeys(tenant)[0], "w").Result()
+	w, err := r.Client().HGet(context.Background(), r.StateKeys(tenant)[0], "w").Result()
 	if err != nil && err != redis.Nil {
 		tb.Fatal(err)
 	}
@@ -160,9 +160,9 @@ func monthBefore(tb testing.TB, r *Runner, tenant string) string {
 }
 
 // meterHash reads fields of the tenant's meter quotas' hash ("" when absent).
-func meterHash(tb testing.TB, r *Runner, tenant string, fields ...string) []string {
+func meterHash(tb testing.TB, r *stack, tenant string, fields ...string) []string {
 	tb.Helper()
-	v, err := r.c.HMGet(context.Background(), r.key(tenant, "mq"), fields...).Result()
+	v, err := r.Client().HMGet(context.Background(), r.Key(tenant, "mq"), fields...).Result()
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -179,7 +179,7 @@ func meterHash(tb testing.TB, r *Runner, tenant string, fields ...string) []stri
 // test's terms): the tier's month before (w), search's month before
 // ("search|w"), the meters' overage millicents ('$w', '$') and search's
 // field as [month, units, overage].
-func wantMonths(tb testing.TB, r *Runner, tenant, when, w string, mq [3]string, search [3]int64) {
+func wantMonths(tb testing.TB, r *stack, tenant, when, w string, mq [3]string, search [3]int64) {
 	tb.Helper()
 	if got := monthBefore(tb, r, tenant); got != w {
 		tb.Errorf("%s: the tier's month before %q, want %q", when, got, w)

@@ -1,14 +1,12 @@
 package ratelimit
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // Sizes of the script's answer (see lua/admit.lua).
@@ -39,9 +37,8 @@ const (
 )
 
 const (
-	maxMeterLen  = 64
-	maxTenantLen = 128
-	idemWindow   = 24 * time.Hour
+	maxMeterLen = 64
+	idemWindow  = 24 * time.Hour
 )
 
 // params are a request's limits in the script's integer form. A zero
@@ -103,9 +100,9 @@ func requestParams(req quota.Request) (params, error) {
 // quota that bills nothing leaves the cap binding the tier's overage.
 func meterArg(req quota.Request) string {
 	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
-	capm, tprice := spendCapMillicents(req), int64(0)
+	capm, tprice := redisfn.SpendCapMillicents(req), int64(0)
 	if q != nil {
-		capm = capMillicents(req)
+		capm = redisfn.CapMillicents(req)
 	}
 	if req.Overage == quota.OverageBill {
 		tprice = req.OveragePriceCentsPer1K
@@ -135,27 +132,6 @@ func meterArg(req quota.Request) string {
 		strconv.FormatInt(q.OveragePriceCentsPer1K, 10) + "," + strconv.FormatInt(tprice, 10) + "," + strconv.FormatInt(capm, 10) + tail
 }
 
-// spendCapMillicents is req's spend cap in millicents when the script
-// checks it in millicents, over the tier's overage and the meters' spend
-// of the month together: when the tier bills overage (the meters' spend
-// may come from a plan of earlier in the month), some meter quota of the
-// tier bills, or the tenant is prepaid; else -1.
-func spendCapMillicents(req quota.Request) int64 {
-	if req.Prepaid != nil || req.Overage == quota.OverageBill || slices.ContainsFunc(req.MeterQuotas, quota.MeterQuota.Bills) {
-		return capMillicents(req)
-	}
-	return -1
-}
-
-// capMillicents is req's spend cap (max_overage_cents) in millicents, or
-// -1 for none.
-func capMillicents(req quota.Request) int64 {
-	if c := req.Limits.MaxOverageCents; c != nil {
-		return *c * 1000
-	}
-	return -1
-}
-
 // itemsAt is where the policies' items start in the script's answer.
 func itemsAt(p params) int {
 	if p.mq != "" {
@@ -166,7 +142,7 @@ func itemsAt(p params) int {
 
 // checkRequest validates everything of req but its limits.
 func checkRequest(req quota.Request) error {
-	if err := checkTenant(req.TenantID); err != nil {
+	if err := redisfn.CheckTenant(req.TenantID); err != nil {
 		return err
 	}
 	if n := len(req.Meter); n == 0 || n > maxMeterLen || strings.Contains(req.Meter, "|") {
@@ -184,38 +160,7 @@ func checkRequest(req quota.Request) error {
 	default:
 		return quota.FieldError("overage", `must be "block" or "bill"`)
 	}
-	return checkNow(req.Now)
-}
-
-// checkTenant keeps tenant ids from breaking the key's hash tag: a brace
-// would move the tag, so that a tenant's keys could span slots.
-func checkTenant(id string) error {
-	if id == "" || len(id) > maxTenantLen || strings.ContainsAny(id, "{}") {
-		return quota.FieldError("tenant_id", "must be 1 to %d characters without braces", maxTenantLen)
-	}
-	for _, r := range id {
-		if r < 0x20 || r == 0x7f {
-			return quota.FieldError("tenant_id", "must not contain control characters")
-		}
-	}
-	return nil
-}
-
-// checkNow rejects explicit times the script cannot take: the script reads
-// 0 as "use Redis TIME", and periods before 1970 are not worth supporting.
-func checkNow(now time.Time) error {
-	if !now.IsZero() && now.UnixMicro() <= 0 {
-		return quota.FieldError("now", "must be after 1970-01-01")
-	}
-	return nil
-}
-
-// micros returns t in us since the epoch, or 0 (Redis TIME) for the zero time.
-func micros(t time.Time) int64 {
-	if t.IsZero() {
-		return 0
-	}
-	return t.UnixMicro()
+	return redisfn.CheckNow(req.Now)
 }
 
 // overageMode maps the policy to the script's argument; an empty policy
@@ -225,15 +170,6 @@ func overageMode(o quota.Overage) string {
 		return "bill"
 	}
 	return "block"
-}
-
-// idemHash names an idempotency key. Keys are scoped to the tenant (the
-// record lives under its hash tag), not to a route: the same key on another
-// route is another request, which the fingerprint turns into IdemMismatch.
-// Hashing bounds the key's length whatever the client sends.
-func idemHash(key string) string {
-	h := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(h[:])
 }
 
 // decode turns the script's answer into a Decision. Windows

@@ -6,12 +6,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tollgate/tollgate/internal/pending"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 func TestParsePending(t *testing.T) {
-	rows, err := ParsePending(map[string]string{
+	rows, err := pending.ParsePending(map[string]string{
 		"1795348800|demo|u": "7", "1795348800|demo|r": "3", "1795348800|demo|x": "2",
 		"1795348800|demo|s": "4", "1795348800|demo|d": "1",
 		"1795345200|report|u": "10", "1795345200|report|r": "1", "1795345200|report|o": "4",
@@ -36,7 +37,7 @@ func TestParsePending(t *testing.T) {
 	for _, bad := range []map[string]string{
 		{"x|demo|u": "1"}, {"1|demo|z": "1"}, {"1|demo": "1"}, {"1|demo|u": "lots"},
 	} {
-		if _, err := ParsePending(bad); err == nil {
+		if _, err := pending.ParsePending(bad); err == nil {
 			t.Errorf("ParsePending(%v) = nil error, want one: billing data is never dropped silently", bad)
 		}
 	}
@@ -115,7 +116,7 @@ func TestRefundGivesBackQuotaInThePeriodOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	r := New(c, testenv.Prefix(t, c))
+	r := newStack(c, testenv.Prefix(t, c))
 	tenant := newTenant()
 	limits := quota.Limits{DailyQuota: quota.Ptr(int64(100)), MonthlyQuota: quota.Ptr(int64(1000))}
 	now := time.Date(2026, 11, 22, 23, 59, 0, 0, time.UTC)
@@ -149,7 +150,7 @@ func TestPendingManyMatchesPendingPerTenant(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	r := New(c, testenv.Prefix(t, c))
+	r := newStack(c, testenv.Prefix(t, c))
 	a, b, idle := newTenant(), newTenant(), newTenant()
 	now := time.Date(2026, 11, 22, 10, 30, 0, 0, time.UTC)
 	mustAdmit(t, r, quota.Request{TenantID: a, Meter: "m", Cost: 3, Now: now})

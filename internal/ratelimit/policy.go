@@ -10,6 +10,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/policyalg"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // Refusal modes as the scripts take them (lua/policy.lua "how").
@@ -76,7 +77,7 @@ const (
 // tag and value. tag is the hash tag's content ("t:<tenant id>" for the
 // scopes kept with the tenant, so that the admission script reaches them).
 func (r *Runner) PolicyKey(tag, policy, value string) string {
-	return r.prefix + ":pol:{" + tag + "}:" + policy + ":" + value
+	return r.Prefix() + ":pol:{" + tag + "}:" + policy + ":" + value
 }
 
 // RunPolicies decides specs on their own, in one script call (all of them
@@ -97,7 +98,7 @@ func (r *Runner) RunPolicies(ctx context.Context, mode string, now int64, id str
 	if mode == PolicyRelease || mode == PolicyUndo {
 		args = append(args, r.releaseArg) // where a freed slot is announced (releases.go)
 	}
-	res, err := r.fcall(ctx, fnPolicyRun, keys, args...).Int64Slice()
+	res, err := r.Call(ctx, redisfn.FnPolicyRun, keys, args...).Int64Slice()
 	if err != nil {
 		return PolicyResult{}, fmt.Errorf("ratelimit: policies: %w", err)
 	}
@@ -239,7 +240,7 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 	if err != nil {
 		return quota.Decision{}, err
 	}
-	now := micros(req.Now)
+	now := redisfn.Micros(req.Now)
 	states := make([]*quota.PolicyState, len(req.Policies))
 	var reserved []crossGroup
 	undo := func() {
@@ -334,7 +335,7 @@ func (r *Runner) admitWithPolicies(ctx context.Context, req quota.Request, p par
 		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
 	}
 	if mode == "admit" {
-		r.active.add(req.TenantID)
+		r.MarkActive(req.TenantID)
 	}
 	d := decode(res, p, req.Calendar, b)
 	if at := itemsAt(p); len(res) > at && in != nil {
@@ -481,7 +482,7 @@ func policyState(p *quota.Policy, it PolicyItem) *quota.PolicyState {
 // /v1/usage and the dashboards. req gives the tenant, the policies (with
 // their scope values) and the request id; Cost 1 is assumed.
 func (r *Runner) PeekPolicies(ctx context.Context, req quota.Request) ([]quota.PolicyState, error) {
-	if err := checkTenant(req.TenantID); err != nil {
+	if err := redisfn.CheckTenant(req.TenantID); err != nil {
 		return nil, err
 	}
 	if req.RequestID == "" {
@@ -498,7 +499,7 @@ func (r *Runner) PeekPolicies(ctx context.Context, req quota.Request) ([]quota.P
 	}
 	states := make([]*quota.PolicyState, len(req.Policies))
 	for _, g := range groups {
-		res, err := r.RunPolicies(ctx, PolicyDry, micros(req.Now), req.RequestID, g.specs)
+		res, err := r.RunPolicies(ctx, PolicyDry, redisfn.Micros(req.Now), req.RequestID, g.specs)
 		if err != nil {
 			return nil, err
 		}

@@ -385,7 +385,7 @@ func TestAbandonedAdmissionLeavesNoLease(t *testing.T) {
 	// (an admission its caller stopped waiting for would still run: give
 	// it the time to)
 	time.Sleep(200 * time.Millisecond)
-	pattern := r.prefix + ":pol:{t:" + tenant + "}:*"
+	pattern := r.Prefix() + ":pol:{t:" + tenant + "}:*"
 	keys, err := c.Keys(ctx, pattern).Result()
 	if err != nil {
 		t.Fatal(err)

@@ -435,9 +435,9 @@ func TestPolicyWindowsExactUnderConcurrency(t *testing.T) {
 			now := at(t, "2031-05-15T12:00:30Z").UnixMicro()
 			spec := PolicySpec{Key: r.PolicyKey("t:"+newTenant(), "hammer", "v"), Alg: alg, How: HowReject, Weight: 1,
 				Params: [4]int64{limit, 60e6, 6}}
-			runners := make([]*Runner, workers)
+			runners := make([]*stack, workers)
 			for i := range runners {
-				runners[i] = New(testenv.Redis(t), prefix)
+				runners[i] = newStack(testenv.Redis(t), prefix)
 			}
 			var (
 				admitted atomic.Int64

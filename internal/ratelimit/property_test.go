@@ -178,7 +178,7 @@ func countOutcome(seen map[string]int, req quota.Request, d quota.Decision) {
 // compareState compares what Redis holds of the tenant (its hash, pending
 // usage, meter quotas and the idempotency records of keys) with the
 // reference's state, field by field.
-func compareState(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string, m *ref, keys ...string) string {
+func compareState(tb testing.TB, c redis.UniversalClient, r *stack, tenant string, m *ref, keys ...string) string {
 	tb.Helper()
 	got := redisState(tb, c, r, tenant, keys...)
 	return diffStates(&got, &m.State)

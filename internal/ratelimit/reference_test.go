@@ -12,6 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/limits"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // ref is the tests' reference of the scripts for one tenant:
@@ -76,7 +77,7 @@ func (m *ref) admit(req quota.Request, now time.Time) (quota.Decision, error) {
 	case req.DryRun:
 		r.Mode = limits.Dry
 	case req.IdempotencyKey != "":
-		r.IdemKey, r.Fingerprint, r.Lease = idemHash(req.IdempotencyKey), req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds()
+		r.IdemKey, r.Fingerprint, r.Lease = redisfn.IdemHash(req.IdempotencyKey), req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds()
 	}
 	d, err := l.Decide(&m.State, r)
 	m.note(l, map[string]any{"op": "decide", "req": r}, answerOf(d, err))
@@ -115,8 +116,8 @@ func (m *ref) Reset(stamp, day, month, now int64) int {
 // StoreAnswer marks the record of key answered, as lua/idem.lua 'store'
 // does.
 func (m *ref) StoreAnswer(key, fp string) bool {
-	ok := m.State.StoreAnswer(idemHash(key), fp)
-	m.note(nil, map[string]any{"op": "store", "key": idemHash(key), "fp": fp}, ok)
+	ok := m.State.StoreAnswer(redisfn.IdemHash(key), fp)
+	m.note(nil, map[string]any{"op": "store", "key": redisfn.IdemHash(key), "fp": fp}, ok)
 	return ok
 }
 
@@ -151,7 +152,7 @@ type Period struct {
 }
 
 // stateOf reads a tenant's counters from its v2 hash.
-func stateOf(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string) tenantCounters {
+func stateOf(tb testing.TB, c redis.UniversalClient, r *stack, tenant string) tenantCounters {
 	tb.Helper()
 	s := redisState(tb, c, r, tenant)
 	if !s.Exists {
@@ -166,14 +167,14 @@ func stateOf(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string) t
 // its hash, the v1 pending hash (whose fields are the hash's "p" fields
 // while the tenant has no state: a refusal's count), the meter quotas'
 // hash, and the idempotency records of keys.
-func redisState(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string, keys ...string) limits.State {
+func redisState(tb testing.TB, c redis.UniversalClient, r *stack, tenant string, keys ...string) limits.State {
 	tb.Helper()
 	ctx := context.Background()
-	tenantHash, err := c.HGetAll(ctx, r.stateKey(tenant)).Result()
+	tenantHash, err := c.HGetAll(ctx, r.StateKey(tenant)).Result()
 	if err != nil {
 		tb.Fatalf("HGETALL state: %v", err)
 	}
-	pending, err := c.HGetAll(ctx, r.key(tenant, "pending")).Result()
+	pending, err := c.HGetAll(ctx, r.Key(tenant, "pending")).Result()
 	if err != nil {
 		tb.Fatalf("HGETALL pending: %v", err)
 	}
@@ -187,14 +188,14 @@ func redisState(tb testing.TB, c redis.UniversalClient, r *Runner, tenant string
 		}
 		tenantHash[f] = v
 	}
-	meters, err := c.HGetAll(ctx, r.key(tenant, "mq")).Result()
+	meters, err := c.HGetAll(ctx, r.Key(tenant, "mq")).Result()
 	if err != nil {
 		tb.Fatalf("HGETALL meters: %v", err)
 	}
 	idem := map[string]map[string]string{}
 	for _, k := range keys {
-		h := idemHash(k)
-		rec, err := c.HGetAll(ctx, r.key(tenant, "idem2:"+h)).Result()
+		h := redisfn.IdemHash(k)
+		rec, err := c.HGetAll(ctx, r.Key(tenant, "idem2:"+h)).Result()
 		if err != nil {
 			tb.Fatalf("HGETALL idem: %v", err)
 		}

@@ -20,9 +20,9 @@ func (r *Runner) CountRefused(ctx context.Context, counts []quota.RefusalCount) 
 	if len(counts) == 0 {
 		return nil
 	}
-	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, err := r.Client().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for _, n := range counts {
-			key := r.key(n.TenantID, "pending")
+			key := r.Key(n.TenantID, "pending")
 			p.HIncrBy(ctx, key, strconv.FormatInt(n.Hour.Unix()/3600*3600, 10)+"|"+n.Meter+"|x", n.Requests)
 			p.Expire(ctx, key, pendingTTL)
 		}
@@ -32,7 +32,7 @@ func (r *Runner) CountRefused(ctx context.Context, counts []quota.RefusalCount) 
 		return fmt.Errorf("ratelimit: count refusals: %w", err)
 	}
 	for _, n := range counts {
-		r.active.add(n.TenantID)
+		r.MarkActive(n.TenantID)
 	}
 	return nil
 }
@@ -40,18 +40,3 @@ func (r *Runner) CountRefused(ctx context.Context, counts []quota.RefusalCount) 
 // pendingTTL is admit.lua's PENDING_US: how long an abandoned pending hash
 // lives after its last write.
 const pendingTTL = 14 * 24 * time.Hour
-
-// Shard names the Redis node serving the tenant's hash slot: its address in
-// a cluster (from the client's cached slot map, no round trip), "redis" for
-// a single server, where every tenant shares the one node.
-func (r *Runner) Shard(tenantID string) string {
-	cc, ok := r.c.(*redis.ClusterClient)
-	if !ok {
-		return "redis"
-	}
-	n, err := cc.MasterForKey(context.Background(), r.key(tenantID, "pending"))
-	if err != nil {
-		return "slot-unknown"
-	}
-	return n.Options().Addr
-}

@@ -23,7 +23,7 @@ import (
 
 // releases names the channel of the releases (ARGV[6+7n] of
 // policy_run.lua).
-func (r *Runner) releases() string { return r.prefix + ":released" }
+func (r *Runner) releases() string { return r.Prefix() + ":released" }
 
 // LeaseKey names the Redis state of a concurrency policy's instance for
 // req, as ListenReleases reports its releases.
@@ -37,7 +37,7 @@ func (r *Runner) LeaseKey(req quota.Request, c quota.PolicyCall) string {
 // made again it calls lost: releases may have gone unheard meanwhile.
 // ready, if not nil, is closed once the first subscription is confirmed.
 func (r *Runner) ListenReleases(ctx context.Context, released func(key string), lost func(), ready chan<- struct{}) {
-	sub := r.c.Subscribe(ctx, r.releases())
+	sub := r.Client().Subscribe(ctx, r.releases())
 	// Receive blocks on the socket whatever its context says; closing the
 	// subscription is what ends it.
 	stop := context.AfterFunc(ctx, func() { _ = sub.Close() })

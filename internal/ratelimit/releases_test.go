@@ -47,7 +47,7 @@ func queueConcurrencyPolicy(name string, scope quota.Scope, how quota.OnRefuse) 
 func testReleases(t *testing.T, newClient func(testing.TB) redis.UniversalClient) {
 	c := newClient(t)
 	a, prefix := mustRunner(t, c)
-	b := New(newClient(t), prefix)
+	b := newStack(newClient(t), prefix)
 	heard := make(chan string, 16)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)

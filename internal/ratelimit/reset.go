@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // ResetQuotas empties the tenant's day and month counters (their used
@@ -27,14 +28,14 @@ func (r *Runner) ResetQuotas(ctx context.Context, tenantID string, at time.Time)
 // ResetQuotasIn is ResetQuotas for a tenant whose billing calendar is cal:
 // the local day and billing month of at are emptied.
 func (r *Runner) ResetQuotasIn(ctx context.Context, tenantID string, cal quota.Calendar, at time.Time) (bool, error) {
-	if err := checkTenant(tenantID); err != nil {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return false, err
 	}
 	if at.UnixMicro() <= 0 {
 		return false, quota.FieldError("at", "must be after 1970-01-01")
 	}
-	day, month := periodIDs(cal, at)
-	res, err := r.fcall(ctx, fnReset, r.stateKeys(tenantID, "mq"), 0, at.UnixMicro(), day, month).Int64Slice()
+	day, month := redisfn.PeriodIDs(cal, at)
+	res, err := r.Call(ctx, redisfn.FnReset, r.StateKeys(tenantID, "mq"), 0, at.UnixMicro(), day, month).Int64Slice()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: reset: %w", err)
 	}

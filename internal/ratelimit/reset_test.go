@@ -75,7 +75,7 @@ func TestResetQuotasOnce(t *testing.T) {
 	if applied, err := r.ResetQuotas(ctx, other, now); err != nil || applied {
 		t.Fatalf("a tenant without state: %v, %v; want not applied", applied, err)
 	}
-	if n, err := c.Exists(ctx, r.stateKeys(other)...).Result(); err != nil || n != 0 {
+	if n, err := c.Exists(ctx, r.StateKeys(other)...).Result(); err != nil || n != 0 {
 		t.Fatalf("a tenant without state: %d keys written (%v), want none", n, err)
 	}
 }

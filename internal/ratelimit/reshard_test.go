@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -22,20 +23,20 @@ var monthOnly = quota.Limits{MonthlyQuota: i64(1000)}
 // runner on it, two tenants of different slots served by one master, the
 // first's slot marked migrating to another master (and importing there)
 // with its state left on the first master, and the other master.
-func migratingPair(t *testing.T) (oc *testenv.OwnCluster, cc *redis.ClusterClient, r *Runner, a, b string, slot int, to testenv.ClusterNode) {
+func migratingPair(t *testing.T) (oc *testenv.OwnCluster, cc *redis.ClusterClient, r *stack, a, b string, slot int, to testenv.ClusterNode) {
 	t.Helper()
 	oc = testenv.StartOwnCluster(t, 3, 0)
 	cc = oc.Client()
 	r, _ = mustRunner(t, cc)
 	ctx := context.Background()
 	a = newTenant()
-	slot = keySlot("t:" + a)
+	slot = redisfn.KeySlot("t:" + a)
 	owner := oc.OwnerOf(slot)
 	for tries := 0; b == ""; tries++ {
 		if tries > 1000 {
 			t.Fatal("no second tenant on the first's master")
 		}
-		if id := newTenant(); keySlot("t:"+id) != slot && oc.OwnerOf(keySlot("t:"+id)).ID == owner.ID {
+		if id := newTenant(); redisfn.KeySlot("t:"+id) != slot && oc.OwnerOf(redisfn.KeySlot("t:"+id)).ID == owner.ID {
 			b = id
 		}
 	}
@@ -62,7 +63,7 @@ func migratingPair(t *testing.T) (oc *testenv.OwnCluster, cc *redis.ClusterClien
 }
 
 // monthUsed is the tenant's monthly units used, as Peek reports them.
-func monthUsed(tb testing.TB, r *Runner, id string) int64 {
+func monthUsed(tb testing.TB, r *stack, id string) int64 {
 	tb.Helper()
 	d, err := r.Peek(context.Background(), id, monthOnly, time.Time{})
 	if err != nil {
@@ -128,7 +129,7 @@ func TestMasterAddedGetsTheLibraryOnItsFirstCall(t *testing.T) {
 	}
 	added := oc.AddMaster()
 	a := newTenant()
-	slot := keySlot("t:" + a)
+	slot := redisfn.KeySlot("t:" + a)
 	owner := oc.OwnerOf(slot)
 	src, dst := redis.NewClient(&redis.Options{Addr: owner.Addr}), redis.NewClient(&redis.Options{Addr: added.Addr})
 	defer src.Close()
@@ -163,7 +164,7 @@ func TestMasterAddedGetsTheLibraryOnItsFirstCall(t *testing.T) {
 	if d := mustAdmit(t, r, quota.Request{TenantID: a, Meter: "demo", Cost: 1, Limits: monthOnly}); !d.Allowed {
 		t.Fatalf("after the move: %s, want allowed", fmtDecision(d))
 	}
-	if n, err := dst.Exists(ctx, r.stateKey(a)).Result(); err != nil || n != 1 {
+	if n, err := dst.Exists(ctx, r.StateKey(a)).Result(); err != nil || n != 1 {
 		t.Errorf("the tenant's state on the new master: %d, %v; want it there", n, err)
 	}
 	if got := monthUsed(t, r, a); got != 1 {

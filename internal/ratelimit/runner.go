@@ -3,28 +3,21 @@ package ratelimit
 import (
 	"context"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // Runner admits requests with one Redis round trip each. It is safe for
-// concurrent use and holds no state of its own beyond the client: every
+// concurrent use and holds no state of its own beyond the store: every
 // decision is made by the script against Redis state and Redis time, so any
 // number of API nodes share the limits exactly.
 type Runner struct {
-	c      redis.UniversalClient
-	prefix string
-	lib    *library  // the Function library it calls (library.go)
-	batch  *batcher  // admissions, coalesced into pipelines
-	active activeSet // tenants with usage counted since the last ReportActive
-	// answers bound each tenant's idempotency records (idem.go)
-	answers quota.AnswerLimits
+	*redisfn.Store          // the client, the key layout and the Function library
+	batch          *batcher // admissions, coalesced into pipelines
 	// releaseArg is the channel of the releases (releases.go), boxed once
 	// for the script calls that release
 	releaseArg any
@@ -32,47 +25,20 @@ type Runner struct {
 
 var _ quota.Admitter = (*Runner)(nil)
 
-// New returns a Runner on c whose keys start with prefix (see the package
-// doc for the layout). c may be a single server or a Redis Cluster. New
-// panics when prefix holds a brace, which would move every key's hash tag;
-// the configuration allows none.
-func New(c redis.UniversalClient, prefix string) *Runner {
-	if strings.ContainsAny(prefix, "{}") {
-		panic(fmt.Sprintf("ratelimit: key prefix %q must not contain braces", prefix))
-	}
-	r := &Runner{c: c, prefix: prefix, lib: lib, batch: newBatcher(c, lib), answers: quota.DefaultAnswerLimits}
+// New returns a Runner on s.
+func New(s *redisfn.Store) *Runner {
+	r := &Runner{Store: s, batch: newBatcher(s)}
 	r.releaseArg = r.releases()
 	return r
-}
-
-// key returns the key of one piece of a tenant's state.
-func (r *Runner) key(tenantID, name string) string {
-	return r.prefix + ":v1:{t:" + tenantID + "}:" + name
-}
-
-// stateKeys returns the KEYS of a function of the state (lua/state.lua):
-// the state hash, then extra.
-func (r *Runner) stateKeys(tenantID string, extra ...string) []string {
-	k := make([]string, 1, 1+len(extra)+1)
-	k[0] = r.stateKey(tenantID)
-	for _, name := range extra {
-		k = append(k, r.key(tenantID, name))
-	}
-	return k
-}
-
-// stateKey is the tenant's state hash (lua/state.lua).
-func (r *Runner) stateKey(tenantID string) string {
-	return r.prefix + ":v2:{t:" + tenantID + "}"
 }
 
 // keys returns admit's KEYS in order; the idempotency key only when
 // idem is set.
 func (r *Runner) keys(tenantID, idem string) []string {
 	if idem != "" {
-		return r.stateKeys(tenantID, "pending", "idem2:"+idem)
+		return r.StateKeys(tenantID, "pending", "idem2:"+idem)
 	}
-	return r.stateKeys(tenantID, "pending")
+	return r.StateKeys(tenantID, "pending")
 }
 
 // Admit decides on req in one atomic script run. A refusal is a Decision
@@ -94,7 +60,7 @@ func (r *Runner) keys(tenantID, idem string) []string {
 // answer came to a call it was sent) wraps quota.ErrOutcomeUnknown.
 func (r *Runner) Admit(ctx context.Context, req quota.Request) (quota.Decision, error) {
 	d, err := r.admit(ctx, req)
-	if err != nil && mayHaveRun(err) {
+	if err != nil && redisfn.MayHaveRun(err) {
 		err = fmt.Errorf("%w: %w", quota.ErrOutcomeUnknown, err)
 	}
 	return d, err
@@ -113,15 +79,15 @@ func (r *Runner) admit(ctx context.Context, req quota.Request) (quota.Decision, 
 	case req.DryRun:
 		mode = "dry"
 	case req.IdempotencyKey != "":
-		idem = idemHash(req.IdempotencyKey)
+		idem = redisfn.IdemHash(req.IdempotencyKey)
 	}
 	if len(req.Policies) > 0 {
 		return r.admitWithPolicies(ctx, req, p, mode, idem)
 	}
-	res, b, err := r.run(ctx, req.TenantID, idem, micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p,
+	res, b, err := r.run(ctx, req.TenantID, idem, redisfn.Micros(req.Now), mode, req.Cost, req.Meter, overageMode(req.Overage), p,
 		req.IdempotencyFingerprint, req.IdempotencyLease.Microseconds(), nil, req.Calendar)
 	if err == nil && mode != "dry" {
-		r.active.add(req.TenantID) // admitted or refused, its pending usage changed
+		r.MarkActive(req.TenantID) // admitted or refused, its pending usage changed
 	}
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: admit: %w", err)
@@ -143,17 +109,17 @@ func (r *Runner) Peek(ctx context.Context, tenantID string, limits quota.Limits,
 // PeekIn is Peek with the days and months of the tenant's billing
 // calendar cal.
 func (r *Runner) PeekIn(ctx context.Context, tenantID string, cal quota.Calendar, limits quota.Limits, now time.Time) (quota.Decision, error) {
-	if err := checkTenant(tenantID); err != nil {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return quota.Decision{}, err
 	}
-	if err := checkNow(now); err != nil {
+	if err := redisfn.CheckNow(now); err != nil {
 		return quota.Decision{}, err
 	}
 	p, err := paramsOf(limits)
 	if err != nil {
 		return quota.Decision{}, err
 	}
-	res, b, err := r.run(ctx, tenantID, "", micros(now), "peek", 1, "-", "block", p, "", 0, nil, cal)
+	res, b, err := r.run(ctx, tenantID, "", redisfn.Micros(now), "peek", 1, "-", "block", p, "", 0, nil, cal)
 	if err != nil {
 		return quota.Decision{}, fmt.Errorf("ratelimit: peek: %w", err)
 	}
@@ -228,7 +194,7 @@ func (r *Runner) admitCall(tenantID, idem string, now int64, mode string, cost i
 		args = append(args, 0, "", "", p.mq, calArg(b))
 	}
 	if p.mq != "" {
-		keys = append(keys, r.key(tenantID, "mq"))
+		keys = append(keys, r.Key(tenantID, "mq"))
 	}
 	return keys, args, want
 }
@@ -307,7 +273,7 @@ func (r *Runner) ApplyGrant(ctx context.Context, tenantID string, cal quota.Cale
 // grant runs grant (lua/grant.lua): id and start are empty for a grant
 // without an id; now zero means Redis time.
 func (r *Runner) grant(ctx context.Context, tenantID string, cal quota.Calendar, id, period string, start time.Time, units int64, now time.Time) (bool, error) {
-	if err := checkTenant(tenantID); err != nil {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return false, err
 	}
 	if period != "day" && period != "month" {
@@ -316,7 +282,7 @@ func (r *Runner) grant(ctx context.Context, tenantID string, cal quota.Calendar,
 	if units < 1 || units > quota.MaxQuantity {
 		return false, quota.FieldError("units", "must be an integer between 1 and %d", quota.MaxQuantity)
 	}
-	if err := checkNow(now); err != nil {
+	if err := redisfn.CheckNow(now); err != nil {
 		return false, err
 	}
 	// The script's period ids: days since the epoch (of the local date, in
@@ -325,7 +291,7 @@ func (r *Runner) grant(ctx context.Context, tenantID string, cal quota.Calendar,
 	var periodID int64
 	if !start.IsZero() {
 		start = start.UTC()
-		periodID = floorDiv(start.Unix(), 86400)
+		periodID = redisfn.FloorDiv(start.Unix(), 86400)
 		if period == "month" {
 			periodID = int64(start.Year())*100 + int64(start.Month())
 		}
@@ -338,12 +304,12 @@ func (r *Runner) grant(ctx context.Context, tenantID string, cal quota.Calendar,
 		}
 		b = boundsOf(cal, t)
 	}
-	keys := r.stateKeys(tenantID)
-	res, err := r.fcall(ctx, fnGrant, keys, micros(now), period, units, id, periodID, calArg(b)).Int64Slice()
+	keys := r.StateKeys(tenantID)
+	res, err := r.Call(ctx, redisfn.FnGrant, keys, redisfn.Micros(now), period, units, id, periodID, calArg(b)).Int64Slice()
 	if err != nil && b != nil {
 		if at := calendarNow(err); at > 0 {
 			b = makeBounds(cal, time.UnixMicro(at))
-			res, err = r.fcall(ctx, fnGrant, keys, micros(now), period, units, id, periodID, b.arg).Int64Slice()
+			res, err = r.Call(ctx, redisfn.FnGrant, keys, redisfn.Micros(now), period, units, id, periodID, b.arg).Int64Slice()
 		}
 	}
 	if err != nil {

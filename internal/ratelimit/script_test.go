@@ -13,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -55,9 +56,9 @@ func TestPeriodsMatchGo(t *testing.T) {
 			{"day", u.Unix() / 86400, quota.DayStart(u).AddDate(0, 0, 1)},
 			{"month", int64(u.Year())*100 + int64(u.Month()), quota.MonthStart(u).AddDate(0, 1, 0)},
 		} {
-			r := New(c, prefix)
-			keys := r.stateKeys(fmt.Sprintf("cal-%s-%d", tc.period, i))
-			got, err := r.fcall(ctx, fnGrant, keys, now.UnixMicro(), tc.period, 1).Int64Slice()
+			r := newStack(c, prefix)
+			keys := r.StateKeys(fmt.Sprintf("cal-%s-%d", tc.period, i))
+			got, err := r.Call(ctx, redisfn.FnGrant, keys, now.UnixMicro(), tc.period, 1).Int64Slice()
 			if err != nil {
 				t.Fatalf("grant.lua at %v: %v", u, err)
 			}
@@ -137,7 +138,7 @@ func TestRedisFailureIsAnError(t *testing.T) {
 	t.Parallel()
 	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", DialTimeout: 200 * time.Millisecond, MaxRetries: -1})
 	t.Cleanup(func() { _ = c.Close() })
-	r := New(c, "unreachable")
+	r := newStack(c, "unreachable")
 	d, err := r.Admit(context.Background(), quota.Request{TenantID: "t1", Meter: "demo", Cost: 1, Limits: allLimits()})
 	if err == nil || !strings.HasPrefix(err.Error(), "ratelimit: admit: ") {
 		t.Fatalf("Admit against a dead server: got error %v, want a \"ratelimit: admit: \" error", err)
@@ -164,7 +165,7 @@ func TestKeyLayout(t *testing.T) {
 		got[k] = true
 	}
 	base := prefix + ":v1:{t:" + tenant + "}:"
-	want := []string{prefix + ":v2:{t:" + tenant + "}", base + "idem2:" + idemHash("k1")}
+	want := []string{prefix + ":v2:{t:" + tenant + "}", base + "idem2:" + redisfn.IdemHash("k1")}
 	for _, k := range want {
 		if !got[k] {
 			t.Errorf("key %s: missing; got %v", k, got)
@@ -195,7 +196,7 @@ func TestStateHashStaysCompact(t *testing.T) {
 	} else if _, err := r.ApplyGrant(ctx, tenant, quota.Calendar{}, "0123456789abcdef0123456789abcdef", "month", quota.MonthStart(now), 1<<40); err != nil {
 		t.Fatal(err)
 	}
-	key := r.stateKeys(tenant)[0]
+	key := r.StateKeys(tenant)[0]
 	if enc := c.ObjectEncoding(ctx, key).Val(); enc != "listpack" && enc != "ziplist" {
 		t.Fatalf("OBJECT ENCODING %s: %q, want listpack", key, enc)
 	}
@@ -299,7 +300,7 @@ func TestRefusalCountsOnlyTheRefusal(t *testing.T) {
 	req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 3, Limits: limits, Now: now}
 	mustAdmit(t, r, req)
 
-	stateKey := r.stateKeys(tenant)[0] // holds the pending usage: compared apart
+	stateKey := r.StateKeys(tenant)[0] // holds the pending usage: compared apart
 	before := mustSnapshot(t, c, prefix)
 	stateBefore := stateOf(t, c, r, tenant)
 	pendingBefore := pendingFields(t, r, tenant)
@@ -416,7 +417,7 @@ func testIdempotency(t *testing.T, c redis.UniversalClient) {
 }
 
 // sumPending adds up a tenant's pending usage by kind (u, r, x, o).
-func sumPending(tb testing.TB, r *Runner, tenant string) map[string]int64 {
+func sumPending(tb testing.TB, r *stack, tenant string) map[string]int64 {
 	tb.Helper()
 	sum := map[string]int64{}
 	for f, n := range pendingFields(tb, r, tenant) {
@@ -427,14 +428,15 @@ func sumPending(tb testing.TB, r *Runner, tenant string) map[string]int64 {
 
 // pendingFields returns a tenant's pending usage fields, wherever they live
 // (lua/pending.lua), as "<hour>|<meter>|<kind>" -> count.
-func pendingFields(tb testing.TB, r *Runner, tenant string) map[string]int64 {
+func pendingFields(tb testing.TB, r *stack, tenant string) map[string]int64 {
 	tb.Helper()
-	flat, err := r.fcall(context.Background(), fnPending, r.pendingKeys(tenant), "get").StringSlice()
+	flat, err := r.Call(context.Background(), redisfn.FnPending, r.PendingKeys(tenant), "get").StringSlice()
 	if err != nil {
 		tb.Fatalf("pending of %s: %v", tenant, err)
 	}
 	out := map[string]int64{}
-	for f, v := range pairs(flat) {
+	for j := 0; j+1 < len(flat); j += 2 {
+		f, v := flat[j], flat[j+1]
 		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil {
 			tb.Fatalf("pending field %s=%q: %v", f, v, err)

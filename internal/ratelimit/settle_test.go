@@ -13,7 +13,7 @@ import (
 )
 
 // pendingOf sums the tenant's pending units and overage units.
-func pendingOf(tb testing.TB, r *Runner, tenant string) (units, over int64) {
+func pendingOf(tb testing.TB, r *stack, tenant string) (units, over int64) {
 	tb.Helper()
 	rows, err := r.Pending(context.Background(), tenant)
 	if err != nil {
@@ -183,7 +183,7 @@ func TestSettleRefundAndCharge(t *testing.T) {
 			t.Fatal(err)
 		}
 		// the window's end: the keys expire
-		for _, k := range []string{r.settleKey(tenant, "d")} {
+		for _, k := range []string{r.Key(tenant, "settle:d")} {
 			if ttl := c.PTTL(ctx, k).Val(); ttl <= 9*time.Minute || ttl > quota.SettleWindow {
 				t.Fatalf("%s TTL %v, want the settle window", k, ttl)
 			}

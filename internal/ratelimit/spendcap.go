@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // PeekSpendCap reports the spend cap of req's tenant as it stands: a
@@ -18,16 +19,16 @@ import (
 // overage cost is the script's: the tier's overage units at its price plus
 // the meters' overage (lua/admit.lua, "Meter quotas").
 func (r *Runner) PeekSpendCap(ctx context.Context, req quota.Request, now time.Time) (quota.LimitState, bool, error) {
-	if err := checkTenant(req.TenantID); err != nil {
+	if err := redisfn.CheckTenant(req.TenantID); err != nil {
 		return quota.LimitState{}, false, err
 	}
 	capCents := req.Limits.MaxOverageCents
 	tierBills := req.Overage == quota.OverageBill && req.OveragePriceCentsPer1K > 0
-	if capCents == nil || !tierBills && spendCapMillicents(req) < 0 {
+	if capCents == nil || !tierBills && redisfn.SpendCapMillicents(req) < 0 {
 		return quota.LimitState{}, false, nil
 	}
 	// what the cap is checked against, with the function's clock (lua/peek.lua)
-	res, err := r.fcall(ctx, fnSpendPeek, []string{r.stateKey(req.TenantID), r.key(req.TenantID, "mq")}).StringSlice()
+	res, err := r.Call(ctx, redisfn.FnSpendPeek, []string{r.StateKey(req.TenantID), r.Key(req.TenantID, "mq")}).StringSlice()
 	if err != nil {
 		return quota.LimitState{}, false, fmt.Errorf("ratelimit: peek spend cap: %w", err)
 	}
@@ -37,7 +38,7 @@ func (r *Runner) PeekSpendCap(ctx context.Context, req quota.Request, now time.T
 	if now, err = orRedisTime(now, res[0], res[1]); err != nil {
 		return quota.LimitState{}, false, fmt.Errorf("ratelimit: peek spend cap: %w", err)
 	}
-	_, month := periodIDs(req.Calendar, now)
+	_, month := redisfn.PeriodIDs(req.Calendar, now)
 	var spent int64 // millicents
 	if q := strings.Split(res[2], ","); tierBills && len(q) == 8 {
 		m, err1 := strconv.ParseInt(q[3], 10, 64)

@@ -53,7 +53,7 @@ func TestSpendCapExactUnderConcurrency(t *testing.T) {
 					t.Fatalf("refusal: violated %v retry %v, want [spend_cap] and %v", d.Violated, d.RetryAfter, monthEnd.Sub(now))
 				}
 			}
-			got := sumPending(t, New(c, prefix), tenant)
+			got := sumPending(t, newStack(c, prefix), tenant)
 			if got["u"] != want || got["r"] != want || got["o"] != capCents || got["x"] != workers {
 				t.Errorf("pending: got %v, want u=r=%d o=%d x=%d", got, want, capCents, workers)
 			}

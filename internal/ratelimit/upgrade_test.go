@@ -116,7 +116,7 @@ func (s upgradeScenario) request(tenant, meter string, cost int64, now time.Time
 // "|w", '$w', P's previous period), a refusal, a deny-cache refusal and a
 // settle entry. It returns the previous period's request the refund step
 // gives back.
-func (s upgradeScenario) build(tb testing.TB, r *Runner, tenant string) upgradeRefund {
+func (s upgradeScenario) build(tb testing.TB, r *stack, tenant string) upgradeRefund {
 	tb.Helper()
 	ctx := context.Background()
 	admit := func(meter string, cost int64, now time.Time) quota.Decision {
@@ -159,7 +159,7 @@ func (s upgradeScenario) build(tb testing.TB, r *Runner, tenant string) upgradeR
 
 // steps runs the steps that follow the upgrade on the state build wrote,
 // calling each with its name and result.
-func (s upgradeScenario) steps(tb testing.TB, r *Runner, tenant string, refund upgradeRefund, each func(name, result string)) {
+func (s upgradeScenario) steps(tb testing.TB, r *stack, tenant string, refund upgradeRefund, each func(name, result string)) {
 	tb.Helper()
 	ctx := context.Background()
 	// the next admissions: counters, grants, overage, the spend cap and the

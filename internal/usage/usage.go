@@ -16,7 +16,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// counters is the admission side (*ratelimit.Runner): the limits and the
+// counters is the admission side (*quotaredis.Store): the limits and the
 // policies as they stand, and the usage counted but not yet recorded.
 type counters interface {
 	PeekIn(ctx context.Context, tenantID string, cal quota.Calendar, limits quota.Limits, now time.Time) (quota.Decision, error)

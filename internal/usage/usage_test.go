@@ -14,7 +14,7 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -27,7 +27,7 @@ func TestReaderAddsRecordedAndPendingUsage(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.Postgres(t)
 	rdb := testenv.Redis(t)
-	rl := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	rl := quotaredis.New(rdb, testenv.Prefix(t, rdb))
 	store := postgres.NewStore(db)
 	tenant, err := store.CreateTenant(ctx, "test", "acme", "free")
 	if err != nil {
@@ -150,7 +150,7 @@ func TestReaderListsTheTierPoliciesWithTheirState(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb := testenv.Redis(t)
-	rl := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	rl := quotaredis.New(rdb, testenv.Prefix(t, rdb))
 	r := NewReader(rl, billing.NewLedger(testenv.Postgres(t)), time.Now)
 	tenant, other := quota.Tenant{ID: "a1b2c3d4-0000-4000-8000-" + testenv.RandomHex(6)}, "a1b2c3d4-0000-4000-8000-"+testenv.RandomHex(6)
 	p := catalog.Principal{Tenant: tenant, Tier: quota.Tier{Slug: "pro"}}
@@ -262,7 +262,7 @@ func TestReaderDatesUsageInTheTenantsCalendar(t *testing.T) {
 	ctx := context.Background()
 	db := testenv.Postgres(t)
 	rdb := testenv.Redis(t)
-	rl := ratelimit.New(rdb, testenv.Prefix(t, rdb))
+	rl := quotaredis.New(rdb, testenv.Prefix(t, rdb))
 	store := postgres.NewStore(db)
 	tenant, err := store.CreateTenantWith(ctx, "test", quota.Tenant{Name: "kiri", Tier: "free", TimeZone: "Pacific/Kiritimati"})
 	if err != nil {

@@ -12,7 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -570,7 +570,7 @@ func TestDashboardShowsOverageAgainstTheCap(t *testing.T) {
 	if page := string(c.get("/dashboard").body); !strings.Contains(page, `<dd id="overage-so-far">$0.00</dd>`) {
 		t.Errorf("before any draft: the dashboard does not show $0.00 of overage")
 	}
-	rec := billing.NewReconciler(s.pool, ratelimit.New(testenv.Redis(t), s.prefix), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	rec := billing.NewReconciler(s.pool, quotaredis.New(testenv.Redis(t), s.prefix), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := rec.Flush(ctx); err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -119,7 +119,7 @@ func (s *stack) tenant(tier string) (quota.Tenant, string) {
 func (s *stack) flushAndInvoice() {
 	s.tb.Helper()
 	ctx := context.Background()
-	rec := billing.NewReconciler(s.pool, ratelimit.New(testenv.Redis(s.tb), s.prefix), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	rec := billing.NewReconciler(s.pool, quotaredis.New(testenv.Redis(s.tb), s.prefix), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := rec.Flush(ctx); err != nil {
 		s.tb.Fatal(err)
 	}

@@ -17,13 +17,13 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // outageStack is a stack on a Redis of the test's own, which the test
 // stops and starts, and the worker's reconciler on it.
-func outageStack(t *testing.T) (*stack, *testenv.RedisProcess, *ratelimit.Runner, *billing.Reconciler) {
+func outageStack(t *testing.T) (*stack, *testenv.RedisProcess, *quotaredis.Store, *billing.Reconciler) {
 	t.Helper()
 	s := mustStack(t)
 	proc := testenv.StartRedis(t)
@@ -34,7 +34,7 @@ func outageStack(t *testing.T) (*stack, *testenv.RedisProcess, *ratelimit.Runner
 	}
 	rdb := redis.NewClient(opts)
 	t.Cleanup(func() { rdb.Close() })
-	rl := ratelimit.New(rdb, s.prefix)
+	rl := quotaredis.New(rdb, s.prefix)
 	rc := billing.NewReconciler(s.pool, rl, time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	if err := rc.Repair(context.Background()); err != nil { // the worker's first start
 		t.Fatal(err)

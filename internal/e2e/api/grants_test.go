@@ -13,7 +13,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -154,7 +154,7 @@ func TestGrantMadeWhileRedisIsDownIsAppliedByTheWorkerOnce(t *testing.T) {
 
 	rdb := redis.NewClient(&redis.Options{Addr: strings.TrimSuffix(strings.TrimPrefix(proc.URL, "redis://"), "/0")})
 	t.Cleanup(func() { _ = rdb.Close() })
-	missed := catalog.NewGrants(s.store, ratelimit.New(rdb, s.prefix), s.publisher(), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	missed := catalog.NewGrants(s.store, quotaredis.New(rdb, s.prefix), s.publisher(), time.Now, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	for i, want := range []int{1, 0} {
 		applied, err := missed.ApplyMissed(ctx)
 		if err != nil {

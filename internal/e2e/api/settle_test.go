@@ -15,7 +15,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -48,7 +48,7 @@ func TestSettledCost(t *testing.T) {
 	tier := s.tier(17, quota.Limits{DailyQuota: quota.Ptr(int64(100))})
 	tenant, key := s.tenant(tier.Slug)
 	base := s.start()
-	runner := ratelimit.New(testenv.Redis(t), s.prefix)
+	runner := quotaredis.New(testenv.Redis(t), s.prefix)
 	pending := func() int64 {
 		rows, err := runner.Pending(context.Background(), tenant.ID)
 		if err != nil {

@@ -11,7 +11,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -48,7 +48,7 @@ func settleStack(t *testing.T) (s *stack, a, b quota.Tenant, keyA string) {
 // pendingUnits is the units counted for tenantID and not yet flushed.
 func pendingUnits(tb testing.TB, s *stack, tenantID string) int64 {
 	tb.Helper()
-	rows, err := ratelimit.New(testenv.Redis(tb), s.prefix).Pending(context.Background(), tenantID)
+	rows, err := quotaredis.New(testenv.Redis(tb), s.prefix).Pending(context.Background(), tenantID)
 	if err != nil {
 		tb.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -50,7 +50,7 @@ func TestKill9UnderLoadLosesAndDoublesNothing(t *testing.T) {
 		}
 		ids = append(ids, tn.ID)
 	}
-	rl := ratelimit.New(rdb, prefix)
+	rl := quotaredis.New(rdb, prefix)
 
 	// The load: admissions as API nodes make them, reported each 50 ms.
 	admitted := map[string]int64{}

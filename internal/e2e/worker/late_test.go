@@ -9,7 +9,7 @@ import (
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -30,7 +30,7 @@ func TestWorkerCreditsALateRefund(t *testing.T) {
 	t.Cleanup(db.Close)
 	rdb := testenv.Redis(t)
 	prefix := testenv.Prefix(t, rdb)
-	rl := ratelimit.New(rdb, prefix)
+	rl := quotaredis.New(rdb, prefix)
 
 	cur := quota.MonthStart(time.Now())
 	prev := cur.AddDate(0, -1, 0)

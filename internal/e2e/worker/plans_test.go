@@ -16,7 +16,7 @@ import (
 	"github.com/tollgate/tollgate/internal/catalog"
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -52,7 +52,7 @@ func mustPlans(tb testing.TB, db *pgxpool.Pool, c redis.UniversalClient, prefix 
 	store := postgres.NewStore(db)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cat := catalog.New(store, c, prefix, log, clock)
-	return catalog.NewPlans(store, ratelimit.New(c, prefix), cat, clock, log), cat
+	return catalog.NewPlans(store, quotaredis.New(c, prefix), cat, clock, log), cat
 }
 
 // TestPendingDowngradeAppliedAtTheBoundary: a downgrade from pro to free
@@ -190,7 +190,7 @@ func TestQuotaResetWhenRedisFails(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	runner := ratelimit.New(rdb, prefix)
+	runner := quotaredis.New(rdb, prefix)
 	admit := func() quota.Decision {
 		t.Helper()
 		d, err := runner.Admit(ctx, quota.Request{TenantID: tenant.ID, Meter: "demo", Cost: 5,
@@ -206,7 +206,7 @@ func TestQuotaResetWhenRedisFails(t *testing.T) {
 	dead := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", MaxRetries: -1, DialTimeout: 100 * time.Millisecond})
 	t.Cleanup(func() { _ = dead.Close() })
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	broken := catalog.NewPlans(store, ratelimit.New(dead, prefix), catalog.New(store, dead, prefix, log, time.Now), time.Now, log)
+	broken := catalog.NewPlans(store, quotaredis.New(dead, prefix), catalog.New(store, dead, prefix, log, time.Now), time.Now, log)
 	got, reset, err := broken.Change(ctx, "admin", tenant.ID, &quota.PlanRequest{Tier: "pro", Quota: quota.QuotaReset},
 		func(*quota.Tenant) error { return nil })
 	if err != nil || got.Tier != "pro" || reset != catalog.ResetPending {

@@ -14,7 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/ratelimit"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/internal/worker"
 )
@@ -81,7 +81,7 @@ func TestTwoWorkerProcessesSplitAndHandOver(t *testing.T) {
 		ids = append(ids, tn.ID)
 		shardsHit[worker.ShardOf(tn.ID)] = true
 	}
-	rl := ratelimit.New(rdb, prefix)
+	rl := quotaredis.New(rdb, prefix)
 
 	admitted := map[string]int64{}
 	var mu sync.Mutex

@@ -1,4 +1,4 @@
-package ratelimit
+package pending
 
 import (
 	"context"
@@ -6,6 +6,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -13,7 +14,7 @@ func TestKeySlotMatchesRedis(t *testing.T) {
 	t.Parallel()
 	c := testenv.Cluster(t)
 	ctx := context.Background()
-	for _, tag := range []string{"", "e:0", "e:1", "e:12345", "t:" + newTenant(), "123456789"} {
+	for _, tag := range []string{"", "e:0", "e:1", "e:12345", "t:tn-" + testenv.RandomHex(6), "123456789"} {
 		want, err := c.ClusterKeySlot(ctx, "x:v1:{"+tag+"}:epoch").Result()
 		if tag == "" { // an empty tag is no tag: the whole key is hashed
 			want, err = c.ClusterKeySlot(ctx, tag).Result()
@@ -21,8 +22,8 @@ func TestKeySlotMatchesRedis(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := keySlot(tag); int64(got) != want {
-			t.Errorf("keySlot(%q) = %d, want %d (CLUSTER KEYSLOT)", tag, got, want)
+		if got := redisfn.KeySlot(tag); int64(got) != want {
+			t.Errorf("redisfn.KeySlot(%q) = %d, want %d (CLUSTER KEYSLOT)", tag, got, want)
 		}
 	}
 }
@@ -33,7 +34,7 @@ func TestEpochKeysOnePerMaster(t *testing.T) {
 	t.Parallel()
 	c := testenv.Cluster(t)
 	cc := c.(*redis.ClusterClient)
-	r, _ := mustRunner(t, c)
+	r := New(redisfn.New(c, testenv.Prefix(t, c)))
 	ctx := context.Background()
 	keys, err := r.epochKeys(ctx)
 	if err != nil {
@@ -61,7 +62,8 @@ func TestEpochKeysOnePerMaster(t *testing.T) {
 func TestEpochLostUntilRestored(t *testing.T) {
 	t.Parallel()
 	c := testenv.Redis(t)
-	r, prefix := mustRunner(t, c)
+	prefix := testenv.Prefix(t, c)
+	r := New(redisfn.New(c, prefix))
 	ctx := context.Background()
 	lost := func(want bool, when string) {
 		t.Helper()

@@ -1,4 +1,4 @@
-package ratelimit
+package pending
 
 import (
 	"context"
@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // ParsePending turns a pending-usage hash ("<hour unix s>|<meter>|<kind>"
@@ -71,22 +72,15 @@ func ParsePending(h map[string]string) ([]quota.PendingRow, error) {
 }
 
 // Pending returns the tenant's usage counted in Redis and not yet flushed.
-func (r *Runner) Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error) {
-	if err := checkTenant(tenantID); err != nil {
+func (r *Usage) Pending(ctx context.Context, tenantID string) ([]quota.PendingRow, error) {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return nil, err
 	}
-	flat, err := r.fcall(ctx, fnPending, r.pendingKeys(tenantID), "get").StringSlice()
+	flat, err := r.Call(ctx, redisfn.FnPending, r.PendingKeys(tenantID), "get").StringSlice()
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: pending: %w", err)
 	}
 	return ParsePending(pairs(flat))
-}
-
-// pendingKeys are the KEYS of pending (lua/pending.lua, which reads pending
-// usage wherever it lives): the pending hash, the state hash and the
-// flushing hash.
-func (r *Runner) pendingKeys(tenantID string) []string {
-	return []string{r.key(tenantID, "pending"), r.stateKey(tenantID), r.key(tenantID, "flushing")}
 }
 
 // pairs turns a flat field, value list into a map.
@@ -101,14 +95,14 @@ func pairs(flat []string) map[string]string {
 // PendingMany returns the pending usage of each tenant of ids, in one
 // pipelined round trip (the dashboard's tenant list). Tenants with nothing
 // pending are absent from the map.
-func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error) {
+func (r *Usage) PendingMany(ctx context.Context, ids []string) (map[string][]quota.PendingRow, error) {
 	for _, id := range ids {
-		if err := checkTenant(id); err != nil {
+		if err := redisfn.CheckTenant(id); err != nil {
 			return nil, err
 		}
 	}
-	cmds, err := r.pipelined(ctx, len(ids), func(i int) (fn, []string, []any) {
-		return fnPending, r.pendingKeys(ids[i]), []any{"get"}
+	cmds, err := r.Pipelined(ctx, len(ids), func(i int) (redisfn.Fn, []string, []any) {
+		return redisfn.FnPending, r.PendingKeys(ids[i]), []any{"get"}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: pending: %w", err)
@@ -134,15 +128,15 @@ func (r *Runner) PendingMany(ctx context.Context, ids []string) (map[string][]qu
 // request admitted at time at, whose upstream failed: see lua/refund.lua.
 // The day and month are those of the default calendar: RefundIn takes the
 // tenant's.
-func (r *Runner) Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error {
+func (r *Usage) Refund(ctx context.Context, tenantID, meter string, cost, overage int64, at time.Time) error {
 	return r.RefundIn(ctx, tenantID, meter, quota.Calendar{}, cost, overage, at)
 }
 
 // RefundIn is Refund for a tenant whose billing calendar is cal: the
 // counters are given back while they are still those of at's local day
 // and billing month.
-func (r *Runner) RefundIn(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time) error {
-	if err := checkTenant(tenantID); err != nil {
+func (r *Usage) RefundIn(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time) error {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return err
 	}
 	return r.refund(ctx, tenantID, meter, cal, cost, overage, at, nil, -1, "", 0)
@@ -152,13 +146,13 @@ func (r *Runner) RefundIn(ctx context.Context, tenantID, meter string, cal quota
 // failed: RefundIn with req's calendar, and, when req's meter has a quota
 // (quota.MeterQuota), that quota's units too, with the meter overage d
 // admitted (see lua/refund.lua).
-func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error {
-	if err := checkTenant(req.TenantID); err != nil {
+func (r *Usage) RefundRequest(ctx context.Context, req quota.Request, d quota.Decision) error {
+	if err := redisfn.CheckTenant(req.TenantID); err != nil {
 		return err
 	}
 	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
 	price := int64(-1)
-	if q != nil && q.Bills() && spendCapMillicents(req) >= 0 {
+	if q != nil && q.Bills() && redisfn.SpendCapMillicents(req) >= 0 {
 		price = q.OveragePriceCentsPer1K // the spend cap counts the meters' overage
 	}
 	pp := ""
@@ -177,22 +171,22 @@ func (r *Runner) RefundRequest(ctx context.Context, req quota.Request, d quota.D
 // -1); pp, for a prepaid tenant, the tier's and the meter's overage prices
 // (ARGV[8]);
 // mover the meter overage units the admission took.
-func (r *Runner) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time,
+func (r *Usage) refund(ctx context.Context, tenantID, meter string, cal quota.Calendar, cost, overage int64, at time.Time,
 	q *quota.MeterQuota, price int64, pp string, mover int64) error {
-	day, month := periodIDs(cal, at)
-	keys := r.stateKeys(tenantID, "pending")
+	day, month := redisfn.PeriodIDs(cal, at)
+	keys := r.StateKeys(tenantID, "pending")
 	args := []any{day, month, at.Truncate(time.Hour).Unix(), meter, cost, overage}
 	if q != nil || pp != "" {
 		hasQuota := 0 // (refund.lua's ARGV[10])
 		if q != nil {
 			hasQuota = 1
 		}
-		keys = append(keys, r.key(tenantID, "mq"))
+		keys = append(keys, r.Key(tenantID, "mq"))
 		args = append(args, price, pp, mover, hasQuota)
 	}
-	if err := r.fcall(ctx, fnRefund, keys, args...).Err(); err != nil {
+	if err := r.Call(ctx, redisfn.FnRefund, keys, args...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: refund: %w", err)
 	}
-	r.active.add(tenantID)
+	r.MarkActive(tenantID)
 	return nil
 }

@@ -1,4 +1,4 @@
-package ratelimit
+package redisfn
 
 import (
 	"context"
@@ -33,27 +33,27 @@ import (
 // older node may still call it); FUNCTION DELETE removes an old release's
 // once none of its nodes runs (docs/operations/redis.md).
 
-// fn names a function of the library.
-type fn uint8
+// Fn names a function of the library.
+type Fn uint8
 
 const (
-	fnAdmit fn = iota
-	fnAdmitN
-	fnGrant
-	fnRefund
-	fnSettle
-	fnReset
-	fnOutage
-	fnRestore
-	fnRestoreMeters
-	fnRestorePrepaid
-	fnClaim
-	fnFinish
-	fnPending
-	fnIdem
-	fnPolicyRun
-	fnMeterPeek
-	fnSpendPeek
+	FnAdmit Fn = iota
+	FnAdmitN
+	FnGrant
+	FnRefund
+	FnSettle
+	FnReset
+	FnOutage
+	FnRestore
+	FnRestoreMeters
+	FnRestorePrepaid
+	FnClaim
+	FnFinish
+	FnPending
+	FnIdem
+	FnPolicyRun
+	FnMeterPeek
+	FnSpendPeek
 	fnCount
 )
 
@@ -64,23 +64,23 @@ var functions = [fnCount]struct {
 	name, file string
 	readOnly   bool
 }{
-	fnAdmit:          {"admit", "admit.lua", false},
-	fnAdmitN:         {"admitn", "group.lua", false},
-	fnGrant:          {"grant", "grant.lua", false},
-	fnRefund:         {"refund", "refund.lua", false},
-	fnSettle:         {"settle", "settle.lua", false},
-	fnReset:          {"reset", "reset.lua", false},
-	fnOutage:         {"outage", "outage.lua", false},
-	fnRestore:        {"restore", "restore.lua", false},
-	fnRestoreMeters:  {"restore_meters", "restore_meters.lua", false},
-	fnRestorePrepaid: {"restore_prepaid", "restore_prepaid.lua", false},
-	fnClaim:          {"claim", "claim.lua", false},
-	fnFinish:         {"finish", "finish.lua", false},
-	fnPending:        {"pending", "pending.lua", true},
-	fnIdem:           {"idem", "idem.lua", false},
-	fnPolicyRun:      {"policy_run", "policy_run.lua", false},
-	fnMeterPeek:      {"meter_peek", "peek.lua", true},
-	fnSpendPeek:      {"spend_peek", "peek.lua", true},
+	FnAdmit:          {"admit", "admit.lua", false},
+	FnAdmitN:         {"admitn", "group.lua", false},
+	FnGrant:          {"grant", "grant.lua", false},
+	FnRefund:         {"refund", "refund.lua", false},
+	FnSettle:         {"settle", "settle.lua", false},
+	FnReset:          {"reset", "reset.lua", false},
+	FnOutage:         {"outage", "outage.lua", false},
+	FnRestore:        {"restore", "restore.lua", false},
+	FnRestoreMeters:  {"restore_meters", "restore_meters.lua", false},
+	FnRestorePrepaid: {"restore_prepaid", "restore_prepaid.lua", false},
+	FnClaim:          {"claim", "claim.lua", false},
+	FnFinish:         {"finish", "finish.lua", false},
+	FnPending:        {"pending", "pending.lua", true},
+	FnIdem:           {"idem", "idem.lua", false},
+	FnPolicyRun:      {"policy_run", "policy_run.lua", false},
+	FnMeterPeek:      {"meter_peek", "peek.lua", true},
+	FnSpendPeek:      {"spend_peek", "peek.lua", true},
 }
 
 // sharedFiles hold what the functions share, in the order they build on
@@ -98,9 +98,9 @@ type library struct {
 	names [fnCount]string // each function's, tg<v>_<name>
 }
 
-// lib is the library of this build; tests give runners others
-// (buildLibrary with a salt), which they may delete without disturbing the
-// rest.
+// lib is the library of this build; tests give stores others
+// (NewVersion: buildLibrary with a salt), which they may delete without
+// disturbing the rest.
 var lib = buildLibrary("")
 
 // versionMark stands for the version while the text is hashed.
@@ -116,7 +116,7 @@ func buildLibrary(salt string) *library {
 	if salt != "" {
 		b.WriteString("-- " + salt + "\n")
 	}
-	b.WriteString(`--[[ Tollgate's Redis Function library, joined by internal/ratelimit
+	b.WriteString(`--[[ Tollgate's Redis Function library, joined by internal/redisfn
 (library.go) from the files of lua/ (lua/embed.go), each after a line
 naming it. Its functions are registered at the end, named for the
 library's version.
@@ -172,7 +172,7 @@ end
 func mustRead(name string) string {
 	b, err := fs.ReadFile(lua.FS, name)
 	if err != nil {
-		panic("ratelimit: " + err.Error())
+		panic("redisfn: " + err.Error())
 	}
 	return string(b)
 }
@@ -195,8 +195,8 @@ func (l *library) load(ctx context.Context, c redis.UniversalClient) error {
 		}
 		return nil
 	}
-	if err := forEachMaster(ctx, c, load); err != nil {
-		return fmt.Errorf("ratelimit: load the Redis Function library %s (Redis 7.0 or later): %w", l.name, err)
+	if err := ForEachMaster(ctx, c, load); err != nil {
+		return fmt.Errorf("redisfn: load the Redis Function library %s (Redis 7.0 or later): %w", l.name, err)
 	}
 	if cc, ok := c.(*redis.ClusterClient); ok {
 		loadListed(ctx, cc, load)
@@ -231,9 +231,9 @@ func loadListed(ctx context.Context, cc *redis.ClusterClient, load func(context.
 	}
 }
 
-// forEachMaster runs f on every master of c (concurrently in a cluster),
+// ForEachMaster runs f on every master of c (concurrently in a cluster),
 // or on c's one server.
-func forEachMaster(ctx context.Context, c redis.UniversalClient, f func(context.Context, *redis.Client) error) error {
+func ForEachMaster(ctx context.Context, c redis.UniversalClient, f func(context.Context, *redis.Client) error) error {
 	switch c := c.(type) {
 	case *redis.ClusterClient:
 		return c.ForEachMaster(ctx, f)
@@ -278,12 +278,12 @@ func fcallCmd(ctx context.Context, name string, keys []string, args []any) *redi
 	return cmd
 }
 
-// mayHaveRun reports whether a call that failed with err may have run in
+// MayHaveRun reports whether a call that failed with err may have run in
 // Redis all the same: it was sent, and neither an answer nor a refusal
 // came back (a timeout, a connection lost after the write). An answer of
 // Redis's (an error reply), a call never sent (no connection to be had)
 // and Tollgate's own refusal of bad input did not run it.
-func mayHaveRun(err error) bool {
+func MayHaveRun(err error) bool {
 	var qe *quota.Error
 	var re redis.Error
 	switch {
@@ -324,7 +324,7 @@ const (
 
 // call runs the function f (FCALL), sent again while Redis answers that it
 // ran nothing (resend).
-func (l *library) call(ctx context.Context, c redis.UniversalClient, f fn, keys []string, args ...any) *redis.Cmd {
+func (l *library) call(ctx context.Context, c redis.UniversalClient, f Fn, keys []string, args ...any) *redis.Cmd {
 	cmd := fcallCmd(ctx, l.names[f], keys, args)
 	_ = c.Process(ctx, onceCmd{cmd})
 	cmds := []*redis.Cmd{cmd}
@@ -409,11 +409,11 @@ func (l *library) resend(ctx context.Context, c redis.UniversalClient, cmds []*r
 	}
 }
 
-// pipelined sends n calls of the library as one pipeline, call i that of
+// Pipelined sends n calls of the library as one pipeline, call i that of
 // the function, keys and arguments each returns for it, and returns their
 // commands (sent again while Redis ran nothing of them: library.send) and
 // the first error among them.
-func (r *Runner) pipelined(ctx context.Context, n int, each func(i int) (f fn, keys []string, args []any)) ([]*redis.Cmd, error) {
+func (r *Store) Pipelined(ctx context.Context, n int, each func(i int) (f Fn, keys []string, args []any)) ([]*redis.Cmd, error) {
 	if n == 0 {
 		return nil, nil
 	}
@@ -431,28 +431,41 @@ func (r *Runner) pipelined(ctx context.Context, n int, each func(i int) (f fn, k
 	return cmds, nil
 }
 
-// fcall runs the library's function f with keys and args: library.call.
-func (r *Runner) fcall(ctx context.Context, f fn, keys []string, args ...any) *redis.Cmd {
+// Call runs the library's function f with keys and args (FCALL), sent
+// again while Redis answers that it ran nothing: library.call.
+func (r *Store) Call(ctx context.Context, f Fn, keys []string, args ...any) *redis.Cmd {
 	return r.lib.call(ctx, r.c, f, keys, args...)
+}
+
+// Command returns the FCALL of f with keys and args, unsent, for Send.
+func (r *Store) Command(ctx context.Context, f Fn, keys []string, args []any) *redis.Cmd {
+	return fcallCmd(ctx, r.lib.names[f], keys, args)
+}
+
+// Send sends cmds (made by Command) as one pipeline, each never sent twice
+// by go-redis, then sends again those Redis ran nothing of, putting their
+// new commands in their places: library.send.
+func (r *Store) Send(ctx context.Context, cmds []*redis.Cmd) {
+	r.lib.send(ctx, r.c, cmds)
 }
 
 // ErrNoFunctions is LoadFunctions's error for a Redis that has no
 // Functions (older than 7.0), on which Tollgate cannot run.
-var ErrNoFunctions = errors.New("ratelimit: Redis has no Functions: Tollgate needs Redis 7.0 or later")
+var ErrNoFunctions = errors.New("redisfn: Redis has no Functions: Tollgate needs Redis 7.0 or later")
 
 // LoadFunctions loads the Function library on every master of the
-// runner's Redis, as the API and the worker do when they start, and logs
+// store's Redis, as the API and the worker do when they start, and logs
 // (log may be nil) the other versions' libraries it finds there
 // (tollgate_<v>, left by a rolling upgrade): FUNCTION DELETE removes each
 // once no node of its version runs. It fails, with ErrNoFunctions, only on
 // a Redis older than 7.0; any other failure (a master that does not
 // answer) is logged, and the calls load the library when they find it
 // missing, as they do after a restart.
-func (r *Runner) LoadFunctions(ctx context.Context, log *slog.Logger) error {
+func (r *Store) LoadFunctions(ctx context.Context, log *slog.Logger) error {
 	err := r.lib.load(ctx, r.c)
 	var others []string
 	if err == nil {
-		others, err = r.otherLibraries(ctx)
+		others, err = r.OtherLibraries(ctx)
 	}
 	switch {
 	case redis.HasErrorPrefix(err, "unknown command"):
@@ -466,9 +479,9 @@ func (r *Runner) LoadFunctions(ctx context.Context, log *slog.Logger) error {
 	return nil
 }
 
-// otherLibraries returns the names of the libraries of other releases than
-// this one (tollgate_<v>) on the masters of the runner's Redis.
-func (r *Runner) otherLibraries(ctx context.Context) ([]string, error) {
+// OtherLibraries returns the names of the libraries of other releases than
+// this one (tollgate_<v>) on the masters of the store's Redis.
+func (r *Store) OtherLibraries(ctx context.Context) ([]string, error) {
 	var (
 		mu     sync.Mutex
 		others []string
@@ -487,12 +500,12 @@ func (r *Runner) otherLibraries(ctx context.Context) ([]string, error) {
 		}
 		return nil
 	}
-	if err := forEachMaster(ctx, r.c, list); err != nil {
-		return nil, fmt.Errorf("ratelimit: list the Redis Function libraries: %w", err)
+	if err := ForEachMaster(ctx, r.c, list); err != nil {
+		return nil, fmt.Errorf("redisfn: list the Redis Function libraries: %w", err)
 	}
 	slices.Sort(others)
 	return others, nil
 }
 
-// FunctionLibrary is the name of the runner's Function library.
-func (r *Runner) FunctionLibrary() string { return r.lib.name }
+// FunctionLibrary is the name of the store's Function library.
+func (r *Store) FunctionLibrary() string { return r.lib.name }

@@ -1,4 +1,4 @@
-package ratelimit
+package settlement
 
 import (
 	"context"
@@ -10,12 +10,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // settleKey holds a reservation of a settle route, under the tenant's hash
 // tag (settle.lua reads it atomically with the tenant's state).
-func (r *Runner) settleKey(tenantID, requestID string) string {
-	return r.key(tenantID, "settle:"+requestID)
+func (r *Settler) settleKey(tenantID, requestID string) string {
+	return r.Key(tenantID, "settle:"+requestID)
 }
 
 // checkRequestID bounds a request id used in keys.
@@ -42,15 +43,15 @@ func checkRequestID(id string) error {
 // index naming the tenant by the id alone, <prefix>:v1:settle:{r:<id>},
 // which this version neither writes nor reads: it expires with its
 // entry.)
-func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
-	if err := checkTenant(req.TenantID); err != nil {
+func (r *Settler) Reserve(ctx context.Context, requestID string, req quota.Request, d quota.Decision) error {
+	if err := redisfn.CheckTenant(req.TenantID); err != nil {
 		return err
 	}
 	if err := checkRequestID(requestID); err != nil {
 		return err
 	}
 	at := d.Now.UTC()
-	day, month := periodIDs(req.Calendar, at)
+	day, month := redisfn.PeriodIDs(req.Calendar, at)
 	bill, mq := 0, int64(-1)
 	if req.Overage == quota.OverageBill {
 		bill = 1
@@ -62,7 +63,7 @@ func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Reques
 		strconv.FormatInt(day, 10) + "|" + strconv.FormatInt(month, 10) + "|" +
 		strconv.FormatInt(d.OverageUnits, 10) + "|" + strconv.Itoa(bill) + "|" + strconv.FormatInt(mq, 10) + "|" +
 		settleMoney(req, d) + "|" + req.Meter
-	if err := r.c.Set(ctx, r.settleKey(req.TenantID, requestID), entry, quota.SettleWindow).Err(); err != nil {
+	if err := r.Client().Set(ctx, r.settleKey(req.TenantID, requestID), entry, quota.SettleWindow).Err(); err != nil {
 		return fmt.Errorf("ratelimit: reserve: %w", err)
 	}
 	return nil
@@ -77,7 +78,7 @@ func (r *Runner) Reserve(ctx context.Context, requestID string, req quota.Reques
 // charge's overage is billed within the cap's room).
 func settleMoney(req quota.Request, d quota.Decision) string {
 	q := quota.MeterQuotaFor(req.MeterQuotas, req.Meter)
-	capm := capMillicents(req)
+	capm := redisfn.CapMillicents(req)
 	if q == nil && req.Prepaid == nil && capm < 0 {
 		return "-"
 	}
@@ -89,7 +90,7 @@ func settleMoney(req quota.Request, d quota.Decision) string {
 		}
 		if q.Bills() {
 			price = q.OveragePriceCentsPer1K
-			if spendCapMillicents(req) >= 0 {
+			if redisfn.SpendCapMillicents(req) >= 0 {
 				capped = "1"
 			}
 		}
@@ -111,14 +112,14 @@ func settleMoney(req quota.Request, d quota.Decision) string {
 // (lua/settle.lua): the first call applies actual - cost (a refund or a
 // charge that may pass the quota); later calls, from any node, and calls
 // after quota.SettleWindow change nothing and say so.
-func (r *Runner) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
+func (r *Settler) Settle(ctx context.Context, tenantID, requestID string, actual int64) (quota.Settlement, error) {
 	return r.settle(ctx, tenantID, requestID, actual, settledMark)
 }
 
 // RefundReserved refunds a reserved request whole, exactly once: a settle
 // to 0 that marks the entry refunded, so that a later settle or refund
 // answers SettleRefunded and changes nothing.
-func (r *Runner) RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error) {
+func (r *Settler) RefundReserved(ctx context.Context, tenantID, requestID string) (quota.Settlement, error) {
 	return r.settle(ctx, tenantID, requestID, 0, refundedMark)
 }
 
@@ -128,8 +129,8 @@ const (
 	refundedMark = "refunded"
 )
 
-func (r *Runner) settle(ctx context.Context, tenantID, requestID string, actual int64, mark string) (quota.Settlement, error) {
-	if err := checkTenant(tenantID); err != nil {
+func (r *Settler) settle(ctx context.Context, tenantID, requestID string, actual int64, mark string) (quota.Settlement, error) {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return quota.Settlement{}, err
 	}
 	if err := checkRequestID(requestID); err != nil {
@@ -138,8 +139,8 @@ func (r *Runner) settle(ctx context.Context, tenantID, requestID string, actual 
 	if actual < 0 || actual > quota.MaxQuantity {
 		return quota.Settlement{}, quota.FieldError("actual_cost", "must be an integer between 0 and %d", quota.MaxQuantity)
 	}
-	keys := r.stateKeys(tenantID, "pending", "settle:"+requestID, "mq")
-	res, err := r.fcall(ctx, fnSettle, keys, actual, mark).Int64Slice()
+	keys := r.StateKeys(tenantID, "pending", "settle:"+requestID, "mq")
+	res, err := r.Call(ctx, redisfn.FnSettle, keys, actual, mark).Int64Slice()
 	if err != nil {
 		return quota.Settlement{}, fmt.Errorf("ratelimit: settle: %w", err)
 	}
@@ -149,7 +150,7 @@ func (r *Runner) settle(ctx context.Context, tenantID, requestID string, actual 
 	switch res[0] {
 	case 1:
 		if res[1] != 0 {
-			r.active.add(tenantID)
+			r.MarkActive(tenantID)
 		}
 		return quota.Settlement{Status: quota.SettleApplied, Delta: res[1], OverageDelta: res[2]}, nil
 	case -1:
@@ -163,14 +164,14 @@ func (r *Runner) settle(ctx context.Context, tenantID, requestID string, actual 
 // Hold records the concurrency leases a reserved request holds (value, as
 // admission.Gate encodes them) until TakeHold or ttl, the longest of their
 // leases.
-func (r *Runner) Hold(ctx context.Context, tenantID, requestID, value string, ttl time.Duration) error {
-	if err := checkTenant(tenantID); err != nil {
+func (r *Settler) Hold(ctx context.Context, tenantID, requestID, value string, ttl time.Duration) error {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return err
 	}
 	if err := checkRequestID(requestID); err != nil {
 		return err
 	}
-	if err := r.c.Set(ctx, r.key(tenantID, "hold:"+requestID), value, ttl).Err(); err != nil {
+	if err := r.Client().Set(ctx, r.Key(tenantID, "hold:"+requestID), value, ttl).Err(); err != nil {
 		return fmt.Errorf("ratelimit: hold: %w", err)
 	}
 	return nil
@@ -178,14 +179,14 @@ func (r *Runner) Hold(ctx context.Context, tenantID, requestID, value string, tt
 
 // TakeHold reads and removes, atomically, what Hold recorded: the first
 // of concurrent calls gets it, the others none.
-func (r *Runner) TakeHold(ctx context.Context, tenantID, requestID string) (string, bool, error) {
-	if err := checkTenant(tenantID); err != nil {
+func (r *Settler) TakeHold(ctx context.Context, tenantID, requestID string) (string, bool, error) {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return "", false, err
 	}
 	if err := checkRequestID(requestID); err != nil {
 		return "", false, err
 	}
-	v, err := r.c.GetDel(ctx, r.key(tenantID, "hold:"+requestID)).Result()
+	v, err := r.Client().GetDel(ctx, r.Key(tenantID, "hold:"+requestID)).Result()
 	if errors.Is(err, redis.Nil) {
 		return "", false, nil
 	}
@@ -202,25 +203,25 @@ var noteRequestID = redis.NewScript(`if redis.call('EXISTS', KEYS[1]) == 1 then 
 // NoteRequestID records, in the idempotency record of a counted check
 // (key), the request id it was reserved under, so that a repeat of the
 // key answers the same id.
-func (r *Runner) NoteRequestID(ctx context.Context, tenantID, key, requestID string) error {
-	if err := checkTenant(tenantID); err != nil {
+func (r *Settler) NoteRequestID(ctx context.Context, tenantID, key, requestID string) error {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return err
 	}
 	if err := checkRequestID(requestID); err != nil {
 		return err
 	}
-	if err := noteRequestID.Run(ctx, r.c, []string{r.key(tenantID, "idem2:"+idemHash(key))}, requestID).Err(); err != nil {
+	if err := noteRequestID.Run(ctx, r.Client(), []string{r.Key(tenantID, "idem2:"+redisfn.IdemHash(key))}, requestID).Err(); err != nil {
 		return fmt.Errorf("ratelimit: note request id: %w", err)
 	}
 	return nil
 }
 
 // RequestIDOf reads what NoteRequestID wrote for key: "" when nothing.
-func (r *Runner) RequestIDOf(ctx context.Context, tenantID, key string) (string, error) {
-	if err := checkTenant(tenantID); err != nil {
+func (r *Settler) RequestIDOf(ctx context.Context, tenantID, key string) (string, error) {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return "", err
 	}
-	v, err := r.c.HGet(ctx, r.key(tenantID, "idem2:"+idemHash(key)), "rid").Result()
+	v, err := r.Client().HGet(ctx, r.Key(tenantID, "idem2:"+redisfn.IdemHash(key)), "rid").Result()
 	if errors.Is(err, redis.Nil) {
 		return "", nil
 	}

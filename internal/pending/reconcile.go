@@ -1,4 +1,4 @@
-package ratelimit
+package pending
 
 import (
 	"context"
@@ -15,74 +15,17 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // This file is the Redis side of the worker's reconciliation: which tenants
 // have usage to flush, taking and dropping batches, and repairing counters
 // after Redis lost data. The Postgres side is internal/billing.
 
-// activeTTL bounds the active-tenant set if no worker ever reads it.
-const activeTTL = 7 * 24 * time.Hour
-
-// activeSet records the tenants this node admitted for since its last report.
-type activeSet struct {
-	mu sync.Mutex
-	m  map[string]struct{}
-}
-
-func (a *activeSet) add(id string) {
-	a.mu.Lock()
-	if a.m == nil {
-		a.m = map[string]struct{}{}
-	}
-	a.m[id] = struct{}{}
-	a.mu.Unlock()
-}
-
-func (a *activeSet) take() []string {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	out := make([]string, 0, len(a.m))
-	for id := range a.m {
-		out = append(out, id)
-	}
-	a.m = nil
-	return out
-}
-
-func (r *Runner) activeKey() string { return r.prefix + ":v1:active" }
-
-// ReportActive adds the tenants this node counted usage for since the last
-// report to the active set the worker reads. It is not on the request path:
-// cmd/api calls it about once a second. A node that dies before reporting
-// leaves its tenants' pending usage to the worker's sweep.
-func (r *Runner) ReportActive(ctx context.Context) error {
-	ids := r.active.take()
-	if len(ids) == 0 {
-		return nil
-	}
-	members := make([]any, len(ids))
-	for i, id := range ids {
-		members[i] = id
-	}
-	_, err := r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
-		p.SAdd(ctx, r.activeKey(), members...)
-		p.Expire(ctx, r.activeKey(), activeTTL)
-		return nil
-	})
-	if err != nil {
-		for _, id := range ids { // report them next time
-			r.active.add(id)
-		}
-		return fmt.Errorf("ratelimit: report active: %w", err)
-	}
-	return nil
-}
-
 // ActiveTenants returns the tenants reported active since the worker last
 // marked them done.
-func (r *Runner) ActiveTenants(ctx context.Context) ([]string, error) {
-	ids, err := r.c.SMembers(ctx, r.activeKey()).Result()
+func (r *Usage) ActiveTenants(ctx context.Context) ([]string, error) {
+	ids, err := r.Client().SMembers(ctx, r.ActiveKey()).Result()
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: active tenants: %w", err)
 	}
@@ -93,7 +36,7 @@ func (r *Runner) ActiveTenants(ctx context.Context) ([]string, error) {
 // scanning the keyspace (every master of a cluster). It is the worker's
 // safety net for tenants whose API node died before reporting them; its cost
 // grows with the keyspace, so the worker runs it rarely.
-func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
+func (r *Usage) SweepTenants(ctx context.Context) ([]string, error) {
 	seen := map[string]struct{}{}
 	var mu sync.Mutex
 	scan := func(ctx context.Context, c *redis.Client) error {
@@ -102,7 +45,7 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 		// pending claims nothing).
 		for _, pat := range [][2]string{{":v1:{t:*", "}:pending"}, {":v1:{t:*", "}:flushing"}, {":v2:{t:*", "}"}} {
 			suffix := pat[1]
-			iter := c.Scan(ctx, 0, r.prefix+pat[0]+suffix, 1000).Iterator()
+			iter := c.Scan(ctx, 0, r.Prefix()+pat[0]+suffix, 1000).Iterator()
 			for iter.Next(ctx) {
 				k := iter.Val()
 				start := strings.Index(k, "{t:") + 3
@@ -120,7 +63,7 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 		}
 		return nil
 	}
-	if err := forEachMaster(ctx, r.c, scan); err != nil {
+	if err := redisfn.ForEachMaster(ctx, r.Client(), scan); err != nil {
 		return nil, fmt.Errorf("ratelimit: sweep: %w", err)
 	}
 	out := make([]string, 0, len(seen))
@@ -132,8 +75,8 @@ func (r *Runner) SweepTenants(ctx context.Context) ([]string, error) {
 	var kept []string
 	for start := 0; start < len(out); start += 500 {
 		ids := out[start:min(start+500, len(out))]
-		has, err := r.pipelined(ctx, len(ids), func(i int) (fn, []string, []any) {
-			return fnPending, r.pendingKeys(ids[i]), []any{"any"}
+		has, err := r.Pipelined(ctx, len(ids), func(i int) (redisfn.Fn, []string, []any) {
+			return redisfn.FnPending, r.PendingKeys(ids[i]), []any{"any"}
 		})
 		if err != nil {
 			return nil, fmt.Errorf("ratelimit: sweep: %w", err)
@@ -173,10 +116,10 @@ const pipelinePart = 500
 
 // pipelinedParts is pipelined in pipelines of at most pipelinePart calls,
 // one after the other.
-func (r *Runner) pipelinedParts(ctx context.Context, n int, each func(i int) (fn, []string, []any)) ([]*redis.Cmd, error) {
+func (r *Usage) pipelinedParts(ctx context.Context, n int, each func(i int) (redisfn.Fn, []string, []any)) ([]*redis.Cmd, error) {
 	cmds := make([]*redis.Cmd, 0, n)
 	for start := 0; start < n; start += pipelinePart {
-		part, err := r.pipelined(ctx, min(pipelinePart, n-start), func(i int) (fn, []string, []any) { return each(start + i) })
+		part, err := r.Pipelined(ctx, min(pipelinePart, n-start), func(i int) (redisfn.Fn, []string, []any) { return each(start + i) })
 		if err != nil {
 			return nil, err
 		}
@@ -188,12 +131,12 @@ func (r *Runner) pipelinedParts(ctx context.Context, n int, each func(i int) (fn
 // Claim takes the pending usage of each tenant as a batch (or returns the
 // batch already in flight), pipelined (a round trip per pipelinePart
 // tenants). Tenants with nothing to flush are left out.
-func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
+func (r *Usage) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
-	cmds, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
+	cmds, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (redisfn.Fn, []string, []any) {
 		id := tenantIDs[i]
 		proposed[i] = newBatchID()
-		return fnClaim, []string{r.key(id, "pending"), r.key(id, "flushing"), r.stateKey(id)},
+		return redisfn.FnClaim, []string{r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id)},
 			[]any{proposed[i], quota.FlushingTTL.Milliseconds()}
 	})
 	if err != nil {
@@ -224,10 +167,10 @@ func (r *Runner) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, 
 
 // Finish drops batches Postgres has recorded, pipelined (a round trip per
 // pipelinePart batches).
-func (r *Runner) Finish(ctx context.Context, batches []quota.Batch) error {
-	_, err := r.pipelinedParts(ctx, len(batches), func(i int) (fn, []string, []any) {
+func (r *Usage) Finish(ctx context.Context, batches []quota.Batch) error {
+	_, err := r.pipelinedParts(ctx, len(batches), func(i int) (redisfn.Fn, []string, []any) {
 		b := batches[i]
-		return fnFinish, []string{r.key(b.TenantID, "flushing")}, []any{b.ID}
+		return redisfn.FnFinish, []string{r.Key(b.TenantID, "flushing")}, []any{b.ID}
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: finish: %w", err)
@@ -239,12 +182,12 @@ func (r *Runner) Finish(ctx context.Context, batches []quota.Batch) error {
 // except those that have pending usage again: they stay for the next cycle.
 // (A tenant that counts usage after this check is reported again by its API
 // node within a second, and the sweep finds it in any case.)
-func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
+func (r *Usage) Done(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
-	exists, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (fn, []string, []any) {
-		return fnPending, r.pendingKeys(tenantIDs[i]), []any{"any"}
+	exists, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (redisfn.Fn, []string, []any) {
+		return redisfn.FnPending, r.PendingKeys(tenantIDs[i]), []any{"any"}
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: done: %w", err)
@@ -258,7 +201,7 @@ func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
 	if len(members) == 0 {
 		return nil
 	}
-	if err := r.c.SRem(ctx, r.activeKey(), members...).Err(); err != nil {
+	if err := r.Client().SRem(ctx, r.ActiveKey(), members...).Err(); err != nil {
 		return fmt.Errorf("ratelimit: done: %w", err)
 	}
 	return nil
@@ -278,14 +221,13 @@ func (r *Runner) Done(ctx context.Context, tenantIDs []string) error {
 const (
 	epochIntact    = "intact"
 	epochRestoring = "restoring"
-	clusterSlots   = 16384
 )
 
 // epochKeys returns one epoch key per master (one key on a single server).
-func (r *Runner) epochKeys(ctx context.Context) ([]string, error) {
-	cc, ok := r.c.(*redis.ClusterClient)
+func (r *Usage) epochKeys(ctx context.Context) ([]string, error) {
+	cc, ok := r.Client().(*redis.ClusterClient)
 	if !ok {
-		return []string{r.prefix + ":v1:epoch"}, nil
+		return []string{r.Prefix() + ":v1:epoch"}, nil
 	}
 	ranges, err := cc.ClusterSlots(ctx).Result()
 	if err != nil {
@@ -311,9 +253,9 @@ func (r *Runner) epochKeys(ctx context.Context) ([]string, error) {
 	var keys []string
 	for n := 0; len(keys) < len(masters) && n < 1<<20; n++ {
 		tag := "e:" + strconv.Itoa(n)
-		if m := master(keySlot(tag)); m != "" && !seen[m] {
+		if m := master(redisfn.KeySlot(tag)); m != "" && !seen[m] {
 			seen[m] = true
-			keys = append(keys, r.prefix+":v1:{"+tag+"}:epoch")
+			keys = append(keys, r.Prefix()+":v1:{"+tag+"}:epoch")
 		}
 	}
 	if len(keys) < len(masters) {
@@ -322,37 +264,20 @@ func (r *Runner) epochKeys(ctx context.Context) ([]string, error) {
 	return keys, nil
 }
 
-// keySlot returns the Redis Cluster slot of a key whose hash tag is tag (or
-// of the key tag without braces): CRC16/XMODEM modulo 16384.
-func keySlot(tag string) int {
-	var crc uint16
-	for i := 0; i < len(tag); i++ {
-		crc ^= uint16(tag[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return int(crc) % clusterSlots
-}
-
 // EpochLost reports whether Redis lost data since the last restore: the
 // epoch key of some master is gone, or a restore began and has not
 // succeeded. It extends the keys' lives; it changes nothing else, so the
 // answer stays true until MarkRestored.
-func (r *Runner) EpochLost(ctx context.Context) (bool, error) {
+func (r *Usage) EpochLost(ctx context.Context) (bool, error) {
 	keys, err := r.epochKeys(ctx)
 	if err != nil {
 		return false, err
 	}
 	gets := make([]*redis.StringCmd, len(keys))
-	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, _ = r.Client().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range keys {
 			gets[i] = p.Get(ctx, k)
-			p.Expire(ctx, k, activeTTL)
+			p.Expire(ctx, k, redisfn.ActiveTTL)
 		}
 		return nil
 	})
@@ -373,29 +298,29 @@ func (r *Runner) EpochLost(ctx context.Context) (bool, error) {
 
 // MarkRestoring marks every master's epoch as being restored, before a
 // restore starts: until MarkRestored, EpochLost reports a loss.
-func (r *Runner) MarkRestoring(ctx context.Context) error {
+func (r *Usage) MarkRestoring(ctx context.Context) error {
 	return r.markEpoch(ctx, epochRestoring, false)
 }
 
 // MarkRestored marks the epochs intact after a successful restore, except on
 // a master whose key vanished since MarkRestoring: that master lost its data
 // again during the restore, and the next EpochLost reports it.
-func (r *Runner) MarkRestored(ctx context.Context) error {
+func (r *Usage) MarkRestored(ctx context.Context) error {
 	return r.markEpoch(ctx, epochIntact, true)
 }
 
-func (r *Runner) markEpoch(ctx context.Context, value string, onlyExisting bool) error {
+func (r *Usage) markEpoch(ctx context.Context, value string, onlyExisting bool) error {
 	keys, err := r.epochKeys(ctx)
 	if err != nil {
 		return err
 	}
 	cmds := make([]redis.Cmder, len(keys))
-	_, _ = r.c.Pipelined(ctx, func(p redis.Pipeliner) error {
+	_, _ = r.Client().Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, k := range keys {
 			if onlyExisting {
-				cmds[i] = p.SetXX(ctx, k, value, activeTTL)
+				cmds[i] = p.SetXX(ctx, k, value, redisfn.ActiveTTL)
 			} else {
-				cmds[i] = p.Set(ctx, k, value, activeTTL)
+				cmds[i] = p.Set(ctx, k, value, redisfn.ActiveTTL)
 			}
 		}
 		return nil
@@ -414,10 +339,10 @@ const prepaidKeep = 40 * 24 * time.Hour
 
 // RestorePrepaid gives prepaid tenants' credit draws back from the ledger
 // after Redis lost data (lua/restore_prepaid.lua), pipelined.
-func (r *Runner) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error {
-	_, err := r.pipelined(ctx, len(recs), func(i int) (fn, []string, []any) {
+func (r *Usage) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error {
+	_, err := r.Pipelined(ctx, len(recs), func(i int) (redisfn.Fn, []string, []any) {
 		rec := recs[i]
-		return fnRestorePrepaid, []string{r.key(rec.TenantID, "mq")},
+		return redisfn.FnRestorePrepaid, []string{r.Key(rec.TenantID, "mq")},
 			[]any{rec.Period, rec.Millicents, rec.Prev, rec.PrevMillicents, rec.Until.Add(prepaidKeep).UnixMilli()}
 	})
 	if err != nil {
@@ -429,7 +354,7 @@ func (r *Runner) RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorde
 // meterRestoreArgs are restore_meters's ARGV (lua/restore_meters.lua) for
 // rec at at.
 func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {
-	day, month := periodIDs(rec.Calendar, at)
+	day, month := redisfn.PeriodIDs(rec.Calendar, at)
 	_, end := rec.Calendar.Period(at)
 	var mc int64
 	for _, m := range rec.Meters {
@@ -448,32 +373,32 @@ func meterRestoreArgs(rec quota.Recorded, at time.Time) []any {
 // The month's overage comes back with its units (the tier's, and the
 // meters' millicents that the spend cap counts), so that the cap's room
 // is what the ledger left of it, not full again.
-func (r *Runner) Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error {
+func (r *Usage) Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error {
 	at = at.UTC()
 	day, month := quota.DayStart(at), quota.MonthStart(at)
 	y, m, _ := at.Date()
 	type restoreCall struct {
-		f    fn
+		f    redisfn.Fn
 		keys []string
 		args []any
 	}
 	var calls []restoreCall
 	for _, rec := range recs {
 		if len(rec.Meters) > 0 {
-			calls = append(calls, restoreCall{fnRestoreMeters, []string{r.key(rec.TenantID, "mq")}, meterRestoreArgs(rec, at)})
+			calls = append(calls, restoreCall{redisfn.FnRestoreMeters, []string{r.Key(rec.TenantID, "mq")}, meterRestoreArgs(rec, at)})
 		}
-		keys := r.stateKeys(rec.TenantID, "pending")
+		keys := r.StateKeys(rec.TenantID, "pending")
 		if cal := rec.Calendar; !cal.IsDefault() {
 			ds, de := cal.Day(at)
 			ps, pe := cal.Period(at)
-			calls = append(calls, restoreCall{fnRestore, keys, []any{cal.DayID(at), cal.PeriodID(at), ds.Unix(), ps.Unix(),
+			calls = append(calls, restoreCall{redisfn.FnRestore, keys, []any{cal.DayID(at), cal.PeriodID(at), ds.Unix(), ps.Unix(),
 				rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage, de.Unix(), pe.Unix()}})
 			continue
 		}
-		calls = append(calls, restoreCall{fnRestore, keys, []any{day.Unix() / 86400, y*100 + int(m), day.Unix(), month.Unix(),
+		calls = append(calls, restoreCall{redisfn.FnRestore, keys, []any{day.Unix() / 86400, y*100 + int(m), day.Unix(), month.Unix(),
 			rec.DayUnits, rec.MonthUnits, rec.DayGrant, rec.MonthGrant, rec.MonthOverage}})
 	}
-	_, err := r.pipelined(ctx, len(calls), func(i int) (fn, []string, []any) {
+	_, err := r.Pipelined(ctx, len(calls), func(i int) (redisfn.Fn, []string, []any) {
 		return calls[i].f, calls[i].keys, calls[i].args
 	})
 	if err != nil {

@@ -1,4 +1,4 @@
-package ratelimit
+package idempotency
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 )
 
 // This file is the answer half of idempotency: admit.lua decides and writes
@@ -19,23 +20,23 @@ import (
 
 // WithAnswerLimits sets the room of each tenant's idempotency records
 // (quota.DefaultAnswerLimits unless set) and returns r.
-func (r *Runner) WithAnswerLimits(l quota.AnswerLimits) *Runner {
+func (r *Answers) WithAnswerLimits(l quota.AnswerLimits) *Answers {
 	r.answers = l
 	return r
 }
 
 // idemKeys are lua/idem.lua's KEYS: the tenant's room, then the record of
 // key ("" for none: the room alone).
-func (r *Runner) idemKeys(tenantID, key string) []string {
-	keys := []string{r.key(tenantID, "idemroom"), r.key(tenantID, "idembytes")}
+func (r *Answers) idemKeys(tenantID, key string) []string {
+	keys := []string{r.Key(tenantID, "idemroom"), r.Key(tenantID, "idembytes")}
 	if key != "" {
-		keys = append(keys, r.key(tenantID, "idem2:"+idemHash(key)))
+		keys = append(keys, r.Key(tenantID, "idem2:"+redisfn.IdemHash(key)))
 	}
 	return keys
 }
 
 // millis is t in ms since the epoch, or 0 (Redis TIME) for the zero time.
-func millis(t time.Time) int64 { return micros(t) / 1000 }
+func millis(t time.Time) int64 { return redisfn.Micros(t) / 1000 }
 
 // reserve is the room a request's record holds until its answer is
 // stored: the largest answer, unless its decision is the answer (no lease:
@@ -48,13 +49,13 @@ func reserve(req quota.Request) int64 {
 }
 
 func checkClaim(req quota.Request) error {
-	if err := checkTenant(req.TenantID); err != nil {
+	if err := redisfn.CheckTenant(req.TenantID); err != nil {
 		return err
 	}
 	if req.IdempotencyKey == "" || req.IdempotencyClaim == "" || len(req.IdempotencyClaim) > 64 {
 		return quota.FieldError("idempotency", "a claim needs the key and a claim id of 1 to 64 characters")
 	}
-	return checkNow(req.Now)
+	return redisfn.CheckNow(req.Now)
 }
 
 // ClaimAnswer takes the room of the record that req (with an idempotency
@@ -65,19 +66,19 @@ func checkClaim(req quota.Request) error {
 // 422), which writes none. With force, the room is taken whatever the
 // limits: for an admission that wrote a record after its claim was
 // skipped (the deciding record went in between).
-func (r *Runner) ClaimAnswer(ctx context.Context, req quota.Request, force bool) (quota.AnswerClaim, error) {
+func (r *Answers) ClaimAnswer(ctx context.Context, req quota.Request, force bool) (quota.AnswerClaim, error) {
 	if err := checkClaim(req); err != nil {
 		return quota.AnswerClaim{}, err
 	}
 	keys := r.idemKeys(req.TenantID, req.IdempotencyKey)
 	if force {
-		if err := r.fcall(ctx, fnIdem, keys, "count", millis(req.Now), req.IdempotencyClaim,
+		if err := r.Call(ctx, redisfn.FnIdem, keys, "count", millis(req.Now), req.IdempotencyClaim,
 			req.IdempotencyFingerprint, reserve(req)).Err(); err != nil {
 			return quota.AnswerClaim{}, fmt.Errorf("ratelimit: count an idempotency record: %w", err)
 		}
 		return quota.AnswerClaim{Status: quota.ClaimTaken}, nil
 	}
-	res, err := r.fcall(ctx, fnIdem, keys, "claim", millis(req.Now), req.IdempotencyClaim,
+	res, err := r.Call(ctx, redisfn.FnIdem, keys, "claim", millis(req.Now), req.IdempotencyClaim,
 		req.IdempotencyFingerprint, reserve(req), r.answers.Answers, r.answers.Bytes).Int64Slice()
 	if err != nil {
 		return quota.AnswerClaim{}, fmt.Errorf("ratelimit: claim an idempotency record: %w", err)
@@ -99,11 +100,11 @@ func (r *Runner) ClaimAnswer(ctx context.Context, req quota.Request, force bool)
 
 // UnclaimAnswer gives back the room req claimed: its admission wrote no
 // record.
-func (r *Runner) UnclaimAnswer(ctx context.Context, req quota.Request) error {
+func (r *Answers) UnclaimAnswer(ctx context.Context, req quota.Request) error {
 	if err := checkClaim(req); err != nil {
 		return err
 	}
-	err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "unclaim", millis(req.Now),
+	err := r.Call(ctx, redisfn.FnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "unclaim", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint).Err()
 	if err != nil {
 		return fmt.Errorf("ratelimit: give back an idempotency claim: %w", err)
@@ -113,11 +114,11 @@ func (r *Runner) UnclaimAnswer(ctx context.Context, req quota.Request) error {
 
 // AnswerUsage reports the room the tenant's idempotency records hold, and
 // the limits.
-func (r *Runner) AnswerUsage(ctx context.Context, tenantID string) (quota.AnswerUsage, error) {
-	if err := checkTenant(tenantID); err != nil {
+func (r *Answers) AnswerUsage(ctx context.Context, tenantID string) (quota.AnswerUsage, error) {
+	if err := redisfn.CheckTenant(tenantID); err != nil {
 		return quota.AnswerUsage{}, err
 	}
-	res, err := r.fcall(ctx, fnIdem, r.idemKeys(tenantID, ""), "room", 0).Int64Slice()
+	res, err := r.Call(ctx, redisfn.FnIdem, r.idemKeys(tenantID, ""), "room", 0).Int64Slice()
 	if err != nil {
 		return quota.AnswerUsage{}, fmt.Errorf("ratelimit: idempotency room: %w", err)
 	}
@@ -133,11 +134,11 @@ func (r *Runner) AnswerUsage(ctx context.Context, tenantID string) (quota.Answer
 // expires. It reports false when the record is not this request's any
 // more (its lease ran out and a newer request took the key); its claim is
 // given back then. An answer larger than quota.AnswerReserve is an error.
-func (r *Runner) StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) (bool, error) {
+func (r *Answers) StoreAnswer(ctx context.Context, req quota.Request, a quota.StoredAnswer) (bool, error) {
 	if err := checkClaim(req); err != nil {
 		return false, err
 	}
-	n, err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "store", millis(req.Now),
+	n, err := r.Call(ctx, redisfn.FnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "store", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint, a.Status, a.Header, a.Body, quota.AnswerReserve).Int()
 	if err != nil {
 		return false, fmt.Errorf("ratelimit: store idempotent answer: %w", err)
@@ -147,11 +148,11 @@ func (r *Runner) StoreAnswer(ctx context.Context, req quota.Request, a quota.Sto
 
 // ReleaseKey forgets the first request req (a refunded request did not
 // happen: a retry with the key runs again), and gives back its claim.
-func (r *Runner) ReleaseKey(ctx context.Context, req quota.Request) error {
+func (r *Answers) ReleaseKey(ctx context.Context, req quota.Request) error {
 	if err := checkClaim(req); err != nil {
 		return err
 	}
-	err := r.fcall(ctx, fnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "release", millis(req.Now),
+	err := r.Call(ctx, redisfn.FnIdem, r.idemKeys(req.TenantID, req.IdempotencyKey), "release", millis(req.Now),
 		req.IdempotencyClaim, req.IdempotencyFingerprint).Err()
 	if err != nil {
 		return fmt.Errorf("ratelimit: release idempotency key: %w", err)
@@ -160,8 +161,8 @@ func (r *Runner) ReleaseKey(ctx context.Context, req quota.Request) error {
 }
 
 // Answer reads the stored answer of key.
-func (r *Runner) Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error) {
-	v, err := r.c.HMGet(ctx, r.key(tenantID, "idem2:"+idemHash(key)), "status", "hdr", "body").Result()
+func (r *Answers) Answer(ctx context.Context, tenantID, key string) (quota.StoredAnswer, error) {
+	v, err := r.Client().HMGet(ctx, r.Key(tenantID, "idem2:"+redisfn.IdemHash(key)), "status", "hdr", "body").Result()
 	if err != nil {
 		return quota.StoredAnswer{}, fmt.Errorf("ratelimit: read idempotent answer: %w", err)
 	}
