@@ -42,7 +42,7 @@ func (r *Usage) PrepaidDrawn(ctx context.Context, tenantID string, pp quota.Prep
 	}
 	m, mc, pm, pmc := f[0], f[1], f[2], f[3]
 	if m != int64(pp.PeriodID) { // nothing drawn in this period yet
-		m, mc, pm, pmc = int64(pp.PeriodID), 0, m, mc
+		mc, pm, pmc = 0, m, mc
 	}
 	drawn := mc + 999*(lines-1)
 	if prev := int64(pp.PrevID); prev != 0 && pm == prev && pmc > 0 {

@@ -229,22 +229,30 @@ func (r *Usage) epochKeys(ctx context.Context) ([]string, error) {
 	if !ok {
 		return []string{r.Prefix() + ":v1:epoch"}, nil
 	}
-	ranges, err := cc.ClusterSlots(ctx).Result()
+	shards, err := cc.ClusterShards(ctx).Result()
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: epoch keys: %w", err)
 	}
 	master := func(slot int) string { // "" when no master serves it
-		for _, rg := range ranges {
-			if rg.Start <= slot && slot <= rg.End && len(rg.Nodes) > 0 {
-				return rg.Nodes[0].Addr + "/" + rg.Nodes[0].ID
+		for _, sh := range shards {
+			for _, rg := range sh.Slots {
+				if int(rg.Start) <= slot && slot <= int(rg.End) {
+					for _, n := range sh.Nodes {
+						if n.Role == "master" {
+							return n.ID
+						}
+					}
+				}
 			}
 		}
 		return ""
 	}
 	masters := map[string]bool{}
-	for _, rg := range ranges {
-		if len(rg.Nodes) > 0 {
-			masters[master(rg.Start)] = true
+	for _, sh := range shards {
+		if len(sh.Slots) > 0 {
+			if m := master(int(sh.Slots[0].Start)); m != "" {
+				masters[m] = true
+			}
 		}
 	}
 	// The smallest tags that land on each master, so that the keys stay the

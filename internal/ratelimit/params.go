@@ -16,12 +16,10 @@ const (
 	resultLen = headLen + perLimit*4
 )
 
-// Mask bits of the violated limits, in quota.AllLimits order.
+// Mask bits of the violated limits, in quota.AllLimits order: 1, 2, 4 and
+// 8 are the burst limit's, the bucket's, the day's and the month's (decode
+// reads them by position), then:
 const (
-	bitBurst   = 1
-	bitBucket  = 2
-	bitDaily   = 4
-	bitMonthly = 8
 	// bitSpendCap is the spend cap's refusal (quota.LimitSpendCap); 16 and
 	// 32 are the policies' (lua/admit.lua)
 	bitSpendCap = 64

@@ -42,7 +42,7 @@ func (r *Runner) ListenReleases(ctx context.Context, released func(key string), 
 	// subscription is what ends it.
 	stop := context.AfterFunc(ctx, func() { _ = sub.Close() })
 	defer stop()
-	defer sub.Close()
+	defer func() { _ = sub.Close() }()
 	broken := false
 	for {
 		msg, err := sub.Receive(ctx)
