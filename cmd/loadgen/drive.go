@@ -150,10 +150,10 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 }
 
 // closedLoop drives t from conns goroutines, each sending its next request
-// as soon as the previous one is answered, for d or max requests: the
+// as soon as the previous one is answered, for d or limit requests: the
 // saturating rate. Latency is each request's round trip. With t.keys, each
 // goroutine sends them in turn, from its own place among them.
-func closedLoop(t *target, d time.Duration, max int64, conns int) Result {
+func closedLoop(t *target, d time.Duration, limit int64, conns int) Result {
 	var sent atomic.Int64
 	tl := newTally(conns)
 	var wg sync.WaitGroup
@@ -165,7 +165,7 @@ func closedLoop(t *target, d time.Duration, max int64, conns int) Result {
 			defer release()
 			lat := make([]time.Duration, 0, 1<<14)
 			key := w * len(t.keys) / conns // each connection from its own place, in turn
-			for sent.Add(1) <= max {
+			for sent.Add(1) <= limit {
 				t0 := time.Now()
 				if !t0.Before(stop) {
 					break
@@ -188,7 +188,7 @@ func closedLoop(t *target, d time.Duration, max int64, conns int) Result {
 }
 
 // openLoop sends t's requests on a fixed schedule, rate a second for d (at
-// most max), from up to conns goroutines: request i is due at start +
+// most limit), from up to conns goroutines: request i is due at start +
 // i/rate whatever happened to the others, so a slow answer cannot slow the
 // load down and hide itself (coordinated omission).
 //
@@ -199,8 +199,8 @@ func closedLoop(t *target, d time.Duration, max int64, conns int) Result {
 // server: the Go runtime wakes sleepers with millisecond granularity when
 // it is idle, and later still on a busy machine (0.6 ms median, 4 ms p99
 // measured on the 2 shared cores of the bench, against a 0.1 ms bare answer).
-func openLoop(t *target, rate float64, d time.Duration, max int64, conns int) Result {
-	n := min(int64(d.Seconds()*rate), max)
+func openLoop(t *target, rate float64, d time.Duration, limit int64, conns int) Result {
+	n := min(int64(d.Seconds()*rate), limit)
 	var next atomic.Int64
 	tl := newTally(conns)
 	var wg sync.WaitGroup

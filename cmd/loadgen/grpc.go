@@ -67,9 +67,9 @@ func (t *grpcTarget) call(ctx context.Context, c rlsv3.RateLimitServiceClient) e
 }
 
 // closedLoop drives t from streams goroutines, each calling again as soon
-// as its previous call is answered, for d or max calls: the saturating
+// as its previous call is answered, for d or limit calls: the saturating
 // rate. Latency is each call's round trip.
-func (t *grpcTarget) closedLoop(ctx context.Context, d time.Duration, max int64, streams int) Result {
+func (t *grpcTarget) closedLoop(ctx context.Context, d time.Duration, limit int64, streams int) Result {
 	var sent atomic.Int64
 	tl := newTally(streams)
 	var wg sync.WaitGroup
@@ -79,7 +79,7 @@ func (t *grpcTarget) closedLoop(ctx context.Context, d time.Duration, max int64,
 		wg.Go(func() {
 			c := t.clients[w%len(t.clients)]
 			lat := make([]time.Duration, 0, 1<<14)
-			for sent.Add(1) <= max {
+			for sent.Add(1) <= limit {
 				t0 := time.Now()
 				if !t0.Before(stop) || ctx.Err() != nil {
 					break

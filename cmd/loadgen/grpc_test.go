@@ -33,8 +33,14 @@ func TestGRPCLoopDrivesARateLimitService(t *testing.T) {
 	}
 	srv := grpc.NewServer()
 	rlsv3.RegisterRateLimitServiceServer(srv, keyedLimiter{})
-	go srv.Serve(ln)
-	t.Cleanup(srv.Stop)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	t.Cleanup(func() {
+		srv.Stop()
+		if err := <-served; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
 
 	if _, err := newGRPCTarget("x", "10.0.0.1:9090", "ok", "demo", 1); err == nil {
 		t.Fatal("a target off loopback was accepted")

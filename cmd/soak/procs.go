@@ -219,8 +219,14 @@ func pgCredential() (*syscall.Credential, error) {
 	if err != nil {
 		return nil, fmt.Errorf("running as root needs a postgres user to own the soak's cluster: %w", err)
 	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
+	uid, err := strconv.ParseUint(u.Uid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("the postgres user's uid %q: %w", u.Uid, err)
+	}
+	gid, err := strconv.ParseUint(u.Gid, 10, 32)
+	if err != nil {
+		return nil, fmt.Errorf("the postgres user's gid %q: %w", u.Gid, err)
+	}
 	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
 }
 

@@ -52,9 +52,9 @@ func New() (Key, error) {
 
 func randomString(alphabet string, n int) (string, error) {
 	var b strings.Builder
-	max := big.NewInt(int64(len(alphabet)))
+	size := big.NewInt(int64(len(alphabet)))
 	for range n {
-		i, err := rand.Int(rand.Reader, max)
+		i, err := rand.Int(rand.Reader, size)
 		if err != nil {
 			return "", err
 		}

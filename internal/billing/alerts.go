@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/hmac"
+	"crypto/rand"
 	"crypto/sha256"
 	"crypto/tls"
 	"encoding/base64"
@@ -11,7 +12,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
+	"math/big"
 	"net"
 	"net/http"
 	"net/netip"
@@ -164,8 +165,15 @@ func NewDeliverer(db *pgxpool.Pool, client *http.Client, now func() time.Time) *
 	}
 	if tr != nil {
 		dialer := &net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second, Control: d.checkDial}
-		// DialContext wins over Dial; the TLS dialers would win over it.
-		tr.Proxy, tr.DialContext, tr.DialTLSContext, tr.DialTLS = nil, dialer.DialContext, nil, nil
+		// DialContext wins over Dial, and DialTLSContext over DialContext
+		// (for https) and over DialTLS: both dial through the check. The TLS
+		// configuration is read at each dial, once the transport has added
+		// its protocols (h2) to it.
+		tr.Proxy, tr.DialContext = nil, dialer.DialContext
+		tr.DialTLSContext = func(ctx context.Context, network, addr string) (net.Conn, error) {
+			td := &tls.Dialer{NetDialer: dialer, Config: tr.TLSClientConfig}
+			return td.DialContext(ctx, network, addr)
+		}
 		c.Transport = tr
 	}
 	next := c.CheckRedirect
@@ -300,7 +308,15 @@ func numericLabel(s string) bool {
 
 // jitter20 returns d moved by a uniformly random amount within ±20 %.
 func jitter20(d time.Duration) time.Duration {
-	return d + time.Duration((rand.Float64()*0.4-0.2)*float64(d))
+	span := int64(d) / 5 * 2 // the width of the band
+	if span <= 0 {
+		return d
+	}
+	n, err := rand.Int(rand.Reader, big.NewInt(span+1))
+	if err != nil { // crypto/rand does not fail on the platforms Go supports
+		return d
+	}
+	return d - time.Duration(span/2) + time.Duration(n.Int64())
 }
 
 // backoff returns the delay before the attempt after the n-th failed one

@@ -580,6 +580,40 @@ func TestDelivererChecksRedirectTargets(t *testing.T) {
 	}
 }
 
+// TestDelivererDialsHTTPSThroughTheCheck: a client's own *http.Transport
+// (here one that trusts the test's TLS receiver) keeps its TLS
+// configuration, and its https dials go through the address check as the
+// http ones do: refused on loopback, delivered once AllowPrivate is set.
+func TestDelivererDialsHTTPSThroughTheCheck(t *testing.T) {
+	t.Parallel()
+	db := testenv.Postgres(t)
+	clock := newClock(t0)
+	rcv := &receiver{clock: clock, counts: map[string]int{}}
+	srv := httptest.NewTLSServer(http.HandlerFunc(rcv.hook))
+	t.Cleanup(srv.Close)
+	for _, allowPrivate := range []bool{false, true} {
+		tenantID, secret := mustTenant(t, db, srv.URL+"/hook")
+		rcv.setSecret(secret)
+		id := mustAlert(t, db, alertRow{TenantID: tenantID})
+		d := billing.NewDeliverer(db, srv.Client(), clock.Now)
+		d.AllowPrivate, d.Jitter, d.Timeout = allowPrivate, nil, 5*time.Second
+		mustRun(t, d)
+		a := mustReadAlert(t, db, id)
+		if allowPrivate && (a.Status != billing.AlertDelivered || a.Attempts != 1) {
+			t.Errorf("AllowPrivate: got %s attempts %d last_error %q, want delivered 1", a.Status, a.Attempts, a.LastError)
+		}
+		if !allowPrivate && (a.Status != billing.AlertPending || !strings.Contains(a.LastError, "not a public address")) {
+			t.Errorf("got %s last_error %q, want pending \"...not a public address\"", a.Status, a.LastError)
+		}
+	}
+	if got := len(rcv.requests()); got != 1 {
+		t.Errorf("the TLS receiver got %d requests, want 1 (the allowed delivery)", got)
+	}
+	if bad := rcv.verifyErrors(); len(bad) > 0 {
+		t.Errorf("receiver rejected requests: %v", bad)
+	}
+}
+
 func TestPublicAddr(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {

@@ -118,7 +118,7 @@ func (c NewCredit) checkExpiry(now time.Time) error {
 	return nil
 }
 
-const creditGrantColumns = `id::text, tenant_id::text, 'grant', amount_cents, reason, expires_at, created_at,
+const grantRowColumns = `id::text, tenant_id::text, 'grant', amount_cents, reason, expires_at, created_at,
 	NULL::text, NULL::text, amount_cents - drawn_cents`
 
 func creditDest(e *CreditEntry) []any {
@@ -158,7 +158,7 @@ func (l *Ledger) CreateCredit(ctx context.Context, actor, tenantID, key string, 
 		}
 		// replay answers the credit recorded under key, if there is one.
 		replay := func() (bool, error) {
-			err := tx.QueryRow(ctx, `SELECT `+creditGrantColumns+` FROM credits WHERE tenant_id = $1 AND idempotency_key = $2`,
+			err := tx.QueryRow(ctx, `SELECT `+grantRowColumns+` FROM credits WHERE tenant_id = $1 AND idempotency_key = $2`,
 				id, key).Scan(creditDest(&e)...)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return false, nil
@@ -185,7 +185,7 @@ func (l *Ledger) CreateCredit(ctx context.Context, actor, tenantID, key string, 
 		err = tx.QueryRow(ctx, `INSERT INTO credits (tenant_id, amount_cents, reason, expires_at, created_at, idempotency_key)
 			VALUES ($1, $2, $3, $4, $5, $6)
 			ON CONFLICT (tenant_id, idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-			RETURNING `+creditGrantColumns, id, c.AmountCents, c.Reason, c.ExpiresAt, now, idem).Scan(creditDest(&e)...)
+			RETURNING `+grantRowColumns, id, c.AmountCents, c.Reason, c.ExpiresAt, now, idem).Scan(creditDest(&e)...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			if found, err := replay(); found || err != nil {
 				return err
@@ -213,7 +213,7 @@ func (l *Ledger) CreateCredit(ctx context.Context, actor, tenantID, key string, 
 // it; CodeNotFound when the tenant has no such credit.
 func (l *Ledger) Credit(ctx context.Context, tenantID, id string) (CreditEntry, error) {
 	var e CreditEntry
-	err := l.db.QueryRow(ctx, `SELECT `+creditGrantColumns+` FROM credits WHERE tenant_id::text = $1 AND id::text = $2`,
+	err := l.db.QueryRow(ctx, `SELECT `+grantRowColumns+` FROM credits WHERE tenant_id::text = $1 AND id::text = $2`,
 		tenantID, id).Scan(creditDest(&e)...)
 	if errors.Is(err, pgx.ErrNoRows) {
 		return e, quota.Errorf(quota.CodeNotFound, "no credit %q of tenant %q", id, tenantID)

@@ -136,7 +136,8 @@ func TestAStaleLoadDoesNotOutliveItsInvalidation(t *testing.T) {
 			}
 			close(src.release)
 			select {
-			case <-done: // its own answer may be either: it raced the change
+			case err := <-done: // its own answer may be either: it raced the change
+				t.Logf("the held %s read answered %v", tc.hold, err)
 			case <-time.After(5 * time.Second):
 				t.Fatal("the held load did not finish within 5s of its release")
 			}

@@ -274,11 +274,11 @@ func Load(getenv func(string) string) (Config, error) {
 	return c, nil
 }
 
-// intBetween reads an integer variable between min and max.
-func intBetween(get func(string) string, name string, min, max int) (int, error) {
+// intBetween reads an integer variable between lo and hi.
+func intBetween(get func(string) string, name string, lo, hi int) (int, error) {
 	n, err := strconv.Atoi(get(name))
-	if err != nil || n < min || n > max {
-		return 0, fmt.Errorf("config: %s: %q must be a whole number between %d and %d", name, get(name), min, max)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("config: %s: %q must be a whole number between %d and %d", name, get(name), lo, hi)
 	}
 	return n, nil
 }
@@ -330,31 +330,31 @@ func checkListenAddr(addr string) error {
 	return nil
 }
 
-func duration(get func(string) string, name string, min, max time.Duration) (time.Duration, error) {
+func duration(get func(string) string, name string, lo, hi time.Duration) (time.Duration, error) {
 	d, err := time.ParseDuration(get(name))
 	if err != nil {
 		return 0, fmt.Errorf("config: %s: %q is not a Go duration such as 10s", name, get(name))
 	}
-	if d < min || d > max {
-		return 0, fmt.Errorf("config: %s: %s must be between %s and %s", name, d, min, max)
+	if d < lo || d > hi {
+		return 0, fmt.Errorf("config: %s: %s must be between %s and %s", name, d, lo, hi)
 	}
 	return d, nil
 }
 
-// count reads a whole number from 0 to max.
-func count(get func(string) string, name string, max int) (int, error) {
+// count reads a whole number from 0 to hi.
+func count(get func(string) string, name string, hi int) (int, error) {
 	n, err := strconv.Atoi(get(name))
-	if err != nil || n < 0 || n > max {
-		return 0, fmt.Errorf("config: %s: %q must be a whole number from 0 to %d", name, get(name), max)
+	if err != nil || n < 0 || n > hi {
+		return 0, fmt.Errorf("config: %s: %q must be a whole number from 0 to %d", name, get(name), hi)
 	}
 	return n, nil
 }
 
-// byteSize reads a number of bytes between min and max.
-func byteSize(get func(string) string, name string, min, max int) (int, error) {
+// byteSize reads a number of bytes between lo and hi.
+func byteSize(get func(string) string, name string, lo, hi int) (int, error) {
 	n, err := strconv.Atoi(get(name))
-	if err != nil || n < min || n > max {
-		return 0, fmt.Errorf("config: %s: %q must be a number of bytes between %d and %d", name, get(name), min, max)
+	if err != nil || n < lo || n > hi {
+		return 0, fmt.Errorf("config: %s: %q must be a number of bytes between %d and %d", name, get(name), lo, hi)
 	}
 	return n, nil
 }
@@ -390,7 +390,7 @@ func validPrefix(s string) bool {
 		return false
 	}
 	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_') {
+		if (r < 'a' || r > 'z') && (r < 'A' || r > 'Z') && (r < '0' || r > '9') && r != '-' && r != '_' {
 			return false
 		}
 	}

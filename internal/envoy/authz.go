@@ -165,9 +165,13 @@ func denied(r httpapi.Relay) *authv3.CheckResponse {
 	case 503:
 		code = codes.Unavailable
 	}
+	httpStatus := typev3.StatusCode_Forbidden
+	if r.Status >= 100 && r.Status <= 599 {
+		httpStatus = typev3.StatusCode(r.Status)
+	}
 	return &authv3.CheckResponse{Status: &rpcstatus.Status{Code: int32(code)},
 		HttpResponse: &authv3.CheckResponse_DeniedResponse{DeniedResponse: &authv3.DeniedHttpResponse{
-			Status: &typev3.HttpStatus{Code: typev3.StatusCode(r.Status)}, Headers: headerOptions(r.Header), Body: string(r.Body)}}}
+			Status: &typev3.HttpStatus{Code: httpStatus}, Headers: headerOptions(r.Header), Body: string(r.Body)}}}
 }
 
 // headerOptions are h as header options that replace a header of the same

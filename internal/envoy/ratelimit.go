@@ -261,8 +261,8 @@ func unitOf(w time.Duration) (rlsv3.RateLimitResponse_RateLimit_Unit, uint32) {
 		{time.Minute, rlsv3.RateLimitResponse_RateLimit_MINUTE},
 		{time.Second, rlsv3.RateLimitResponse_RateLimit_SECOND},
 	} {
-		if w%u.size == 0 && int64(w/u.size) <= math.MaxUint32 {
-			return u.unit, uint32(w / u.size)
+		if n := int64(w / u.size); w%u.size == 0 && n >= 0 && n <= math.MaxUint32 {
+			return u.unit, uint32(n)
 		}
 	}
 	return rlsv3.RateLimitResponse_RateLimit_UNKNOWN, 0

@@ -1,6 +1,10 @@
 package httpapi
 
-import "golang.org/x/sys/unix"
+import (
+	"math"
+
+	"golang.org/x/sys/unix"
+)
 
 // gone reports whether the client of socket fd is gone: poll's POLLRDHUP
 // reports its close (POLLHUP, POLLERR a reset) even behind bytes it sent
@@ -8,6 +12,9 @@ import "golang.org/x/sys/unix"
 // first, so that a close behind more of them than the socket's buffer
 // holds can arrive; past hangupUnread of them the client is gone too.
 func (h *hangup) gone(fd int) bool {
+	if fd < 0 || fd > math.MaxInt32 {
+		return false // no socket's
+	}
 	p := [1]unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN | unix.POLLRDHUP}}
 	if n, err := unix.Poll(p[:], 0); err != nil || n == 0 {
 		return false

@@ -67,8 +67,9 @@ func (s *Server) matchPolicies(ctx context.Context, meter, path, method, tier st
 		if !pol.Match.Matches(meter, path, method, tier, routes.UnderPrefix) {
 			continue
 		}
+		heldInRedis := v.hold && pol.InRedis()
 		if v.req == nil && (pol.Algorithm == quota.AlgAdaptive ||
-			pol.Algorithm == quota.AlgConcurrency && !(v.hold && pol.InRedis())) {
+			pol.Algorithm == quota.AlgConcurrency && !heldInRedis) {
 			// A check takes no adaptive place (no answer ends it here), and
 			// a concurrency lease only when it holds one until a release
 			// (Ask.Hold), in Redis: any node may be asked to release it.

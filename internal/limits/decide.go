@@ -11,6 +11,7 @@ import (
 // Mode is what Decide does with a request.
 type Mode uint8
 
+// The modes of Decide.
 const (
 	Admit Mode = iota // decide and, when admitted, consume and count
 	Dry               // decide, write nothing

@@ -149,7 +149,9 @@ func TestReport(t *testing.T) {
 	if d := l.Report(&s, t0); !d.Allowed || d.Items[ItemBurst] != (Item{true, 2, 2, t0}) || d.Items[ItemDaily].Remaining != 1 || s.Exists {
 		t.Fatalf("report of nothing: %+v", d)
 	}
-	l.Decide(&s, Request{Now: t0, Cost: 1, Meter: "m"})
+	if _, err := l.Decide(&s, Request{Now: t0, Cost: 1, Meter: "m"}); err != nil {
+		t.Fatal(err)
+	}
 	if d := l.Report(&s, t0); d.Allowed || d.Mask != BitDaily || d.Items[ItemBurst] != (Item{true, 2, 1, t0 + 1e6}) {
 		t.Fatalf("report after one: %+v", d)
 	}

@@ -169,8 +169,13 @@ func (a *Adaptive) Done(now, started int64) error {
 	a.inflight--
 	b := &a.buckets[slot(a.advance(now))]
 	if now > started {
-		// in uint64 the difference cannot overflow
-		b.rtSum += int64(min(uint64(now)-uint64(started), uint64(maxLatency)))
+		// A difference past int64's range wraps below 0: it is past
+		// maxLatency too.
+		d := now - started
+		if d < 0 || d > maxLatency {
+			d = maxLatency
+		}
+		b.rtSum += d
 	}
 	b.pass++
 	a.heat()

@@ -119,7 +119,7 @@ func SchemaCurrent(ctx context.Context, db *pgxpool.Pool) error {
 	if err != nil {
 		return fmt.Errorf("postgres: schema version: %w", err)
 	}
-	if dirty || uint(version) != LatestVersion() {
+	if dirty || version < 0 || uint64(version) != uint64(LatestVersion()) {
 		return fmt.Errorf("postgres: schema at version %d (dirty %t), want %d", version, dirty, LatestVersion())
 	}
 	return nil

@@ -50,13 +50,13 @@ type AnswerUsage struct {
 type ClaimStatus int8
 
 const (
-	// ClaimSkipped: a live record of the key answers the request (a
+	// ClaimSkipped means a live record of the key answers the request (a
 	// replay, in flight or another request): it writes no record and
 	// takes no room.
 	ClaimSkipped ClaimStatus = iota
-	// ClaimTaken: the request holds the room of one record.
+	// ClaimTaken means the request holds the room of one record.
 	ClaimTaken
-	// ClaimRefused: the room is full; nothing was taken.
+	// ClaimRefused means the room is full; nothing was taken.
 	ClaimRefused
 )
 

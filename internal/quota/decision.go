@@ -11,6 +11,7 @@ import (
 // HTTP contract (RateLimit headers, violated-policies, /v1/usage).
 type LimitName string
 
+// The four limits of a tier, in AllLimits' order.
 const (
 	LimitBurst   LimitName = "burst"   // GCRA on requests
 	LimitBucket  LimitName = "bucket"  // token bucket on cost units
@@ -133,12 +134,13 @@ type Decision struct {
 // by a limit, and the Decision carries no limits.
 type IdemOutcome int8
 
+// The outcomes of an Idempotency-Key.
 const (
 	IdemNone     IdemOutcome = iota // no key, or the first request with it
 	IdemReplayed                    // answered from the first request's stored answer
 	IdemInFlight                    // the first request with the key is still running
 	IdemMismatch                    // the key was first used for another request
-	// IdemLimit: a new key found the tenant's room for stored answers full
+	// IdemLimit means a new key found the tenant's room for stored answers full
 	// (AnswerLimits); the request was refused before it ran, consuming
 	// nothing, and RetryAfter says when room frees.
 	IdemLimit

@@ -11,6 +11,7 @@ import (
 // Algorithm names a policy's rate-limiting algorithm (API.md "Policies").
 type Algorithm string
 
+// The algorithms of a policy.
 const (
 	AlgFixedWindow   Algorithm = "fixed_window"   // a counter per aligned window
 	AlgSlidingLog    Algorithm = "sliding_log"    // a log of admissions: exact
@@ -30,6 +31,7 @@ var Algorithms = []Algorithm{AlgFixedWindow, AlgSlidingLog, AlgSlidingWindow,
 // Scope says whose requests share one instance of a policy's state.
 type Scope string
 
+// The scopes of a policy.
 const (
 	ScopeTenant Scope = "tenant" // per tenant (the default)
 	ScopeKey    Scope = "key"    // per API key
@@ -42,6 +44,7 @@ const (
 // PolicyCost says what a policy counts.
 type PolicyCost string
 
+// What a policy counts.
 const (
 	CostRequests PolicyCost = "requests" // 1 per request (the default)
 	CostUnits    PolicyCost = "units"    // the route's cost
@@ -50,6 +53,7 @@ const (
 // OnRefuse says what happens to a request a policy refuses.
 type OnRefuse string
 
+// What a policy does with a request it refuses.
 const (
 	RefuseReject  OnRefuse = "reject"  // 429 (the default)
 	RefuseQueue   OnRefuse = "queue"   // wait up to MaxWaitMS, then 429
@@ -234,9 +238,9 @@ func (p *Policy) Validate() error {
 }
 
 func (p *Policy) validateNumbers() error {
-	count := func(name string, v *int64, min, max int64) error {
-		if v != nil && (*v < min || *v > max) {
-			return FieldError(name, "must be an integer between %d and %d", min, max)
+	count := func(name string, v *int64, lo, hi int64) error {
+		if v != nil && (*v < lo || *v > hi) {
+			return FieldError(name, "must be an integer between %d and %d", lo, hi)
 		}
 		return nil
 	}
@@ -467,6 +471,7 @@ func (m *PolicyMatch) TakesMethod(method string) bool {
 // ParamSource says where a param scope finds its value.
 type ParamSource string
 
+// The sources of a param scope's value.
 const (
 	ParamHeader ParamSource = "header"
 	ParamQuery  ParamSource = "query"
@@ -573,6 +578,7 @@ type PolicyCall struct {
 // PolicyOutcome is what a policy made of a request.
 type PolicyOutcome int8
 
+// What a policy made of a request.
 const (
 	PolicyRefused       PolicyOutcome = 0 // the request is refused (reject, queue)
 	PolicyAdmitted      PolicyOutcome = 1

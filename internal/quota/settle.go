@@ -10,14 +10,14 @@ const SettleWindow = 10 * time.Minute
 type SettleStatus int
 
 const (
-	// SettleUnknown: no reservation under the request id (never made, or
+	// SettleUnknown means no reservation under the request id (never made, or
 	// older than SettleWindow): nothing changed.
 	SettleUnknown SettleStatus = iota
-	// SettleApplied: the difference was refunded or charged, now.
+	// SettleApplied means the difference was refunded or charged, now.
 	SettleApplied
-	// SettleAlready: the request was settled before: nothing changed.
+	// SettleAlready means the request was settled before: nothing changed.
 	SettleAlready
-	// SettleRefunded: the request was refunded before (a check's POST
+	// SettleRefunded means the request was refunded before (a check's POST
 	// /v1/refund): nothing changed.
 	SettleRefunded
 )

@@ -5,6 +5,8 @@ import "time"
 // TenantStatus says whether a tenant may call metered routes.
 type TenantStatus string
 
+// The statuses of a tenant: an active one may call metered routes, a
+// suspended one may not.
 const (
 	StatusActive    TenantStatus = "active"
 	StatusSuspended TenantStatus = "suspended"
@@ -64,7 +66,7 @@ func ValidID(s string) bool {
 				return false
 			}
 		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') && (c < 'A' || c > 'F') {
 				return false
 			}
 		}

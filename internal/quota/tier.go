@@ -192,9 +192,9 @@ func checkRate(field string, v float64) error {
 	return nil
 }
 
-func checkCount(field string, v, min int64) error {
-	if v < min || v > MaxQuantity {
-		return FieldError(field, "must be an integer between %d and %d, or null", min, MaxQuantity)
+func checkCount(field string, v, lo int64) error {
+	if v < lo || v > MaxQuantity {
+		return FieldError(field, "must be an integer between %d and %d, or null", lo, MaxQuantity)
 	}
 	return nil
 }

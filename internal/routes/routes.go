@@ -49,11 +49,11 @@ import (
 	"fmt"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
 	"time"
-	"unsafe"
 
 	"github.com/tollgate/tollgate/internal/quota"
 )
@@ -167,7 +167,7 @@ func Load(path string) (*Table, error) {
 	if path == "" {
 		return Default(), nil
 	}
-	raw, err := os.ReadFile(path)
+	raw, err := os.ReadFile(filepath.Clean(path))
 	if err != nil {
 		return nil, fmt.Errorf("TOLLGATE_ROUTES: %w", err)
 	}
@@ -198,11 +198,11 @@ func Parse(raw []byte) (*Table, error) {
 		if err := r.validate(); err != nil {
 			return nil, fmt.Errorf("routes[%d]: %w", i, err)
 		}
-		if k := r.Method + " " + r.Path; seen[k] {
+		k := r.Method + " " + r.Path
+		if seen[k] {
 			return nil, fmt.Errorf("routes[%d]: %s is listed twice", i, k)
-		} else {
-			seen[k] = true
 		}
+		seen[k] = true
 		// Two paths that read the same to a lenient upstream would make
 		// every request to one of them ambiguous.
 		for j, o := range doc.Routes[:i] {
@@ -339,7 +339,7 @@ func (t *Table) match(method, path string) *Route {
 // matches a route between them: when both agree, every reading agrees.
 func (t *Table) matchLoose(method string, loose []byte) *Route {
 	for _, r := range t.routes {
-		if (r.Method == "*" || r.Method == method) && matchPrefix(unsafeString(loose), r.loose) {
+		if (r.Method == "*" || r.Method == method) && matchPrefix(loose, r.loose) {
 			return r
 		}
 	}
@@ -348,8 +348,9 @@ func (t *Table) matchLoose(method string, loose []byte) *Route {
 
 // matchPrefix matches whole path segments: /api/a matches /api/a and /api/a/b
 // but not /api/ab; a prefix ending in / matches anything below it.
-func matchPrefix(path, prefix string) bool {
-	if !strings.HasPrefix(path, prefix) {
+// The comparison of path (a string or bytes) with prefix copies nothing.
+func matchPrefix[P string | []byte](path P, prefix string) bool {
+	if len(path) < len(prefix) || string(path[:len(prefix)]) != prefix {
 		return false
 	}
 	return len(path) == len(prefix) || strings.HasSuffix(prefix, "/") || path[len(prefix)] == '/'
@@ -600,10 +601,6 @@ func nthSegment(reading []byte, n int) ([]byte, bool) {
 func unreserved(c byte) bool {
 	return 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '.' || c == '_' || c == '~'
 }
-
-// unsafeString is b as a string without a copy, for a comparison that
-// does not keep it.
-func unsafeString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
 
 func isHex(c byte) bool {
 	return '0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F'

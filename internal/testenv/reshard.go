@@ -3,6 +3,7 @@ package testenv
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -329,13 +330,18 @@ func (c *OwnCluster) OwnerOf(slot int) ClusterNode {
 	defer cancel()
 	n := c.node(c.running()[0])
 	defer n.Close()
-	ranges, err := n.ClusterSlots(ctx).Result()
+	shards, err := n.ClusterShards(ctx).Result()
 	if err != nil {
-		c.tb.Fatalf("testenv: CLUSTER SLOTS: %v", err)
+		c.tb.Fatalf("testenv: CLUSTER SHARDS: %v", err)
 	}
-	for _, r := range ranges {
-		if r.Start <= slot && slot <= r.End && len(r.Nodes) > 0 {
-			return ClusterNode{Addr: r.Nodes[0].Addr, ID: r.Nodes[0].ID, Master: true}
+	for _, sh := range shards {
+		if !slices.ContainsFunc(sh.Slots, func(r redis.SlotRange) bool { return r.Start <= int64(slot) && int64(slot) <= r.End }) {
+			continue
+		}
+		for _, m := range sh.Nodes {
+			if m.Role == "master" && m.Health == "online" {
+				return ClusterNode{Addr: net.JoinHostPort(m.IP, strconv.FormatInt(m.Port, 10)), ID: m.ID, Master: true}
+			}
 		}
 	}
 	c.tb.Fatalf("testenv: no master serves slot %d", slot)

@@ -186,7 +186,9 @@ func (s *Shares) sync(ctx context.Context) error {
 	// so that workers joining together try different shards first.
 	var taken uint64
 	for _, h := range held {
-		taken |= 1 << uint(h)
+		if h >= 0 && h < 64 {
+			taken |= 1 << h
+		}
 	}
 	for i := 0; i < Shards && bits.OnesCount64(owned) < share; i++ {
 		sh := (s.member*Shards/8 + i) % Shards

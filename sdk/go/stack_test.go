@@ -59,7 +59,9 @@ func TestMain(m *testing.M) {
 	}
 	stopMu.Unlock()
 	if binDir != "" {
-		os.RemoveAll(binDir)
+		if err := os.RemoveAll(binDir); err != nil {
+			fmt.Fprintln(os.Stderr, "removing the binaries:", err)
+		}
 	}
 	os.Exit(code)
 }
@@ -92,13 +94,13 @@ func binaries(tb testing.TB) string {
 		cmd := exec.Command("go", "build", "-C", "../..", "-o", binDir+string(filepath.Separator), "./cmd/api", "./cmd/worker")
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
-			binsErr = fmt.Errorf("go build ./cmd/api ./cmd/worker: %v\n%s", err, out.Bytes())
+			binsErr = fmt.Errorf("go build ./cmd/api ./cmd/worker: %w\n%s", err, out.Bytes())
 			return
 		}
 		cmd = exec.Command("go", "build", "-o", binDir+string(filepath.Separator), "./examples/...")
 		cmd.Stdout, cmd.Stderr = &out, &out
 		if err := cmd.Run(); err != nil {
-			binsErr = fmt.Errorf("go build ./examples/...: %v\n%s", err, out.Bytes())
+			binsErr = fmt.Errorf("go build ./examples/...: %w\n%s", err, out.Bytes())
 		}
 	})
 	if binsErr != nil {
@@ -151,11 +153,11 @@ func newStack(tb testing.TB) (*stack, error) {
 	}
 	atExit(stop)
 	s.base = base
-	if _, stopWorker, err := startProcess(filepath.Join(bins, "worker"), s.env, "worker started", "metrics_addr"); err != nil {
+	_, stopWorker, err := startProcess(filepath.Join(bins, "worker"), s.env, "worker started", "metrics_addr")
+	if err != nil {
 		return nil, fmt.Errorf("worker: %w", err)
-	} else {
-		atExit(stopWorker)
 	}
+	atExit(stopWorker)
 	if s.admin, err = admin.New(base, adminToken, nil); err != nil {
 		return nil, err
 	}
@@ -244,7 +246,7 @@ func createDatabase(base, name string) (string, error) {
 	psql := func(sql string) error {
 		out, err := exec.Command(bin, base, "-X", "-q", "-v", "ON_ERROR_STOP=1", "-c", sql).CombinedOutput()
 		if err != nil {
-			return fmt.Errorf("psql %q: %v: %s: %s", sql, err, out, howTo)
+			return fmt.Errorf("psql %q: %w: %s: %s", sql, err, out, howTo)
 		}
 		return nil
 	}

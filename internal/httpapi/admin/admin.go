@@ -177,6 +177,8 @@ func paged[T any](c *fiber.Ctx, fetch func(quota.Page) ([]T, *string, error)) er
 
 // ---- tiers
 
+// ListTiers answers GET /admin/v1/tiers: one page of the tiers, {items,
+// next_cursor}; a bad limit or cursor is a 400.
 func (s *API) ListTiers(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.Tier, *string, error) { return s.store.ListTiers(c.UserContext(), p) })
 }
@@ -206,6 +208,9 @@ func newTier(b httpx.TierFields) (quota.Tier, error) {
 	return t, b.Fill(&t)
 }
 
+// CreateTier answers POST /admin/v1/tiers: it validates the body, creates the
+// tier (audited) and answers 201 with it and its Location; an invalid field
+// is a 400, a taken slug a 409.
 func (s *API) CreateTier(c *fiber.Ctx) error {
 	var body httpx.TierFields
 	if err := httpx.DecodeJSON(c, &body); err != nil {
@@ -221,8 +226,13 @@ func (s *API) CreateTier(c *fiber.Ctx) error {
 	return created(c, "/admin/v1/tiers/"+url.PathEscape(t.Slug), t)
 }
 
+// GetTier answers GET /admin/v1/tiers/:slug with the tier, or a 404.
 func (s *API) GetTier(c *fiber.Ctx) error { return one(c, "slug", s.store.Tier) }
 
+// PatchTier answers PATCH /admin/v1/tiers/:slug: it applies the fields given
+// (the slug cannot change) and answers with the tier; an invalid field is a
+// 400, an unknown tier a 404, a result that conflicts with its tenants'
+// limits or another tier's rank a 409.
 func (s *API) PatchTier(c *fiber.Ctx) error {
 	var body httpx.TierFields
 	if err := httpx.DecodeJSON(c, &body); err != nil {
@@ -238,10 +248,14 @@ func (s *API) PatchTier(c *fiber.Ctx) error {
 	return c.JSON(t)
 }
 
+// DeleteTier answers DELETE /admin/v1/tiers/:slug with a 204 once the tier
+// is deleted (audited); an unknown tier is a 404, one still in use a 409.
 func (s *API) DeleteTier(c *fiber.Ctx) error { return gone(c, "slug", s.catalog.DeleteTier) }
 
 // ---- tenants
 
+// ListTenants answers GET /admin/v1/tenants: one page of the tenants,
+// filtered by q (name) and tier; a bad filter, limit or cursor is a 400.
 func (s *API) ListTenants(c *fiber.Ctx) error {
 	f := quota.TenantFilter{Query: c.Query("q"), Tier: c.Query("tier")}
 	if len(f.Query) > quota.MaxNameLen {
@@ -273,6 +287,9 @@ func (b tenantCreate) calendar() (int, string, error) {
 	return day, zone, quota.CheckCalendar(day, zone)
 }
 
+// CreateTenant answers POST /admin/v1/tenants: it creates the tenant on its
+// tier (audited) and answers 201 with it and its Location; an invalid field
+// or unknown tier is a 400.
 func (s *API) CreateTenant(c *fiber.Ctx) error {
 	var body tenantCreate
 	if err := httpx.DecodeJSON(c, &body); err != nil {
@@ -301,6 +318,7 @@ func (s *API) CreateTenant(c *fiber.Ctx) error {
 	return created(c, "/admin/v1/tenants/"+t.ID, t)
 }
 
+// GetTenant answers GET /admin/v1/tenants/:id with the tenant, or a 404.
 func (s *API) GetTenant(c *fiber.Ctx) error { return one(c, "id", s.store.Tenant) }
 
 type tenantPatch struct {
@@ -407,10 +425,15 @@ func (s *API) PatchTenant(c *fiber.Ctx) error {
 	return c.JSON(t)
 }
 
+// DeleteTenant answers DELETE /admin/v1/tenants/:id with a 204 once the
+// tenant is deleted (audited); an unknown tenant is a 404, one with a final
+// invoice a 409.
 func (s *API) DeleteTenant(c *fiber.Ctx) error { return gone(c, "id", s.catalog.DeleteTenant) }
 
 // ---- keys
 
+// ListKeys answers GET /admin/v1/tenants/:id/keys: one page of the tenant's
+// API keys (prefixes, never secrets).
 func (s *API) ListKeys(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.APIKey, *string, error) {
 		return s.store.ListKeys(c.UserContext(), c.Params("id"), p)
@@ -422,6 +445,9 @@ type keyCreate struct {
 	ExpiresAt *time.Time `json:"expires_at"`
 }
 
+// IssueKey answers POST /admin/v1/tenants/:id/keys: it issues a key (the
+// body, optional, may name it and set its expiry) and answers 201 with it,
+// its secret shown this once; an invalid field is a 400.
 func (s *API) IssueKey(c *fiber.Ctx) error {
 	var body keyCreate
 	if len(c.Body()) > 0 {
@@ -447,6 +473,8 @@ func (s *API) IssueKey(c *fiber.Ctx) error {
 // GetKey answers one key, without its secret.
 func (s *API) GetKey(c *fiber.Ctx) error { return oneByID(c, "key", "id", s.store.Key) }
 
+// RevokeKey answers DELETE /admin/v1/keys/:id with a 204 once the key is
+// revoked (audited), or a 404.
 func (s *API) RevokeKey(c *fiber.Ctx) error {
 	if _, err := s.catalog.RevokeKey(c.UserContext(), adminActor, c.Params("id")); err != nil {
 		return err
@@ -476,6 +504,9 @@ func (b keyRotate) validate() (time.Duration, error) {
 	return time.Duration(grace) * time.Second, nil
 }
 
+// RotateKey answers POST /admin/v1/keys/:id/rotate: it issues the key's
+// successor and lets the old one live for the grace given, answering 201 with
+// {new, old}; an invalid grace is a 400, an unknown key a 404.
 func (s *API) RotateKey(c *fiber.Ctx) error {
 	var body keyRotate
 	if err := httpx.DecodeJSON(c, &body); err != nil {
@@ -574,6 +605,8 @@ func (s *API) GetGrant(c *fiber.Ctx) error {
 	return c.JSON(g)
 }
 
+// ListGrants answers GET /admin/v1/tenants/:id/grants: one page of the
+// tenant's quota grants.
 func (s *API) ListGrants(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.Grant, *string, error) {
 		return s.store.ListGrants(c.UserContext(), c.Params("id"), p)
@@ -600,6 +633,9 @@ func parseTime(field, v string, def time.Time) (time.Time, error) {
 // maxUsageRange bounds one usage export.
 const maxUsageRange = 2 * 366 * 24 * time.Hour
 
+// TenantUsage answers GET /admin/v1/tenants/:id/usage: the tenant's usage
+// from from to to (default: this UTC month so far) by hour or day, streamed
+// as JSON or CSV; a bad range, granularity or meter is a 400.
 func (s *API) TenantUsage(c *fiber.Ctx) error {
 	now := s.now().UTC()
 	from, err := parseTime("from", c.Query("from"), quota.MonthStart(now))
@@ -675,6 +711,8 @@ func (s *API) TenantSummary(c *fiber.Ctx) error {
 	return c.JSON(u)
 }
 
+// ListInvoices answers GET /admin/v1/invoices: the invoices of a period
+// (YYYY-MM), as JSON or, when asked, CSV; a bad period is a 400.
 func (s *API) ListInvoices(c *fiber.Ctx) error {
 	raw := c.Query("period")
 	period, err := httpx.ParsePeriod(raw)
@@ -693,6 +731,8 @@ func (s *API) ListInvoices(c *fiber.Ctx) error {
 
 // ---- audit
 
+// ListAudit answers GET /admin/v1/audit: one page of the audit log, newest
+// first, filtered by entity and entity_id.
 func (s *API) ListAudit(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.AuditEntry, *string, error) {
 		return s.store.ListAudit(c.UserContext(), c.Query("entity"), c.Query("entity_id"), p)

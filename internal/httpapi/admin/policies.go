@@ -20,10 +20,14 @@ import (
 // ---- policies (API.md "Policies (v2)"): the body is quota.Policy's JSON;
 // the store fills its defaults and validates it.
 
+// ListPolicies answers GET /admin/v1/policies: one page of the policies.
 func (s *API) ListPolicies(c *fiber.Ctx) error {
 	return paged(c, func(p quota.Page) ([]quota.Policy, *string, error) { return s.store.ListPolicies(c.UserContext(), p) })
 }
 
+// CreatePolicy answers POST /admin/v1/policies: it creates the policy
+// (audited) and answers 201 with it, defaults filled, and its Location; an
+// invalid policy is a 400, a taken name a 409.
 func (s *API) CreatePolicy(c *fiber.Ctx) error {
 	p, err := decodePolicy(c)
 	if err != nil {
@@ -35,8 +39,12 @@ func (s *API) CreatePolicy(c *fiber.Ctx) error {
 	return created(c, "/admin/v1/policies/"+url.PathEscape(p.Name), p)
 }
 
+// GetPolicy answers GET /admin/v1/policies/:name with the policy, or a 404.
 func (s *API) GetPolicy(c *fiber.Ctx) error { return one(c, "name", s.store.Policy) }
 
+// PatchPolicy answers PATCH /admin/v1/policies/:name: it applies the fields
+// given and answers with the policy; an invalid result is a 400, an unknown
+// policy a 404.
 func (s *API) PatchPolicy(c *fiber.Ctx) error {
 	patch, err := decodePolicyPatch(c)
 	if err != nil {
@@ -49,6 +57,8 @@ func (s *API) PatchPolicy(c *fiber.Ctx) error {
 	return c.JSON(p)
 }
 
+// DeletePolicy answers DELETE /admin/v1/policies/:name with a 204 once the
+// policy is deleted (audited), or a 404.
 func (s *API) DeletePolicy(c *fiber.Ctx) error { return gone(c, "name", s.catalog.DeletePolicy) }
 
 // decodePolicy reads the body of POST /admin/v1/policies.

@@ -1,3 +1,7 @@
+// Package httpx holds the HTTP helpers the api's handler packages share:
+// bounded body reading and strict JSON decoding, problem+json errors, request
+// IDs, bearer and idempotency-key parsing, the authentication-failure guard,
+// and streamed JSON and CSV answers.
 package httpx
 
 import (

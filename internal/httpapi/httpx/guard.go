@@ -193,6 +193,8 @@ const (
 
 var authFailureRule = locallimit.Rule{Burst: authFailureBurst, Interval: authFailureInterval, MaxKeys: authFailureMaxAddrs}
 
+// NewFailures returns an empty Failures on the clock now; it is safe for
+// concurrent use.
 func NewFailures(now func() time.Time) *Failures {
 	return &Failures{tat: locallimit.Keyed[netip.Prefix]{}, now: now}
 }

@@ -7,10 +7,15 @@ func ValidMeter(m string) bool {
 		return false
 	}
 	for i := 0; i < len(m); i++ {
-		b := m[i]
-		if !(b >= 'a' && b <= 'z' || b >= '0' && b <= '9' || (i > 0 && (b == '_' || b == '.' || b == '-'))) {
+		if !meterByte(m[i], i == 0) {
 			return false
 		}
 	}
 	return true
+}
+
+// meterByte reports whether b may stand in a meter name: a-z or 0-9
+// anywhere, and _ . - but for the first byte.
+func meterByte(b byte, first bool) bool {
+	return b >= 'a' && b <= 'z' || b >= '0' && b <= '9' || !first && (b == '_' || b == '.' || b == '-')
 }

@@ -55,6 +55,8 @@ func RequestIDs(c *fiber.Ctx) error {
 	return err
 }
 
+// SetRequestID sets the X-Request-ID header of c's response to the request's
+// ID (RequestID), replacing any the answer carries.
 func SetRequestID(c *fiber.Ctx) {
 	var scratch [requestIDBytes]byte
 	c.Response().Header.SetCanonical(hdrRequestID, AppendRequestIDOf(scratch[:0], c))

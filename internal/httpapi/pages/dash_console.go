@@ -44,6 +44,7 @@ func (s *Pages) consoleView(c *fiber.Ctx, title, nav string, data any) view {
 		Flash: consoleFlash[c.Query("ok")], Data: data}
 }
 
+// ConsoleHome redirects the console's root to its tenants page (303).
 func (s *Pages) ConsoleHome(c *fiber.Ctx) error {
 	return c.Redirect("/console/tenants", fiber.StatusSeeOther)
 }
@@ -58,6 +59,8 @@ type tiersView struct {
 	Warnings map[string][]string
 }
 
+// ConsoleTiers shows the tiers, up to 200 from the cursor given, with the
+// warnings about each.
 func (s *Pages) ConsoleTiers(c *fiber.Ctx) error {
 	tiers, next, err := s.store.ListTiers(c.UserContext(), quota.Page{Limit: 200, Cursor: c.Query("cursor")})
 	if err != nil {
@@ -207,6 +210,8 @@ func tierForm(errs formErrors, f map[string]string) (quota.Tier, []int) {
 // tierFormFields are the fields the editor posts.
 var tierFormFields = append(append([]string{csrfField}, tierFields...), mqFields...)
 
+// ConsoleTierForm shows the editor of the tier named by :slug; an unknown
+// tier is a 404.
 func (s *Pages) ConsoleTierForm(c *fiber.Ctx) error {
 	t, err := s.store.Tier(c.UserContext(), c.Params("slug"))
 	if err != nil {
@@ -221,6 +226,8 @@ func (s *Pages) ConsoleTierForm(c *fiber.Ctx) error {
 	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "Tier "+t.Name, "tiers", v))
 }
 
+// ConsoleNewTier shows an empty tier editor, with the defaults of a new
+// tier.
 func (s *Pages) ConsoleNewTier(c *fiber.Ctx) error {
 	return s.render(c, fiber.StatusOK, "tier", s.consoleView(c, "New tier", "tiers",
 		newTierFormView(true, "", map[string]string{"overage": "block", "price_cents": "0", "overage_price_cents_per_1k": "0",
@@ -261,6 +268,9 @@ func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 		newTierFormView(false, slug, f, errs)))
 }
 
+// ConsoleCreateTier creates a tier from the editor, validated as POST
+// /admin/v1/tiers validates it, and redirects to the tiers page (303); a bad
+// value is shown beside its field and creates nothing.
 func (s *Pages) ConsoleCreateTier(c *fiber.Ctx) error {
 	f, err := readForm(c, append([]string{"slug"}, tierFormFields...)...)
 	if err != nil {
@@ -326,6 +336,7 @@ type tenantsView struct {
 	Errors formErrors
 }
 
+// ConsoleTenants shows the tenants, with the form that creates one.
 func (s *Pages) ConsoleTenants(c *fiber.Ctx) error {
 	return s.renderTenants(c, fiber.StatusOK, map[string]string{}, formErrors{})
 }
@@ -368,6 +379,9 @@ func (s *Pages) renderTenants(c *fiber.Ctx, status int, values map[string]string
 	return s.render(c, status, "tenants", s.consoleView(c, "Tenants", "tenants", v))
 }
 
+// ConsoleCreateTenant creates a tenant from the form, as POST
+// /admin/v1/tenants does, and redirects to it (303); a bad value is shown
+// beside its field and creates nothing.
 func (s *Pages) ConsoleCreateTenant(c *fiber.Ctx) error {
 	f, err := readForm(c, csrfField, "name", "tier")
 	if err != nil {
@@ -463,6 +477,8 @@ func (s *Pages) showTenant(c *fiber.Ctx, status int, v consoleTenantView) error 
 	return s.render(c, status, "tenant", pv)
 }
 
+// ConsoleTenant shows the page of the tenant named by :id; an unknown
+// tenant is a 404.
 func (s *Pages) ConsoleTenant(c *fiber.Ctx) error {
 	v, err := s.tenantPage(c, c.Params("id"))
 	if err != nil {
@@ -522,6 +538,8 @@ func (s *Pages) ConsoleIssueKey(c *fiber.Ctx) error {
 	return s.showTenant(c, fiber.StatusCreated, v)
 }
 
+// ConsoleRevokeKey revokes the key named by :id, as DELETE
+// /admin/v1/keys/{id} does, and redirects to its tenant's page (303).
 func (s *Pages) ConsoleRevokeKey(c *fiber.Ctx) error {
 	if _, err := readForm(c, csrfField); err != nil {
 		return err
@@ -533,6 +551,9 @@ func (s *Pages) ConsoleRevokeKey(c *fiber.Ctx) error {
 	return c.Redirect("/console/tenants/"+k.TenantID+"?ok=revoked#keys", fiber.StatusSeeOther)
 }
 
+// ConsoleGrant records a quota grant of units for the period given and
+// redirects to the tenant's grants (303); a bad value is shown beside its
+// field and grants nothing.
 func (s *Pages) ConsoleGrant(c *fiber.Ctx) error {
 	id := c.Params("id")
 	f, err := readForm(c, csrfField, "period", "units")
@@ -574,6 +595,8 @@ func (s *Pages) consoleUpdateTenant(c *fiber.Ctx, field string, change func(*quo
 	return c.Redirect("/console/tenants/"+t.ID+"?ok="+ok(t), fiber.StatusSeeOther)
 }
 
+// ConsoleSetStatus suspends or reactivates the tenant named by :id, as
+// PATCH /admin/v1/tenants/{id} with status does, and redirects to it (303).
 func (s *Pages) ConsoleSetStatus(c *fiber.Ctx) error {
 	return s.consoleUpdateTenant(c, "status", func(t *quota.Tenant, v string) { t.Status = quota.TenantStatus(v) },
 		func(t quota.Tenant) string {
@@ -634,6 +657,8 @@ func (s *Pages) consolePeriod(c *fiber.Ctx) (string, error) {
 	return raw, err
 }
 
+// ConsoleInvoices shows the invoices of the month asked for (?period=
+// YYYY-MM, by default the current UTC month); a bad period is a 400.
 func (s *Pages) ConsoleInvoices(c *fiber.Ctx) error {
 	raw, err := s.consolePeriod(c)
 	if err != nil {
@@ -687,6 +712,8 @@ type alertsView struct {
 	Next   string
 }
 
+// ConsoleAlerts shows the webhook alerts, 50 a page from the cursor given,
+// filtered by status.
 func (s *Pages) ConsoleAlerts(c *fiber.Ctx) error {
 	status := c.Query("status")
 	alerts, next, err := s.alerts.List(c.UserContext(), status, 50, c.Query("cursor"))

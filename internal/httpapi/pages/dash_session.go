@@ -220,7 +220,7 @@ func safeNext(a area, next string) string {
 	u, err := url.Parse(next)
 	if err != nil || next == "" || u.Scheme != "" || u.Host != "" || u.User != nil || strings.HasPrefix(next, "//") ||
 		strings.Contains(next, `\`) || path.Clean(u.Path) != u.Path || u.RawPath != "" ||
-		!(u.Path == a.base || strings.HasPrefix(u.Path, a.base+"/")) || u.Path == a.base+"/login" {
+		u.Path != a.base && !strings.HasPrefix(u.Path, a.base+"/") || u.Path == a.base+"/login" {
 		return a.base
 	}
 	return next
@@ -378,7 +378,12 @@ func (s *Pages) showLogin(c *fiber.Ctx, a area) error {
 	return s.loginForm(c, a, fiber.StatusOK, loginView{Next: safeNext(a, c.Query("next")), Message: loginReasons[c.Query("m")]})
 }
 
-func (s *Pages) DashLoginForm(c *fiber.Ctx) error    { return s.showLogin(c, tenantArea) }
+// DashLoginForm shows the dashboard's sign-in form, or redirects (303) a
+// signed-in tenant to the page it asked for.
+func (s *Pages) DashLoginForm(c *fiber.Ctx) error { return s.showLogin(c, tenantArea) }
+
+// ConsoleLoginForm shows the console's sign-in form, or redirects (303) a
+// signed-in admin to the page it asked for.
 func (s *Pages) ConsoleLoginForm(c *fiber.Ctx) error { return s.showLogin(c, adminArea) }
 
 // loginFormLimit bounds the body of a sign-in form, read before anything
@@ -482,5 +487,10 @@ func (s *Pages) logout(c *fiber.Ctx, a area) error {
 	return c.Redirect(a.base+"/login?m=signedout", fiber.StatusSeeOther)
 }
 
-func (s *Pages) DashLogout(c *fiber.Ctx) error    { return s.logout(c, tenantArea) }
+// DashLogout ends the tenant's dashboard session and redirects (303) to the
+// sign-in form.
+func (s *Pages) DashLogout(c *fiber.Ctx) error { return s.logout(c, tenantArea) }
+
+// ConsoleLogout ends the admin's console session and redirects (303) to the
+// sign-in form.
 func (s *Pages) ConsoleLogout(c *fiber.Ctx) error { return s.logout(c, adminArea) }

@@ -446,6 +446,7 @@ type policiesView struct {
 
 // ---- the console's handlers
 
+// ConsolePolicies shows the policies, up to 200 from the cursor given.
 func (s *Pages) ConsolePolicies(c *fiber.Ctx) error {
 	list, next, err := s.store.ListPolicies(c.UserContext(), quota.Page{Limit: 200, Cursor: c.Query("cursor")})
 	if err != nil {
@@ -458,12 +459,16 @@ func (s *Pages) ConsolePolicies(c *fiber.Ctx) error {
 	return s.render(c, fiber.StatusOK, "policies", s.consoleView(c, "Policies", "policies", v))
 }
 
+// ConsoleNewPolicy shows an empty policy editor, with the defaults of a new
+// policy.
 func (s *Pages) ConsoleNewPolicy(c *fiber.Ctx) error {
 	v := map[string]string{"algorithm": string(quota.AlgFixedWindow), "scope": string(quota.ScopeTenant),
 		"cost": string(quota.CostRequests), "on_refuse": string(quota.RefuseReject)}
 	return s.render(c, fiber.StatusOK, "policy", s.consoleView(c, "New policy", "policies", newPolicyForm(true, "", v, formErrors{})))
 }
 
+// ConsolePolicyForm shows the editor of the policy named by :name; an
+// unknown policy is a 404.
 func (s *Pages) ConsolePolicyForm(c *fiber.Ctx) error {
 	p, err := s.store.Policy(c.UserContext(), c.Params("name"))
 	if err != nil {

@@ -13,7 +13,7 @@ import (
 func main() {
 	out := flag.String("o", "positions.lua", "file to write")
 	flag.Parse()
-	if err := os.WriteFile(*out, []byte(limits.PositionsLua()), 0o644); err != nil {
+	if err := os.WriteFile(*out, []byte(limits.PositionsLua()), 0o600); err != nil {
 		log.Fatal(err)
 	}
 }

@@ -43,7 +43,7 @@ func run(ctx context.Context, meter string, cost, actual int64, fail bool) (int,
 	res, err := c.Check(ctx, tollgate.CheckRequest{APIKey: key, Meter: meter, Cost: cost, Path: "/examples/check"})
 	if err != nil {
 		if p := tollgate.AsProblem(err); p != nil && !tollgate.IsOutage(err) {
-			return 1, fmt.Errorf("Tollgate refused the check itself: %d %s: %s", p.Status, p.Title, p.Detail)
+			return 1, fmt.Errorf("the Tollgate api refused the check itself: %d %s: %s", p.Status, p.Title, p.Detail)
 		}
 		return 1, err // an outage: whether to go on is the backend's call
 	}

@@ -58,7 +58,7 @@ func run(ctx context.Context, log *slog.Logger) error {
 		fmt.Fprintf(w, "hello, tenant %s\n", a.TenantID)
 	})
 	mux.HandleFunc("POST /reports", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, "report of %s pages\n", r.URL.Query().Get("pages"))
+		fmt.Fprintf(w, "report of %d pages\n", pages(r))
 	})
 	mux.HandleFunc("GET /broken", func(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "something broke", http.StatusInternalServerError) // refunded
@@ -70,10 +70,7 @@ func run(ctx context.Context, log *slog.Logger) error {
 			}
 			return "" // the Gate's: hello
 		},
-		Cost: func(r *http.Request) int64 {
-			n, _ := strconv.ParseInt(r.URL.Query().Get("pages"), 10, 64)
-			return max(n, 1)
-		},
+		Cost: pages,
 	})(mux)
 
 	ln, err := net.Listen("tcp", addr)
@@ -92,4 +89,10 @@ func run(ctx context.Context, log *slog.Logger) error {
 	sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	return srv.Shutdown(sctx)
+}
+
+// pages is the number of pages a request asks for: ?pages=, at least 1.
+func pages(r *http.Request) int64 {
+	n, _ := strconv.ParseInt(r.URL.Query().Get("pages"), 10, 64)
+	return max(n, 1)
 }

@@ -104,7 +104,7 @@ func (c *converter) object(v map[string]any, at string, depth int) any {
 		case "properties", "headers", "responses", "content", "parameters", "schemas", "paths",
 			"securitySchemes", "requestBodies", "examples":
 			// maps whose keys are names: keep every key, convert the values
-			if m, ok := e.(map[string]any); ok && !(k == "examples" && isSchemaLike(v)) {
+			if m, ok := e.(map[string]any); ok && (k != "examples" || !isSchemaLike(v)) {
 				names := make(map[string]any, len(m))
 				for name, val := range m {
 					names[name] = c.walk(val, at+"/"+k+"/"+name, depth)

@@ -6,6 +6,7 @@ package main
 
 import (
 	"bytes"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -26,8 +27,8 @@ func main() {
 	}
 }
 
-func run(spec, config, out string) error {
-	doc, err := os.ReadFile(spec)
+func run(spec, config, out string) (err error) {
+	doc, err := os.ReadFile(filepath.Clean(spec))
 	if err != nil {
 		return err
 	}
@@ -39,9 +40,9 @@ func run(spec, config, out string) error {
 	if err != nil {
 		return err
 	}
-	defer os.RemoveAll(dir)
+	defer func() { err = errors.Join(err, os.RemoveAll(dir)) }()
 	tmp := filepath.Join(dir, "openapi-3.0.json")
-	if err := os.WriteFile(tmp, conv, 0o644); err != nil {
+	if err := os.WriteFile(tmp, conv, 0o600); err != nil {
 		return err
 	}
 	cfg, err := filepath.Abs(config)
@@ -52,7 +53,7 @@ func run(spec, config, out string) error {
 	cmd := exec.Command("go", "tool", "oapi-codegen", "-config", cfg, tmp)
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("oapi-codegen: %v: %s", err, stderr.Bytes())
+		return fmt.Errorf("oapi-codegen: %w: %s", err, stderr.Bytes())
 	}
-	return os.WriteFile(out, stdout.Bytes(), 0o644)
+	return os.WriteFile(out, stdout.Bytes(), 0o600)
 }
