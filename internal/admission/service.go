@@ -296,12 +296,12 @@ func (s *Service) Reserve(ctx context.Context, id string, req *quota.Request, d 
 type After int
 
 const (
-	// AfterNothing: nothing is left.
+	// AfterNothing means nothing is left.
 	AfterNothing After = iota
-	// AfterRefunded: the request's units were given back (the client is
+	// AfterRefunded means the request's units were given back (the client is
 	// told so).
 	AfterRefunded
-	// AfterKeepAnswer: the request's answer is to be kept for the repeats
+	// AfterKeepAnswer means the request's answer is to be kept for the repeats
 	// of its idempotency key (KeepAnswer).
 	AfterKeepAnswer
 )

@@ -1,7 +1,6 @@
 package limits
 
 import (
-	"math"
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
@@ -81,18 +80,9 @@ func (d Decision) Flat(meter bool) []int64 {
 	return out
 }
 
-// idemOutcome is the outcome numbered v in an answer; a number beyond
-// IdemOutcome's range is no outcome (-1).
-func idemOutcome(v int64) quota.IdemOutcome {
-	if v < math.MinInt8 || v > math.MaxInt8 {
-		return -1
-	}
-	return quota.IdemOutcome(v)
-}
-
 // decodeFlat reads Flat's answer (22 or 31 values).
 func decodeFlat(f []int64) Decision {
-	d := Decision{Allowed: f[0] == 1, Mask: f[1], Retry: f[2], Overage: f[3], Now: f[4], Idem: idemOutcome(f[5])}
+	d := Decision{Allowed: f[0] == 1, Mask: f[1], Retry: f[2], Overage: f[3], Now: f[4], Idem: quota.IdemOutcomeOf(f[5])}
 	for i := 0; i < nItems && resultHead+4*i+4 <= len(f); i++ {
 		g := f[resultHead+4*i:]
 		d.Items[i] = Item{Active: g[0] == 1, Limit: g[1], Remaining: g[2], Reset: g[3]}

@@ -146,6 +146,15 @@ const (
 	IdemLimit
 )
 
+// IdemOutcomeOf is the outcome numbered v in a script's answer; a number
+// beyond IdemOutcome's range is no outcome (-1).
+func IdemOutcomeOf(v int64) IdemOutcome {
+	if v < math.MinInt8 || v > math.MaxInt8 {
+		return -1
+	}
+	return IdemOutcome(v)
+}
+
 // Replayed reports whether the decision is the stored answer to an earlier
 // request with the same idempotency key.
 func (d Decision) Replayed() bool { return d.Idem == IdemReplayed }

@@ -586,6 +586,16 @@ const (
 	PolicyDegraded      PolicyOutcome = 3 // the request gets the fallback answer
 )
 
+// PolicyOutcomeOf is the outcome numbered v in a script's answer; a number
+// that names no outcome reads as PolicyRefused, the outcome that lets
+// nothing through.
+func PolicyOutcomeOf(v int64) PolicyOutcome {
+	if v < int64(PolicyRefused) || v > int64(PolicyDegraded) {
+		return PolicyRefused
+	}
+	return PolicyOutcome(v)
+}
+
 // String names the outcome as /metrics and logs do.
 func (o PolicyOutcome) String() string {
 	switch o {

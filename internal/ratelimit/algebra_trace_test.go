@@ -32,7 +32,7 @@ func TestWriteLimitsTraces(t *testing.T) {
 	var steps []map[string]any
 	recordOn := func(w *twin) *twin {
 		w.m.record = func(step map[string]any) {
-			h := sha256.Sum256([]byte(w.m.State.String()))
+			h := sha256.Sum256([]byte(w.m.String()))
 			step["tenant"], step["state"] = w.tenant, hex.EncodeToString(h[:8])
 			steps = append(steps, step)
 		}

@@ -113,7 +113,7 @@ func checkBatchID(id string) error {
 		return quota.FieldError("batch_id", "must be 1 to 64 characters")
 	}
 	for i := 0; i < len(id); i++ {
-		if c := id[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'z' || c == '-') {
+		if c := id[i]; (c < '0' || c > '9') && (c < 'a' || c > 'z') && c != '-' {
 			return quota.FieldError("batch_id", "must be of 0-9, a-z and -")
 		}
 	}

@@ -180,7 +180,7 @@ func decode(r []int64, p params, cal quota.Calendar, b *calBounds) quota.Decisio
 	d := quota.Decision{
 		Allowed:      r[0] == 1,
 		OverageUnits: r[3],
-		Idem:         quota.IdemOutcome(r[5]),
+		Idem:         quota.IdemOutcomeOf(r[5]),
 		Now:          now,
 	}
 	if !d.Allowed {

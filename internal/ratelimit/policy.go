@@ -461,7 +461,7 @@ func degradedOnly(d *quota.Decision) bool {
 
 // policyState turns a script item into the policy's state in a decision.
 func policyState(p *quota.Policy, it PolicyItem) *quota.PolicyState {
-	st := &quota.PolicyState{Policy: p, Outcome: quota.PolicyOutcome(it.Outcome), Limit: it.Limit,
+	st := &quota.PolicyState{Policy: p, Outcome: quota.PolicyOutcomeOf(it.Outcome), Limit: it.Limit,
 		Remaining: it.Remaining, Reset: time.UnixMicro(it.Reset).UTC(),
 		Window: time.Duration(p.WindowSecondsOf()) * time.Second,
 		Delay:  time.Duration(it.Delay) * time.Microsecond}

@@ -322,16 +322,16 @@ func pwCount(seen map[string]int, pols []*pwPolicy, results []policyalg.Result, 
 	some := false
 	for j, p := range pols {
 		alg, it := string(p.spec.Alg), want.Items[j]
-		switch {
-		case it.Outcome == 1:
+		switch it.Outcome {
+		case 1:
 			seen[alg+" admitted"]++
 			some = true
 			if !want.Allowed {
 				seen[alg+" undone"]++
 			}
-		case it.Outcome == 2:
+		case 2:
 			seen[alg+" shadow"]++
-		case it.Outcome == 3:
+		case 3:
 			seen[alg+" degrade"]++
 		default:
 			seen[alg+" refused"]++
@@ -501,7 +501,8 @@ func TestPolicyWindowsExactUnderConcurrency(t *testing.T) {
 						}
 						grants.Add(1)
 						h := holders.Add(1)
-						for m := most.Load(); h > m && !most.CompareAndSwap(m, h); m = most.Load() {
+						for m := most.Load(); h > m && !most.CompareAndSwap(m, h); {
+							m = most.Load()
 						}
 						// (the count drops before the lease is released, so
 						// it never undercounts the holders Redis sees)

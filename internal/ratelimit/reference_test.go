@@ -182,8 +182,12 @@ func redisState(tb testing.TB, c redis.UniversalClient, r *stack, tenant string,
 		f = "p" + f
 		if old, ok := tenantHash[f]; ok {
 			var a, b int64
-			fmt.Sscan(old, &a)
-			fmt.Sscan(v, &b)
+			if _, err := fmt.Sscan(old, &a); err != nil {
+				panic(fmt.Sprintf("pending field %s: %q: %v", f, old, err))
+			}
+			if _, err := fmt.Sscan(v, &b); err != nil {
+				panic(fmt.Sprintf("pending field %s: %q: %v", f, v, err))
+			}
 			v = fmt.Sprint(a + b)
 		}
 		tenantHash[f] = v

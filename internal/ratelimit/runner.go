@@ -160,7 +160,7 @@ func (r *Runner) run(ctx context.Context, tenantID, idem string, now int64, mode
 	if err != nil {
 		return nil, nil, prepaidStale(err)
 	}
-	if len(res) != want && !(len(res) == resultLen && res[5] >= int64(quota.IdemInFlight)) {
+	if len(res) != want && (len(res) != resultLen || res[5] < int64(quota.IdemInFlight)) {
 		return nil, nil, fmt.Errorf("script answered %d values, want %d", len(res), want)
 	}
 	return res, b, nil

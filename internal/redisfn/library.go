@@ -36,6 +36,8 @@ import (
 // Fn names a function of the library.
 type Fn uint8
 
+// The library's functions, each in the file functions names (one Fn a
+// function; fnCount counts them).
 const (
 	FnAdmit Fn = iota
 	FnAdmitN

@@ -47,8 +47,8 @@ func submit(tb testing.TB, ctx context.Context, sel string) int64 {
 // fill replaces the value of the field with id by typing v.
 func fill(tb testing.TB, ctx context.Context, id, v string) {
 	tb.Helper()
-	clear := chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById(%q).value = ""`, id))
-	if err := chromedp.Do(ctx, clear, chromedp.SendKeys(chromedp.ID(id), v)); err != nil {
+	empty := chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById(%q).value = ""`, id))
+	if err := chromedp.Do(ctx, empty, chromedp.SendKeys(chromedp.ID(id), v)); err != nil {
 		tb.Fatalf("fill #%s: %v", id, err)
 	}
 }

@@ -647,12 +647,12 @@ func TestCheckEndpoint(t *testing.T) {
 	if dry["allowed"] != true {
 		t.Fatalf("dry run of 8 of 10: %v, want allowed", dry)
 	}
-	real := check(`{"api_key": "`+key+`", "meter": "m", "cost": 8}`, serviceToken).json(t)
-	if real["allowed"] != true || real["limits"].([]any)[0].(map[string]any)["remaining"] != 2.0 {
-		t.Fatalf("check of 8: %v, want allowed with 2 remaining (the dry run consumed nothing)", real)
+	counted := check(`{"api_key": "`+key+`", "meter": "m", "cost": 8}`, serviceToken).json(t)
+	if counted["allowed"] != true || counted["limits"].([]any)[0].(map[string]any)["remaining"] != 2.0 {
+		t.Fatalf("check of 8: %v, want allowed with 2 remaining (the dry run consumed nothing)", counted)
 	}
-	if real["tenant_id"] != tenant.ID {
-		t.Fatalf("check by api_key: tenant_id %v, want %s (for settle, refund and release)", real["tenant_id"], tenant.ID)
+	if counted["tenant_id"] != tenant.ID {
+		t.Fatalf("check by api_key: tenant_id %v, want %s (for settle, refund and release)", counted["tenant_id"], tenant.ID)
 	}
 	over := check(`{"tenant_id": "`+tenant.ID+`", "meter": "m", "cost": 3}`, serviceToken).json(t)
 	if up, _ := over["upgrade"].(map[string]any); over["allowed"] != false || over["retry_after"] == nil || up["tier"] != bigger.Slug {

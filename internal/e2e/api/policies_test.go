@@ -375,7 +375,8 @@ func TestQueuedRequestLeavesWhenItsClientHangsUp(t *testing.T) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	<-done // the client gave up and closed its connection
+	// the client gave up and closed its connection
+	t.Logf("the waiting client: %v", <-done)
 	for waiters() != "0" {
 		if time.Now().After(deadline.Add(5 * time.Second)) {
 			t.Fatalf("the request still waits after its client hung up: waiters %s", waiters())

@@ -214,7 +214,7 @@ func TestPrepaidTenantPagesShowTheCredit(t *testing.T) {
 				t.Errorf("%s, %s: top-up link %q, want href %q", tc.name, pg.where, link, tc.wantLink)
 			}
 			if (remaining == 0) != strings.Contains(pg.body, `id="credit-exhausted"`) {
-				t.Errorf("%s, %s: the used-up notice is shown %v with %d left", tc.name, pg.where, !(remaining == 0), remaining)
+				t.Errorf("%s, %s: the used-up notice is shown %v with %d left", tc.name, pg.where, remaining != 0, remaining)
 			}
 			if strings.Contains(pg.body, "javascript:") {
 				t.Errorf("%s, %s: the page carries a javascript: URL", tc.name, pg.where)

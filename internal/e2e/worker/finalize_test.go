@@ -99,12 +99,12 @@ func (w *workerRun) waitCycles(t *testing.T, n int) {
 }
 
 // waitCyclesUntil waits for whole cycles (as waitCycles(t, 2) does for
-// one) until done holds, at most max of them; the caller then checks what
-// it expects, and a failure shows the worker's step errors.
-func (w *workerRun) waitCyclesUntil(t *testing.T, max int, done func() bool) {
+// one) until done holds, at most limit of them; the caller then checks
+// what it expects, and a failure shows the worker's step errors.
+func (w *workerRun) waitCyclesUntil(t *testing.T, limit int, done func() bool) {
 	t.Helper()
 	w.waitCycles(t, 2)
-	for n := 1; n < max && !done(); n++ {
+	for n := 1; n < limit && !done(); n++ {
 		w.waitCycles(t, 1)
 	}
 	if !done() {
