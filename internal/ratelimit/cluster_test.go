@@ -5,8 +5,6 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -65,28 +63,4 @@ func TestClusterTenantKeysShareOneSlot(t *testing.T) {
 			}
 		}
 	}
-}
-
-// tenantsOnDistinctMasters returns n tenant ids whose keys live on n
-// different masters.
-func tenantsOnDistinctMasters(tb testing.TB, c redis.UniversalClient, n int) []string {
-	tb.Helper()
-	cc := c.(*redis.ClusterClient)
-	seen := map[string]bool{}
-	var tenants []string
-	for tries := 0; len(tenants) < n; tries++ {
-		if tries > 1000 {
-			tb.Fatalf("found tenants on only %d masters, want %d", len(tenants), n)
-		}
-		tenant := newTenant()
-		node, err := cc.MasterForKey(context.Background(), "x:v1:{t:"+tenant+"}:gcra")
-		if err != nil {
-			tb.Fatalf("MasterForKey: %v", err)
-		}
-		if addr := node.Options().Addr; !seen[addr] {
-			seen[addr] = true
-			tenants = append(tenants, tenant)
-		}
-	}
-	return tenants
 }

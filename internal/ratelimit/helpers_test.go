@@ -4,16 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/idempotency"
 	"github.com/tollgate/tollgate/internal/pending"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/quotaredis/quotaredistest"
 	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/settlement"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -26,6 +25,34 @@ func TestMain(m *testing.M) {
 	testenv.StopCluster()
 	os.Exit(code)
 }
+
+// The helpers these tests share with the other parts' tests, under the
+// short names the tests use (internal/quotaredis/quotaredistest).
+var (
+	newTenant                = quotaredistest.NewTenant
+	mustAdmit                = quotaredistest.MustAdmit
+	fmtDecision              = quotaredistest.FmtDecision
+	at                       = quotaredistest.At
+	i64                      = quotaredistest.I64
+	f64                      = quotaredistest.F64
+	allLimits                = quotaredistest.AllLimits
+	limitOf                  = quotaredistest.LimitOf
+	tenantsOnDistinctMasters = quotaredistest.TenantsOnDistinctMasters
+	stateOf                  = quotaredistest.StateOf
+	redisState               = quotaredistest.RedisState
+	pendingFields            = quotaredistest.PendingFields
+	pendingAt                = quotaredistest.PendingAt
+	meterCounters            = quotaredistest.MeterCounters
+	monthBefore              = quotaredistest.MonthBefore
+	meterHash                = quotaredistest.MeterHash
+	wantMonths               = quotaredistest.WantMonths
+)
+
+// tenantCounters and Period are a tenant's counters in the tests' terms.
+type (
+	tenantCounters = quotaredistest.Counters
+	Period         = quotaredistest.Period
+)
 
 // stack is every part of the Redis side on one store, joined as
 // quotaredis.Store joins them (which these tests cannot import: it imports
@@ -53,20 +80,6 @@ func mustRunner(tb testing.TB, c redis.UniversalClient) (*stack, string) {
 	tb.Helper()
 	prefix := testenv.Prefix(tb, c)
 	return newStack(c, prefix), prefix
-}
-
-// newTenant returns a random tenant id, so that tests sharing a prefix or a
-// cluster land on different hash slots.
-func newTenant() string { return "tn-" + testenv.RandomHex(6) }
-
-// mustAdmit admits req and fails the test on an error.
-func mustAdmit(tb testing.TB, r *stack, req quota.Request) quota.Decision {
-	tb.Helper()
-	d, err := r.Admit(context.Background(), req)
-	if err != nil {
-		tb.Fatalf("Admit(%+v): %v", req, err)
-	}
-	return d
 }
 
 // mustKeys returns every key under prefix (on every master of a cluster).
@@ -121,31 +134,6 @@ func mustSnapshot(tb testing.TB, c redis.UniversalClient, prefix string) map[str
 	}
 	return snap
 }
-
-// fmtDecision prints every field of d on one line, so that two decisions
-// compare as strings and a mismatch shows both in full.
-func fmtDecision(d quota.Decision) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "allowed=%t violated=%v retry=%dus overage=%d replayed=%t now=%d",
-		d.Allowed, d.Violated, d.RetryAfter.Microseconds(), d.OverageUnits, d.Replayed(), d.Now.UnixMicro())
-	for _, l := range d.Limits {
-		fmt.Fprintf(&b, " | %s limit=%d rem=%d reset=%d window=%v", l.Name, l.Limit, l.Remaining, l.Reset.UnixMicro(), l.Window)
-	}
-	return b.String()
-}
-
-// at parses an RFC 3339 time; the tests' times are literals.
-func at(tb testing.TB, s string) time.Time {
-	tb.Helper()
-	t, err := time.Parse(time.RFC3339Nano, s)
-	if err != nil {
-		tb.Fatalf("bad time %q: %v", s, err)
-	}
-	return t
-}
-
-func i64(v int64) *int64     { return &v }
-func f64(v float64) *float64 { return &v }
 
 // untilRefused races workers clients of their own on one Redis (as many
 // API nodes would), started at once, each admitting req(w) until its first

@@ -12,16 +12,6 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-// limitOf returns the named limit of d, failing the test when it is absent.
-func limitOf(tb testing.TB, d quota.Decision, name quota.LimitName) quota.LimitState {
-	tb.Helper()
-	l, ok := d.Limit(name)
-	if !ok {
-		tb.Fatalf("decision has no limit %q: %s", name, fmtDecision(d))
-	}
-	return l
-}
-
 // TestMeterQuotaBesideTierQuotas: a tier with a daily quota of 3 and a
 // monthly quota of 5 units for meter "search" (blocked past it) and a
 // tier-wide daily quota of 100: searches stop at the meter's daily quota

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -19,31 +17,6 @@ import (
 // settlements and quota resets move. Each test states the money the
 // tenant is billed (the pending usage the ledger will hold) and what Redis
 // holds against the limits, which must agree.
-
-// pendingAt is a tenant's pending count of kind (u, r, o, m, ...) for meter
-// in the hour of t.
-func pendingAt(tb testing.TB, r *stack, tenant string, t time.Time, meter, kind string) int64 {
-	tb.Helper()
-	return pendingFields(tb, r, tenant)[fmt.Sprintf("%d|%s|%s", t.Truncate(time.Hour).Unix(), meter, kind)]
-}
-
-// meterCounters reads a meter's field of the meter quotas' hash: day id
-// and units, month id, units and overage units (zeros when absent).
-func meterCounters(tb testing.TB, r *stack, tenant, meter string) [5]int64 {
-	tb.Helper()
-	v, err := r.Client().HGet(context.Background(), r.Key(tenant, "mq"), meter).Result()
-	if err == redis.Nil {
-		return [5]int64{}
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
-	f, err := parseMeterField(v)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return f
-}
 
 // capLeft is the spend cap's room of req's tenant at now, in cents.
 func capLeft(tb testing.TB, r *stack, req quota.Request, now time.Time) int64 {

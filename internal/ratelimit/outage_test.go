@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -146,50 +144,6 @@ func TestRecoverOutageRefusesBadInput(t *testing.T) {
 // outageRowAt is a row of units and requests of meter admitted at t.
 func outageRowAt(meter string, t time.Time, units, requests int64) quota.OutageRow {
 	return quota.OutageRow{Meter: meter, Hour: t.Truncate(time.Hour), At: t, Units: units, Requests: requests}
-}
-
-// monthBefore reads the tenant's month before (state.lua's field w:
-// "m,mu,mg,mo").
-func monthBefore(tb testing.TB, r *stack, tenant string) string {
-	tb.Helper()
-	w, err := r.Client().HGet(context.Background(), r.StateKeys(tenant)[0], "w").Result()
-	if err != nil && err != redis.Nil {
-		tb.Fatal(err)
-	}
-	return w
-}
-
-// meterHash reads fields of the tenant's meter quotas' hash ("" when absent).
-func meterHash(tb testing.TB, r *stack, tenant string, fields ...string) []string {
-	tb.Helper()
-	v, err := r.Client().HMGet(context.Background(), r.Key(tenant, "mq"), fields...).Result()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	out := make([]string, len(v))
-	for i, x := range v {
-		if s, ok := x.(string); ok {
-			out[i] = s
-		}
-	}
-	return out
-}
-
-// wantMonths checks what Redis holds of the tenant's months (in the
-// test's terms): the tier's month before (w), search's month before
-// ("search|w"), the meters' overage millicents ('$w', '$') and search's
-// field as [month, units, overage].
-func wantMonths(tb testing.TB, r *stack, tenant, when, w string, mq [3]string, search [3]int64) {
-	tb.Helper()
-	if got := monthBefore(tb, r, tenant); got != w {
-		tb.Errorf("%s: the tier's month before %q, want %q", when, got, w)
-	}
-	if got := meterHash(tb, r, tenant, "search|w", "$w", "$"); [3]string(got) != mq {
-		tb.Errorf("%s: search|w, $w, $ = %q, want %q", when, got, mq)
-	}
-	if f := meterCounters(tb, r, tenant, "search"); [3]int64{f[2], f[3], f[4]} != search {
-		tb.Errorf("%s: search's counters %v, want month, units, overage %v", when, f, search)
-	}
 }
 
 // TestRecoverOutageRollKeepsTheMonthBefore: outage rows of April reach a

@@ -1,14 +1,10 @@
 package ratelimit
 
 import (
-	"context"
 	"fmt"
 	"slices"
 	"strings"
-	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/limits"
 	"github.com/tollgate/tollgate/internal/quota"
@@ -135,83 +131,6 @@ func (m *ref) Settle(req quota.Request, d quota.Decision, actual int64) quota.Se
 	delta, over := l.Settle(&m.State, a, actual)
 	m.note(l, map[string]any{"op": "settle", "adm": a, "units": actual}, []int64{delta, over})
 	return quota.Settlement{Status: quota.SettleApplied, Delta: delta, OverageDelta: over}
-}
-
-// tenantCounters are the counters of a tenant's hash (lua/state.lua) in
-// the terms the tests check: the GCRA's and bucket's times, the day's and
-// the month's counters.
-type tenantCounters struct {
-	TAT, Full  int64
-	Day, Month Period
-}
-
-// Period is a quota period's counters. ID is the day since the epoch or
-// year*100+month.
-type Period struct {
-	ID, Used, Grant, Overage int64
-}
-
-// stateOf reads a tenant's counters from its v2 hash.
-func stateOf(tb testing.TB, c redis.UniversalClient, r *stack, tenant string) tenantCounters {
-	tb.Helper()
-	s := redisState(tb, c, r, tenant)
-	if !s.Exists {
-		return tenantCounters{}
-	}
-	return tenantCounters{TAT: s.TAT, Full: s.Full,
-		Day:   Period{ID: s.Day, Used: s.DayUsed, Grant: s.DayGrant},
-		Month: Period{ID: s.Month, Used: s.MonthUsed, Grant: s.MonthGrant, Overage: s.MonthOver}}
-}
-
-// redisState reads everything Redis holds of a tenant as a limits.State:
-// its hash, the v1 pending hash (whose fields are the hash's "p" fields
-// while the tenant has no state: a refusal's count), the meter quotas'
-// hash, and the idempotency records of keys.
-func redisState(tb testing.TB, c redis.UniversalClient, r *stack, tenant string, keys ...string) limits.State {
-	tb.Helper()
-	ctx := context.Background()
-	tenantHash, err := c.HGetAll(ctx, r.StateKey(tenant)).Result()
-	if err != nil {
-		tb.Fatalf("HGETALL state: %v", err)
-	}
-	pending, err := c.HGetAll(ctx, r.Key(tenant, "pending")).Result()
-	if err != nil {
-		tb.Fatalf("HGETALL pending: %v", err)
-	}
-	for f, v := range pending {
-		f = "p" + f
-		if old, ok := tenantHash[f]; ok {
-			var a, b int64
-			if _, err := fmt.Sscan(old, &a); err != nil {
-				panic(fmt.Sprintf("pending field %s: %q: %v", f, old, err))
-			}
-			if _, err := fmt.Sscan(v, &b); err != nil {
-				panic(fmt.Sprintf("pending field %s: %q: %v", f, v, err))
-			}
-			v = fmt.Sprint(a + b)
-		}
-		tenantHash[f] = v
-	}
-	meters, err := c.HGetAll(ctx, r.Key(tenant, "mq")).Result()
-	if err != nil {
-		tb.Fatalf("HGETALL meters: %v", err)
-	}
-	idem := map[string]map[string]string{}
-	for _, k := range keys {
-		h := redisfn.IdemHash(k)
-		rec, err := c.HGetAll(ctx, r.Key(tenant, "idem2:"+h)).Result()
-		if err != nil {
-			tb.Fatalf("HGETALL idem: %v", err)
-		}
-		if len(rec) > 0 {
-			idem[h] = rec
-		}
-	}
-	s, err := limits.Parse(tenantHash, meters, idem)
-	if err != nil {
-		tb.Fatal(err)
-	}
-	return s
 }
 
 // diffStates lists the fields in which two states differ, "" when none.

@@ -17,15 +17,6 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
-// allLimits are four active limits that admit a handful of requests.
-func allLimits() quota.Limits {
-	return quota.Limits{
-		BurstRate: f64(10), Burst: i64(5),
-		BucketCapacity: i64(20), BucketRefillPerSec: f64(5),
-		DailyQuota: i64(100), MonthlyQuota: i64(1000),
-	}
-}
-
 // TestPeriodsMatchGo holds the scripts' calendar (lua/state.lua: days since
 // the epoch to year and month, and back) to Go's time package: for fixed
 // edge dates and random instants from 1970 to 2250, grant.lua must report
@@ -424,26 +415,6 @@ func sumPending(tb testing.TB, r *stack, tenant string) map[string]int64 {
 		sum[f[strings.LastIndex(f, "|")+1:]] += n
 	}
 	return sum
-}
-
-// pendingFields returns a tenant's pending usage fields, wherever they live
-// (lua/pending.lua), as "<hour>|<meter>|<kind>" -> count.
-func pendingFields(tb testing.TB, r *stack, tenant string) map[string]int64 {
-	tb.Helper()
-	flat, err := r.Call(context.Background(), redisfn.FnPending, r.PendingKeys(tenant), "get").StringSlice()
-	if err != nil {
-		tb.Fatalf("pending of %s: %v", tenant, err)
-	}
-	out := map[string]int64{}
-	for j := 0; j+1 < len(flat); j += 2 {
-		f, v := flat[j], flat[j+1]
-		n, err := strconv.ParseInt(v, 10, 64)
-		if err != nil {
-			tb.Fatalf("pending field %s=%q: %v", f, v, err)
-		}
-		out[f] = n
-	}
-	return out
 }
 
 // TestPeekReportsWithoutCounting checks Peek against the reference on a tenant

@@ -1,4 +1,4 @@
-package ratelimit
+package pending_test
 
 import (
 	"context"
@@ -8,6 +8,8 @@ import (
 
 	"github.com/tollgate/tollgate/internal/pending"
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/quotaredis"
+	"github.com/tollgate/tollgate/internal/quotaredis/quotaredistest"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -51,8 +53,8 @@ func TestPendingCountsShadowRefusalsAndDegraded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	r, _ := mustRunner(t, c)
-	tenant := newTenant()
+	r := quotaredistest.OnPrefix(t, c, quotaredis.New)
+	tenant := quotaredistest.NewTenant()
 	// token buckets of 1 and 2 that refill one per 1000 s: empty for the test
 	shadow := quota.Policy{Name: "shadow-one", Algorithm: quota.AlgTokenBucket, Capacity: quota.Ptr(int64(1)),
 		RefillPerSec: quota.Ptr(0.001), OnRefuse: quota.RefuseShadow}
@@ -77,7 +79,7 @@ func TestPendingCountsShadowRefusalsAndDegraded(t *testing.T) {
 		{1, "degraded"}, // degrade refuses, the tier admits: the fallback
 		{2, "refused"},  // the daily quota refuses first: a refusal, not degraded
 	} {
-		d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: step.cost, Limits: limits,
+		d := quotaredistest.MustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "demo", Cost: step.cost, Limits: limits,
 			Policies: calls, RequestID: fmt.Sprintf("req-%d", i), Now: now.Add(time.Duration(i) * time.Second)})
 		got := "refused"
 		switch {
@@ -116,11 +118,11 @@ func TestRefundGivesBackQuotaInThePeriodOnly(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	r := newStack(c, testenv.Prefix(t, c))
-	tenant := newTenant()
+	r := quotaredis.New(c, testenv.Prefix(t, c))
+	tenant := quotaredistest.NewTenant()
 	limits := quota.Limits{DailyQuota: quota.Ptr(int64(100)), MonthlyQuota: quota.Ptr(int64(1000))}
 	now := time.Date(2026, 11, 22, 23, 59, 0, 0, time.UTC)
-	d := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "m", Cost: 30, Limits: limits, Now: now})
+	d := quotaredistest.MustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "m", Cost: 30, Limits: limits, Now: now})
 	if err := r.Refund(ctx, tenant, "m", 30, 0, d.Now); err != nil {
 		t.Fatal(err)
 	}
@@ -136,7 +138,7 @@ func TestRefundGivesBackQuotaInThePeriodOnly(t *testing.T) {
 		t.Fatalf("pending after refund = %+v, %v; want 0 units and the request still counted", rows, err)
 	}
 	// A refund of a request admitted yesterday leaves today's quota alone.
-	d2 := mustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "m", Cost: 5, Limits: limits, Now: now.Add(2 * time.Minute)})
+	d2 := quotaredistest.MustAdmit(t, r, quota.Request{TenantID: tenant, Meter: "m", Cost: 5, Limits: limits, Now: now.Add(2 * time.Minute)})
 	if err := r.Refund(ctx, tenant, "m", 30, 0, now); err != nil {
 		t.Fatal(err)
 	}
@@ -150,12 +152,12 @@ func TestPendingManyMatchesPendingPerTenant(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	c := testenv.Redis(t)
-	r := newStack(c, testenv.Prefix(t, c))
-	a, b, idle := newTenant(), newTenant(), newTenant()
+	r := quotaredis.New(c, testenv.Prefix(t, c))
+	a, b, idle := quotaredistest.NewTenant(), quotaredistest.NewTenant(), quotaredistest.NewTenant()
 	now := time.Date(2026, 11, 22, 10, 30, 0, 0, time.UTC)
-	mustAdmit(t, r, quota.Request{TenantID: a, Meter: "m", Cost: 3, Now: now})
-	mustAdmit(t, r, quota.Request{TenantID: a, Meter: "n", Cost: 4, Now: now.Add(time.Hour)})
-	mustAdmit(t, r, quota.Request{TenantID: b, Meter: "m", Cost: 7, Now: now})
+	quotaredistest.MustAdmit(t, r, quota.Request{TenantID: a, Meter: "m", Cost: 3, Now: now})
+	quotaredistest.MustAdmit(t, r, quota.Request{TenantID: a, Meter: "n", Cost: 4, Now: now.Add(time.Hour)})
+	quotaredistest.MustAdmit(t, r, quota.Request{TenantID: b, Meter: "m", Cost: 7, Now: now})
 
 	got, err := r.PendingMany(ctx, []string{a, b, idle})
 	if err != nil {

@@ -1,4 +1,4 @@
-package ratelimit
+package idempotency_test
 
 import (
 	"context"
@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/quotaredis"
+	"github.com/tollgate/tollgate/internal/quotaredis/quotaredistest"
 	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -19,12 +21,12 @@ import (
 func TestAnswerClaims(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	r, _ := mustRunner(t, testenv.Redis(t))
+	r := quotaredistest.OnPrefix(t, testenv.Redis(t), quotaredis.New)
 	r.WithAnswerLimits(quota.AnswerLimits{Answers: 2, Bytes: 1 << 30})
-	tenant := newTenant()
+	tenant := quotaredistest.NewTenant()
 	t0 := time.Now().Truncate(time.Millisecond)
 	req := func(key, fp string) quota.Request {
-		return quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: quota.Limits{DailyQuota: i64(100)},
+		return quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: quota.Limits{DailyQuota: quotaredistest.I64(100)},
 			IdempotencyKey: key, IdempotencyFingerprint: fp, IdempotencyLease: time.Minute, IdempotencyClaim: "c-" + key + fp, Now: t0}
 	}
 	claim := func(q quota.Request, force bool) quota.AnswerClaim {
@@ -49,7 +51,7 @@ func TestAnswerClaims(t *testing.T) {
 	if c := claim(a, false); c.Status != quota.ClaimTaken || c.Usage.Answers != 1 {
 		t.Fatalf("the same claim again: %+v, want taken once", c)
 	}
-	mustAdmit(t, r, a)
+	quotaredistest.MustAdmit(t, r, a)
 	for _, q := range []quota.Request{req("a", "GET /a"), req("a", "POST /a")} {
 		if c := claim(q, false); c.Status != quota.ClaimSkipped {
 			t.Fatalf("claim of %s in flight: %+v, want skipped", q.IdempotencyFingerprint, c)
@@ -86,7 +88,7 @@ func TestAnswerClaims(t *testing.T) {
 	}
 	room(2, 5+quota.AnswerReserve)
 	// b was admitted, then refunded
-	mustAdmit(t, r, b)
+	quotaredistest.MustAdmit(t, r, b)
 	if err := r.ReleaseKey(ctx, b); err != nil {
 		t.Fatal(err)
 	}
@@ -112,15 +114,15 @@ func TestAnswerClaims(t *testing.T) {
 func TestClusterAnswerRoom(t *testing.T) {
 	t.Parallel()
 	c := testenv.Cluster(t)
-	r, _ := mustRunner(t, c)
+	r := quotaredistest.OnPrefix(t, c, quotaredis.New)
 	ctx := context.Background()
-	for _, tenant := range tenantsOnDistinctMasters(t, c, 3) {
-		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: allLimits(), IdempotencyKey: "k",
+	for _, tenant := range quotaredistest.TenantsOnDistinctMasters(t, c, 3) {
+		req := quota.Request{TenantID: tenant, Meter: "demo", Cost: 1, Limits: quotaredistest.AllLimits(), IdempotencyKey: "k",
 			IdempotencyFingerprint: "GET /k", IdempotencyLease: time.Minute, IdempotencyClaim: "claim-k"}
 		if cl, err := r.ClaimAnswer(ctx, req, false); err != nil || cl.Status != quota.ClaimTaken {
 			t.Fatalf("tenant %s: claim %+v, %v", tenant, cl, err)
 		}
-		mustAdmit(t, r, req)
+		quotaredistest.MustAdmit(t, r, req)
 		if ok, err := r.StoreAnswer(ctx, req, quota.StoredAnswer{Status: 200, Body: []byte("ok")}); err != nil || !ok {
 			t.Fatalf("tenant %s: store %t, %v", tenant, ok, err)
 		}

@@ -1,4 +1,4 @@
-package ratelimit
+package settlement_test
 
 import (
 	"context"
@@ -9,11 +9,13 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/quotaredis"
+	"github.com/tollgate/tollgate/internal/quotaredis/quotaredistest"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // pendingOf sums the tenant's pending units and overage units.
-func pendingOf(tb testing.TB, r *stack, tenant string) (units, over int64) {
+func pendingOf(tb testing.TB, r *quotaredis.Store, tenant string) (units, over int64) {
 	tb.Helper()
 	rows, err := r.Pending(context.Background(), tenant)
 	if err != nil {
@@ -38,17 +40,17 @@ func TestSettleExactlyOnce(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			c := newClient(t)
-			r, _ := mustRunner(t, c)
-			tenant := newTenant()
-			now := at(t, "2031-05-15T12:00:00Z")
+			r := quotaredistest.OnPrefix(t, c, quotaredis.New)
+			tenant := quotaredistest.NewTenant()
+			now := quotaredistest.At(t, "2031-05-15T12:00:00Z")
 			req := quota.Request{TenantID: tenant, Meter: "gen", Cost: 10, Now: now,
-				Limits: quota.Limits{DailyQuota: i64(1000), MonthlyQuota: i64(5000)}}
-			d := mustAdmit(t, r, req)
+				Limits: quota.Limits{DailyQuota: quotaredistest.I64(1000), MonthlyQuota: quotaredistest.I64(5000)}}
+			d := quotaredistest.MustAdmit(t, r, req)
 			if err := r.Reserve(context.Background(), "rid-1", req, d); err != nil {
 				t.Fatal(err)
 			}
 			// another tenant finds nothing under the id
-			if s, err := r.Settle(context.Background(), newTenant(), "rid-1", 3); err != nil || s.Status != quota.SettleUnknown {
+			if s, err := r.Settle(context.Background(), quotaredistest.NewTenant(), "rid-1", 3); err != nil || s.Status != quota.SettleUnknown {
 				t.Fatalf("another tenant's settle: %+v %v, want unknown", s, err)
 			}
 			var (
@@ -82,7 +84,7 @@ func TestSettleExactlyOnce(t *testing.T) {
 			if applied != 1 || already != 63 {
 				t.Fatalf("applied %d, already %d; want 1 and 63", applied, already)
 			}
-			st := stateOf(t, c, r, tenant)
+			st := quotaredistest.StateOf(t, c, r, tenant)
 			if st.Day.Used != 3 || st.Month.Used != 3 {
 				t.Fatalf("day %d month %d used, want 3 and 3", st.Day.Used, st.Month.Used)
 			}
@@ -100,16 +102,16 @@ func TestSettleExactlyOnce(t *testing.T) {
 func TestSettleRefundAndCharge(t *testing.T) {
 	t.Parallel()
 	c := testenv.Redis(t)
-	r, _ := mustRunner(t, c)
+	r := quotaredistest.OnPrefix(t, c, quotaredis.New)
 	ctx := context.Background()
-	now := at(t, "2031-05-15T12:00:00Z")
+	now := quotaredistest.At(t, "2031-05-15T12:00:00Z")
 
 	t.Run("refund with overage", func(t *testing.T) {
-		tenant := newTenant()
+		tenant := quotaredistest.NewTenant()
 		req := quota.Request{TenantID: tenant, Meter: "gen", Cost: 10, Now: now, Overage: quota.OverageBill,
-			Limits: quota.Limits{MonthlyQuota: i64(15)}}
-		mustAdmit(t, r, req)
-		d := mustAdmit(t, r, req) // 5 of its 10 units overage
+			Limits: quota.Limits{MonthlyQuota: quotaredistest.I64(15)}}
+		quotaredistest.MustAdmit(t, r, req)
+		d := quotaredistest.MustAdmit(t, r, req) // 5 of its 10 units overage
 		if d.OverageUnits != 5 {
 			t.Fatalf("overage %d, want 5", d.OverageUnits)
 		}
@@ -120,7 +122,7 @@ func TestSettleRefundAndCharge(t *testing.T) {
 		if err != nil || s.Status != quota.SettleApplied || s.Delta != -8 || s.OverageDelta != -5 {
 			t.Fatalf("settle: %+v %v", s, err)
 		}
-		st := stateOf(t, c, r, tenant)
+		st := quotaredistest.StateOf(t, c, r, tenant)
 		if st.Month.Used != 12 || st.Month.Overage != 0 {
 			t.Fatalf("month %+v, want 12 used, 0 overage", st.Month)
 		}
@@ -130,10 +132,10 @@ func TestSettleRefundAndCharge(t *testing.T) {
 	})
 
 	t.Run("charge on a bill tier", func(t *testing.T) {
-		tenant := newTenant()
+		tenant := quotaredistest.NewTenant()
 		req := quota.Request{TenantID: tenant, Meter: "gen", Cost: 10, Now: now, Overage: quota.OverageBill,
-			Limits: quota.Limits{MonthlyQuota: i64(15)}}
-		d := mustAdmit(t, r, req)
+			Limits: quota.Limits{MonthlyQuota: quotaredistest.I64(15)}}
+		d := quotaredistest.MustAdmit(t, r, req)
 		if err := r.Reserve(ctx, "b", req, d); err != nil {
 			t.Fatal(err)
 		}
@@ -141,7 +143,7 @@ func TestSettleRefundAndCharge(t *testing.T) {
 		if err != nil || s.Status != quota.SettleApplied || s.Delta != 15 || s.OverageDelta != 10 {
 			t.Fatalf("settle: %+v %v", s, err)
 		}
-		st := stateOf(t, c, r, tenant)
+		st := quotaredistest.StateOf(t, c, r, tenant)
 		if st.Month.Used != 25 || st.Month.Overage != 10 {
 			t.Fatalf("month %+v, want 25 used, 10 overage", st.Month)
 		}
@@ -151,10 +153,10 @@ func TestSettleRefundAndCharge(t *testing.T) {
 	})
 
 	t.Run("charge past a block quota", func(t *testing.T) {
-		tenant := newTenant()
+		tenant := quotaredistest.NewTenant()
 		req := quota.Request{TenantID: tenant, Meter: "gen", Cost: 5, Now: now,
-			Limits: quota.Limits{DailyQuota: i64(10)}}
-		d := mustAdmit(t, r, req)
+			Limits: quota.Limits{DailyQuota: quotaredistest.I64(10)}}
+		d := quotaredistest.MustAdmit(t, r, req)
 		if err := r.Reserve(ctx, "c", req, d); err != nil {
 			t.Fatal(err)
 		}
@@ -162,23 +164,23 @@ func TestSettleRefundAndCharge(t *testing.T) {
 		if err != nil || s.Status != quota.SettleApplied || s.Delta != 35 || s.OverageDelta != 0 {
 			t.Fatalf("settle: %+v %v", s, err)
 		}
-		if st := stateOf(t, c, r, tenant); st.Day.Used != 40 {
+		if st := quotaredistest.StateOf(t, c, r, tenant); st.Day.Used != 40 {
 			t.Fatalf("day %+v, want 40 used", st.Day)
 		}
 		if u, _ := pendingOf(t, r, tenant); u != 40 {
 			t.Fatalf("pending %d, want 40", u)
 		}
 		req.Cost = 1
-		if d := mustAdmit(t, r, req); d.Allowed {
-			t.Fatalf("after a charge past the quota: %s, want a refusal", fmtDecision(d))
+		if d := quotaredistest.MustAdmit(t, r, req); d.Allowed {
+			t.Fatalf("after a charge past the quota: %s, want a refusal", quotaredistest.FmtDecision(d))
 		}
 	})
 
 	t.Run("after the window", func(t *testing.T) {
-		tenant := newTenant()
+		tenant := quotaredistest.NewTenant()
 		req := quota.Request{TenantID: tenant, Meter: "gen", Cost: 5, Now: now,
-			Limits: quota.Limits{DailyQuota: i64(10)}}
-		d := mustAdmit(t, r, req)
+			Limits: quota.Limits{DailyQuota: quotaredistest.I64(10)}}
+		d := quotaredistest.MustAdmit(t, r, req)
 		if err := r.Reserve(ctx, "d", req, d); err != nil {
 			t.Fatal(err)
 		}
@@ -194,18 +196,18 @@ func TestSettleRefundAndCharge(t *testing.T) {
 		if err != nil || s.Status != quota.SettleUnknown {
 			t.Fatalf("settle after the window: %+v %v", s, err)
 		}
-		if st := stateOf(t, c, r, tenant); st.Day.Used != 5 {
+		if st := quotaredistest.StateOf(t, c, r, tenant); st.Day.Used != 5 {
 			t.Fatalf("day %+v, want 5 used (nothing changed)", st.Day)
 		}
 	})
 
 	t.Run("bad input", func(t *testing.T) {
 		for _, a := range []int64{-1, quota.MaxQuantity + 1} {
-			if _, err := r.Settle(ctx, newTenant(), "x", a); err == nil {
+			if _, err := r.Settle(ctx, quotaredistest.NewTenant(), "x", a); err == nil {
 				t.Fatalf("actual %d: no error", a)
 			}
 		}
-		if _, err := r.Settle(ctx, newTenant(), "a b", 1); err == nil {
+		if _, err := r.Settle(ctx, quotaredistest.NewTenant(), "a b", 1); err == nil {
 			t.Fatal("request id with a space: no error")
 		}
 	})
