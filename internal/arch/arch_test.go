@@ -71,7 +71,7 @@ var (
 	e2eSuites = []string{e2e + "/api", e2e + "/worker"}
 	// testOnly are the packages no product code imports: the tests' helpers
 	// and suites, and this one.
-	testOnly = []string{"internal/testenv", e2e, "internal/arch"}
+	testOnly = []string{"internal/testenv", "internal/quotaredis/quotaredistest", e2e, "internal/arch"}
 )
 
 func TestArchitecture(t *testing.T) {

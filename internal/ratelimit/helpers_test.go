@@ -43,16 +43,11 @@ var (
 	pendingFields            = quotaredistest.PendingFields
 	pendingAt                = quotaredistest.PendingAt
 	meterCounters            = quotaredistest.MeterCounters
-	monthBefore              = quotaredistest.MonthBefore
-	meterHash                = quotaredistest.MeterHash
 	wantMonths               = quotaredistest.WantMonths
 )
 
-// tenantCounters and Period are a tenant's counters in the tests' terms.
-type (
-	tenantCounters = quotaredistest.Counters
-	Period         = quotaredistest.Period
-)
+// Period is a quota period's counters in the tests' terms.
+type Period = quotaredistest.Period
 
 // stack is every part of the Redis side on one store, joined as
 // quotaredis.Store joins them (which these tests cannot import: it imports

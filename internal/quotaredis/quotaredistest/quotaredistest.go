@@ -11,6 +11,7 @@ package quotaredistest
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
@@ -236,7 +237,7 @@ func MeterCounters(tb testing.TB, r Store, tenant, meter string) [5]int64 {
 	tb.Helper()
 	var f [5]int64
 	v, err := r.Client().HGet(context.Background(), r.Key(tenant, "mq"), meter).Result()
-	if err == redis.Nil {
+	if errors.Is(err, redis.Nil) {
 		return f
 	}
 	if err != nil {
@@ -259,7 +260,7 @@ func MeterCounters(tb testing.TB, r Store, tenant, meter string) [5]int64 {
 func MonthBefore(tb testing.TB, r Store, tenant string) string {
 	tb.Helper()
 	w, err := r.Client().HGet(context.Background(), r.StateKeys(tenant)[0], "w").Result()
-	if err != nil && err != redis.Nil {
+	if err != nil && !errors.Is(err, redis.Nil) {
 		tb.Fatal(err)
 	}
 	return w
