@@ -24,6 +24,8 @@
 // values are set at a function's entry (Redis runs one function at a
 // time). Lua 5.1 bounds a function to 200 locals (the library's chunk
 // included) and 60 upvalues.
+//
+// It holds no Go logic: internal/redisfn loads and calls the library.
 package lua
 
 import "embed"

@@ -4,6 +4,9 @@
 // unique, shown in lists) + "_" + 40 base62 characters of secret: 238 bits of
 // randomness. Only the SHA-256 of the whole key is stored; the key itself is
 // shown once, at creation.
+//
+// It stores and looks up nothing (the catalog does) and imports no package of
+// Tollgate's.
 package apikey
 
 import (

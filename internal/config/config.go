@@ -1,6 +1,10 @@
 // Package config loads Tollgate's settings from the environment, in one place,
 // with a default for every variable and an error that names the variable at
 // fault.
+//
+// It opens no connection and reads no file; the other packages get their
+// settings from a Config, never from TOLLGATE_ variables of their own
+// (telemetry reads the standard OTEL_ ones).
 package config
 
 import (

@@ -1,6 +1,10 @@
 // Package httpapi is Tollgate's HTTP layer: the Fiber app, its middleware,
 // every route (registered in routes) and the one mapping of errors to
 // problem+json. Handlers are thin: parse, call the domain, encode.
+//
+// It parses and encodes: the rules of admission, settlement and billing are
+// internal/admission's and the services' (it imports no Redis, limit or
+// policy package: the architecture test holds it).
 package httpapi
 
 import (

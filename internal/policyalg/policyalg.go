@@ -8,6 +8,10 @@
 // Times are integer microseconds since the Unix epoch; weights are the
 // units (or 1 per request) a request counts. Params are the algorithm's
 // integer parameters in the order the scripts receive them (ParamsOf).
+//
+// It is never on a request's path: production decides the policies in Lua
+// (lua/policy*.lua) and in internal/locallimit; these models are what the
+// tests hold them to.
 package policyalg
 
 import (

@@ -1,5 +1,8 @@
 // Package postgres opens Tollgate's Postgres pool and applies the embedded
 // migrations with golang-migrate.
+//
+// It writes no usage, invoice or credit: those are internal/billing's, on the
+// pool this package opens.
 package postgres
 
 import (

@@ -1,5 +1,8 @@
 // Package redisdb opens Tollgate's Redis connection: one server, or a Redis
 // Cluster when REDIS_URL lists several addresses.
+//
+// It holds no quota state: that is the Redis side's (internal/redisfn and the
+// parts on it).
 package redisdb
 
 import (

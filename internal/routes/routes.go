@@ -40,6 +40,9 @@
 // path one meaning, and nothing below a route's base can name a path above
 // it. Clients resolve dot segments before sending (RFC 3986, section 5.2),
 // so only handmade requests hold them.
+//
+// It decides nothing about quotas and proxies nothing: it only says which
+// route a request is.
 package routes
 
 import (

@@ -4,6 +4,8 @@
 // admin summary, the tenant dashboard and the console all show it. It joins
 // the two sides of usage in one place, so that every view adds them the same
 // way.
+//
+// It only reads: it never counts, refunds or bills.
 package usage
 
 import (

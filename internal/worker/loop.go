@@ -1,6 +1,9 @@
 // Package worker runs the worker's steps on a ticker: each cycle runs every
 // step in order under its own timeout; a failed step is logged and retried on
 // the next cycle, so every step must be idempotent.
+//
+// It knows no step's work: the steps are the services', handed to it by
+// internal/app.
 package worker
 
 import (

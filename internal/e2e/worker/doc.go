@@ -3,4 +3,6 @@
 // app.Main, to kill them) on real Redis and Postgres, with the usage and
 // invoices it works on written as the api would, and checks what it left in
 // Postgres, Redis, its logs and metrics, and the Stripe API.
+//
+// It holds tests only: no package imports it.
 package worker

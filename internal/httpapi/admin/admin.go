@@ -1,4 +1,7 @@
 // Package admin is the admin REST API of the HTTP layer (/admin/v1).
+//
+// It parses and encodes: what a change does (validation, audit, invalidating
+// every node's cache) is the catalog's and the domain's.
 package admin
 
 import (

@@ -12,6 +12,9 @@
 //
 // cmd/loadgen serves them through Serve (`loadgen -peer bare -addr
 // 127.0.0.1:18081`), and so needs no Fiber of its own.
+//
+// It is for measurement only: the api never serves it, and it imports no
+// package of Tollgate's.
 package benchpeer
 
 import (

@@ -2,6 +2,9 @@
 // bounded body reading and strict JSON decoding, problem+json errors, request
 // IDs, bearer and idempotency-key parsing, the authentication-failure guard,
 // and streamed JSON and CSV answers.
+//
+// It holds no handler and no product rule: only what the three parts of the
+// HTTP layer share.
 package httpx
 
 import (

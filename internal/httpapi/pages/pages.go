@@ -2,6 +2,9 @@
 // and the admins' console, server-rendered from the embedded templates in
 // web/, with their sign-in sessions kept behind a small store. Its handlers
 // are registered, with every other route, in internal/httpapi.
+//
+// It renders and reads forms: what a change does is the catalog's and the
+// domain's, decoded as the admin API decodes it (httpx.TierFields).
 package pages
 
 import (

@@ -7,6 +7,9 @@
 // It imports none of the parts it helps test, so that every part's own
 // tests can use it: a helper takes the parts through the small interfaces
 // below, which quotaredis.Store and the parts' own joins satisfy.
+//
+// It is for tests only: no product code imports it (the architecture test
+// holds it).
 package quotaredistest
 
 import (
