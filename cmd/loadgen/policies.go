@@ -15,7 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/valyala/fasthttp"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -311,12 +312,12 @@ type policyTenant struct {
 // tiers is unknown to it until its catalog's next refresh: they are made
 // before the first metered request.
 func newPolicyTenants(ctx context.Context, dbURL string) ([]policyTenant, error) {
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		return nil, err
 	}
 	defer db.Close()
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	out := make([]policyTenant, 0, len(quota.Algorithms))
 	for i, alg := range quota.Algorithms {
 		tier := quota.Tier{Slug: policyPrefix + slugOf(alg), Name: "Load generator, " + string(alg) + " policy",

@@ -5,7 +5,8 @@ import (
 	"fmt"
 	"sync"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -28,12 +29,12 @@ type tenants struct {
 // newTenants makes the hot tenant, the refused one and n on manyTier,
 // each with a key, after deleting the manyTier tenants a killed run left.
 func newTenants(ctx context.Context, dbURL string, n int) (tenants, error) {
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		return tenants{}, err
 	}
 	defer db.Close()
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	var ten tenants
 	for _, tc := range []struct {
 		tier    quota.Tier
@@ -89,7 +90,7 @@ func unreachableLimits() quota.Limits {
 
 // tenantOn creates the tier (unless it exists), a new tenant on it and
 // a key of that tenant.
-func tenantOn(ctx context.Context, store *postgres.Store, tier quota.Tier) (id, key string, err error) {
+func tenantOn(ctx context.Context, store *catalogdb.Store, tier quota.Tier) (id, key string, err error) {
 	if _, err := store.CreateTier(ctx, "loadgen", tier); err != nil && quota.ErrorCode(err) != quota.CodeConflict {
 		return "", "", err
 	}
@@ -105,7 +106,7 @@ func tenantOn(ctx context.Context, store *postgres.Store, tier quota.Tier) (id, 
 }
 
 // tenantsOf lists the ids of the tenants of a tier.
-func tenantsOf(ctx context.Context, store *postgres.Store, tier string) ([]string, error) {
+func tenantsOf(ctx context.Context, store *catalogdb.Store, tier string) ([]string, error) {
 	var ids []string
 	page := quota.Page{Limit: 100}
 	for {
@@ -128,15 +129,15 @@ func deleteTenants(ctx context.Context, dbURL string, ids []string) error {
 	if len(ids) == 0 {
 		return nil
 	}
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	return deleteAll(ctx, postgres.NewStore(db), ids)
+	return deleteAll(ctx, catalogdb.NewStore(db), ids)
 }
 
-func deleteAll(ctx context.Context, store *postgres.Store, ids []string) error {
+func deleteAll(ctx context.Context, store *catalogdb.Store, ids []string) error {
 	return inParallel(ctx, len(ids), func(ctx context.Context, i int) error {
 		if err := store.DeleteTenant(ctx, "loadgen", ids[i]); err != nil && quota.ErrorCode(err) != quota.CodeNotFound {
 			return fmt.Errorf("deleting tenant %s: %w", ids[i], err)

@@ -13,8 +13,9 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/config"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -32,12 +33,12 @@ func run(ctx context.Context, getenv func(string) string, stdout io.Writer) erro
 	if err != nil {
 		return err
 	}
-	db, err := postgres.OpenMigrated(ctx, cfg.DatabaseURL)
+	db, err := pgdb.OpenMigrated(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}
 	defer db.Close()
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 
 	var tenantID string
 	err = db.QueryRow(ctx, `SELECT id FROM tenants WHERE name = $1 ORDER BY created_at LIMIT 1`, demoTenant).Scan(&tenantID)

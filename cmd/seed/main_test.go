@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/tollgate/tollgate/internal/apikey"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -32,7 +32,7 @@ func TestSeedCreatesDemoTenantAndPrintsAWorkingKey(t *testing.T) {
 		}
 		keys = append(keys, m[1])
 	}
-	db, err := postgres.Open(context.Background(), url)
+	db, err := pgdb.Open(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -50,7 +50,7 @@ type Policies interface {
 	Policies(ctx context.Context) ([]quota.Policy, error)
 }
 
-// Auditor writes a settlement to the audit log (*postgres.Store).
+// Auditor writes a settlement to the audit log (*catalogdb.Store).
 type Auditor interface {
 	AuditSettlement(ctx context.Context, actor string, r quota.SettlementRecord) error
 }

@@ -13,9 +13,10 @@ import (
 	"github.com/tollgate/tollgate/internal/admission"
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/httpapi"
 	"github.com/tollgate/tollgate/internal/httpapi/connlimit"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/routes"
@@ -40,7 +41,7 @@ func serveAPI(ctx context.Context, b *base) error {
 		return err
 	}
 	metrics := httpapi.NewMetrics()
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now).WithBalances(billing.NewLedger(db))
 	cat.Hits = metrics.CacheLookups.WithLabelValues("hit").Inc
 	cat.Misses = metrics.CacheLookups.WithLabelValues("miss").Inc
@@ -203,6 +204,6 @@ func readyChecks(rdb redis.UniversalClient, db *pgxpool.Pool) []httpapi.ReadyChe
 	return []httpapi.ReadyCheck{
 		{Name: "redis", Check: func(ctx context.Context) error { return rdb.Ping(ctx).Err() }},
 		{Name: "postgres", Check: db.Ping},
-		{Name: "schema", Check: func(ctx context.Context) error { return postgres.SchemaCurrent(ctx, db) }},
+		{Name: "schema", Check: func(ctx context.Context) error { return pgdb.SchemaCurrent(ctx, db) }},
 	}
 }

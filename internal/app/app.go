@@ -13,7 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/config"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/telemetry"
 )
@@ -75,7 +75,7 @@ func run(ctx context.Context, service string, getenv func(string) string, stdout
 		}
 	}()
 
-	db, err := postgres.OpenMigrated(ctx, cfg.DatabaseURL)
+	db, err := pgdb.OpenMigrated(ctx, cfg.DatabaseURL)
 	if err != nil {
 		return err
 	}

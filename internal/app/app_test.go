@@ -8,7 +8,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -48,7 +48,7 @@ func TestRunServesOnMigratedPostgresAndRedisThenClosesThem(t *testing.T) {
 	err := run(context.Background(), "tollgate-test", func(k string) string { return env[k] }, &logs,
 		func(ctx context.Context, b *base) error {
 			got = b
-			if err := postgres.SchemaCurrent(ctx, b.db); err != nil {
+			if err := pgdb.SchemaCurrent(ctx, b.db); err != nil {
 				t.Errorf("serve: schema %v, want current", err)
 			}
 			if err := b.rdb.Ping(ctx).Err(); err != nil {

@@ -8,7 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tollgate/tollgate/internal/billing"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/internal/worker"
 )
@@ -63,7 +63,7 @@ func TestWorkerMetricsSeries(t *testing.T) {
 // leads and counts itself alive.
 func TestWorkerSharesSeries(t *testing.T) {
 	t.Parallel()
-	db, err := postgres.Open(context.Background(), testenv.NewDatabase(t))
+	db, err := pgdb.Open(context.Background(), testenv.NewDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}

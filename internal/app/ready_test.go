@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/httpapi"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -22,7 +22,7 @@ import (
 func readyProblem(t *testing.T, rdb redis.UniversalClient, sql string) map[string]any {
 	t.Helper()
 	ctx := context.Background()
-	db, err := postgres.Open(ctx, testenv.MigratedDatabase(t))
+	db, err := pgdb.Open(ctx, testenv.MigratedDatabase(t))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/stripeexport"
 	"github.com/tollgate/tollgate/internal/worker"
@@ -54,7 +54,7 @@ func serveWorker(ctx context.Context, b *base) error {
 	reg, cycleSeconds := workerMetrics(rec, alerts, cycle.LastFlush)
 	sharesMetrics(reg, shares)
 
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	// The catalog's cache is never read here: it publishes the room grants make.
 	cat := catalog.New(store, rdb, cfg.RedisPrefix, log, time.Now)
 	grants := catalog.NewGrants(store, runner, cat, time.Now, log)

@@ -49,7 +49,7 @@ const (
 var (
 	// adapters are the adapters other than the HTTP layer, which is
 	// httpLayer and every package under it.
-	adapters = []string{redisSide, "internal/postgres", "internal/redisdb"}
+	adapters = []string{redisSide, "internal/pgdb", "internal/catalogdb", "internal/redisdb"}
 	// redisParts are the Redis side of quota state, which counts as one
 	// adapter (redisSide): the parts, each on the store of internal/redisfn,
 	// and internal/quotaredis, which joins them.
@@ -184,15 +184,15 @@ func TestArchitecture(t *testing.T) {
 		}
 	})
 
-	t.Run("services do not import the Redis side, postgres or the HTTP layer", func(t *testing.T) {
+	t.Run("services do not import the Redis side, the Postgres adapters or the HTTP layer", func(t *testing.T) {
 		m.mustExist(t, services...)
-		m.mustExist(t, "internal/postgres", httpLayer)
+		m.mustExist(t, "internal/pgdb", "internal/catalogdb", httpLayer)
 		m.mustExist(t, redisSideAll...)
 		for _, s := range services {
 			for _, imp := range m.imports(s) {
 				rel, ours := m.rel(imp)
-				if ours && (adapterOf(rel) == redisSide || under(rel, "internal/postgres") || under(rel, httpLayer)) {
-					t.Errorf("%s imports %s: a service does not import the Redis side (%s), internal/postgres or %s (%s wires them in)",
+				if ours && (adapterOf(rel) == redisSide || under(rel, "internal/pgdb") || under(rel, "internal/catalogdb") || under(rel, httpLayer)) {
+					t.Errorf("%s imports %s: a service does not import the Redis side (%s), internal/pgdb, internal/catalogdb or %s (%s wires them in)",
 						s, rel, strings.Join(redisSideAll, ", "), httpLayer, startUp)
 				}
 			}

@@ -10,8 +10,9 @@
 //     github.com/golang-migrate/...) or HTTP (github.com/gofiber/...,
 //     github.com/valyala/..., net/http and below).
 //   - Adapters do not import one another. The adapters are the Redis side of
-//     quota state, internal/postgres (the catalog store), internal/redisdb
-//     (the Redis connection) and the HTTP layer, internal/httpapi and every
+//     quota state, internal/pgdb (the Postgres pool and migrations),
+//     internal/catalogdb (the catalog's store), internal/redisdb (the Redis
+//     connection) and the HTTP layer, internal/httpapi and every
 //     package under it, which counts as one adapter: its subpackages may
 //     import each other. The Redis side counts as one adapter too:
 //     internal/redisfn (the Function library and the key layout), the
@@ -27,9 +28,9 @@
 //     counted over the packages under cmd/ and internal/.
 //   - The services (internal/admission, internal/billing, internal/catalog,
 //     internal/usage, internal/worker, internal/locallimit, internal/policyalg) do not import
-//     the Redis side, internal/postgres or the HTTP layer; they declare
-//     the small interfaces they consume and internal/app wires the adapters
-//     in. Their tests may import adapters: only non-test imports are checked.
+//     the Redis side, internal/pgdb, internal/catalogdb or the HTTP layer;
+//     they declare the small interfaces they consume and internal/app wires
+//     the adapters in. Their tests may import adapters: only non-test imports are checked.
 //   - The HTTP layer and internal/envoy reach quota state through the
 //     admission use case: internal/httpapi imports internal/admission, and
 //     neither imports the Redis side, internal/redisdb, internal/limits

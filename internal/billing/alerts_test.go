@@ -23,7 +23,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/billing"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -153,7 +153,7 @@ func (r *receiver) verifyErrors() []string {
 func mustTenant(tb testing.TB, db *pgxpool.Pool, webhookURL string) (string, []byte) {
 	tb.Helper()
 	ctx := context.Background()
-	tn, err := postgres.NewStore(db).CreateTenantWith(ctx, "test",
+	tn, err := catalogdb.NewStore(db).CreateTenantWith(ctx, "test",
 		quota.Tenant{Name: "acme " + testenv.RandomHex(3), Tier: "free", WebhookURL: webhookURL})
 	if err != nil {
 		tb.Fatalf("create tenant: %v", err)

@@ -12,7 +12,7 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/migrations"
@@ -393,7 +393,7 @@ func TestInvoicePeriodsMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -430,7 +430,7 @@ func TestInvoicePeriodsMigration(t *testing.T) {
 			t.Fatalf("up again: %v", err)
 		}
 	}
-	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+	if err := pgdb.SchemaCurrent(ctx, db); err != nil {
 		t.Fatal(err)
 	}
 	got := invGenerate(t, NewInvoicer(db, (&invClock{t: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}).Now, time.Hour), id, anchOct)

@@ -12,7 +12,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/billing"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -24,7 +24,7 @@ func mustPrepaidTier(tb testing.TB, db *pgxpool.Pool, billingMode quota.Billing)
 	slug := "pp-" + testenv.RandomHex(4)
 	t := quota.Tier{Slug: slug, Name: "Prepaid " + slug, Rank: randomRank(tb), Limits: quota.Limits{MonthlyQuota: ptr(int64(0))},
 		Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000, Billing: billingMode, TopUpURL: "https://example.com/top-up"}
-	if _, err := postgres.NewStore(db).CreateTier(context.Background(), "test", t); err != nil {
+	if _, err := catalogdb.NewStore(db).CreateTier(context.Background(), "test", t); err != nil {
 		tb.Fatalf("create tier: %v", err)
 	}
 	return slug
@@ -46,7 +46,7 @@ func randomRank(tb testing.TB) int {
 func mustTenantOn(tb testing.TB, db *pgxpool.Pool, tier, webhookURL string) (string, []byte) {
 	tb.Helper()
 	ctx := context.Background()
-	tn, err := postgres.NewStore(db).CreateTenantWith(ctx, "test",
+	tn, err := catalogdb.NewStore(db).CreateTenantWith(ctx, "test",
 		quota.Tenant{Name: "acme " + testenv.RandomHex(3), Tier: tier, WebhookURL: webhookURL})
 	if err != nil {
 		tb.Fatalf("create tenant: %v", err)

@@ -17,7 +17,7 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/migrations"
@@ -630,7 +630,7 @@ func TestCreditsMigrationDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -670,7 +670,7 @@ func TestCreditsMigrationDown(t *testing.T) {
 			t.Fatalf("up again: %v", err)
 		}
 	}
-	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+	if err := pgdb.SchemaCurrent(ctx, db); err != nil {
 		t.Fatal(err)
 	}
 	for _, tc := range []struct{ name, sql string }{

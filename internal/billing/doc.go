@@ -8,7 +8,7 @@
 // usage_monthly, usage_batches), invoices, invoice_lines,
 // invoice_period_totals and invoice_late_adjustments, credits and
 // credit_draws, the alerts outbox, and its own entries in audit_log. Tiers,
-// tenants, keys and grants are the catalog's (internal/postgres): billing
+// tenants, keys and grants are the catalog's (internal/catalogdb): billing
 // reads them and never writes them; invoice_exports are
 // internal/stripeexport's. It must not call Redis directly: what it needs of the
 // admission side (pending usage to claim, counters to restore) it declares

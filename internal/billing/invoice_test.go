@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -51,7 +51,7 @@ func invExec(tb testing.TB, db *pgxpool.Pool, sql string, args ...any) {
 // creation and its tier history's start to created, for determinism.
 func invTenant(tb testing.TB, db *pgxpool.Pool, tier string, created time.Time) string {
 	tb.Helper()
-	t, err := postgres.NewStore(db).CreateTenant(context.Background(), "test", "Acme", tier)
+	t, err := catalogdb.NewStore(db).CreateTenant(context.Background(), "test", "Acme", tier)
 	if err != nil {
 		tb.Fatalf("create tenant: %v", err)
 	}
@@ -78,7 +78,7 @@ func invUsage(tb testing.TB, db *pgxpool.Pool, tenantID string, hour time.Time, 
 
 func invGrant(tb testing.TB, db *pgxpool.Pool, tenantID, period string, start time.Time, units int64) {
 	tb.Helper()
-	if _, err := postgres.NewStore(db).CreateGrant(context.Background(), "test", tenantID, period, start, units); err != nil {
+	if _, err := catalogdb.NewStore(db).CreateGrant(context.Background(), "test", tenantID, period, start, units); err != nil {
 		tb.Fatalf("create grant: %v", err)
 	}
 }

@@ -12,7 +12,8 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/migrations"
 )
@@ -108,7 +109,7 @@ func TestInvoiceSummaryStaysExact(t *testing.T) {
 	totalsCheck(t, db, "after Generate")
 
 	// A tenant deleted with its draft.
-	if err := postgres.NewStore(db).DeleteTenant(ctx, "test", gone); err != nil {
+	if err := catalogdb.NewStore(db).DeleteTenant(ctx, "test", gone); err != nil {
 		t.Fatal(err)
 	}
 	totalsCheck(t, db, "after a tenant's deletion")
@@ -236,7 +237,7 @@ func TestInvoicePeriodTotalsMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -284,7 +285,7 @@ func TestInvoicePeriodTotalsMigration(t *testing.T) {
 			t.Fatalf("up again: %v", err)
 		}
 	}
-	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+	if err := pgdb.SchemaCurrent(ctx, db); err != nil {
 		t.Fatal(err)
 	}
 	if n := totalsCheck(t, db, "after down and up"); n != 2 {

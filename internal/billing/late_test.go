@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -368,7 +368,7 @@ func TestLateRefundOfAPrepaidTenant(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := mustRig(t, nil)
-	store := postgres.NewStore(r.db)
+	store := catalogdb.NewStore(r.db)
 	tier, tn := payAsYouGo(t, store, nil)
 	invExec(t, r.db, `UPDATE tenants SET created_at = $2 WHERE id = $1`, tn.ID, invNov)
 	invExec(t, r.db, `UPDATE tenant_tier_history SET valid_from = $2 WHERE tenant_id = $1`, tn.ID, invNov)

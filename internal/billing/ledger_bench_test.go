@@ -12,7 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -82,10 +83,10 @@ func benchLedgerDB(b *testing.B) *ledgerBench {
 			}
 		})
 	}
-	if err := postgres.MigrateUp(dbURL); err != nil {
+	if err := pgdb.MigrateUp(dbURL); err != nil {
 		b.Fatal(err)
 	}
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -174,7 +175,7 @@ func BenchmarkLedgerAtScale(b *testing.B) {
 	ctx := context.Background()
 	now := func() time.Time { return benchNow }
 	led := NewLedger(lb.db)
-	store := postgres.NewStore(lb.db)
+	store := catalogdb.NewStore(lb.db)
 	from := quota.MonthStart(benchNow)
 	to := from.AddDate(0, 1, 0)
 	ms := func(b *testing.B) { b.ReportMetric(float64(b.Elapsed().Microseconds())/1000/float64(b.N), "ms/op") }

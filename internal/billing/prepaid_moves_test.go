@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -17,7 +17,7 @@ import (
 type prepaidWorld struct {
 	tb     testing.TB
 	r      *rig
-	store  *postgres.Store
+	store  *catalogdb.Store
 	ledger *Ledger
 	cycle  *Cycle
 	tenant string
@@ -33,7 +33,7 @@ func newPrepaidWorld(tb testing.TB, start time.Time, tiers ...quota.Tier) *prepa
 	tb.Helper()
 	ctx := context.Background()
 	r := mustRig(tb, nil)
-	w := &prepaidWorld{tb: tb, r: r, store: postgres.NewStore(r.db), ledger: NewLedger(r.db), tiers: map[string]quota.Tier{}, clock: &invClock{t: start}}
+	w := &prepaidWorld{tb: tb, r: r, store: catalogdb.NewStore(r.db), ledger: NewLedger(r.db), tiers: map[string]quota.Tier{}, clock: &invClock{t: start}}
 	for _, t := range tiers {
 		t, err := w.store.CreateTier(ctx, "test", t)
 		if err != nil {

@@ -8,13 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
 // payAsYouGo creates a prepaid tier "payg" that includes no units, at a
 // cent a unit (and the meter quotas qs), and a tenant on it.
-func payAsYouGo(tb testing.TB, store *postgres.Store, qs []quota.MeterQuota) (quota.Tier, quota.Tenant) {
+func payAsYouGo(tb testing.TB, store *catalogdb.Store, qs []quota.MeterQuota) (quota.Tier, quota.Tenant) {
 	tb.Helper()
 	ctx := context.Background()
 	tier, err := store.CreateTier(ctx, "test", quota.Tier{Slug: "payg", Name: "Pay as you go", Rank: 4321,
@@ -42,7 +42,7 @@ func TestPrepaidInvoicesToTheCent(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := mustRig(t, nil)
-	store := postgres.NewStore(r.db)
+	store := catalogdb.NewStore(r.db)
 	tier, tn := payAsYouGo(t, store, nil)
 	april := time.Date(2031, 4, 1, 0, 0, 0, 0, time.UTC)
 	for _, sql := range []string{`UPDATE tenants SET created_at = $2 WHERE id = $1`, `UPDATE tenant_tier_history SET valid_from = $2 WHERE tenant_id = $1`} {
@@ -179,7 +179,7 @@ func TestRepairRestoresPrepaidDraws(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	r := mustRig(t, nil)
-	store := postgres.NewStore(r.db)
+	store := catalogdb.NewStore(r.db)
 	tier, tn := payAsYouGo(t, store, []quota.MeterQuota{
 		{Meter: "search", MonthlyQuota: quota.Ptr(int64(0)), Overage: quota.OverageBill, OveragePriceCentsPer1K: 3000}})
 	rc := r.reconciler()

@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -65,7 +65,7 @@ func TestPriceChangeThroughTheStore(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	now := time.Now().UTC()
 	cur := quota.MonthStart(now)
 	prev := cur.AddDate(0, -1, 0)

@@ -29,7 +29,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// source is the store of tiers, tenants and keys (*postgres.Store): what the
+// source is the store of tiers, tenants and keys (*catalogdb.Store): what the
 // catalog reads on a miss or a refresh, and the admin writes it fronts.
 type source interface {
 	writer

@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/billing"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -22,7 +22,7 @@ import (
 // countingSource wraps the real store (and the ledger's balances) and
 // counts the reads, to prove that a cached lookup makes no Postgres query.
 type countingSource struct {
-	*postgres.Store
+	*catalogdb.Store
 	ledger *billing.Ledger
 	reads  atomic.Int64
 }
@@ -49,11 +49,11 @@ func (s *countingSource) Prepaids(ctx context.Context, ts []quota.PrepaidOf, now
 
 // mustNodes starts n catalogs sharing pool's database and one Redis, as n
 // API nodes would, each listening for invalidations.
-func mustNodes(tb testing.TB, pool *pgxpool.Pool, n int) (*postgres.Store, []*Catalog, []*countingSource) {
+func mustNodes(tb testing.TB, pool *pgxpool.Pool, n int) (*catalogdb.Store, []*Catalog, []*countingSource) {
 	tb.Helper()
 	rdb := testenv.Redis(tb)
 	prefix := testenv.Prefix(tb, rdb)
-	store := postgres.NewStore(pool)
+	store := catalogdb.NewStore(pool)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -77,7 +77,7 @@ func mustNodes(tb testing.TB, pool *pgxpool.Pool, n int) (*postgres.Store, []*Ca
 	return store, nodes, srcs
 }
 
-func mustTenantKey(tb testing.TB, store *postgres.Store, tier string) (quota.Tenant, quota.IssuedKey) {
+func mustTenantKey(tb testing.TB, store *catalogdb.Store, tier string) (quota.Tenant, quota.IssuedKey) {
 	tb.Helper()
 	ctx := context.Background()
 	t, err := store.CreateTenant(ctx, "test", "acme", tier)

@@ -9,7 +9,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// grantStore is where grants are recorded (*postgres.Store): the record,
+// grantStore is where grants are recorded (*catalogdb.Store): the record,
 // made once per idempotency key, is what invoices and quota repairs read.
 type grantStore interface {
 	CreateGrantIdempotent(ctx context.Context, actor, tenantID, key, period string, start time.Time, units int64) (quota.Grant, bool, error)

@@ -10,7 +10,7 @@ import (
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
-// planStore is where tenants' tier changes are made (*postgres.Store).
+// planStore is where tenants' tier changes are made (*catalogdb.Store).
 type planStore interface {
 	ChangeTenant(ctx context.Context, actor, id string, plan *quota.PlanRequest, now time.Time,
 		change func(*quota.Tenant) error) (quota.Tenant, *quota.CounterReset, error)

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -147,7 +147,7 @@ func TestPolicySetIsCachedAndVersioned(t *testing.T) {
 // until the test releases it: the read has its answer from before the
 // change the test then makes.
 type heldPolicies struct {
-	*postgres.Store
+	*catalogdb.Store
 	once          sync.Once
 	held, release chan struct{}
 }
@@ -164,7 +164,7 @@ func (s *heldPolicies) Policies(ctx context.Context) ([]quota.Policy, error) {
 func TestAStalePolicyLoadDoesNotOutliveItsInvalidation(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := postgres.NewStore(testenv.Postgres(t))
+	store := catalogdb.NewStore(testenv.Postgres(t))
 	rdb := testenv.Redis(t)
 	src := &heldPolicies{Store: store, held: make(chan struct{}), release: make(chan struct{})}
 	c := New(src, rdb, testenv.Prefix(t, rdb), slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)

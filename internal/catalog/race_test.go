@@ -8,7 +8,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -17,7 +17,7 @@ import (
 // the test releases it: the read has its answer, from before the change the
 // test then makes, but has not handed it to the catalog yet.
 type heldSource struct {
-	*postgres.Store
+	*catalogdb.Store
 	mu      sync.Mutex
 	hold    string        // "key", "tenant" or "tenants": the read to hold
 	held    chan struct{} // closed when that read holds its answer
@@ -71,13 +71,13 @@ func TestAStaleLoadDoesNotOutliveItsInvalidation(t *testing.T) {
 		// load starts the read that is held; it runs in its own goroutine.
 		load func(c *Catalog, secret string) error
 		// change is the admin change made while the read is held.
-		change func(ctx context.Context, store *postgres.Store, c *Catalog, tenant quota.Tenant, key quota.IssuedKey) error
+		change func(ctx context.Context, store *catalogdb.Store, c *Catalog, tenant quota.Tenant, key quota.IssuedKey) error
 		want   string // the error code of Resolve afterwards
 	}{
 		{
 			name: "key revoked while its miss loads", hold: "key",
 			load: func(c *Catalog, secret string) error { _, err := c.Resolve(context.Background(), secret); return err },
-			change: func(ctx context.Context, store *postgres.Store, c *Catalog, _ quota.Tenant, key quota.IssuedKey) error {
+			change: func(ctx context.Context, store *catalogdb.Store, c *Catalog, _ quota.Tenant, key quota.IssuedKey) error {
 				if _, err := store.RevokeKey(ctx, "test", key.ID); err != nil {
 					return err
 				}
@@ -88,7 +88,7 @@ func TestAStaleLoadDoesNotOutliveItsInvalidation(t *testing.T) {
 		{
 			name: "tenant suspended while its miss loads", hold: "tenant",
 			load: func(c *Catalog, secret string) error { _, err := c.Resolve(context.Background(), secret); return err },
-			change: func(ctx context.Context, store *postgres.Store, c *Catalog, tenant quota.Tenant, _ quota.IssuedKey) error {
+			change: func(ctx context.Context, store *catalogdb.Store, c *Catalog, tenant quota.Tenant, _ quota.IssuedKey) error {
 				if _, err := store.UpdateTenant(ctx, "test", tenant.ID, func(t *quota.Tenant) error { t.Status = quota.StatusSuspended; return nil }); err != nil {
 					return err
 				}
@@ -99,7 +99,7 @@ func TestAStaleLoadDoesNotOutliveItsInvalidation(t *testing.T) {
 		{
 			name: "tenant suspended while a refresh loads", hold: "tenants", warm: true,
 			load: func(c *Catalog, _ string) error { return c.Refresh(context.Background()) },
-			change: func(ctx context.Context, store *postgres.Store, c *Catalog, tenant quota.Tenant, _ quota.IssuedKey) error {
+			change: func(ctx context.Context, store *catalogdb.Store, c *Catalog, tenant quota.Tenant, _ quota.IssuedKey) error {
 				if _, err := store.UpdateTenant(ctx, "test", tenant.ID, func(t *quota.Tenant) error { t.Status = quota.StatusSuspended; return nil }); err != nil {
 					return err
 				}
@@ -111,7 +111,7 @@ func TestAStaleLoadDoesNotOutliveItsInvalidation(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			ctx := context.Background()
-			store := postgres.NewStore(testenv.Postgres(t))
+			store := catalogdb.NewStore(testenv.Postgres(t))
 			rdb := testenv.Redis(t)
 			src := &heldSource{Store: store, held: make(chan struct{}), release: make(chan struct{})}
 			c := New(src, rdb, testenv.Prefix(t, rdb), slog.New(slog.NewTextHandler(io.Discard, nil)), time.Now)

@@ -8,7 +8,7 @@ import (
 )
 
 // writer is the store's admin writes of tiers, tenants, keys and policies
-// (*postgres.Store): each one transaction with its audit entry.
+// (*catalogdb.Store): each one transaction with its audit entry.
 type writer interface {
 	CreateTier(ctx context.Context, actor string, t quota.Tier) (quota.Tier, error)
 	UpdateTier(ctx context.Context, actor, slug string, change func(*quota.Tier) error) (quota.Tier, error)

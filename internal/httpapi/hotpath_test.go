@@ -14,7 +14,7 @@ import (
 	"github.com/tollgate/tollgate/internal/admission"
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
@@ -35,7 +35,7 @@ func (h *roundTrips) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.P
 
 // pgReads wraps the real store and counts its reads.
 type pgReads struct {
-	*postgres.Store
+	*catalogdb.Store
 	n atomic.Int64
 }
 
@@ -64,7 +64,7 @@ func TestHotPathIsOneRedisRoundTripAndNoPostgres(t *testing.T) {
 	hook := &roundTrips{}
 	rdb.AddHook(hook)
 	prefix := testenv.Prefix(t, testenv.Redis(t))
-	store := postgres.NewStore(pool)
+	store := catalogdb.NewStore(pool)
 	src := &pgReads{Store: store}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	runner := quotaredis.New(rdb, prefix)

@@ -63,7 +63,7 @@ type Options struct {
 }
 
 // records is the store of tiers, tenants, keys, grants and the audit log
-// (*postgres.Store) as the admin API and the pages read it.
+// (*catalogdb.Store) as the admin API and the pages read it.
 type records interface {
 	admin.Records
 	pages.Records

@@ -12,7 +12,7 @@ import (
 	"github.com/tollgate/tollgate/internal/admission"
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/redisdb"
@@ -35,7 +35,7 @@ func TestUsageListsTheTierPolicies(t *testing.T) {
 	pool := testenv.Postgres(t)
 	rdb := testenv.Redis(t)
 	prefix := testenv.Prefix(t, rdb)
-	store := postgres.NewStore(pool)
+	store := catalogdb.NewStore(pool)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	runner := quotaredis.New(rdb, prefix)
 	ledger := billing.NewLedger(pool)

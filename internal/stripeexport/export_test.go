@@ -14,7 +14,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/billing"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/stripeexport"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -63,7 +63,7 @@ func (r *rig) exporter() *stripeexport.Exporter {
 
 func (r *rig) tenant(t *testing.T, name string) string {
 	t.Helper()
-	tn, err := postgres.NewStore(r.db).CreateTenant(context.Background(), "test", name, "free")
+	tn, err := catalogdb.NewStore(r.db).CreateTenant(context.Background(), "test", name, "free")
 	if err != nil {
 		t.Fatal(err)
 	}

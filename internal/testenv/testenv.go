@@ -32,7 +32,7 @@ import (
 	"github.com/testcontainers/testcontainers-go"
 	"github.com/testcontainers/testcontainers-go/wait"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/redisdb"
 )
 
@@ -215,7 +215,7 @@ func NewDatabase(tb testing.TB) string {
 func MigratedDatabase(tb testing.TB) string {
 	tb.Helper()
 	u := NewDatabase(tb)
-	if err := postgres.MigrateUp(u); err != nil {
+	if err := pgdb.MigrateUp(u); err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}
 	return u
@@ -224,7 +224,7 @@ func MigratedDatabase(tb testing.TB) string {
 // Postgres returns a pool on a migrated database of the test's own.
 func Postgres(tb testing.TB) *pgxpool.Pool {
 	tb.Helper()
-	pool, err := postgres.Open(context.Background(), MigratedDatabase(tb))
+	pool, err := pgdb.Open(context.Background(), MigratedDatabase(tb))
 	if err != nil {
 		tb.Fatalf("testenv: %v", err)
 	}

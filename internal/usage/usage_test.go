@@ -12,7 +12,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -28,7 +28,7 @@ func TestReaderAddsRecordedAndPendingUsage(t *testing.T) {
 	db := testenv.Postgres(t)
 	rdb := testenv.Redis(t)
 	rl := quotaredis.New(rdb, testenv.Prefix(t, rdb))
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	tenant, err := store.CreateTenant(ctx, "test", "acme", "free")
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +263,7 @@ func TestReaderDatesUsageInTheTenantsCalendar(t *testing.T) {
 	db := testenv.Postgres(t)
 	rdb := testenv.Redis(t)
 	rl := quotaredis.New(rdb, testenv.Prefix(t, rdb))
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	tenant, err := store.CreateTenantWith(ctx, "test", quota.Tenant{Name: "kiri", Tier: "free", TimeZone: "Pacific/Kiritimati"})
 	if err != nil {
 		t.Fatal(err)

@@ -21,7 +21,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -40,20 +41,20 @@ type stack struct {
 	redis  string
 	prefix string
 	pool   *pgxpool.Pool
-	store  *postgres.Store
+	store  *catalogdb.Store
 	routes string // TOLLGATE_ROUTES, optional
 }
 
 func mustStack(tb testing.TB) *stack {
 	tb.Helper()
 	dbURL := testenv.MigratedDatabase(tb)
-	pool, err := postgres.Open(context.Background(), dbURL)
+	pool, err := pgdb.Open(context.Background(), dbURL)
 	if err != nil {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(pool.Close)
 	rdb := testenv.Redis(tb)
-	return &stack{tb: tb, dbURL: dbURL, redis: testenv.RedisURL(tb), prefix: testenv.Prefix(tb, rdb), pool: pool, store: postgres.NewStore(pool)}
+	return &stack{tb: tb, dbURL: dbURL, redis: testenv.RedisURL(tb), prefix: testenv.Prefix(tb, rdb), pool: pool, store: catalogdb.NewStore(pool)}
 }
 
 // start runs one API instance of the stack and returns its base URL.

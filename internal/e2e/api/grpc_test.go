@@ -26,7 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/tollgate/tollgate/internal/app"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -731,7 +731,7 @@ func TestEnvoyCannotDecideIsAGRPCError(t *testing.T) {
 		t.Fatal(err)
 	}
 	u.Path = "/postgres"
-	admin, err := postgres.Open(context.Background(), u.String())
+	admin, err := pgdb.Open(context.Background(), u.String())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,8 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/app"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -147,7 +148,7 @@ func TestWorkerHoldsTheMonthOpenWhileABatchIsStuck(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -159,7 +160,7 @@ func TestWorkerHoldsTheMonthOpenWhileABatchIsStuck(t *testing.T) {
 	prev, lastHour := cur.AddDate(0, -1, 0), cur.Add(-time.Hour)
 	var good, bad string
 	for _, id := range []*string{&good, &bad} {
-		tn, err := postgres.NewStore(db).CreateTenant(ctx, "test", "tenant", "pro")
+		tn, err := catalogdb.NewStore(db).CreateTenant(ctx, "test", "tenant", "pro")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,7 +9,8 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/app"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -51,12 +52,12 @@ func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.MigratedDatabase(t)
-	pool, err := postgres.Open(ctx, dbURL)
+	pool, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(pool.Close)
-	store := postgres.NewStore(pool)
+	store := catalogdb.NewStore(pool)
 	rdb := testenv.Redis(t)
 	prefix := testenv.Prefix(t, rdb)
 	tenant, err := store.CreateTenant(ctx, "test", "acme", "free")

@@ -13,7 +13,8 @@ import (
 
 	"github.com/tollgate/tollgate/internal/app"
 	"github.com/tollgate/tollgate/internal/billing"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -34,14 +35,14 @@ func TestKill9UnderLoadLosesAndDoublesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	rdb := testenv.Redis(t)
 	prefix := testenv.Prefix(t, rdb)
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	var ids []string
 	for range 10 {
 		tn, err := store.CreateTenant(ctx, "test", "tenant", "pro")

@@ -7,7 +7,8 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/billing"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -23,7 +24,7 @@ func TestWorkerCreditsALateRefund(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	dbURL := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -34,7 +35,7 @@ func TestWorkerCreditsALateRefund(t *testing.T) {
 
 	cur := quota.MonthStart(time.Now())
 	prev := cur.AddDate(0, -1, 0)
-	tn, err := postgres.NewStore(db).CreateTenant(ctx, "test", "tenant", "pro")
+	tn, err := catalogdb.NewStore(db).CreateTenant(ctx, "test", "tenant", "pro")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,7 +14,7 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -49,7 +49,7 @@ func planExec(tb testing.TB, db *pgxpool.Pool, sql string, args ...any) {
 // Redis c under prefix, on clock.
 func mustPlans(tb testing.TB, db *pgxpool.Pool, c redis.UniversalClient, prefix string, clock func() time.Time) (*catalog.Plans, *catalog.Catalog) {
 	tb.Helper()
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	cat := catalog.New(store, c, prefix, log, clock)
 	return catalog.NewPlans(store, quotaredis.New(c, prefix), cat, clock, log), cat
@@ -70,7 +70,7 @@ func TestPendingDowngradeAppliedAtTheBoundary(t *testing.T) {
 	nov := time.Date(2026, 11, 1, 0, 0, 0, 0, time.UTC)
 	dec := nov.AddDate(0, 1, 0)
 	clock := &planClock{t: time.Date(2026, 11, 20, 15, 30, 0, 0, time.UTC)}
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	tenant, err := store.CreateTenant(ctx, "test", "Acme", "pro")
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +185,7 @@ func TestQuotaResetWhenRedisFails(t *testing.T) {
 	db := testenv.Postgres(t)
 	rdb := testenv.Redis(t)
 	prefix := testenv.Prefix(t, rdb)
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	tenant, err := store.CreateTenant(ctx, "test", "Acme", "free")
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/stripeexport"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -31,7 +32,7 @@ func TestWorkerExportsFinalInvoicesToStripe(t *testing.T) {
 	ctx := context.Background()
 	proxy := testenv.NewStripeProxy(t, testenv.StripeMockURL(t))
 	dbURL := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -40,7 +41,7 @@ func TestWorkerExportsFinalInvoicesToStripe(t *testing.T) {
 	prev := quota.MonthStart(time.Now()).AddDate(0, -1, 0)
 	ids := map[string]string{}
 	for _, name := range []string{"Good Payer", "Broken Customer"} {
-		tn, err := postgres.NewStore(db).CreateTenant(ctx, "test", name, "pro")
+		tn, err := catalogdb.NewStore(db).CreateTenant(ctx, "test", name, "pro")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -174,12 +175,12 @@ func TestKill9MidExportExportsEachThingOnce(t *testing.T) {
 	ctx := context.Background()
 	proxy := testenv.NewStripeProxy(t, testenv.StripeMockURL(t))
 	dbURL := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(ctx, dbURL)
+	db, err := pgdb.Open(ctx, dbURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(db.Close)
-	tn, err := postgres.NewStore(db).CreateTenant(ctx, "test", "Killed Midway", "free")
+	tn, err := catalogdb.NewStore(db).CreateTenant(ctx, "test", "Killed Midway", "free")
 	if err != nil {
 		t.Fatal(err)
 	}

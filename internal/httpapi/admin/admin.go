@@ -28,7 +28,7 @@ import (
 const adminActor = "admin"
 
 // Records is what the admin API reads of the store of tiers, tenants, keys,
-// grants, policies and the audit log (*postgres.Store): listings and single
+// grants, policies and the audit log (*catalogdb.Store): listings and single
 // records, read through to Postgres, never cached. Writes go through the
 // catalog.
 type Records interface {

@@ -16,8 +16,8 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalog"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/httpapi"
-	"github.com/tollgate/tollgate/internal/postgres"
 	"github.com/tollgate/tollgate/internal/redisdb"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -48,7 +48,7 @@ func mustCreditsRig(tb testing.TB) *creditsRig {
 	tb.Helper()
 	ctx := context.Background()
 	db := testenv.Postgres(tb)
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	tenant, err := store.CreateTenant(ctx, "test", "Acme", "pro")
 	if err != nil {
 		tb.Fatal(err)

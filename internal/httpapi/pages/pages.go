@@ -20,7 +20,7 @@ import (
 )
 
 // Records is what the console reads of the store of tiers, tenants, keys,
-// grants and policies (*postgres.Store), read through to Postgres, never
+// grants and policies (*catalogdb.Store), read through to Postgres, never
 // cached. Writes go through the catalog.
 type Records interface {
 	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)

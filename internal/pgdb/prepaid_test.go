@@ -1,10 +1,10 @@
-package postgres_test
+package pgdb_test
 
 import (
 	"context"
 	"testing"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -15,7 +15,7 @@ func TestPrepaidMigrationDownAndUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, db := migratedPool(t)
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	if _, err := store.CreateTier(ctx, "test", quota.Tier{Slug: "pp", Name: "PP", Rank: 4242, Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(0))},
 		Overage: quota.OverageBill, OveragePriceCentsPer1K: 1000, Billing: quota.BillingPrepaid, TopUpURL: "https://example.com/up"}); err != nil {
 		t.Fatal(err)

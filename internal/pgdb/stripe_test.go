@@ -1,4 +1,4 @@
-package postgres_test
+package pgdb_test
 
 import (
 	"context"
@@ -6,7 +6,8 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 )
 
 // TestStripeExportMigrationDownAndUp: 000015 down drops the export queue
@@ -17,7 +18,7 @@ func TestStripeExportMigrationDownAndUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, db := migratedPool(t)
-	tenant, err := postgres.NewStore(db).CreateTenant(ctx, "test", "acme", "free")
+	tenant, err := catalogdb.NewStore(db).CreateTenant(ctx, "test", "acme", "free")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -52,7 +53,7 @@ func TestStripeExportMigrationDownAndUp(t *testing.T) {
 	if err := m.Up(); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
-	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+	if err := pgdb.SchemaCurrent(ctx, db); err != nil {
 		t.Fatal(err)
 	}
 	var cust *string

@@ -1,9 +1,11 @@
-// Package postgres opens Tollgate's Postgres pool and applies the embedded
-// migrations with golang-migrate.
+// Package pgdb opens Tollgate's Postgres pool and applies the embedded
+// migrations with golang-migrate: the twin of internal/redisdb.
 //
-// It writes no usage, invoice or credit: those are internal/billing's, on the
-// pool this package opens.
-package postgres
+// It holds no query of any table of the product: it reads only the
+// migration runner's own version (schema_migrations). The catalog's tables
+// are internal/catalogdb's; usage, invoices and credits are
+// internal/billing's, on the pool this package opens.
+package pgdb
 
 import (
 	"context"

@@ -1,11 +1,11 @@
-package postgres_test
+package pgdb_test
 
 import (
 	"context"
 	"testing"
 	"time"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 )
 
@@ -17,7 +17,7 @@ func TestPlanChangesMigrationDownAndUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, db := migratedPool(t)
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	tenant, err := store.CreateTenantWith(ctx, "test", quota.Tenant{Name: "Acme", Tier: "pro", BillingAnchorDay: 15, TimeZone: "Asia/Tokyo"})
 	if err != nil {
 		t.Fatal(err)

@@ -1,4 +1,4 @@
-package postgres_test
+package pgdb_test
 
 import (
 	"context"
@@ -9,7 +9,8 @@ import (
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/migrations"
@@ -19,17 +20,17 @@ func TestMigrateUpDownUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url := testenv.NewDatabase(t)
-	for i, step := range []func(string) error{postgres.MigrateUp, postgres.MigrateDown, postgres.MigrateUp, postgres.MigrateUp} {
+	for i, step := range []func(string) error{pgdb.MigrateUp, pgdb.MigrateDown, pgdb.MigrateUp, pgdb.MigrateUp} {
 		if err := step(url); err != nil {
 			t.Fatalf("step %d: %v", i, err)
 		}
 	}
-	db, err := postgres.Open(ctx, url)
+	db, err := pgdb.Open(ctx, url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
-	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+	if err := pgdb.SchemaCurrent(ctx, db); err != nil {
 		t.Fatalf("SchemaCurrent after up/down/up: %v", err)
 	}
 	var tiers []string
@@ -48,7 +49,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 		t.Fatalf("tiers = %v, want [free pro enterprise]", tiers)
 	}
 
-	if err := postgres.MigrateDown(url); err != nil {
+	if err := pgdb.MigrateDown(url); err != nil {
 		t.Fatal(err)
 	}
 	var n int
@@ -58,7 +59,7 @@ func TestMigrateUpDownUp(t *testing.T) {
 	if n != 0 {
 		t.Fatalf("after down to zero: %d tables left, want 0", n)
 	}
-	if err := postgres.SchemaCurrent(ctx, db); err == nil {
+	if err := pgdb.SchemaCurrent(ctx, db); err == nil {
 		t.Fatal("SchemaCurrent after down: no error, want one")
 	}
 }
@@ -68,7 +69,7 @@ func TestConstraints(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	db := testenv.Postgres(t)
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	tenant, err := store.CreateTenant(ctx, "test", "acme", "free")
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +108,7 @@ func TestConstraints(t *testing.T) {
 func TestSeededUpgradeHintsLinkToTheirTier(t *testing.T) {
 	t.Parallel()
 	db := testenv.Postgres(t)
-	tiers, err := postgres.NewStore(db).Tiers(context.Background())
+	tiers, err := catalogdb.NewStore(db).Tiers(context.Background())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -134,7 +135,7 @@ func TestSpendCapMigrationDownAndUp(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	url, db := migratedPool(t)
-	store := postgres.NewStore(db)
+	store := catalogdb.NewStore(db)
 	cents := int64(500)
 	tier := quota.Tier{Slug: "capped", Name: "Capped", Rank: 50, Overage: quota.OverageBill, OveragePriceCentsPer1K: 10,
 		Limits: quota.Limits{MonthlyQuota: quota.Ptr(int64(1000)), MaxOverageCents: &cents}}
@@ -152,7 +153,7 @@ func TestSpendCapMigrationDownAndUp(t *testing.T) {
 	if err := m.Up(); err != nil {
 		t.Fatalf("up again: %v", err)
 	}
-	if err := postgres.SchemaCurrent(ctx, db); err != nil {
+	if err := pgdb.SchemaCurrent(ctx, db); err != nil {
 		t.Fatal(err)
 	}
 	got, err := store.Tier(ctx, "capped")
@@ -166,7 +167,7 @@ func TestSpendCapMigrationDownAndUp(t *testing.T) {
 func migratedPool(t *testing.T) (string, *pgxpool.Pool) {
 	t.Helper()
 	url := testenv.MigratedDatabase(t)
-	db, err := postgres.Open(context.Background(), url)
+	db, err := pgdb.Open(context.Background(), url)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,4 +1,4 @@
-package postgres_test
+package catalogdb_test
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/tollgate/tollgate/internal/postgres"
+	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
@@ -22,7 +22,7 @@ func window(name string, m quota.PolicyMatch) quota.Policy {
 		WindowSeconds: quota.Ptr(int64(60)), Match: m}
 }
 
-func mustCreatePolicy(tb testing.TB, store *postgres.Store, p quota.Policy) quota.Policy {
+func mustCreatePolicy(tb testing.TB, store *catalogdb.Store, p quota.Policy) quota.Policy {
 	tb.Helper()
 	out, err := store.CreatePolicy(context.Background(), "test", p)
 	if err != nil {
@@ -42,7 +42,7 @@ func policyRows(tb testing.TB, pool *pgxpool.Pool) (policies, audits int) {
 	return policies, audits
 }
 
-func policyAudit(tb testing.TB, store *postgres.Store, name string) []quota.AuditEntry {
+func policyAudit(tb testing.TB, store *catalogdb.Store, name string) []quota.AuditEntry {
 	tb.Helper()
 	es, _, err := store.ListAudit(context.Background(), "policy", name, quota.Page{Limit: 50})
 	if err != nil {
@@ -63,7 +63,7 @@ func TestPolicyCRUDWithAudit(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	store := postgres.NewStore(pool)
+	store := catalogdb.NewStore(pool)
 
 	created := mustCreatePolicy(t, store, window("reports", quota.PolicyMatch{Meters: []string{"report"}, Methods: []string{"post"}}))
 	if created.Scope != quota.ScopeTenant || created.Cost != quota.CostRequests || created.OnRefuse != quota.RefuseReject {
@@ -158,7 +158,7 @@ func TestRefusedPolicyWritesChangeNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	store := postgres.NewStore(pool)
+	store := catalogdb.NewStore(pool)
 	base := mustCreatePolicy(t, store, window("base", quota.PolicyMatch{}))
 	policies, audits := policyRows(t, pool)
 
@@ -197,7 +197,7 @@ func TestRefusedPolicyWritesChangeNothing(t *testing.T) {
 func TestPoliciesByNameAndPaged(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := postgres.NewStore(testenv.Postgres(t))
+	store := catalogdb.NewStore(testenv.Postgres(t))
 	names := []string{"b", "a-2", "a", "c1", "a2"} // bytewise: a, a-2, a2, b, c1
 	for _, n := range names {
 		mustCreatePolicy(t, store, window(n, quota.PolicyMatch{Meters: []string{n}}))
@@ -249,7 +249,7 @@ func TestConcurrentPolicyUpdatesAreSerialized(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	store := postgres.NewStore(pool)
+	store := catalogdb.NewStore(pool)
 	mustCreatePolicy(t, store, window("counter", quota.PolicyMatch{}))
 	const n = 12
 	var wg sync.WaitGroup
@@ -289,7 +289,7 @@ func TestPolicyCrowdingTakesHeadAsGet(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	for _, tc := range []struct{ crowd, extra string }{{"GET", "HEAD"}, {"HEAD", "GET"}} {
-		store := postgres.NewStore(testenv.Postgres(t))
+		store := catalogdb.NewStore(testenv.Postgres(t))
 		for i := range quota.MaxPoliciesPerRequest {
 			mustCreatePolicy(t, store, window(fmt.Sprintf("m-%02d", i), quota.PolicyMatch{Methods: []string{tc.crowd}}))
 		}
@@ -308,7 +308,7 @@ func TestPolicyCrowding(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	pool := testenv.Postgres(t)
-	store := postgres.NewStore(pool)
+	store := catalogdb.NewStore(pool)
 	// 16 policies on POST /api/r... requests of the meter report.
 	base := quota.PolicyMatch{Meters: []string{"report"}, Methods: []string{"POST"}, PathPrefix: "/api/r"}
 	for i := range quota.MaxPoliciesPerRequest {
@@ -367,7 +367,7 @@ func TestPolicyCrowding(t *testing.T) {
 func TestPolicyCrowdingCountsOneRequest(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	store := postgres.NewStore(testenv.Postgres(t))
+	store := catalogdb.NewStore(testenv.Postgres(t))
 	for i := range 8 {
 		mustCreatePolicy(t, store, window(fmt.Sprintf("a-%d", i), quota.PolicyMatch{Meters: []string{"a"}}))
 		mustCreatePolicy(t, store, window(fmt.Sprintf("b-%d", i), quota.PolicyMatch{Meters: []string{"b"}}))
