@@ -103,6 +103,7 @@ func serveAPI(ctx context.Context, b *base) error {
 	}
 	srv, err := httpapi.New(httpapi.Deps{
 		Log: log, Store: store, Sessions: redisdb.NewSessions(rdb, cfg.RedisPrefix), Catalog: cat, Gate: gate, Routes: table, Metrics: metrics, Now: time.Now,
+		Admin:  catalog.NewAdmin(store, cat),
 		Grants: catalog.NewGrants(store, runner, cat, time.Now, log), Plans: catalog.NewPlans(store, runner, cat, time.Now, log),
 		Ledger: ledger, Usage: usage.NewReader(runner, ledger, time.Now).WithPrepaid(cat.Prepaid), Ready: readyChecks(rdb, db),
 		Alerts: billing.NewDeliverer(db, nil, time.Now), Policies: cat, Tracer: traces.Tracer(),

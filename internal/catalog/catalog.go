@@ -12,6 +12,21 @@
 // that read Postgres before a change and finishes after the change's
 // invalidation drops its answer instead of caching it, so a revoked key or a
 // suspended tenant never outlives its invalidation.
+//
+// Which type does what:
+//
+//   - Catalog is the cache and its reads (keys, principals, tenants, tiers,
+//     policies, prepaid balances), with Invalidate, Run and Refresh. It
+//     writes nothing to the store but the keys' last use.
+//   - Admin (writes.go) is the admin write path of tiers, tenants, keys and
+//     policies: each write goes to the store, is audited there, and
+//     invalidates every node's cache through the Catalog it is built on.
+//   - Plans (plans.go) changes tenants' tiers, now or at their next period,
+//     and Grants (grants.go) adds units to their current quotas: both write
+//     through the store and invalidate through the same Catalog.
+//
+// It writes no usage, invoice or credit (internal/billing's), and imports no
+// adapter of the module: internal/app gives it the store and Redis.
 package catalog
 
 import (
@@ -30,9 +45,8 @@ import (
 )
 
 // source is the store of tiers, tenants and keys (*catalogdb.Store): what the
-// catalog reads on a miss or a refresh, and the admin writes it fronts.
+// catalog reads on a miss or a refresh. Its writes are Admin's (writer).
 type source interface {
-	writer
 	KeyByPrefix(ctx context.Context, prefix string) (quota.KeyRecord, error)
 	KeysByPrefix(ctx context.Context, prefixes []string) ([]quota.KeyRecord, error)
 	Tenant(ctx context.Context, id string) (quota.Tenant, error)

@@ -74,43 +74,43 @@ func (c *Catalog) loadPolicies(ctx context.Context) error {
 	return nil
 }
 
-// The policies' admin writes, the one door for changing them: each writes
-// through the store, then invalidates the policies on every node (see
+// The policies' admin writes (Admin), the one door for changing them: each
+// writes through the store, then invalidates the policies on every node (see
 // writes.go).
 
 // CreatePolicy creates p, its defaults filled and its path_prefix in
 // normal form.
-func (c *Catalog) CreatePolicy(ctx context.Context, actor string, p quota.Policy) (quota.Policy, error) {
+func (a *Admin) CreatePolicy(ctx context.Context, actor string, p quota.Policy) (quota.Policy, error) {
 	if err := normalizePrefix(&p); err != nil {
 		return quota.Policy{}, err
 	}
-	p, err := c.src.CreatePolicy(ctx, actor, p)
+	p, err := a.store.CreatePolicy(ctx, actor, p)
 	if err == nil {
-		c.invalidate(ctx, KindPolicy, p.Name)
+		a.cat.invalidate(ctx, KindPolicy, p.Name)
 	}
 	return p, err
 }
 
 // UpdatePolicy applies change to the policy name, and puts the
 // path_prefix it leaves in normal form.
-func (c *Catalog) UpdatePolicy(ctx context.Context, actor, name string, change func(*quota.Policy) error) (quota.Policy, error) {
-	p, err := c.src.UpdatePolicy(ctx, actor, name, func(p *quota.Policy) error {
+func (a *Admin) UpdatePolicy(ctx context.Context, actor, name string, change func(*quota.Policy) error) (quota.Policy, error) {
+	p, err := a.store.UpdatePolicy(ctx, actor, name, func(p *quota.Policy) error {
 		if err := change(p); err != nil {
 			return err
 		}
 		return normalizePrefix(p)
 	})
 	if err == nil {
-		c.invalidate(ctx, KindPolicy, p.Name)
+		a.cat.invalidate(ctx, KindPolicy, p.Name)
 	}
 	return p, err
 }
 
 // DeletePolicy deletes the policy name.
-func (c *Catalog) DeletePolicy(ctx context.Context, actor, name string) error {
-	err := c.src.DeletePolicy(ctx, actor, name)
+func (a *Admin) DeletePolicy(ctx context.Context, actor, name string) error {
+	err := a.store.DeletePolicy(ctx, actor, name)
 	if err == nil {
-		c.invalidate(ctx, KindPolicy, name)
+		a.cat.invalidate(ctx, KindPolicy, name)
 	}
 	return err
 }

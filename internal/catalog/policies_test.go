@@ -35,7 +35,8 @@ func limitOf(set PolicySet, name string) int64 {
 func TestPolicyChangesReachTheOtherNodeWithinASecond(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	_, nodes, _ := mustNodes(t, testenv.Postgres(t), 2)
+	store, nodes, _ := mustNodes(t, testenv.Postgres(t), 2)
+	admin := NewAdmin(store, nodes[0]) // node 0's admin writes
 	var last PolicySet
 	for _, n := range nodes { // both have the set cached, so only a message can change it
 		s, err := n.PolicySet(ctx)
@@ -55,12 +56,12 @@ func TestPolicyChangesReachTheOtherNodeWithinASecond(t *testing.T) {
 		write func() error
 		limit int64 // what the other node must see: -1 for no policy
 	}{
-		{"create", func() error { _, err := nodes[0].CreatePolicy(ctx, "test", testPolicy("reports", 2)); return err }, 2},
+		{"create", func() error { _, err := admin.CreatePolicy(ctx, "test", testPolicy("reports", 2)); return err }, 2},
 		{"update", func() error {
-			_, err := nodes[0].UpdatePolicy(ctx, "test", "reports", func(p *quota.Policy) error { *p.Limit = 5; return nil })
+			_, err := admin.UpdatePolicy(ctx, "test", "reports", func(p *quota.Policy) error { *p.Limit = 5; return nil })
 			return err
 		}, 5},
-		{"delete", func() error { return nodes[0].DeletePolicy(ctx, "test", "reports") }, -1},
+		{"delete", func() error { return admin.DeletePolicy(ctx, "test", "reports") }, -1},
 	} {
 		start := time.Now()
 		if err := step.write(); err != nil {
@@ -177,7 +178,7 @@ func TestAStalePolicyLoadDoesNotOutliveItsInvalidation(t *testing.T) {
 		got <- ps
 	}()
 	<-src.held // the miss read no policy
-	if _, err := c.CreatePolicy(ctx, "test", testPolicy("late", 4)); err != nil {
+	if _, err := NewAdmin(src, c).CreatePolicy(ctx, "test", testPolicy("late", 4)); err != nil {
 		t.Fatal(err)
 	}
 	close(src.release)

@@ -86,8 +86,11 @@ type Deps struct {
 	// (*redisdb.Sessions).
 	Sessions pages.SessionStore
 	Catalog  *catalog.Catalog
-	Grants   *catalog.Grants
-	Plans    *catalog.Plans
+	// Admin is the catalog's admin writes (tiers, tenants, keys,
+	// policies), for the admin API and the console.
+	Admin  *catalog.Admin
+	Grants *catalog.Grants
+	Plans  *catalog.Plans
 	// Gate is the door to quota state, behind the admission use case
 	// (admission.Service) of the metered requests and the decision API.
 	Gate    *admission.Gate
@@ -154,7 +157,7 @@ func New(d Deps, opts Options) (*Server, error) {
 		d.Metrics.watchOutage(d.Gate)
 	}
 	guard := httpx.NewGuard(opts.TrustedProxies, d.Now, d.Metrics.AuthFailures.Inc)
-	pg, err := pages.New(pages.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
+	pg, err := pages.New(pages.Deps{Store: d.Store, Catalog: d.Catalog, Admin: d.Admin, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 		Alerts: d.Alerts, Usage: d.Usage, Sessions: d.Sessions, Guard: guard, Log: d.Log, Now: d.Now,
 		AdminToken: opts.AdminToken, SessionTTL: opts.SessionTTL})
 	if err != nil {
@@ -165,7 +168,7 @@ func New(d Deps, opts Options) (*Server, error) {
 	s := &Server{log: d.Log, now: d.Now, catalog: d.Catalog, adm: adm, ready: d.Ready,
 		ledger: d.Ledger, reports: d.Usage, routes: d.Routes, metrics: d.Metrics, policies: d.Policies, opts: opts, guard: guard,
 		upstream: newUpstreamClient(opts.MaxResponseBytes, opts.MaxResponseHeaderBytes),
-		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
+		admin: admin.New(admin.Deps{Store: d.Store, Catalog: d.Catalog, Admin: d.Admin, Grants: d.Grants, Plans: d.Plans, Ledger: d.Ledger,
 			Alerts: d.Alerts, Usage: d.Usage, Guard: guard, Log: d.Log, Now: d.Now,
 			AdminToken: opts.AdminToken, WebhookAllowPrivate: opts.WebhookAllowPrivate}),
 		pages: pg, tracer: d.Tracer}

@@ -48,7 +48,8 @@ type Records interface {
 // Deps are what the admin API uses; internal/app (RunAPI) builds them.
 type Deps struct {
 	Store   Records
-	Catalog *catalog.Catalog // reads and the writes that invalidate it
+	Catalog *catalog.Catalog // cached reads
+	Admin   *catalog.Admin   // writes of tiers, tenants, keys and policies, which invalidate the catalog
 	Grants  *catalog.Grants
 	Plans   *catalog.Plans // tenant changes, tier changes with their timing and quota resets
 	Ledger  *billing.Ledger
@@ -70,6 +71,7 @@ type Deps struct {
 type API struct {
 	store   Records
 	catalog *catalog.Catalog
+	admin   *catalog.Admin
 	grants  *catalog.Grants
 	plans   *catalog.Plans
 	ledger  *billing.Ledger
@@ -83,7 +85,7 @@ type API struct {
 
 // New returns the admin API over d.
 func New(d Deps) *API {
-	return &API{store: d.Store, catalog: d.Catalog, grants: d.Grants, plans: d.Plans, ledger: d.Ledger, alerts: d.Alerts,
+	return &API{store: d.Store, catalog: d.Catalog, admin: d.Admin, grants: d.Grants, plans: d.Plans, ledger: d.Ledger, alerts: d.Alerts,
 		reports: d.Usage, guard: d.Guard, log: d.Log, now: d.Now, opts: d}
 }
 
@@ -223,7 +225,7 @@ func (s *API) CreateTier(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if t, err = s.catalog.CreateTier(c.UserContext(), adminActor, t); err != nil {
+	if t, err = s.admin.CreateTier(c.UserContext(), adminActor, t); err != nil {
 		return err
 	}
 	return created(c, "/admin/v1/tiers/"+url.PathEscape(t.Slug), t)
@@ -244,7 +246,7 @@ func (s *API) PatchTier(c *fiber.Ctx) error {
 	if err := body.RefuseSlug(); err != nil {
 		return err
 	}
-	t, err := s.catalog.UpdateTier(c.UserContext(), adminActor, c.Params("slug"), body.Apply)
+	t, err := s.admin.UpdateTier(c.UserContext(), adminActor, c.Params("slug"), body.Apply)
 	if err != nil {
 		return err
 	}
@@ -253,7 +255,7 @@ func (s *API) PatchTier(c *fiber.Ctx) error {
 
 // DeleteTier answers DELETE /admin/v1/tiers/:slug with a 204 once the tier
 // is deleted (audited); an unknown tier is a 404, one still in use a 409.
-func (s *API) DeleteTier(c *fiber.Ctx) error { return gone(c, "slug", s.catalog.DeleteTier) }
+func (s *API) DeleteTier(c *fiber.Ctx) error { return gone(c, "slug", s.admin.DeleteTier) }
 
 // ---- tenants
 
@@ -313,7 +315,7 @@ func (s *API) CreateTenant(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	t, err := s.catalog.CreateTenant(c.UserContext(), adminActor, quota.Tenant{Name: name, Tier: tier,
+	t, err := s.admin.CreateTenant(c.UserContext(), adminActor, quota.Tenant{Name: name, Tier: tier,
 		Overrides: body.Overrides, WebhookURL: body.WebhookURL, BillingAnchorDay: day, TimeZone: zone})
 	if err != nil {
 		return err
@@ -431,7 +433,7 @@ func (s *API) PatchTenant(c *fiber.Ctx) error {
 // DeleteTenant answers DELETE /admin/v1/tenants/:id with a 204 once the
 // tenant is deleted (audited); an unknown tenant is a 404, one with a final
 // invoice a 409.
-func (s *API) DeleteTenant(c *fiber.Ctx) error { return gone(c, "id", s.catalog.DeleteTenant) }
+func (s *API) DeleteTenant(c *fiber.Ctx) error { return gone(c, "id", s.admin.DeleteTenant) }
 
 // ---- keys
 
@@ -465,7 +467,7 @@ func (s *API) IssueKey(c *fiber.Ctx) error {
 		}
 		exp = append(exp, *body.ExpiresAt)
 	}
-	k, err := s.catalog.IssueKey(c.UserContext(), adminActor, c.Params("id"), body.Name, exp...)
+	k, err := s.admin.IssueKey(c.UserContext(), adminActor, c.Params("id"), body.Name, exp...)
 	if err != nil {
 		return err
 	}
@@ -479,7 +481,7 @@ func (s *API) GetKey(c *fiber.Ctx) error { return oneByID(c, "key", "id", s.stor
 // RevokeKey answers DELETE /admin/v1/keys/:id with a 204 once the key is
 // revoked (audited), or a 404.
 func (s *API) RevokeKey(c *fiber.Ctx) error {
-	if _, err := s.catalog.RevokeKey(c.UserContext(), adminActor, c.Params("id")); err != nil {
+	if _, err := s.admin.RevokeKey(c.UserContext(), adminActor, c.Params("id")); err != nil {
 		return err
 	}
 	return c.SendStatus(fiber.StatusNoContent)
@@ -519,7 +521,7 @@ func (s *API) RotateKey(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	fresh, old, err := s.catalog.RotateKey(c.UserContext(), adminActor, c.Params("id"), body.Name, grace)
+	fresh, old, err := s.admin.RotateKey(c.UserContext(), adminActor, c.Params("id"), body.Name, grace)
 	if err != nil {
 		return err
 	}

@@ -33,7 +33,7 @@ func (s *API) CreatePolicy(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	if p, err = s.catalog.CreatePolicy(c.UserContext(), adminActor, p); err != nil {
+	if p, err = s.admin.CreatePolicy(c.UserContext(), adminActor, p); err != nil {
 		return err
 	}
 	return created(c, "/admin/v1/policies/"+url.PathEscape(p.Name), p)
@@ -50,7 +50,7 @@ func (s *API) PatchPolicy(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	p, err := s.catalog.UpdatePolicy(c.UserContext(), adminActor, c.Params("name"), patch.apply)
+	p, err := s.admin.UpdatePolicy(c.UserContext(), adminActor, c.Params("name"), patch.apply)
 	if err != nil {
 		return err
 	}
@@ -59,7 +59,7 @@ func (s *API) PatchPolicy(c *fiber.Ctx) error {
 
 // DeletePolicy answers DELETE /admin/v1/policies/:name with a 204 once the
 // policy is deleted (audited), or a 404.
-func (s *API) DeletePolicy(c *fiber.Ctx) error { return gone(c, "name", s.catalog.DeletePolicy) }
+func (s *API) DeletePolicy(c *fiber.Ctx) error { return gone(c, "name", s.admin.DeletePolicy) }
 
 // decodePolicy reads the body of POST /admin/v1/policies.
 func decodePolicy(c *fiber.Ctx) (quota.Policy, error) {

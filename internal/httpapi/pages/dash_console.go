@@ -247,7 +247,7 @@ func (s *Pages) ConsoleSaveTier(c *fiber.Ctx) error {
 	t, rows := tierForm(errs, f)
 	status := fiber.StatusBadRequest
 	if len(errs) == 0 {
-		saved, err := s.catalog.UpdateTier(c.UserContext(), consoleActor, slug, func(cur *quota.Tier) error {
+		saved, err := s.admin.UpdateTier(c.UserContext(), consoleActor, slug, func(cur *quota.Tier) error {
 			t.Slug = cur.Slug
 			*cur = t
 			return nil
@@ -279,7 +279,7 @@ func (s *Pages) ConsoleCreateTier(c *fiber.Ctx) error {
 	errs := formErrors{}
 	t, rows := tierForm(errs, f)
 	status, done, err := createFromForm(c, errs, func(err error) { errs.add(meterQuotaError(err, rows)) }, func() (string, error) {
-		created, err := s.catalog.CreateTier(c.UserContext(), consoleActor, t)
+		created, err := s.admin.CreateTier(c.UserContext(), consoleActor, t)
 		return "/console/tiers?ok=created#tier-" + url.PathEscape(created.Slug), err
 	})
 	if done {
@@ -387,7 +387,7 @@ func (s *Pages) ConsoleCreateTenant(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	t, err := s.catalog.CreateTenant(c.UserContext(), consoleActor, quota.Tenant{Name: strings.TrimSpace(f["name"]), Tier: f["tier"]})
+	t, err := s.admin.CreateTenant(c.UserContext(), consoleActor, quota.Tenant{Name: strings.TrimSpace(f["name"]), Tier: f["tier"]})
 	if err != nil {
 		if quota.ErrorCode(err) != quota.CodeInvalid {
 			return err
@@ -526,7 +526,7 @@ func (s *Pages) ConsoleIssueKey(c *fiber.Ctx) error {
 	if err != nil {
 		return err
 	}
-	k, err := s.catalog.IssueKey(c.UserContext(), consoleActor, id, strings.TrimSpace(f["name"]))
+	k, err := s.admin.IssueKey(c.UserContext(), consoleActor, id, strings.TrimSpace(f["name"]))
 	if err != nil {
 		return s.tenantFormError(c, id, f, err)
 	}
@@ -544,7 +544,7 @@ func (s *Pages) ConsoleRevokeKey(c *fiber.Ctx) error {
 	if _, err := readForm(c, csrfField); err != nil {
 		return err
 	}
-	k, err := s.catalog.RevokeKey(c.UserContext(), consoleActor, c.Params("id"))
+	k, err := s.admin.RevokeKey(c.UserContext(), consoleActor, c.Params("id"))
 	if err != nil {
 		return err
 	}
@@ -585,7 +585,7 @@ func (s *Pages) consoleUpdateTenant(c *fiber.Ctx, field string, change func(*quo
 	if err != nil {
 		return err
 	}
-	t, err := s.catalog.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
+	t, err := s.admin.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
 		change(t, f[field])
 		return nil
 	})

@@ -195,7 +195,7 @@ func (s *Pages) ConsoleSetCalendar(c *fiber.Ctx) error {
 	if len(errs) > 0 {
 		return s.tenantFormErrors(c, id, f, errs)
 	}
-	t, err := s.catalog.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
+	t, err := s.admin.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
 		t.BillingAnchorDay, t.TimeZone = int(*day), zone
 		return nil
 	})
@@ -410,7 +410,7 @@ func (s *Pages) ConsoleSetSpendCap(c *fiber.Ctx) error {
 	if len(errs) > 0 {
 		return s.tenantFormErrors(c, id, f, errs)
 	}
-	t, err := s.catalog.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
+	t, err := s.admin.UpdateTenant(c.UserContext(), consoleActor, id, func(t *quota.Tenant) error {
 		t.Overrides.MaxOverageCents = override
 		return nil
 	})

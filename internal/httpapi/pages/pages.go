@@ -21,7 +21,7 @@ import (
 
 // Records is what the console reads of the store of tiers, tenants, keys,
 // grants and policies (*catalogdb.Store), read through to Postgres, never
-// cached. Writes go through the catalog.
+// cached. Writes go through the catalog's Admin.
 type Records interface {
 	ListTiers(ctx context.Context, p quota.Page) ([]quota.Tier, *string, error)
 	Tier(ctx context.Context, slug string) (quota.Tier, error)
@@ -47,7 +47,8 @@ type SessionStore interface {
 // Deps are what the pages use; internal/app (RunAPI) builds them.
 type Deps struct {
 	Store    Records
-	Catalog  *catalog.Catalog // reads and the writes that invalidate it
+	Catalog  *catalog.Catalog // cached reads
+	Admin    *catalog.Admin   // writes of tiers, tenants, keys and policies, which invalidate the catalog
 	Grants   *catalog.Grants
 	Plans    *catalog.Plans // tier changes, now or at the next period
 	Ledger   *billing.Ledger
@@ -67,6 +68,7 @@ type Deps struct {
 type Pages struct {
 	store    Records
 	catalog  *catalog.Catalog
+	admin    *catalog.Admin
 	grants   *catalog.Grants
 	plans    *catalog.Plans
 	ledger   *billing.Ledger
@@ -95,7 +97,7 @@ func New(d Deps) (*Pages, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Pages{plans: d.Plans, store: d.Store, catalog: d.Catalog, grants: d.Grants, ledger: d.Ledger, alerts: d.Alerts,
+	return &Pages{plans: d.Plans, store: d.Store, catalog: d.Catalog, admin: d.Admin, grants: d.Grants, ledger: d.Ledger, alerts: d.Alerts,
 		reports: d.Usage, sessions: d.Sessions, guard: d.Guard, log: d.Log, now: d.Now, opts: d,
 		views: v, assets: a}, nil
 }

@@ -488,7 +488,7 @@ func (s *Pages) ConsoleCreatePolicy(c *fiber.Ctx) error {
 	errs := formErrors{}
 	p := policyFromForm(errs, f)
 	status, done, err := createFromForm(c, errs, func(err error) { addPolicyError(errs, err) }, func() (string, error) {
-		created, err := s.catalog.CreatePolicy(c.UserContext(), consoleActor, p)
+		created, err := s.admin.CreatePolicy(c.UserContext(), consoleActor, p)
 		return "/console/policies?ok=policy-created#policy-" + url.PathEscape(created.Name), err
 	})
 	if done {
@@ -510,7 +510,7 @@ func (s *Pages) ConsoleSavePolicy(c *fiber.Ctx) error {
 	errs := formErrors{}
 	p := policyFromForm(errs, f)
 	if len(errs) == 0 {
-		saved, err := s.catalog.UpdatePolicy(c.UserContext(), consoleActor, name, func(cur *quota.Policy) error {
+		saved, err := s.admin.UpdatePolicy(c.UserContext(), consoleActor, name, func(cur *quota.Policy) error {
 			// A body unchanged but for its line breaks (which the
 			// textarea sent as CR LF, read as LF) stays as it was.
 			if p.Fallback != nil && cur.Fallback != nil && p.Fallback.Body == oneLineBreak(cur.Fallback.Body) {
@@ -537,7 +537,7 @@ func (s *Pages) ConsoleDeletePolicy(c *fiber.Ctx) error {
 	if _, err := readForm(c, csrfField); err != nil {
 		return err
 	}
-	if err := s.catalog.DeletePolicy(c.UserContext(), consoleActor, c.Params("name")); err != nil {
+	if err := s.admin.DeletePolicy(c.UserContext(), consoleActor, c.Params("name")); err != nil {
 		return err
 	}
 	return c.Redirect("/console/policies?ok=policy-deleted", fiber.StatusSeeOther)
