@@ -49,6 +49,12 @@ func NewPartitions(db *pgxpool.Pool, now func() time.Time, retentionMonths int) 
 	return &Partitions{db: db, now: now, retention: max(retentionMonths, 0)}
 }
 
+// usageFillfactor is the fill factor of every usage partition (migration
+// 000018 sets it on those made before): a row of the current hour is
+// updated by every flush of its tenant, and the room left on its page lets
+// each update stay HOT (a new version on the same page, no index entry).
+const usageFillfactor = "70"
+
 // PartitionName is the name of the usage partition of the UTC month
 // containing month: usage_pYYYYMM.
 func PartitionName(month time.Time) string {
@@ -106,7 +112,8 @@ func (p *Partitions) Ensure(ctx context.Context, month time.Time) error {
 		for _, sql := range []string{
 			`LOCK TABLE usage IN SHARE ROW EXCLUSIVE MODE`,
 			`LOCK TABLE usage_default IN ACCESS EXCLUSIVE MODE`,
-			`CREATE TABLE ` + ident + ` (LIKE usage INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)`,
+			`CREATE TABLE ` + ident + ` (LIKE usage INCLUDING DEFAULTS INCLUDING CONSTRAINTS INCLUDING INDEXES)` +
+				` WITH (fillfactor = ` + usageFillfactor + `)`,
 		} {
 			if _, err := tx.Exec(ctx, sql); err != nil {
 				return err
@@ -203,7 +210,13 @@ func (p *Partitions) DropBefore(ctx context.Context, cutoff time.Time) ([]string
 		if _, err := tx.Exec(ctx, fmt.Sprintf(rollupSQL, "usage_default", "WHERE hour < $1"), cutoff); err != nil {
 			return err
 		}
-		_, err := tx.Exec(ctx, `DELETE FROM usage_default WHERE hour < $1`, cutoff)
+		if _, err := tx.Exec(ctx, `DELETE FROM usage_default WHERE hour < $1`, cutoff); err != nil {
+			return err
+		}
+		// The months rolled up leave usage_month_totals with their hourly
+		// rows (the drops and the delete above, of partitions, fire none of
+		// usage's triggers).
+		_, err := tx.Exec(ctx, `DELETE FROM usage_month_totals WHERE month < $1`, cutoff)
 		return err
 	})
 	if err != nil {

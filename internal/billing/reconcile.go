@@ -1,6 +1,7 @@
 package billing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -469,41 +470,16 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error 
 // what their late usage did.
 func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (int64, lateTally, error) {
 	var (
-		bIDs, bTenants            []string
-		bUnits, bRequests         []int64
-		rBatch, rTenant, rMeter   []string
-		rHour                     []time.Time
-		rUnits, rReq, rRej, rOver []int64
-		rShadow, rDegraded        []int64
-		rMeterOver                []int64
-		corrections               bool
+		bIDs, bTenants    []string
+		bUnits, bRequests []int64
 	)
 	for _, b := range batches {
-		tenant := b.TenantID
-		if !quota.ValidID(tenant) {
-			// Recorded as flushed (so it is not retried forever) under the
-			// zero id; its rows are dropped.
-			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", tenant, "batch_id", b.ID)
-			tenant = "00000000-0000-0000-0000-000000000000"
-		}
 		var u, q int64
 		for _, row := range b.Rows {
 			u += row.Units
 			q += row.Requests
-			if isCorrection(row) {
-				corrections = true
-				continue
-			}
-			rBatch = append(rBatch, b.ID)
-			rTenant = append(rTenant, tenant)
-			rHour = append(rHour, row.Hour)
-			rMeter = append(rMeter, row.Meter)
-			rUnits, rReq = append(rUnits, row.Units), append(rReq, row.Requests)
-			rRej, rOver = append(rRej, row.Rejected), append(rOver, row.Overage)
-			rShadow, rDegraded = append(rShadow, row.ShadowRefused), append(rDegraded, row.Degraded)
-			rMeterOver = append(rMeterOver, row.MeterOverage)
 		}
-		bIDs, bTenants = append(bIDs, b.ID), append(bTenants, tenant)
+		bIDs, bTenants = append(bIDs, b.ID), append(bTenants, ledgerTenant(b))
 		bUnits, bRequests = append(bUnits, max(u, 0)), append(bRequests, max(q, 0))
 	}
 	// Invoices of ended periods the rows fall in are locked before the rows
@@ -523,39 +499,17 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	if err != nil {
 		return 0, lateTally{}, err
 	}
-	// Batches of tenants deleted meanwhile (or malformed ids) are recorded
-	// as flushed so they are not retried forever; their rows are dropped.
+	// The batches' ids first: only the batches whose ids are new add rows.
+	// (One order of row locks for every worker: two recording the same
+	// batches at once wait for each other, never deadlock.)
 	rows, err := tx.Query(ctx, `
-		WITH new AS (
-			INSERT INTO usage_batches (batch_id, tenant_id, units, requests, flushed_at)
-			SELECT b.id, b.tenant, b.units, b.requests, $13
-			FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
-			-- (one order of row locks for every worker: two recording the
-			-- same batches at once wait for each other, never deadlock)
-			ORDER BY b.id
-			ON CONFLICT (batch_id) DO NOTHING
-			RETURNING batch_id
-		), ins AS (
-			INSERT INTO usage AS u (tenant_id, hour, meter, units, requests, rejected, overage_units, shadow_refused, degraded,
-			                        meter_overage_units)
-			SELECT t.id, r.hour, r.meter, sum(r.units), sum(r.requests), sum(r.rejected), sum(r.overage),
-			       sum(r.shadow_refused), sum(r.degraded), sum(r.meter_overage)
-			FROM unnest($5::text[], $6::uuid[], $7::timestamptz[], $8::text[], $9::bigint[], $10::bigint[], $11::bigint[], $12::bigint[],
-			            $14::bigint[], $15::bigint[], $16::bigint[])
-			     AS r(batch, tenant, hour, meter, units, requests, rejected, overage, shadow_refused, degraded, meter_overage)
-			JOIN new ON new.batch_id = r.batch
-			JOIN tenants t ON t.id = r.tenant
-			GROUP BY t.id, r.hour, r.meter
-			ORDER BY t.id, r.hour, r.meter
-			ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET
-				units = u.units + EXCLUDED.units, requests = u.requests + EXCLUDED.requests,
-				rejected = u.rejected + EXCLUDED.rejected, overage_units = u.overage_units + EXCLUDED.overage_units,
-				shadow_refused = u.shadow_refused + EXCLUDED.shadow_refused, degraded = u.degraded + EXCLUDED.degraded,
-				meter_overage_units = u.meter_overage_units + EXCLUDED.meter_overage_units
-		)
-		SELECT batch_id FROM new`,
-		bIDs, bTenants, bUnits, bRequests, rBatch, rTenant, rHour, rMeter, rUnits, rReq, rRej, rOver, r.now(),
-		rShadow, rDegraded, rMeterOver)
+		INSERT INTO usage_batches (batch_id, tenant_id, units, requests, flushed_at)
+		SELECT b.id, b.tenant, b.units, b.requests, $5
+		FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
+		ORDER BY b.id
+		ON CONFLICT (batch_id) DO NOTHING
+		RETURNING batch_id`,
+		bIDs, bTenants, bUnits, bRequests, r.now())
 	if err != nil {
 		return 0, lateTally{}, fmt.Errorf("billing: record usage: %w", err)
 	}
@@ -567,8 +521,10 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	for _, id := range newIDs {
 		isNew[id] = true
 	}
-	var units int64
-	var fixes []quota.Batch
+	var (
+		units       int64
+		fixes, adds []quota.Batch
+	)
 	for _, b := range batches {
 		if !isNew[b.ID] {
 			continue
@@ -576,7 +532,17 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		for _, row := range b.Rows {
 			units += row.Units
 		}
-		if corrections && quota.ValidID(b.TenantID) {
+		if quota.ValidID(b.TenantID) {
+			adds = append(adds, b)
+		} else {
+			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", b.TenantID, "batch_id", b.ID)
+		}
+	}
+	if err := addRows(ctx, tx, adds); err != nil {
+		return 0, lateTally{}, err
+	}
+	for _, b := range adds {
+		if slices.ContainsFunc(b.Rows, isCorrection) {
 			fixes = append(fixes, b)
 		}
 	}
@@ -593,6 +559,96 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		return 0, lateTally{}, err
 	}
 	return units, tally, nil
+}
+
+// ledgerTenant is the tenant id a batch is recorded under in usage_batches:
+// its own, or the zero id when it is no UUID (recorded as flushed, so it is
+// not retried forever; its rows are dropped).
+func ledgerTenant(b quota.Batch) string {
+	if !quota.ValidID(b.TenantID) {
+		return "00000000-0000-0000-0000-000000000000"
+	}
+	return b.TenantID
+}
+
+// ledgerKey is a usage row's key.
+type ledgerKey struct {
+	tenant, meter string
+	hour          int64
+}
+
+// addRows adds the batches' rows (all but the corrections: correct) to the
+// usage ledger, in one statement: each hour and meter summed once, in key
+// order (the order every writer locks rows in), the rows of tenants
+// deleted meanwhile dropped.
+func addRows(ctx context.Context, tx pgx.Tx, batches []quota.Batch) error {
+	sums := map[ledgerKey]*quota.PendingRow{}
+	var keys []ledgerKey
+	for _, b := range batches {
+		for _, row := range b.Rows {
+			if isCorrection(row) {
+				continue
+			}
+			k := ledgerKey{b.TenantID, row.Meter, row.Hour.Unix()}
+			sum, ok := sums[k]
+			if !ok {
+				sum = &quota.PendingRow{Hour: row.Hour, Meter: row.Meter}
+				sums[k] = sum
+				keys = append(keys, k)
+			}
+			sum.Units += row.Units
+			sum.Requests += row.Requests
+			sum.Rejected += row.Rejected
+			sum.Overage += row.Overage
+			sum.ShadowRefused += row.ShadowRefused
+			sum.Degraded += row.Degraded
+			sum.MeterOverage += row.MeterOverage
+		}
+	}
+	if len(keys) == 0 {
+		return nil
+	}
+	slices.SortFunc(keys, func(a, b ledgerKey) int {
+		if c := strings.Compare(a.tenant, b.tenant); c != 0 {
+			return c
+		}
+		if c := cmp.Compare(a.hour, b.hour); c != 0 {
+			return c
+		}
+		return strings.Compare(a.meter, b.meter)
+	})
+	n := len(keys)
+	tenant, meter := make([]string, n), make([]string, n)
+	hour := make([]time.Time, n)
+	u, q, x, o := make([]int64, n), make([]int64, n), make([]int64, n), make([]int64, n)
+	sh, dg, mo := make([]int64, n), make([]int64, n), make([]int64, n)
+	for i, k := range keys {
+		row := sums[k]
+		tenant[i], meter[i], hour[i] = k.tenant, k.meter, row.Hour
+		u[i], q[i], x[i], o[i] = row.Units, row.Requests, row.Rejected, row.Overage
+		sh[i], dg[i], mo[i] = row.ShadowRefused, row.Degraded, row.MeterOverage
+	}
+	_, err := tx.Exec(ctx, `
+		INSERT INTO usage AS u (tenant_id, hour, meter, units, requests, rejected, overage_units, shadow_refused, degraded,
+		                        meter_overage_units)
+		SELECT t.id, r.hour, r.meter, r.units, r.requests, r.rejected, r.overage, r.shadow_refused, r.degraded, r.meter_overage
+		FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
+		            $8::bigint[], $9::bigint[], $10::bigint[]) WITH ORDINALITY
+		     AS r(tenant, hour, meter, units, requests, rejected, overage, shadow_refused, degraded, meter_overage, n)
+		-- (each tenant looked up through its key: OFFSET 0 keeps the
+		-- planner from joining all tenants instead)
+		CROSS JOIN LATERAL (SELECT t.id FROM tenants t WHERE t.id = r.tenant OFFSET 0) t
+		ORDER BY r.n
+		ON CONFLICT (tenant_id, hour, meter) DO UPDATE SET
+			units = u.units + EXCLUDED.units, requests = u.requests + EXCLUDED.requests,
+			rejected = u.rejected + EXCLUDED.rejected, overage_units = u.overage_units + EXCLUDED.overage_units,
+			shadow_refused = u.shadow_refused + EXCLUDED.shadow_refused, degraded = u.degraded + EXCLUDED.degraded,
+			meter_overage_units = u.meter_overage_units + EXCLUDED.meter_overage_units`,
+		customPlan, tenant, hour, meter, u, q, x, o, sh, dg, mo)
+	if err != nil {
+		return fmt.Errorf("billing: record usage: %w", err)
+	}
+	return nil
 }
 
 // isCorrection reports whether a pending row cannot stand as a ledger row of
@@ -689,7 +745,9 @@ func (r *Reconciler) prune(ctx context.Context) error {
 // plus the month's grants), once per tenant, threshold and month; and one
 // for each meter quota of its tier (quota.MeterQuota) whose meter's usage
 // this month reached 80 % or 100 % of the meter's monthly quota, once per
-// tenant, meter, threshold and month.
+// tenant, meter, threshold and month. The month's usage is read from
+// usage_month_totals (one row per tenant and meter), which the ledger's
+// triggers keep equal to the sum of its hourly rows.
 func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []string) error {
 	month := quota.MonthStart(r.now())
 	_, err := tx.Exec(ctx, `
@@ -711,23 +769,25 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 			SELECT t.id, m->>'meter' AS meter, (m->>'monthly_quota')::bigint AS quota
 			FROM t, jsonb_array_elements(t.meter_quotas) AS m
 			WHERE m->>'monthly_quota' IS NOT NULL
+		), tot AS MATERIALIZED (
+			SELECT s.tenant_id, s.meter, s.units FROM usage_month_totals s
+			WHERE s.tenant_id = ANY($1::uuid[]) AND s.month = $2
 		), used AS (
-			SELECT q.id, ''::text AS meter, q.quota, coalesce(sum(u.units), 0)::bigint AS units
-			FROM q LEFT JOIN usage u ON u.tenant_id = q.id AND u.hour >= $2 AND u.hour < $3
+			SELECT q.id, ''::text AS meter, q.quota, coalesce(sum(tot.units), 0)::bigint AS units
+			FROM q LEFT JOIN tot ON tot.tenant_id = q.id
 			WHERE q.quota IS NOT NULL AND q.quota > 0
 			GROUP BY q.id, q.quota
 			UNION ALL
-			SELECT mq.id, mq.meter, mq.quota, coalesce(sum(u.units), 0)::bigint
-			FROM mq LEFT JOIN usage u ON u.tenant_id = mq.id AND u.meter = mq.meter AND u.hour >= $2 AND u.hour < $3
+			SELECT mq.id, mq.meter, mq.quota, coalesce(tot.units, 0)
+			FROM mq LEFT JOIN tot ON tot.tenant_id = mq.id AND tot.meter = mq.meter
 			WHERE mq.quota > 0
-			GROUP BY mq.id, mq.meter, mq.quota
 		)
 		INSERT INTO alerts (tenant_id, period, threshold, units, quota, meter)
 		SELECT used.id, $2::date, th.pct, used.units, used.quota, used.meter
 		FROM used CROSS JOIN (VALUES (80), (100)) AS th(pct)
 		WHERE used.units * 100 >= used.quota * th.pct
 		ON CONFLICT (tenant_id, kind, period, meter, threshold) DO NOTHING`,
-		ids, month, month.AddDate(0, 1, 0))
+		ids, month)
 	if err != nil {
 		return fmt.Errorf("billing: record crossings: %w", err)
 	}
