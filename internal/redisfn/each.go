@@ -19,15 +19,17 @@ import (
 // The keys of one call must all be in one Redis Cluster slot: on a single
 // Redis any tenants share a call, in a cluster only those of one slot (and
 // among a few thousand tenants, few share one of the 16,384 slots: there
-// most go a call each, as without each). A call of each that fails as a
-// whole (TRYAGAIN while its slot migrates, a Redis past its maxmemory
-// refusing each, which may write, where it runs pending, which only reads;
-// a timeout) is followed by a call of its own for each of its items, as
+// most go a call each, as without each). A call of each that Redis
+// refuses as a whole (TRYAGAIN while its slot migrates, a Redis past its
+// maxmemory refusing each, which may write, where it runs pending, which
+// only reads) is followed by a call of its own for each of its items, as
 // Pipelined sends them, and so is an item whose function raised an error:
 // all three functions may run twice (a claim answers the batch already in
 // flight, a finish drops only the batch of its id, pending only reads), so
 // that no outcome is worse than without each and an item's error is its
-// own.
+// own. A call that got no answer (a timeout, a connection lost) gives its
+// error to each of its items, as calls of their own in the same pipeline
+// would have had it: sending them again would only wait longer.
 
 // EachGroup is the most items one call of each carries: 100 claims take
 // Redis under a millisecond, and answer a few tens of kilobytes. Groups of
@@ -191,12 +193,23 @@ func (r *Store) eachCmd(ctx context.Context, f Fn, g []int, keys [][]string, arg
 
 // spread gives each item of g the answer call (of each) gave it, as its
 // own call of f would hold it (nil as redis.Nil), and returns the items it
-// gave none: those whose function raised or answered an error (each's
-// "EACH <error>"), which their own calls answer in their own words, and
-// every item when call failed or its answer is not one for each item.
+// gave none, to be sent alone: those whose function raised or answered an
+// error (each's "EACH <error>"), which their own calls answer in their own
+// words, and every item when Redis refused call (an error reply) or its
+// answer is not one for each item. When call failed without an answer of
+// Redis (a timeout, a connection lost or never made: it may have run, and
+// calls of their own would fare no better), each item gets its error, as
+// it would have in a pipeline of calls of their own.
 func spread(call *redis.Cmd, g []int, cmds []*redis.Cmd) (alone []int) {
 	answers, err := call.Slice()
-	if err != nil || len(answers) != len(g) {
+	var re redis.Error
+	switch {
+	case err != nil && !errors.As(err, &re):
+		for _, i := range g {
+			cmds[i].SetErr(err)
+		}
+		return nil
+	case err != nil || len(answers) != len(g):
 		return g
 	}
 	for j, i := range g {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -379,6 +380,50 @@ func TestPipelinedEachSendsItemsAloneAfterTryAgain(t *testing.T) {
 	mu.Lock()
 	defer mu.Unlock()
 	if want := map[string]int{"each": 1, "pending": 5}; !maps.Equal(got, want) {
+		t.Errorf("the server got %v, want %v", got, want)
+	}
+}
+
+// TestPipelinedEachGivesATimeoutToEachItem: a call of each that gets no
+// answer in time (it may have run) gives its error to each of its items,
+// as calls of their own in the same pipeline would have had it, and is
+// not followed by calls of their own, which would only wait longer.
+func TestPipelinedEachGivesATimeoutToEachItem(t *testing.T) {
+	t.Parallel()
+	var (
+		mu  sync.Mutex
+		got = map[string]int{}
+	)
+	fake := fakeRedis(t, func(args []string) string {
+		if len(args) < 2 || !strings.EqualFold(args[0], "fcall") {
+			return "-ERR unknown command\r\n" // (the client's hello)
+		}
+		_, fn, _ := strings.Cut(args[1], "_")
+		mu.Lock()
+		got[fn]++
+		mu.Unlock()
+		time.Sleep(time.Second) // past the client's read timeout
+		return ":1\r\n"
+	})
+	c := redis.NewClient(&redis.Options{Addr: fake.Options().Addr, Protocol: 2, DisableIdentity: true, MaxRetries: -1,
+		ReadTimeout: 200 * time.Millisecond})
+	t.Cleanup(func() { c.Close() })
+	r := New(c, "tg")
+	cmds, err := r.PipelinedEach(context.Background(), FnPending, 5, func(i int) ([]string, []any) {
+		id := strconv.Itoa(i)
+		return []string{r.Key(id, "pending"), r.StateKey(id), r.Key(id, "flushing")}, []any{"any"}
+	})
+	if err == nil || !MayHaveRun(err) {
+		t.Errorf("PipelinedEach: %v, want the call's timeout", err)
+	}
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err == nil || !MayHaveRun(err) {
+			t.Errorf("item %d: %v, want the call's timeout", i, err)
+		}
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := map[string]int{"each": 1}; !maps.Equal(got, want) {
 		t.Errorf("the server got %v, want %v", got, want)
 	}
 }
