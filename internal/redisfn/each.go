@@ -145,8 +145,9 @@ func keySlot(key string) int {
 
 // sendEach sends the groups as one pipeline, a group of one item as the
 // item's call of f, any other as a call of each, and puts each item's
-// answer in its command of cmds; then sends the items of the calls of each
-// that failed one call each (in pipelines of at most eachPipelineCalls).
+// answer in its command of cmds; then sends the items spread gave none
+// (their call refused, or their function's error) one call each, in
+// pipelines of at most eachPipelineCalls.
 func (r *Store) sendEach(ctx context.Context, f Fn, groups [][]int, keys [][]string, args [][]any, cmds []*redis.Cmd) {
 	calls := make([]*redis.Cmd, len(groups))
 	for j, g := range groups {
