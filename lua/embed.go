@@ -2,7 +2,7 @@
 // is made of, embedded so that the binaries carry them.
 //
 // The files live here rather than next to their Go runner because go:embed
-// cannot reach a parent directory. internal/ratelimit (library.go) joins
+// cannot reach a parent directory. internal/redisfn (library.go) joins
 // them into one library, tollgate_<v> (v: the first 12 hex digits of the
 // SHA-256 of its text), loads it with FUNCTION LOAD (Redis 7.0 or later)
 // and calls its functions, tg<v>_<name>, with FCALL; cmd/loadgen reads the
@@ -10,7 +10,7 @@
 //
 // The library holds, in this order: a header (KEYS and ARGV, which each
 // function sets at its entry, and FN, the functions by name); the files
-// the functions share (sharedFiles in internal/ratelimit/library.go: the
+// the functions share (sharedFiles in internal/redisfn/library.go: the
 // calendar, the limit state's hash, pending usage, meter quotas and money,
 // late adjustments, the policies' framework and algorithms); then the
 // functions, one file each but the two peeks (functions in library.go,
