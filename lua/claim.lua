@@ -19,8 +19,19 @@ KEYS (the tenant's hash tag {t:<id>})
 ARGV
   [1] a new batch id (used only when no batch is in flight)
   [2] TTL of the flushing hash, ms (bounds an abandoned batch)
+  [3] the worker's clock, us since the Unix epoch (a floor of the new
+      batch's sequence)
 Return: {} when there is nothing to flush, else the flat HGETALL of the
-flushing hash (its "batch" field names the batch).
+flushing hash (its "batch" field names the batch, its "seq" field is the
+batch's sequence).
+
+The sequence orders a tenant's batches for the ledger, which remembers the
+last it recorded of each tenant (usage_flushed) and records a batch only
+if its sequence is greater: Redis' clock in microseconds, or the worker's
+if that is later, so that it grows from one batch to the next of a tenant
+(a batch is claimed only after the one before it was recorded) also after
+Redis lost its data. (A batch claimed by a release before sequences has
+no "seq": the ledger records it by its id, in usage_batches.)
 ]]
 do
 -- hincrby adds n to field name of the hash key (each_pending's f).
@@ -48,7 +59,9 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
   if #moved > 0 then
     redis.call('HDEL', KEYS[3], unpack(moved))
   end
-  redis.call('HSET', KEYS[2], 'batch', ARGV[1])
+  local t = redis.call('TIME')
+  local seq = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(ARGV[3]) or 0)
+  redis.call('HSET', KEYS[2], 'batch', ARGV[1], 'seq', string.format('%d', seq))
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
 return redis.call('HGETALL', KEYS[2])

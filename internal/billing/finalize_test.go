@@ -67,10 +67,10 @@ func TestMonthIsFinalizedOnlyAfterACompleteFlush(t *testing.T) {
 		{
 			name: "Postgres rejects the flush",
 			breakFlush: func(t *testing.T, g *gate) {
-				invExec(t, g.db, `ALTER TABLE usage_batches RENAME TO usage_batches_away`)
+				invExec(t, g.db, `ALTER TABLE usage_flushed RENAME TO usage_flushed_away`)
 			},
 			fix: func(t *testing.T, g *gate) {
-				invExec(t, g.db, `ALTER TABLE usage_batches_away RENAME TO usage_batches`)
+				invExec(t, g.db, `ALTER TABLE usage_flushed_away RENAME TO usage_flushed`)
 			},
 			flushFails: true,
 			included:   40,

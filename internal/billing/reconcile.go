@@ -61,6 +61,7 @@ type pendingUsage interface {
 	SweepTenants(ctx context.Context) ([]string, error)
 	Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error)
 	Finish(ctx context.Context, batches []quota.Batch) error
+	InFlight(ctx context.Context, tenantID, batchID string) (bool, error)
 	Done(ctx context.Context, tenantIDs []string) error
 	EpochLost(ctx context.Context) (bool, error)
 	MarkRestoring(ctx context.Context) error
@@ -469,19 +470,6 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error 
 // caller's transaction. It returns the units the new batches added and
 // what their late usage did.
 func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (int64, lateTally, error) {
-	var (
-		bIDs, bTenants    []string
-		bUnits, bRequests []int64
-	)
-	for _, b := range batches {
-		var u, q int64
-		for _, row := range b.Rows {
-			u += row.Units
-			q += row.Requests
-		}
-		bIDs, bTenants = append(bIDs, b.ID), append(bTenants, ledgerTenant(b))
-		bUnits, bRequests = append(bUnits, max(u, 0)), append(bRequests, max(q, 0))
-	}
 	// Invoices of ended periods the rows fall in are locked before the rows
 	// are written; the final ones late usage reaches for the first time
 	// are rated as they are without the rows.
@@ -499,27 +487,10 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	if err != nil {
 		return 0, lateTally{}, err
 	}
-	// The batches' ids first: only the batches whose ids are new add rows.
-	// (One order of row locks for every worker: two recording the same
-	// batches at once wait for each other, never deadlock.)
-	rows, err := tx.Query(ctx, `
-		INSERT INTO usage_batches (batch_id, tenant_id, units, requests, flushed_at)
-		SELECT b.id, b.tenant, b.units, b.requests, $5
-		FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
-		ORDER BY b.id
-		ON CONFLICT (batch_id) DO NOTHING
-		RETURNING batch_id`,
-		bIDs, bTenants, bUnits, bRequests, r.now())
+	// Which batches are new: only those add rows.
+	isNew, err := r.newBatches(ctx, tx, batches)
 	if err != nil {
-		return 0, lateTally{}, fmt.Errorf("billing: record usage: %w", err)
-	}
-	newIDs, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
-		return 0, lateTally{}, fmt.Errorf("billing: record usage: %w", err)
-	}
-	isNew := make(map[string]bool, len(newIDs))
-	for _, id := range newIDs {
-		isNew[id] = true
+		return 0, lateTally{}, err
 	}
 	var (
 		units       int64
@@ -532,19 +503,13 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		for _, row := range b.Rows {
 			units += row.Units
 		}
-		if quota.ValidID(b.TenantID) {
-			adds = append(adds, b)
-		} else {
-			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", b.TenantID, "batch_id", b.ID)
+		adds = append(adds, b)
+		if slices.ContainsFunc(b.Rows, isCorrection) {
+			fixes = append(fixes, b)
 		}
 	}
 	if err := addRows(ctx, tx, adds); err != nil {
 		return 0, lateTally{}, err
-	}
-	for _, b := range adds {
-		if slices.ContainsFunc(b.Rows, isCorrection) {
-			fixes = append(fixes, b)
-		}
 	}
 	if len(fixes) > 0 {
 		if err := correct(ctx, tx, fixes); err != nil {
@@ -555,20 +520,162 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	if err != nil {
 		return 0, lateTally{}, err
 	}
-	if err := r.recordCrossings(ctx, tx, bTenants); err != nil {
+	tenants := make([]string, 0, len(adds))
+	for _, b := range adds {
+		tenants = append(tenants, b.TenantID)
+	}
+	if err := r.recordCrossings(ctx, tx, tenants); err != nil {
 		return 0, lateTally{}, err
 	}
 	return units, tally, nil
 }
 
-// ledgerTenant is the tenant id a batch is recorded under in usage_batches:
-// its own, or the zero id when it is no UUID (recorded as flushed, so it is
-// not retried forever; its rows are dropped).
-func ledgerTenant(b quota.Batch) string {
-	if !quota.ValidID(b.TenantID) {
-		return "00000000-0000-0000-0000-000000000000"
+// newBatches records which of the batches are new, in the caller's
+// transaction, and returns them by id. A batch with a sequence is new if
+// its sequence is greater than the last the ledger recorded of its tenant
+// (usage_flushed), which it then becomes; a batch without one (claimed by
+// an earlier release) is new if its id was not in usage_batches, where it
+// is then added. A batch of a tenant deleted meanwhile, or of an id that
+// is no UUID, is not new: nothing is recorded of it, and the flush drops
+// it from Redis as it does a batch recorded before.
+//
+// A batch whose sequence is not greater, and which is not the last
+// recorded of its tenant, is normally one whose claim is stale: another
+// worker recorded it, dropped it from Redis and recorded a later one
+// meanwhile. It may instead be new with a smaller sequence, if Redis lost
+// its data and both clocks went back: then it is still in flight in
+// Redis, and it is recorded by its id (rescue).
+func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (map[string]bool, error) {
+	var (
+		lIDs, lTenants    []string // without a sequence: usage_batches
+		lUnits, lRequests []int64
+		sTenants, sIDs    []string // with one: usage_flushed
+		sSeqs             []int64
+		byTenant          = map[string]quota.Batch{}
+	)
+	for _, b := range batches {
+		if !quota.ValidID(b.TenantID) {
+			r.log.Warn("pending usage of a tenant id that is no UUID, dropped", "tenant_id", b.TenantID, "batch_id", b.ID)
+			continue
+		}
+		if b.Seq > 0 {
+			sTenants, sIDs, sSeqs = append(sTenants, b.TenantID), append(sIDs, b.ID), append(sSeqs, b.Seq)
+			byTenant[b.TenantID] = b
+			continue
+		}
+		var u, q int64
+		for _, row := range b.Rows {
+			u += row.Units
+			q += row.Requests
+		}
+		lIDs, lTenants = append(lIDs, b.ID), append(lTenants, b.TenantID)
+		lUnits, lRequests = append(lUnits, max(u, 0)), append(lRequests, max(q, 0))
 	}
-	return b.TenantID
+	isNew := map[string]bool{}
+	collect := func(rows pgx.Rows, err error) error {
+		if err != nil {
+			return fmt.Errorf("billing: record batches: %w", err)
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return fmt.Errorf("billing: record batches: %w", err)
+		}
+		for _, id := range ids {
+			isNew[id] = true
+		}
+		return nil
+	}
+	if len(sTenants) > 0 {
+		// (One order of row locks for every worker, the tenants': two
+		// recording the same batches at once wait for each other, never
+		// deadlock. Each tenant is looked up through its key: OFFSET 0
+		// keeps the planner from joining all tenants instead.)
+		err := collect(tx.Query(ctx, `
+			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, flushed_at)
+			SELECT t.id, b.seq, b.id, $4
+			FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS b(tenant, seq, id)
+			CROSS JOIN LATERAL (SELECT t.id FROM tenants t WHERE t.id = b.tenant OFFSET 0) t
+			ORDER BY t.id
+			ON CONFLICT (tenant_id) DO UPDATE SET seq = EXCLUDED.seq, batch_id = EXCLUDED.batch_id, flushed_at = EXCLUDED.flushed_at
+			WHERE f.seq < EXCLUDED.seq
+			RETURNING f.batch_id`, customPlan, sTenants, sSeqs, sIDs, r.now()))
+		if err != nil {
+			return nil, err
+		}
+		if len(isNew) < len(sTenants) {
+			if err := r.rescue(ctx, tx, byTenant, isNew); err != nil {
+				return nil, err
+			}
+		}
+	}
+	if len(lIDs) > 0 {
+		err := collect(tx.Query(ctx, `
+			INSERT INTO usage_batches (batch_id, tenant_id, units, requests, flushed_at)
+			SELECT b.id, b.tenant, b.units, b.requests, $5
+			FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
+			ORDER BY b.id
+			ON CONFLICT (batch_id) DO NOTHING
+			RETURNING batch_id`, lIDs, lTenants, lUnits, lRequests, r.now()))
+		if err != nil {
+			return nil, err
+		}
+	}
+	return isNew, nil
+}
+
+// rescue records, among the batches with a sequence that newBatches did not
+// find new, those that are still in flight in Redis although the ledger
+// holds a later sequence of their tenant (see newBatches): by their id,
+// which becomes the tenant's last recorded (the sequence kept, the
+// greater). The others (recorded before, stale, of a tenant deleted) are
+// left out.
+func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, byTenant map[string]quota.Batch, isNew map[string]bool) error {
+	var tenants []string
+	for id, b := range byTenant {
+		if !isNew[b.ID] {
+			tenants = append(tenants, id)
+		}
+	}
+	rows, err := tx.Query(ctx, `SELECT tenant_id::text, batch_id FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
+	if err != nil {
+		return fmt.Errorf("billing: record batches: %w", err)
+	}
+	last := map[string]string{}
+	for rows.Next() {
+		var tenant, id string
+		if err := rows.Scan(&tenant, &id); err != nil {
+			return fmt.Errorf("billing: record batches: %w", err)
+		}
+		last[tenant] = id
+	}
+	if err := rows.Err(); err != nil {
+		return fmt.Errorf("billing: record batches: %w", err)
+	}
+	for _, tenant := range tenants {
+		b := byTenant[tenant]
+		id, ok := last[tenant]
+		if !ok || id == b.ID {
+			continue // a tenant deleted, or this batch recorded before
+		}
+		live, err := r.rl.InFlight(ctx, tenant, b.ID)
+		if err != nil {
+			return err
+		}
+		if !live {
+			continue // stale: recorded, dropped and followed by another
+		}
+		tag, err := tx.Exec(ctx, `UPDATE usage_flushed SET batch_id = $2, flushed_at = $3 WHERE tenant_id = $1 AND batch_id <> $2`,
+			tenant, b.ID, r.now())
+		if err != nil {
+			return fmt.Errorf("billing: record batches: %w", err)
+		}
+		if tag.RowsAffected() == 1 {
+			r.log.Warn("usage batch with a sequence below the ledger's recorded by its id (Redis lost its data and the clocks went back?)",
+				"tenant_id", tenant, "batch_id", b.ID, "seq", b.Seq)
+			isNew[b.ID] = true
+		}
+	}
+	return nil
 }
 
 // ledgerKey is a usage row's key.

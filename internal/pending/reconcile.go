@@ -96,9 +96,7 @@ func (r *Usage) SweepTenants(ctx context.Context) ([]string, error) {
 }
 
 // batchIDs numbers the batch ids this process proposes, after a random
-// prefix of its own: the ids one worker records follow one another in
-// usage_batches' primary key (its inserts land on the same few pages, not
-// all over the index), and are as unique as random ones.
+// prefix of its own: as unique as random ones, and cheaper.
 var batchIDs struct {
 	once   sync.Once
 	prefix string
@@ -120,11 +118,12 @@ func newBatchID() string {
 // few thousand tenants). Tenants with nothing to flush are left out.
 func (r *Usage) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
+	floor := time.Now().UnixMicro() // (the sequence's floor: lua/claim.lua)
 	cmds, err := r.PipelinedEach(ctx, redisfn.FnClaim, len(tenantIDs), func(i int) ([]string, []any) {
 		id := tenantIDs[i]
 		proposed[i] = newBatchID()
 		return []string{r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id)},
-			[]any{proposed[i], quota.FlushingTTL.Milliseconds()}
+			[]any{proposed[i], quota.FlushingTTL.Milliseconds(), floor}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: claim: %w", err)
@@ -143,13 +142,35 @@ func (r *Usage) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, e
 			h[flat[j]] = flat[j+1]
 		}
 		b := quota.Batch{TenantID: tenantIDs[i], ID: h["batch"], Resumed: h["batch"] != proposed[i]}
+		if seq, ok := h["seq"]; ok {
+			if b.Seq, err = strconv.ParseInt(seq, 10, 64); err != nil || b.Seq <= 0 {
+				b.Seq, err = 0, fmt.Errorf("batch sequence %q", seq)
+			}
+		}
 		delete(h, "batch")
-		if b.Rows, err = ParsePending(h); err != nil {
+		delete(h, "seq")
+		if err == nil {
+			b.Rows, err = ParsePending(h)
+		}
+		if err != nil {
 			b.Rows, b.Err = nil, fmt.Errorf("ratelimit: claim %s: %w", tenantIDs[i], err)
 		}
 		out = append(out, b)
 	}
 	return out, nil
+}
+
+// InFlight reports whether the tenant's batch in flight is still the batch
+// with id batchID (it was neither finished nor replaced by a later one).
+func (r *Usage) InFlight(ctx context.Context, tenantID, batchID string) (bool, error) {
+	id, err := r.Client().HGet(ctx, r.Key(tenantID, "flushing"), "batch").Result()
+	if errors.Is(err, redis.Nil) {
+		return false, nil
+	}
+	if err != nil {
+		return false, fmt.Errorf("ratelimit: batch in flight: %w", err)
+	}
+	return id == batchID, nil
 }
 
 // Finish drops batches Postgres has recorded, pipelined, many batches a

@@ -28,8 +28,14 @@ type PendingRow struct {
 // Batch is one tenant's pending usage taken for one flush.
 type Batch struct {
 	TenantID string
-	ID       string // recorded in the ledger with the rows: exactly once
-	Rows     []PendingRow
+	ID       string // names the batch in flight (and in usage_batches, when Seq is 0)
+	// Seq orders the tenant's batches: a later batch of the tenant has a
+	// greater one, and the ledger records a batch only if its Seq is
+	// greater than the last it recorded of the tenant (exactly once). 0
+	// for a batch claimed by a release before sequences, recorded once by
+	// its ID instead.
+	Seq  int64
+	Rows []PendingRow
 	// Resumed is true when the batch was already in flight (an earlier
 	// flush stopped, or another worker is flushing it): the tenant's newer
 	// pending usage is still waiting behind it.

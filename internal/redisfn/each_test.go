@@ -184,8 +184,9 @@ func TestPipelinedEachAnswersEachItem(t *testing.T) {
 				}
 				for i, cmd := range cmds {
 					h, err := hashOf(cmd)
-					if err != nil || len(h) != 2 || h["batch"] != "b-"+strconv.Itoa(i) || h["3600|m|u"] != strconv.Itoa(i) {
-						t.Fatalf("claim %s of tenant %d: %v, %v; want batch b-%d holding 3600|m|u %d", batch, i, h, err, i, i)
+					if seq, _ := strconv.ParseInt(h["seq"], 10, 64); err != nil || len(h) != 3 || seq <= 0 ||
+						h["batch"] != "b-"+strconv.Itoa(i) || h["3600|m|u"] != strconv.Itoa(i) {
+						t.Fatalf("claim %s of tenant %d: %v, %v; want batch b-%d with a sequence, holding 3600|m|u %d", batch, i, h, err, i, i)
 					}
 				}
 			}

@@ -1,0 +1,181 @@
+package billing
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"testing"
+	"time"
+)
+
+// errCrash stops a flush at a hook's step, as a crash would.
+var errCrash = errors.New("crash")
+
+// crashAfter returns a hook that stops the flush once it reaches step.
+func crashAfter(step string) func(string) error {
+	return func(s string) error {
+		if s == step {
+			return errCrash
+		}
+		return nil
+	}
+}
+
+// flushedRow returns the tenant's row of usage_flushed.
+func (r *rig) flushedRow(tb testing.TB, tenantID string) (seq int64, batchID string) {
+	tb.Helper()
+	if err := r.db.QueryRow(context.Background(), `SELECT seq, batch_id FROM usage_flushed WHERE tenant_id = $1`, tenantID).
+		Scan(&seq, &batchID); err != nil {
+		tb.Fatal(err)
+	}
+	return seq, batchID
+}
+
+// TestFlushRemembersOneRowPerTenant: many flushes of a tenant leave one row
+// of usage_flushed, whose sequence grows with each batch, and no batch id in
+// usage_batches; a flush that crashed after its commit is replayed by the
+// next one, which counts it once.
+func TestFlushRemembersOneRowPerTenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	id := r.tenants(t, 1, "pro")[0]
+	rc := r.reconciler()
+	var last int64
+	for i := range 5 {
+		r.admitUnits(t, id, 3)
+		mustFlush(t, rc)
+		seq, _ := r.flushedRow(t, id)
+		if seq <= last {
+			t.Fatalf("flush %d: sequence %d, not above the last one's %d", i, seq, last)
+		}
+		last = seq
+	}
+	r.admitUnits(t, id, 4)
+	rc.hook = crashAfter("committed")
+	if err := rc.Flush(ctx); !errors.Is(err, errCrash) {
+		t.Fatalf("flush: %v, want the crash after the commit", err)
+	}
+	rc.hook = func(string) error { return nil }
+	if err := r.rl.ReportActive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustFlush(t, rc) // the same batch again, then nothing new
+	if got := r.ledger(t)[id]; got != 19 {
+		t.Fatalf("ledger after a replayed batch: %d units, want 19", got)
+	}
+	var rows, ids int
+	if err := r.db.QueryRow(ctx, `SELECT (SELECT count(*) FROM usage_flushed), (SELECT count(*) FROM usage_batches)`).Scan(&rows, &ids); err != nil {
+		t.Fatal(err)
+	}
+	if rows != 1 || ids != 0 {
+		t.Fatalf("after 6 batches: %d rows of usage_flushed and %d batch ids, want 1 and none", rows, ids)
+	}
+}
+
+// TestBatchOfAnEarlierReleaseIsRecordedOnceByItsID: a batch in flight
+// without a sequence (claimed by a release before sequences) is recorded by
+// its id in usage_batches, once, however often it is replayed.
+func TestBatchOfAnEarlierReleaseIsRecordedOnceByItsID(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	id := r.tenants(t, 1, "pro")[0]
+	hour := strconv.FormatInt(time.Now().Truncate(time.Hour).Unix(), 10)
+	flushing := r.prefix + ":v1:{t:" + id + "}:flushing"
+	legacy := func() {
+		t.Helper()
+		if err := r.rdb.HSet(ctx, flushing, "batch", "0123456789abcdef0000000000000001", hour+"|demo|u", 7, hour+"|demo|r", 2).Err(); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.rdb.SAdd(ctx, r.prefix+":v1:active", id).Err(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	rc := r.reconciler()
+	for range 2 { // recorded, then the same batch in flight again
+		legacy()
+		mustFlush(t, rc)
+		if got := r.ledger(t)[id]; got != 7 {
+			t.Fatalf("ledger: %d units, want 7 (the batch once)", got)
+		}
+	}
+	var ids int
+	if err := r.db.QueryRow(ctx, `SELECT count(*) FROM usage_batches WHERE batch_id = '0123456789abcdef0000000000000001'`).Scan(&ids); err != nil {
+		t.Fatal(err)
+	}
+	if ids != 1 {
+		t.Fatalf("%d rows of the batch's id in usage_batches, want 1", ids)
+	}
+	if n, err := r.rdb.Exists(ctx, flushing).Result(); err != nil || n != 0 {
+		t.Fatalf("the batch is still in flight (%d, %v)", n, err)
+	}
+}
+
+// TestStaleClaimIsNotRecordedAgain: a worker that claimed a batch, then
+// stalled while another worker recorded that batch and the next, records
+// nothing when it comes back.
+func TestStaleClaimIsNotRecordedAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	id := r.tenants(t, 1, "pro")[0]
+	r.admitUnits(t, id, 5)
+	stale, err := r.rl.Claim(ctx, []string{id})
+	if err != nil || len(stale) != 1 || stale[0].Seq == 0 {
+		t.Fatalf("claim: %+v, %v; want one batch with a sequence", stale, err)
+	}
+	other := r.reconciler()
+	mustFlush(t, other) // records the claimed batch and drops it from Redis
+	r.admitUnits(t, id, 6)
+	mustFlush(t, other) // the next batch
+	if got := r.ledger(t)[id]; got != 11 {
+		t.Fatalf("ledger: %d, want 11", got)
+	}
+	if err := r.reconciler().recordTx(ctx, stale); err != nil {
+		t.Fatal(err)
+	}
+	if got := r.ledger(t)[id]; got != 11 {
+		t.Fatalf("ledger after the stale claim was recorded: %d, want 11 (nothing more)", got)
+	}
+}
+
+// TestBatchBelowTheLedgersSequenceIsRescued: after Redis lost its data with
+// the clocks set back, a new batch's sequence can be below the last the
+// ledger recorded of its tenant. It is still in flight, so it is recorded
+// (by its id), and once only: its replay after a crash adds nothing.
+func TestBatchBelowTheLedgersSequenceIsRescued(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	id := r.tenants(t, 1, "pro")[0]
+	invExec(t, r.db, `INSERT INTO usage_flushed (tenant_id, seq, batch_id, flushed_at) VALUES ($1, $2, 'from-before', now())`,
+		id, int64(1)<<60)
+	r.admitUnits(t, id, 8)
+	rc := r.reconciler()
+	rc.hook = crashAfter("committed")
+	if err := rc.Flush(ctx); !errors.Is(err, errCrash) {
+		t.Fatalf("flush: %v, want the crash after the commit", err)
+	}
+	if got := r.ledger(t)[id]; got != 8 {
+		t.Fatalf("ledger: %d units, want the batch's 8", got)
+	}
+	rc.hook = func(string) error { return nil }
+	if err := r.rl.ReportActive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	mustFlush(t, rc)
+	if got := r.ledger(t)[id]; got != 8 {
+		t.Fatalf("ledger after the replay: %d units, want 8", got)
+	}
+	seq, batch := r.flushedRow(t, id)
+	if seq != int64(1)<<60 || batch == "from-before" {
+		t.Fatalf("usage_flushed: sequence %d, batch %q; want the greater sequence kept and the rescued batch's id", seq, batch)
+	}
+	if _, err := r.rl.Claim(ctx, []string{id}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := r.rdb.Exists(ctx, r.prefix+":v1:{t:"+id+"}:flushing").Result(); err != nil || n != 0 {
+		t.Fatalf("a batch is in flight after the replay (%d, %v)", n, err)
+	}
+}
