@@ -18,7 +18,7 @@ import (
 
 // slotTenants returns n tenant ids whose keys are in the eight slots s
 // with s%2048 == 5 (spread over the masters of a cluster), about n/8 a
-// slot: in a cluster, tenants that go many to a call of each.
+// slot: in a cluster, many tenants of the same slots.
 func slotTenants(n int) []string {
 	base := "tn-" + testenv.RandomHex(4) + "-"
 	var ids []string
@@ -32,8 +32,8 @@ func slotTenants(n int) []string {
 }
 
 // TestClaimFinishDoneOverManyTenants: the worker's flush of 1,200 tenants
-// (many to a call; in a cluster 600 of them in eight slots, the others
-// anywhere), on a single Redis and on a Redis Cluster: every tenant with
+// (more than one pipeline; in a cluster 600 of them in eight slots, the
+// others anywhere), on a single Redis and on a Redis Cluster: every tenant with
 // usage is claimed once, with its rows (a tenant's unreadable field is its
 // batch's Err, no other's); a second claim returns the same batches,
 // resumed; Finish drops only the batches it names by their ids; Done takes

@@ -32,10 +32,6 @@ func (r *Usage) ActiveTenants(ctx context.Context) ([]string, error) {
 	return ids, nil
 }
 
-// sweepPart is how many tenants SweepTenants checks at a time, so that
-// its calls' memory stays bounded whatever the keyspace.
-const sweepPart = 2000
-
 // SweepTenants finds every tenant with pending or in-flight usage by
 // scanning the keyspace (every master of a cluster). It is the worker's
 // safety net for tenants whose API node died before reporting them; its cost
@@ -75,13 +71,12 @@ func (r *Usage) SweepTenants(ctx context.Context) ([]string, error) {
 		out = append(out, id)
 	}
 	// A state hash holds pending usage only for some of its life: keep the
-	// tenants that have some (or a pending hash), in pipelined checks of
-	// sweepPart tenants at a time (many tenants a call).
+	// tenants that have some (or a pending hash), in pipelined checks.
 	var kept []string
-	for start := 0; start < len(out); start += sweepPart {
-		ids := out[start:min(start+sweepPart, len(out))]
-		has, err := r.PipelinedEach(ctx, redisfn.FnPending, len(ids), func(i int) ([]string, []any) {
-			return r.PendingKeys(ids[i]), []any{"any"}
+	for start := 0; start < len(out); start += 500 {
+		ids := out[start:min(start+500, len(out))]
+		has, err := r.Pipelined(ctx, len(ids), func(i int) (redisfn.Fn, []string, []any) {
+			return redisfn.FnPending, r.PendingKeys(ids[i]), []any{"any"}
 		})
 		if err != nil {
 			return nil, fmt.Errorf("ratelimit: sweep: %w", err)
@@ -112,17 +107,35 @@ func newBatchID() string {
 	return batchIDs.prefix + fmt.Sprintf("%016x", batchIDs.n.Add(1))
 }
 
+// pipelinePart is the most calls Claim and Finish send in one pipeline,
+// so that the answers to one pipeline come back well within the client's
+// read timeout also when Redis is busy.
+const pipelinePart = 500
+
+// pipelinedParts is pipelined in pipelines of at most pipelinePart calls,
+// one after the other.
+func (r *Usage) pipelinedParts(ctx context.Context, n int, each func(i int) (redisfn.Fn, []string, []any)) ([]*redis.Cmd, error) {
+	cmds := make([]*redis.Cmd, 0, n)
+	for start := 0; start < n; start += pipelinePart {
+		part, err := r.Pipelined(ctx, min(pipelinePart, n-start), func(i int) (redisfn.Fn, []string, []any) { return each(start + i) })
+		if err != nil {
+			return nil, err
+		}
+		cmds = append(cmds, part...)
+	}
+	return cmds, nil
+}
+
 // Claim takes the pending usage of each tenant as a batch (or returns the
-// batch already in flight), pipelined, up to redisfn.EachGroup tenants a
-// call where they may share one (redisfn.PipelinedEach: a round trip per
-// few thousand tenants). Tenants with nothing to flush are left out.
+// batch already in flight), pipelined (a round trip per pipelinePart
+// tenants). Tenants with nothing to flush are left out.
 func (r *Usage) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
 	floor := time.Now().UnixMicro() // (the sequence's floor: lua/claim.lua)
-	cmds, err := r.PipelinedEach(ctx, redisfn.FnClaim, len(tenantIDs), func(i int) ([]string, []any) {
+	cmds, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (redisfn.Fn, []string, []any) {
 		id := tenantIDs[i]
 		proposed[i] = newBatchID()
-		return []string{r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id)},
+		return redisfn.FnClaim, []string{r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id)},
 			[]any{proposed[i], quota.FlushingTTL.Milliseconds(), floor}
 	})
 	if err != nil {
@@ -173,12 +186,12 @@ func (r *Usage) InFlight(ctx context.Context, tenantID, batchID string) (bool, e
 	return id == batchID, nil
 }
 
-// Finish drops batches Postgres has recorded, pipelined, many batches a
-// call as Claim takes them (redisfn.PipelinedEach).
+// Finish drops batches Postgres has recorded, pipelined (a round trip per
+// pipelinePart batches).
 func (r *Usage) Finish(ctx context.Context, batches []quota.Batch) error {
-	_, err := r.PipelinedEach(ctx, redisfn.FnFinish, len(batches), func(i int) ([]string, []any) {
+	_, err := r.pipelinedParts(ctx, len(batches), func(i int) (redisfn.Fn, []string, []any) {
 		b := batches[i]
-		return []string{r.Key(b.TenantID, "flushing")}, []any{b.ID}
+		return redisfn.FnFinish, []string{r.Key(b.TenantID, "flushing")}, []any{b.ID}
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: finish: %w", err)
@@ -194,8 +207,8 @@ func (r *Usage) Done(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
-	exists, err := r.PipelinedEach(ctx, redisfn.FnPending, len(tenantIDs), func(i int) ([]string, []any) {
-		return r.PendingKeys(tenantIDs[i]), []any{"any"}
+	exists, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (redisfn.Fn, []string, []any) {
+		return redisfn.FnPending, r.PendingKeys(tenantIDs[i]), []any{"any"}
 	})
 	if err != nil {
 		return fmt.Errorf("ratelimit: done: %w", err)

@@ -2,10 +2,9 @@
 // called, and the layout of the keys the functions work on: Store is a
 // client under a key prefix with the library (library.go: loaded with
 // FUNCTION LOAD on every master, called with FCALL, sent again only when
-// Redis ran nothing; each.go: the worker's per-tenant calls, many tenants
-// to a call), the tenant key layout (Key, StateKey, the active set, the
-// epoch keys' slots), the node's active tenants (MarkActive, TakeActive)
-// and the arguments the functions share (args.go).
+// Redis ran nothing), the tenant key layout (Key, StateKey, the active
+// set, the epoch keys' slots), the node's active tenants (MarkActive,
+// TakeActive) and the arguments the functions share (args.go).
 //
 // The parts of the Redis side embed the one Store of a node:
 // internal/ratelimit (admission), internal/pending (pending usage and its

@@ -52,7 +52,6 @@ const (
 	FnClaim
 	FnFinish
 	FnPending
-	FnEach
 	FnIdem
 	FnPolicyRun
 	FnMeterPeek
@@ -80,7 +79,6 @@ var functions = [fnCount]struct {
 	FnClaim:          {"claim", "claim.lua", false},
 	FnFinish:         {"finish", "finish.lua", false},
 	FnPending:        {"pending", "pending.lua", true},
-	FnEach:           {"each", "each.lua", false},
 	FnIdem:           {"idem", "idem.lua", false},
 	FnPolicyRun:      {"policy_run", "policy_run.lua", false},
 	FnMeterPeek:      {"meter_peek", "peek.lua", true},
@@ -128,8 +126,7 @@ library's version.
 
 -- KEYS and ARGV are the keys and arguments of the call running, set at its
 -- entry (Redis runs one function at a time), so that the functions read
--- them as a script reads its own; each (lua/each.lua) sets them to each of
--- its items' in turn.
+-- them as a script reads its own.
 local KEYS, ARGV
 
 -- FN holds each function of the library by name, as its file defines it.
@@ -357,17 +354,13 @@ func (l *library) send(ctx context.Context, c redis.UniversalClient, cmds []*red
 // or new: a reshard, a failover to a replica that did not have it), a
 // pause first for the rest (a slot migrating, a failover settling). A call
 // Redis did not run counts nothing: sending it again counts nothing twice.
-// A call of each answered TRYAGAIN (its slot migrating, some of its keys
-// moved already: a call of many tenants' keys sees it far more often than
-// a call of one tenant's) is not sent again: PipelinedEach sends its items
-// one call each.
 func (l *library) resend(ctx context.Context, c redis.UniversalClient, cmds []*redis.Cmd) {
 	pause := resendPause
 	for round := range resendRounds {
 		var again []int
 		missing, wait := false, false
 		for i, cmd := range cmds {
-			if err := cmd.Err(); resendable(err) && !(l.grouped(cmd) && redis.HasErrorPrefix(err, "TRYAGAIN")) {
+			if err := cmd.Err(); resendable(err) {
 				again = append(again, i)
 				if functionMissing(err) {
 					missing = true
@@ -416,12 +409,6 @@ func (l *library) resend(ctx context.Context, c redis.UniversalClient, cmds []*r
 			return nil
 		})
 	}
-}
-
-// grouped reports whether cmd is a call of the function each.
-func (l *library) grouped(cmd *redis.Cmd) bool {
-	args := cmd.Args()
-	return len(args) > 1 && args[1] == l.names[FnEach]
 }
 
 // Pipelined sends n calls of the library as one pipeline, call i that of

@@ -117,16 +117,6 @@ func TestLoadFunctionsNamesOtherReleases(t *testing.T) {
 // answers FUNCTION (an unknown command), and returns a client of it.
 func fakeOldRedis(t *testing.T) *redis.Client {
 	t.Helper()
-	return fakeRedis(t, func(args []string) string {
-		return fmt.Sprintf("-ERR unknown command `%s`, with args beginning with: \r\n", args[0])
-	})
-}
-
-// fakeRedis answers every command on a loopback port with what answer
-// returns for its arguments (a RESP reply, its CRLF included), and returns
-// a client of it.
-func fakeRedis(t *testing.T, answer func(args []string) string) *redis.Client {
-	t.Helper()
 	addr := testenv.ServeConns(t, func(c net.Conn) {
 		r := bufio.NewReader(c)
 		for {
@@ -150,9 +140,7 @@ func fakeRedis(t *testing.T, answer func(args []string) string) *redis.Client {
 				}
 				args = append(args, string(arg[:size]))
 			}
-			if _, err := io.WriteString(c, answer(args)); err != nil {
-				return
-			}
+			fmt.Fprintf(c, "-ERR unknown command `%s`, with args beginning with: \r\n", args[0])
 		}
 	})
 	c := redis.NewClient(&redis.Options{Addr: addr, Protocol: 2, DisableIdentity: true, MaxRetries: -1})
