@@ -800,7 +800,7 @@ func correct(ctx context.Context, tx pgx.Tx, batches []quota.Batch) error {
 			FROM unnest($1::uuid[], $2::timestamptz[], $3::text[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[],
 			            $8::bigint[], $9::bigint[], $10::bigint[])
 			     AS r(tenant, hour, meter, units, requests, rejected, overage, shadow_refused, degraded, meter_overage)
-			JOIN tenants t ON t.id = r.tenant
+			CROSS JOIN LATERAL (SELECT t.id FROM tenants t WHERE t.id = r.tenant OFFSET 0) t
 			GROUP BY t.id, r.hour, r.meter
 		), upd AS (
 			UPDATE usage u SET
@@ -858,15 +858,19 @@ func (r *Reconciler) prune(ctx context.Context) error {
 func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []string) error {
 	month := quota.MonthStart(r.now())
 	_, err := tx.Exec(ctx, `
+		-- Each tenant, its grants and its sums are looked up through their
+		-- keys, one probe a tenant (OFFSET 0 keeps the planner from
+		-- scanning whole tables for a chunk's 2,000 ids instead).
 		WITH t AS MATERIALIZED (
 			-- (each tenant looked up once, for both kinds of quota)
 			SELECT t.id, t.overrides, tr.monthly_quota, tr.meter_quotas
-			FROM tenants t JOIN tiers tr ON tr.slug = t.tier
-			WHERE t.id = ANY($1::uuid[])
+			FROM unnest($1::uuid[]) AS ids(id)
+			CROSS JOIN LATERAL (SELECT t.id, t.tier, t.overrides FROM tenants t WHERE t.id = ids.id OFFSET 0) t
+			JOIN tiers tr ON tr.slug = t.tier
 		), g AS (
-			SELECT g.tenant_id, sum(g.units) AS units FROM grants g
-			WHERE g.tenant_id = ANY($1::uuid[]) AND g.period = 'month' AND g.period_start = $2::date
-			GROUP BY g.tenant_id
+			SELECT t.id AS tenant_id, g.units FROM t
+			CROSS JOIN LATERAL (SELECT sum(g.units) AS units FROM grants g
+			                    WHERE g.tenant_id = t.id AND g.period = 'month' AND g.period_start = $2::date) g
 		), q AS (
 			SELECT t.id,
 			       CASE WHEN t.overrides ? 'monthly_quota' THEN (t.overrides->>'monthly_quota')::bigint
@@ -877,8 +881,9 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 			FROM t, jsonb_array_elements(t.meter_quotas) AS m
 			WHERE m->>'monthly_quota' IS NOT NULL
 		), tot AS MATERIALIZED (
-			SELECT s.tenant_id, s.meter, s.units FROM usage_month_totals s
-			WHERE s.tenant_id = ANY($1::uuid[]) AND s.month = $2
+			SELECT s.tenant_id, s.meter, s.units FROM t
+			CROSS JOIN LATERAL (SELECT s.tenant_id, s.meter, s.units FROM usage_month_totals s
+			                    WHERE s.tenant_id = t.id AND s.month = $2 OFFSET 0) s
 		), used AS (
 			SELECT q.id, ''::text AS meter, q.quota, coalesce(sum(tot.units), 0)::bigint AS units
 			FROM q LEFT JOIN tot ON tot.tenant_id = q.id
@@ -894,7 +899,7 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 		FROM used CROSS JOIN (VALUES (80), (100)) AS th(pct)
 		WHERE used.units * 100 >= used.quota * th.pct
 		ON CONFLICT (tenant_id, kind, period, meter, threshold) DO NOTHING`,
-		ids, month)
+		customPlan, ids, month)
 	if err != nil {
 		return fmt.Errorf("billing: record crossings: %w", err)
 	}
