@@ -5,7 +5,8 @@
 // the HTTP layer reads from it.
 //
 // It writes these tables: the ledger (usage and its monthly partitions,
-// usage_monthly, usage_batches), invoices, invoice_lines,
+// usage_monthly; usage_month_totals through usage's triggers; usage_flushed
+// and usage_batches, which count each batch once), invoices, invoice_lines,
 // invoice_period_totals and invoice_late_adjustments, credits and
 // credit_draws, the alerts outbox, and its own entries in audit_log. Tiers,
 // tenants, keys and grants are the catalog's (internal/catalogdb): billing
@@ -17,7 +18,7 @@
 //
 // Each concern has its files, each the one owner of its part:
 //
-//	reconcile.go          the flush: claim in Redis, record once in Postgres, finish; stuck batches; pruning
+//	reconcile.go          the flush: claim in Redis, record once in Postgres (each tenant's batch sequence), finish; stuck batches; the quota check; pruning
 //	repair_calendar.go    the repair of Redis' counters from the ledger after Redis lost data
 //	outage.go             fail-open usage an API node admitted while Redis was away, recorded once
 //	late.go               usage recorded after its period's invoice became final: credits on the next one
