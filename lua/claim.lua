@@ -3,8 +3,9 @@ as one batch for the worker.
 
 If a batch is already in flight (a worker died, or another one is flushing
 it), that batch is returned again, unchanged, so that it is recorded in
-Postgres exactly once under its id. Otherwise the pending usage is moved to
-the flushing hash, tagged with the new batch id: the pending hash is
+Postgres exactly once (by its sequence, below). Otherwise the pending usage
+is moved to the flushing hash, tagged with the new batch id and sequence:
+the pending hash is
 renamed, and the "p" fields of the state hash (state.lua) are moved
 (summed into the same fields when both hold an hour and meter; a
 "units,requests" field into its |u and |r) and deleted from it
@@ -14,24 +15,24 @@ between the two.
 
 KEYS (the tenant's hash tag {t:<id>})
   KEYS[1] <prefix>:v1:{t:<id>}:pending   hash "<hour unix s>|<meter>|u|r|x|o" -> count
-  KEYS[2] <prefix>:v1:{t:<id>}:flushing  hash: the same fields plus "batch" -> batch id
+  KEYS[2] <prefix>:v1:{t:<id>}:flushing  hash: the same fields plus "batch" -> batch id, "seq" -> sequence
   KEYS[3] <prefix>:v2:{t:<id>}           the state hash: "p<hour>|<meter>|" ... fields
 ARGV
   [1] a new batch id (used only when no batch is in flight)
   [2] TTL of the flushing hash, ms (bounds an abandoned batch)
-  [3] the worker's clock, us since the Unix epoch (a floor of the new
-      batch's sequence)
 Return: {} when there is nothing to flush, else the flat HGETALL of the
 flushing hash (its "batch" field names the batch, its "seq" field is the
 batch's sequence).
 
 The sequence orders a tenant's batches for the ledger, which remembers the
-last it recorded of each tenant (usage_flushed) and records a batch only
-if its sequence is greater: Redis' clock in microseconds, or the worker's
-if that is later, so that it grows from one batch to the next of a tenant
-(a batch is claimed only after the one before it was recorded) also after
-Redis lost its data. (A batch claimed by a release before sequences has
-no "seq": the ledger records it by its id, in usage_batches.)
+last it recorded of each tenant (usage_flushed) and records a batch, once,
+only if its sequence is greater: Redis' clock in microseconds, which grows
+from one batch of a tenant to the next (a batch is claimed only after the
+one before it was recorded and dropped). Should the clock go back, the
+ledger still records a batch it finds in flight and has not recorded
+(internal/billing, rescue). A batch claimed by a release before sequences
+has no "seq": the ledger records it by its id, in usage_batches, as that
+release did.
 ]]
 do
 -- hincrby adds n to field name of the hash key (each_pending's f).
@@ -60,8 +61,7 @@ if redis.call('EXISTS', KEYS[2]) == 0 then
     redis.call('HDEL', KEYS[3], unpack(moved))
   end
   local t = redis.call('TIME')
-  local seq = math.max(tonumber(t[1]) * 1000000 + tonumber(t[2]), tonumber(ARGV[3]) or 0)
-  redis.call('HSET', KEYS[2], 'batch', ARGV[1], 'seq', string.format('%d', seq))
+  redis.call('HSET', KEYS[2], 'batch', ARGV[1], 'seq', t[1] .. string.format('%06d', tonumber(t[2])))
   redis.call('PEXPIRE', KEYS[2], ARGV[2])
 end
 return redis.call('HGETALL', KEYS[2])

@@ -6,9 +6,11 @@
 -- Statement triggers on usage keep it exact in the transaction of every
 -- write to the ledger, whoever makes it: the flush's upserts, refunds'
 -- corrections, deletions (a tenant's, by cascade). A row is locked only by
--- writes of its own tenant, which the flush makes one after the other. The
--- months whose hourly detail the retention rolls up into usage_monthly
--- leave this table with it (billing.Partitions.DropBefore).
+-- writes of its own tenant: the flush's, one after the other, and rarely an
+-- API node's outage batch (two such writers of several meters at once may
+-- deadlock; Postgres then fails one, which is retried). The months whose
+-- hourly detail the retention rolls up into usage_monthly leave this table
+-- with it (billing.Partitions.DropBefore).
 CREATE TABLE usage_month_totals (
     tenant_id uuid NOT NULL REFERENCES tenants (id) ON DELETE CASCADE,
     month     timestamptz NOT NULL CHECK (month = date_trunc('month', month, 'UTC')),
@@ -20,9 +22,9 @@ CREATE TABLE usage_month_totals (
 CREATE FUNCTION usage_month_totals_track() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     -- Each statement's change of each month's sum, added to its row. The
-    -- flush's inserts and updates are upserts: each row is found through
-    -- the primary key, whatever the statistics say of this table or of the
-    -- transition tables.
+    -- inserts and updates (the flush's) are upserts: each row is found
+    -- through the primary key, whatever the statistics say of this table
+    -- or of the transition tables.
     IF TG_OP = 'INSERT' THEN
         INSERT INTO usage_month_totals AS s (tenant_id, month, meter, units)
         SELECT tenant_id, date_trunc('month', hour, 'UTC'), meter, sum(units)

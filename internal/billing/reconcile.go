@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -61,7 +62,7 @@ type pendingUsage interface {
 	SweepTenants(ctx context.Context) ([]string, error)
 	Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error)
 	Finish(ctx context.Context, batches []quota.Batch) error
-	InFlight(ctx context.Context, tenantID, batchID string) (bool, error)
+	InFlight(ctx context.Context, batches []quota.Batch) ([]bool, error)
 	Done(ctx context.Context, tenantIDs []string) error
 	EpochLost(ctx context.Context) (bool, error)
 	MarkRestoring(ctx context.Context) error
@@ -74,10 +75,11 @@ type pendingUsage interface {
 // once, and repairs Redis' quota counters after Redis lost data.
 //
 // Exactly once: a tenant's pending usage is claimed in Redis as a batch with
-// an id (lua/claim.lua); the batch id is inserted into usage_batches in the
-// same transaction as the batch's usage rows, and only a batch whose id was
-// new adds its rows; the batch is dropped from Redis only after the commit
-// (lua/finish.lua). A crash between any two steps leaves the batch in
+// an id and a sequence (lua/claim.lua); in the same transaction as the
+// batch's usage rows the batch becomes its tenant's last recorded
+// (usage_flushed), and adds its rows, only if its sequence is greater than
+// the last's (newBatches); the batch is dropped from Redis only after the
+// commit (lua/finish.lua). A crash between any two steps leaves the batch in
 // flight, and the next cycle (of this or another worker) flushes that same
 // batch again, which Postgres then counts once. Two workers claiming the
 // same tenant get the same batch.
@@ -463,8 +465,8 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error 
 	return nil
 }
 
-// record inserts the batches' ids and, for the ids that are new, adds their
-// usage rows to the ledger, and credits what rows of a period whose invoice
+// record finds which batches are new (newBatches) and adds their usage rows
+// to the ledger, and credits what rows of a period whose invoice
 // is final give back (see "Late usage" in late.go); then writes the
 // threshold crossings those rows cause to the alerts outbox. All in the
 // caller's transaction. It returns the units the new batches added and
@@ -530,6 +532,12 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	return units, tally, nil
 }
 
+// recentSeqs is how many of a tenant's last recorded batch sequences
+// usage_flushed keeps (recent): a batch found in flight again after
+// Redis went back to older data (a restart from its files, a failover to
+// a replica behind) is one of them, and is not recorded twice.
+const recentSeqs = 16
+
 // newBatches records which of the batches are new, in the caller's
 // transaction, and returns them by id. A batch with a sequence is new if
 // its sequence is greater than the last the ledger recorded of its tenant
@@ -539,19 +547,21 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 // is no UUID, is not new: nothing is recorded of it, and the flush drops
 // it from Redis as it does a batch recorded before.
 //
-// A batch whose sequence is not greater, and which is not the last
-// recorded of its tenant, is normally one whose claim is stale: another
-// worker recorded it, dropped it from Redis and recorded a later one
-// meanwhile. It may instead be new with a smaller sequence, if Redis lost
-// its data and both clocks went back: then it is still in flight in
-// Redis, and it is recorded by its id (rescue).
+// A batch whose sequence is not greater is normally recorded already: a
+// replay after a crash, a claim that went stale while another worker
+// recorded the batch and a later one, or a batch Redis holds in flight
+// again after it went back to older data; its sequence is then among the
+// tenant's recent ones. One that is not, and is still in flight in Redis,
+// is new with a smaller sequence: Redis' clock went back (after it lost
+// its data, or on another master after its slot moved). It is recorded
+// (rescue).
 func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (map[string]bool, error) {
 	var (
 		lIDs, lTenants    []string // without a sequence: usage_batches
 		lUnits, lRequests []int64
 		sTenants, sIDs    []string // with one: usage_flushed
 		sSeqs             []int64
-		byTenant          = map[string]quota.Batch{}
+		sBatches          []quota.Batch
 	)
 	for _, b := range batches {
 		if !quota.ValidID(b.TenantID) {
@@ -560,7 +570,7 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		}
 		if b.Seq > 0 {
 			sTenants, sIDs, sSeqs = append(sTenants, b.TenantID), append(sIDs, b.ID), append(sSeqs, b.Seq)
-			byTenant[b.TenantID] = b
+			sBatches = append(sBatches, b)
 			continue
 		}
 		var u, q int64
@@ -591,19 +601,20 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		// deadlock. Each tenant is looked up through its key: OFFSET 0
 		// keeps the planner from joining all tenants instead.)
 		err := collect(tx.Query(ctx, `
-			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, flushed_at)
-			SELECT t.id, b.seq, b.id, $4
+			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at)
+			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4
 			FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS b(tenant, seq, id)
 			CROSS JOIN LATERAL (SELECT t.id FROM tenants t WHERE t.id = b.tenant OFFSET 0) t
 			ORDER BY t.id
-			ON CONFLICT (tenant_id) DO UPDATE SET seq = EXCLUDED.seq, batch_id = EXCLUDED.batch_id, flushed_at = EXCLUDED.flushed_at
+			ON CONFLICT (tenant_id) DO UPDATE SET seq = EXCLUDED.seq, batch_id = EXCLUDED.batch_id,
+				recent = (EXCLUDED.recent || f.recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = EXCLUDED.flushed_at
 			WHERE f.seq < EXCLUDED.seq
 			RETURNING f.batch_id`, customPlan, sTenants, sSeqs, sIDs, r.now()))
 		if err != nil {
 			return nil, err
 		}
-		if len(isNew) < len(sTenants) {
-			if err := r.rescue(ctx, tx, byTenant, isNew); err != nil {
+		if len(isNew) < len(sTenants) && r.rl != nil {
+			if err := r.rescue(ctx, tx, sBatches, isNew); err != nil {
 				return nil, err
 			}
 		}
@@ -624,54 +635,62 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 }
 
 // rescue records, among the batches with a sequence that newBatches did not
-// find new, those that are still in flight in Redis although the ledger
-// holds a later sequence of their tenant (see newBatches): by their id,
-// which becomes the tenant's last recorded (the sequence kept, the
-// greater). The others (recorded before, stale, of a tenant deleted) are
-// left out.
-func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, byTenant map[string]quota.Batch, isNew map[string]bool) error {
+// find new, those that are new all the same (see newBatches): their
+// sequence is not among their tenant's recent ones and they are still in
+// flight in Redis. Each is added to the recent ones (the greater sequence
+// kept) under the tenant's row lock, which the upsert took: a worker
+// recording the same batch at once waits, then finds it there.
+func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batch, isNew map[string]bool) error {
 	var tenants []string
-	for id, b := range byTenant {
+	for _, b := range batches {
 		if !isNew[b.ID] {
-			tenants = append(tenants, id)
+			tenants = append(tenants, b.TenantID)
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT tenant_id::text, batch_id FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
+	type head struct {
+		Tenant string
+		Recent []int64
+	}
+	rows, err := tx.Query(ctx, `SELECT tenant_id::text, recent FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
 	if err != nil {
 		return fmt.Errorf("billing: record batches: %w", err)
 	}
-	last := map[string]string{}
-	for rows.Next() {
-		var tenant, id string
-		if err := rows.Scan(&tenant, &id); err != nil {
-			return fmt.Errorf("billing: record batches: %w", err)
-		}
-		last[tenant] = id
-	}
-	if err := rows.Err(); err != nil {
+	heads, err := pgx.CollectRows(rows, pgx.RowToStructByPos[head])
+	if err != nil {
 		return fmt.Errorf("billing: record batches: %w", err)
 	}
-	for _, tenant := range tenants {
-		b := byTenant[tenant]
-		id, ok := last[tenant]
-		if !ok || id == b.ID {
-			continue // a tenant deleted, or this batch recorded before
+	recent := make(map[string][]int64, len(heads))
+	for _, h := range heads {
+		recent[h.Tenant] = h.Recent
+	}
+	var suspects []quota.Batch
+	for _, b := range batches {
+		seqs, ok := recent[strings.ToLower(b.TenantID)]
+		if isNew[b.ID] || !ok || slices.Contains(seqs, b.Seq) {
+			continue // new, of a tenant deleted, or recorded before
 		}
-		live, err := r.rl.InFlight(ctx, tenant, b.ID)
-		if err != nil {
-			return err
+		suspects = append(suspects, b)
+	}
+	if len(suspects) == 0 {
+		return nil
+	}
+	live, err := r.rl.InFlight(ctx, suspects)
+	if err != nil {
+		return err
+	}
+	for k, b := range suspects {
+		if !live[k] {
+			continue // recorded, dropped from Redis, followed by another
 		}
-		if !live {
-			continue // stale: recorded, dropped and followed by another
-		}
-		tag, err := tx.Exec(ctx, `UPDATE usage_flushed SET batch_id = $2, flushed_at = $3 WHERE tenant_id = $1 AND batch_id <> $2`,
-			tenant, b.ID, r.now())
+		tag, err := tx.Exec(ctx, `
+			UPDATE usage_flushed SET batch_id = $2, recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = $4
+			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now())
 		if err != nil {
 			return fmt.Errorf("billing: record batches: %w", err)
 		}
 		if tag.RowsAffected() == 1 {
-			r.log.Warn("usage batch with a sequence below the ledger's recorded by its id (Redis lost its data and the clocks went back?)",
-				"tenant_id", tenant, "batch_id", b.ID, "seq", b.Seq)
+			r.log.Warn("usage batch with a sequence below its tenant's last recorded by its own (Redis' clock went back)",
+				"tenant_id", b.TenantID, "batch_id", b.ID, "seq", b.Seq)
 			isNew[b.ID] = true
 		}
 	}
@@ -771,9 +790,9 @@ func isCorrection(row quota.PendingRow) bool {
 // at most the units); the others are inserted, clamped likewise. They cannot
 // go through record's upsert: Postgres checks a proposed row's CHECK
 // constraints (units >= 0, overage_units <= units) before ON CONFLICT.
-// Another transaction cannot insert the same rows meanwhile, since a
-// tenant's batches are recorded one after the other; ON CONFLICT only guards
-// that.
+// Another transaction may insert the same rows meanwhile only rarely (an
+// API node's outage batch of the same tenant and hour, RecordOutage); ON
+// CONFLICT guards that.
 func correct(ctx context.Context, tx pgx.Tx, batches []quota.Batch) error {
 	var (
 		tenant, meter []string
@@ -870,7 +889,7 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 		), g AS (
 			SELECT t.id AS tenant_id, g.units FROM t
 			CROSS JOIN LATERAL (SELECT sum(g.units) AS units FROM grants g
-			                    WHERE g.tenant_id = t.id AND g.period = 'month' AND g.period_start = $2::date) g
+			                    WHERE g.tenant_id = t.id AND g.period = 'month' AND g.period_start = $3::date) g
 		), q AS (
 			SELECT t.id,
 			       CASE WHEN t.overrides ? 'monthly_quota' THEN (t.overrides->>'monthly_quota')::bigint
@@ -883,7 +902,7 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 		), tot AS MATERIALIZED (
 			SELECT s.tenant_id, s.meter, s.units FROM t
 			CROSS JOIN LATERAL (SELECT s.tenant_id, s.meter, s.units FROM usage_month_totals s
-			                    WHERE s.tenant_id = t.id AND s.month = $2 OFFSET 0) s
+			                    WHERE s.tenant_id = t.id AND s.month = $2::timestamptz OFFSET 0) s
 		), used AS (
 			SELECT q.id, ''::text AS meter, q.quota, coalesce(sum(tot.units), 0)::bigint AS units
 			FROM q LEFT JOIN tot ON tot.tenant_id = q.id
@@ -895,11 +914,11 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 			WHERE mq.quota > 0
 		)
 		INSERT INTO alerts (tenant_id, period, threshold, units, quota, meter)
-		SELECT used.id, $2::date, th.pct, used.units, used.quota, used.meter
+		SELECT used.id, $3::date, th.pct, used.units, used.quota, used.meter
 		FROM used CROSS JOIN (VALUES (80), (100)) AS th(pct)
 		WHERE used.units * 100 >= used.quota * th.pct
 		ON CONFLICT (tenant_id, kind, period, meter, threshold) DO NOTHING`,
-		customPlan, ids, month)
+		customPlan, ids, month, month.Format(time.DateOnly))
 	if err != nil {
 		return fmt.Errorf("billing: record crossings: %w", err)
 	}

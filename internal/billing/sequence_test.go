@@ -6,6 +6,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // errCrash stops a flush at a hook's step, as a crash would.
@@ -140,10 +142,10 @@ func TestStaleClaimIsNotRecordedAgain(t *testing.T) {
 	}
 }
 
-// TestBatchBelowTheLedgersSequenceIsRescued: after Redis lost its data with
-// the clocks set back, a new batch's sequence can be below the last the
-// ledger recorded of its tenant. It is still in flight, so it is recorded
-// (by its id), and once only: its replay after a crash adds nothing.
+// TestBatchBelowTheLedgersSequenceIsRescued: after Redis' clock went back,
+// a new batch's sequence can be below the last the ledger recorded of its
+// tenant, and not among its recent ones. It is still in flight, so it is
+// recorded, and once only: its replay after a crash adds nothing.
 func TestBatchBelowTheLedgersSequenceIsRescued(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
@@ -177,5 +179,81 @@ func TestBatchBelowTheLedgersSequenceIsRescued(t *testing.T) {
 	}
 	if n, err := r.rdb.Exists(ctx, r.prefix+":v1:{t:"+id+"}:flushing").Result(); err != nil || n != 0 {
 		t.Fatalf("a batch is in flight after the replay (%d, %v)", n, err)
+	}
+}
+
+// TestBatchInFlightAgainAfterRedisWentBackIsNotRecordedTwice: Redis goes
+// back to data from before a recorded batch was dropped (a restart from its
+// files, a failover to a replica behind): the batch is in flight again
+// after a later one was recorded. Its sequence is among its tenant's
+// recent ones, so it is dropped, not recorded twice.
+func TestBatchInFlightAgainAfterRedisWentBackIsNotRecordedTwice(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	id := r.tenants(t, 1, "pro")[0]
+	flushing := r.prefix + ":v1:{t:" + id + "}:flushing"
+	var saved map[string]string
+	rc := r.reconciler()
+	rc.hook = func(step string) error {
+		if step == "claimed" && saved == nil {
+			var err error
+			saved, err = r.rdb.HGetAll(ctx, flushing).Result()
+			return err
+		}
+		return nil
+	}
+	r.admitUnits(t, id, 5)
+	mustFlush(t, rc)
+	r.admitUnits(t, id, 6)
+	mustFlush(t, rc)
+	if len(saved) == 0 || saved["seq"] == "" {
+		t.Fatalf("the first batch as claimed: %v", saved)
+	}
+	if err := r.rdb.HSet(ctx, flushing, saved).Err(); err != nil { // Redis went back
+		t.Fatal(err)
+	}
+	if err := r.rdb.SAdd(ctx, r.prefix+":v1:active", id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	mustFlush(t, rc)
+	if got := r.ledger(t)[id]; got != 11 {
+		t.Fatalf("ledger: %d units, want 11 (the first batch once)", got)
+	}
+	if n, err := r.rdb.Exists(ctx, flushing).Result(); err != nil || n != 0 {
+		t.Fatalf("the old batch is still in flight (%d, %v)", n, err)
+	}
+}
+
+// TestQuotaCheckIgnoresTheSessionTimeZone: the check of monthly quotas finds
+// the month's sums whatever the session's TimeZone (the months are UTC).
+func TestQuotaCheckIgnoresTheSessionTimeZone(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	id := r.tenants(t, 1, "pro")[0]
+	var q int64
+	if err := r.db.QueryRow(ctx, `SELECT monthly_quota FROM tiers WHERE slug = 'pro'`).Scan(&q); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now().UTC()
+	invExec(t, r.db, `INSERT INTO usage (tenant_id, hour, meter, units, requests) VALUES ($1, $2, 'demo', $3, 1)`,
+		id, now.Truncate(time.Hour), q)
+	rc := NewReconciler(r.db, nil, func() time.Time { return now }, quiet)
+	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, `SET LOCAL TimeZone = 'Pacific/Kiritimati'`); err != nil { // UTC+14
+			return err
+		}
+		return rc.recordCrossings(ctx, tx, []string{id})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int
+	if err := r.db.QueryRow(ctx, `SELECT count(*) FROM alerts WHERE tenant_id = $1`, id).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	if n != 2 {
+		t.Fatalf("%d alerts for a month at 100 %% of its quota, want 2 (80 %% and 100 %%)", n)
 	}
 }

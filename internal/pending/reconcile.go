@@ -131,12 +131,11 @@ func (r *Usage) pipelinedParts(ctx context.Context, n int, each func(i int) (red
 // tenants). Tenants with nothing to flush are left out.
 func (r *Usage) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
-	floor := time.Now().UnixMicro() // (the sequence's floor: lua/claim.lua)
 	cmds, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (redisfn.Fn, []string, []any) {
 		id := tenantIDs[i]
 		proposed[i] = newBatchID()
 		return redisfn.FnClaim, []string{r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id)},
-			[]any{proposed[i], quota.FlushingTTL.Milliseconds(), floor}
+			[]any{proposed[i], quota.FlushingTTL.Milliseconds()}
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: claim: %w", err)
@@ -173,17 +172,31 @@ func (r *Usage) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, e
 	return out, nil
 }
 
-// InFlight reports whether the tenant's batch in flight is still the batch
-// with id batchID (it was neither finished nor replaced by a later one).
-func (r *Usage) InFlight(ctx context.Context, tenantID, batchID string) (bool, error) {
-	id, err := r.Client().HGet(ctx, r.Key(tenantID, "flushing"), "batch").Result()
-	if errors.Is(err, redis.Nil) {
-		return false, nil
+// InFlight reports, for each batch, whether its tenant's batch in flight is
+// still that batch (it was neither finished nor replaced by a later one),
+// pipelined.
+func (r *Usage) InFlight(ctx context.Context, batches []quota.Batch) ([]bool, error) {
+	cmds, err := r.Client().Pipelined(ctx, func(p redis.Pipeliner) error {
+		for _, b := range batches {
+			p.HGet(ctx, r.Key(b.TenantID, "flushing"), "batch")
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return nil, fmt.Errorf("ratelimit: batches in flight: %w", err)
 	}
-	if err != nil {
-		return false, fmt.Errorf("ratelimit: batch in flight: %w", err)
+	live := make([]bool, len(batches))
+	for i, cmd := range cmds {
+		id, err := cmd.(*redis.StringCmd).Result()
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			return nil, fmt.Errorf("ratelimit: batches in flight: %w", err)
+		default:
+			live[i] = id == batches[i].ID
+		}
 	}
-	return id == batchID, nil
+	return live, nil
 }
 
 // Finish drops batches Postgres has recorded, pipelined (a round trip per

@@ -35,6 +35,14 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if cfg.ConnConfig.ConnectTimeout == 0 {
 		cfg.ConnConfig.ConnectTimeout = 5 * time.Second
 	}
+	// Sessions run in UTC, whatever the server's or the database's default:
+	// a date and a timestamptz meet in SQL (a month's first day as a date
+	// and as an instant) only through the session's time zone, and
+	// Tollgate's months and days are UTC's. (A timezone the URL sets is
+	// kept.)
+	if _, set := cfg.ConnConfig.RuntimeParams["timezone"]; !set {
+		cfg.ConnConfig.RuntimeParams["timezone"] = "UTC"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: open: %w", err)

@@ -192,3 +192,44 @@ func migrator(t *testing.T, url string) *migrate.Migrate {
 	t.Cleanup(func() { m.Close() })
 	return m
 }
+
+// TestOpenRunsSessionsInUTC: a pool from Open runs in UTC even when the
+// database's default time zone is another, unless the URL names one.
+func TestOpenRunsSessionsInUTC(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	url, db := migratedPool(t)
+	var name string
+	if err := db.QueryRow(ctx, `SELECT current_database()`).Scan(&name); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Exec(ctx, `ALTER DATABASE `+name+` SET TimeZone = 'Pacific/Kiritimati'`); err != nil {
+		t.Fatal(err)
+	}
+	zone := func(url string) string {
+		t.Helper()
+		p, err := pgdb.Open(ctx, url)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer p.Close()
+		var z string
+		if err := p.QueryRow(ctx, `SHOW TimeZone`).Scan(&z); err != nil {
+			t.Fatal(err)
+		}
+		return z
+	}
+	if z := zone(url); z != "UTC" {
+		t.Fatalf("a session of Open: TimeZone %q, want UTC", z)
+	}
+	u, err := neturl.Parse(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := u.Query()
+	q.Set("timezone", "Asia/Tokyo")
+	u.RawQuery = q.Encode()
+	if z := zone(u.String()); z != "Asia/Tokyo" {
+		t.Fatalf("a session of Open with the URL's timezone: %q, want Asia/Tokyo", z)
+	}
+}
