@@ -20,6 +20,7 @@ func TestWorkerMetricsSeries(t *testing.T) {
 	rec.LateCredits.Add(2)
 	rec.LateCreditCents.Add(31)
 	rec.LateRaises.Add(1)
+	rec.RescuedBatches.Add(4)
 	alerts.Retried.Add(3)
 	reg, cycle := workerMetrics(rec, alerts, func() time.Time { return time.Now().Add(-2 * time.Second) })
 	cycle.Observe(0.25)
@@ -49,6 +50,7 @@ func TestWorkerMetricsSeries(t *testing.T) {
 		"tollgate_worker_late_credits_total":      2,
 		"tollgate_worker_late_credit_cents_total": 31,
 		"tollgate_worker_late_raises_total":       1,
+		"tollgate_worker_rescued_batches_total":   4,
 	} {
 		if v, ok := got[name]; !ok || v != want {
 			t.Errorf("%s = %v (present %t), want %v", name, v, ok, want)

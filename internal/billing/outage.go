@@ -34,7 +34,7 @@ func (l *Ledger) RecordOutage(ctx context.Context, b quota.OutageBatch) error {
 	}
 	rec := &Reconciler{db: l.db, now: time.Now, log: slog.New(slog.DiscardHandler)}
 	err := pgx.BeginFunc(ctx, l.db, func(tx pgx.Tx) error {
-		_, _, err := rec.record(ctx, tx, []quota.Batch{{TenantID: b.Request.TenantID, ID: b.ID, Rows: rows}})
+		_, err := rec.record(ctx, tx, []quota.Batch{{TenantID: b.Request.TenantID, ID: b.ID, Rows: rows}})
 		return err
 	})
 	if err != nil {

@@ -124,6 +124,9 @@ type Reconciler struct {
 	// LateRaises the times such usage raised a final period's charge
 	// (not billed). See "Late usage" in late.go.
 	LateCredits, LateCreditCents, LateRaises atomic.Int64
+	// RescuedBatches counts the batches recorded although their sequence
+	// was below their tenant's last (Redis' clock went back: newBatches).
+	RescuedBatches atomic.Int64
 
 	mu      sync.Mutex            // guards the fields below, read by the invoicer and metrics
 	flushed map[string]struct{}   // tenants recorded since the last TakeFlushed
@@ -447,10 +450,9 @@ func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []quota.Batch)
 // recordTx records the batches in one transaction and counts them once it
 // committed.
 func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error {
-	var units int64
-	var late lateTally
+	var t recordTally
 	err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) (err error) {
-		units, late, err = r.record(ctx, tx, batches)
+		t, err = r.record(ctx, tx, batches)
 		return err
 	})
 	if err != nil {
@@ -458,11 +460,19 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error 
 	}
 	r.Batches.Add(int64(len(batches)))
 	r.TenantsFlushed.Add(int64(len(batches)))
-	r.UnitsFlushed.Add(units)
-	r.LateCredits.Add(late.credits)
-	r.LateCreditCents.Add(late.cents)
-	r.LateRaises.Add(late.raises)
+	r.UnitsFlushed.Add(t.units)
+	r.LateCredits.Add(t.late.credits)
+	r.LateCreditCents.Add(t.late.cents)
+	r.LateRaises.Add(t.late.raises)
+	r.RescuedBatches.Add(t.rescued)
 	return nil
+}
+
+// recordTally is what record did: the units the new batches added, what
+// their late usage did, and how many were rescued (newBatches).
+type recordTally struct {
+	units, rescued int64
+	late           lateTally
 }
 
 // record finds which batches are new (newBatches) and adds their usage rows
@@ -471,13 +481,13 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error 
 // threshold crossings those rows cause to the alerts outbox. All in the
 // caller's transaction. It returns the units the new batches added and
 // what their late usage did.
-func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (int64, lateTally, error) {
+func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (recordTally, error) {
 	// Invoices of ended periods the rows fall in are locked before the rows
 	// are written; the final ones late usage reaches for the first time
 	// are rated as they are without the rows.
 	late, err := lockLateInvoices(ctx, tx, batches, r.now())
 	if err != nil {
-		return 0, lateTally{}, err
+		return recordTally{}, err
 	}
 	var fresh []lateInvoice
 	for _, li := range late {
@@ -487,12 +497,12 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	}
 	before, err := rateCharges(ctx, tx, fresh)
 	if err != nil {
-		return 0, lateTally{}, err
+		return recordTally{}, err
 	}
 	// Which batches are new: only those add rows.
-	isNew, err := r.newBatches(ctx, tx, batches)
+	isNew, rescued, err := r.newBatches(ctx, tx, batches)
 	if err != nil {
-		return 0, lateTally{}, err
+		return recordTally{}, err
 	}
 	var (
 		units       int64
@@ -511,25 +521,25 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		}
 	}
 	if err := addRows(ctx, tx, adds); err != nil {
-		return 0, lateTally{}, err
+		return recordTally{}, err
 	}
 	if len(fixes) > 0 {
 		if err := correct(ctx, tx, fixes); err != nil {
-			return 0, lateTally{}, err
+			return recordTally{}, err
 		}
 	}
 	tally, err := r.lateAdjust(ctx, tx, late, before, batches, isNew)
 	if err != nil {
-		return 0, lateTally{}, err
+		return recordTally{}, err
 	}
 	tenants := make([]string, 0, len(adds))
 	for _, b := range adds {
 		tenants = append(tenants, b.TenantID)
 	}
 	if err := r.recordCrossings(ctx, tx, tenants); err != nil {
-		return 0, lateTally{}, err
+		return recordTally{}, err
 	}
-	return units, tally, nil
+	return recordTally{units: units, late: tally, rescued: rescued}, nil
 }
 
 // recentSeqs is how many of a tenant's last recorded batch sequences
@@ -555,7 +565,7 @@ const recentSeqs = 16
 // is new with a smaller sequence: Redis' clock went back (after it lost
 // its data, or on another master after its slot moved). It is recorded
 // (rescue).
-func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (map[string]bool, error) {
+func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (isNew map[string]bool, rescued int64, err error) {
 	var (
 		lIDs, lTenants    []string // without a sequence: usage_batches
 		lUnits, lRequests []int64
@@ -581,7 +591,7 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		lIDs, lTenants = append(lIDs, b.ID), append(lTenants, b.TenantID)
 		lUnits, lRequests = append(lUnits, max(u, 0)), append(lRequests, max(q, 0))
 	}
-	isNew := map[string]bool{}
+	isNew = map[string]bool{}
 	collect := func(rows pgx.Rows, err error) error {
 		if err != nil {
 			return fmt.Errorf("billing: record batches: %w", err)
@@ -600,7 +610,7 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		// recording the same batches at once wait for each other, never
 		// deadlock. Each tenant is looked up through its key: OFFSET 0
 		// keeps the planner from joining all tenants instead.)
-		err := collect(tx.Query(ctx, `
+		err = collect(tx.Query(ctx, `
 			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at)
 			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4
 			FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS b(tenant, seq, id)
@@ -611,16 +621,16 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 			WHERE f.seq < EXCLUDED.seq
 			RETURNING f.batch_id`, customPlan, sTenants, sSeqs, sIDs, r.now()))
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 		if len(isNew) < len(sTenants) && r.rl != nil {
-			if err := r.rescue(ctx, tx, sBatches, isNew); err != nil {
-				return nil, err
+			if rescued, err = r.rescue(ctx, tx, sBatches, isNew); err != nil {
+				return nil, 0, err
 			}
 		}
 	}
 	if len(lIDs) > 0 {
-		err := collect(tx.Query(ctx, `
+		err = collect(tx.Query(ctx, `
 			INSERT INTO usage_batches (batch_id, tenant_id, units, requests, flushed_at)
 			SELECT b.id, b.tenant, b.units, b.requests, $5
 			FROM unnest($1::text[], $2::uuid[], $3::bigint[], $4::bigint[]) AS b(id, tenant, units, requests)
@@ -628,10 +638,10 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 			ON CONFLICT (batch_id) DO NOTHING
 			RETURNING batch_id`, lIDs, lTenants, lUnits, lRequests, r.now()))
 		if err != nil {
-			return nil, err
+			return nil, 0, err
 		}
 	}
-	return isNew, nil
+	return isNew, rescued, nil
 }
 
 // rescue records, among the batches with a sequence that newBatches did not
@@ -640,7 +650,7 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 // flight in Redis. Each is added to the recent ones (the greater sequence
 // kept) under the tenant's row lock, which the upsert took: a worker
 // recording the same batch at once waits, then finds it there.
-func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batch, isNew map[string]bool) error {
+func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batch, isNew map[string]bool) (int64, error) {
 	var tenants []string
 	for _, b := range batches {
 		if !isNew[b.ID] {
@@ -653,11 +663,11 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	}
 	rows, err := tx.Query(ctx, `SELECT tenant_id::text, recent FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
 	if err != nil {
-		return fmt.Errorf("billing: record batches: %w", err)
+		return 0, fmt.Errorf("billing: record batches: %w", err)
 	}
 	heads, err := pgx.CollectRows(rows, pgx.RowToStructByPos[head])
 	if err != nil {
-		return fmt.Errorf("billing: record batches: %w", err)
+		return 0, fmt.Errorf("billing: record batches: %w", err)
 	}
 	recent := make(map[string][]int64, len(heads))
 	for _, h := range heads {
@@ -672,12 +682,13 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		suspects = append(suspects, b)
 	}
 	if len(suspects) == 0 {
-		return nil
+		return 0, nil
 	}
 	live, err := r.rl.InFlight(ctx, suspects)
 	if err != nil {
-		return err
+		return 0, err
 	}
+	var rescued []quota.Batch
 	for k, b := range suspects {
 		if !live[k] {
 			continue // recorded, dropped from Redis, followed by another
@@ -686,15 +697,18 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			UPDATE usage_flushed SET batch_id = $2, recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = $4
 			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now())
 		if err != nil {
-			return fmt.Errorf("billing: record batches: %w", err)
+			return 0, fmt.Errorf("billing: record batches: %w", err)
 		}
 		if tag.RowsAffected() == 1 {
-			r.log.Warn("usage batch with a sequence below its tenant's last recorded by its own (Redis' clock went back)",
-				"tenant_id", b.TenantID, "batch_id", b.ID, "seq", b.Seq)
 			isNew[b.ID] = true
+			rescued = append(rescued, b)
 		}
 	}
-	return nil
+	if len(rescued) > 0 { // (one line a chunk: a clock gone back rescues every tenant's batch for a while)
+		r.log.Warn("usage batches with sequences below their tenants' last recorded all the same (Redis' clock went back)",
+			"batches", len(rescued), "tenant_id", rescued[0].TenantID, "batch_id", rescued[0].ID, "seq", rescued[0].Seq)
+	}
+	return int64(len(rescued)), nil
 }
 
 // ledgerKey is a usage row's key.

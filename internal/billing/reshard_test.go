@@ -43,7 +43,7 @@ type reshardLoad struct {
 	calls    []atomic.Int64 // per tenant: calls answered, decisions or errors
 	refused  []atomic.Bool  // per tenant: its quota refused
 	errs     atomic.Int64
-	errsLate atomic.Int64 // errors once the cluster was stable again
+	errsLate atomic.Int64 // errors of calls begun once the cluster was stable again
 	mu       sync.Mutex
 	errSeen  map[string]int // error text -> count
 	used     map[int][]int64
@@ -88,7 +88,10 @@ func (l *reshardLoad) call(i int) {
 		d   quota.Decision
 		err error
 	)
-	if l.held.Load() && l.admitted[i].Load() >= reshardQuota/2 {
+	// (whether the cluster was being reshaped when the call began: a call
+	// begun then may fail after the reshaping ended)
+	held := l.held.Load()
+	if held && l.admitted[i].Load() >= reshardQuota/2 {
 		_, err = l.r.rl.Peek(ctx, l.tenants[i], reshardLimits, time.Time{})
 	} else {
 		d, err = l.r.rl.Admit(ctx, quota.Request{TenantID: l.tenants[i], Meter: "demo", Cost: 1, Limits: reshardLimits})
@@ -105,7 +108,7 @@ func (l *reshardLoad) call(i int) {
 	}
 	if err != nil {
 		l.errs.Add(1)
-		if !l.held.Load() {
+		if !held {
 			l.errsLate.Add(1)
 		}
 		l.mu.Lock()

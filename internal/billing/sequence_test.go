@@ -170,6 +170,9 @@ func TestBatchBelowTheLedgersSequenceIsRescued(t *testing.T) {
 	if got := r.ledger(t)[id]; got != 8 {
 		t.Fatalf("ledger after the replay: %d units, want 8", got)
 	}
+	if n := rc.RescuedBatches.Load(); n != 1 {
+		t.Fatalf("%d batches counted as rescued, want 1", n)
+	}
 	seq, batch := r.flushedRow(t, id)
 	if seq != int64(1)<<60 || batch == "from-before" {
 		t.Fatalf("usage_flushed: sequence %d, batch %q; want the greater sequence kept and the rescued batch's id", seq, batch)
