@@ -3,19 +3,16 @@ package billing
 import (
 	"context"
 	"errors"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/golang-migrate/migrate/v4"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/migrations"
 )
 
 // Anchored calendars of the tests. New York is UTC-4 (EDT) until
@@ -392,29 +389,13 @@ func TestRunFinalizesAnchored(t *testing.T) {
 func TestInvoicePeriodsMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db, m := migratablePool(t)
 	id := invTenant(t, db, "pro", anchSep)
 	invCalendar(t, db, id, 15, "America/New_York")
 	invGrant(t, db, id, "month", time.Date(2026, 10, 15, 0, 0, 0, 0, time.UTC), 5)
 	inv := invGenerate(t, NewInvoicer(db, (&invClock{t: time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)}).Now, time.Hour), id, anchOct)
 	invCheckPeriod(t, inv, "2026-10", anchNYOct, anchNYNov, "final")
 
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(dbURL)
-	u.Scheme = "pgx5"
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
 	if err := m.Migrate(11); err != nil {
 		t.Fatalf("down to 11: %v", err)
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/url"
 	"reflect"
 	"slices"
 	"strings"
@@ -14,13 +13,11 @@ import (
 
 	"github.com/golang-migrate/migrate/v4"
 	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // registers pgx5://
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/migrations"
 )
 
 var (
@@ -629,12 +626,7 @@ func TestCreditLedger(t *testing.T) {
 func TestCreditsMigrationDown(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db, m := migratablePool(t)
 	id := invTenant(t, db, "pro", invNov)
 	mustCredit(t, db, id, 1000, "Welcome credit", nil, invNov)
 	final := invGenerate(t, NewInvoicer(db, (&invClock{t: crFinalAt}).Now, crGrace), id, invNov)
@@ -642,17 +634,6 @@ func TestCreditsMigrationDown(t *testing.T) {
 		t.Fatalf("final total: %d, want 3900", final.TotalCents)
 	}
 
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(dbURL)
-	u.Scheme = "pgx5"
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
 	if err := m.Migrate(6); err != nil { // down to before the credits (000007)
 		t.Fatalf("down to 6: %v", err)
 	}

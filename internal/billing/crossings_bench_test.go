@@ -2,18 +2,12 @@ package billing
 
 import (
 	"context"
-	"errors"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
-
-// errRollback ends a benchmark's transaction without committing it.
-var errRollback = errors.New("rolled back")
 
 // BenchmarkRecordCrossings is the flush's check of one chunk's 2,000
 // tenants against their monthly quotas, late in a month: each tenant has
@@ -39,13 +33,14 @@ func BenchmarkRecordCrossings(b *testing.B) {
 	}
 	rc := NewReconciler(r.db, nil, func() time.Time { return now }, quiet)
 	for b.Loop() {
-		err := pgx.BeginFunc(ctx, r.db, func(tx pgx.Tx) error {
-			if err := rc.recordCrossings(ctx, tx, ids); err != nil {
-				return err
-			}
-			return errRollback
-		})
-		if !errors.Is(err, errRollback) {
+		tx, err := r.db.Begin(ctx)
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := rc.recordCrossings(ctx, tx, ids); err != nil {
+			b.Fatal(err)
+		}
+		if err := tx.Rollback(ctx); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -3,19 +3,16 @@ package billing
 import (
 	"context"
 	"errors"
-	"net/url"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/golang-migrate/migrate/v4"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/catalogdb"
 	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/migrations"
 )
 
 // totalsCheck compares, for every label that has invoices or sums,
@@ -236,12 +233,7 @@ func TestInvoiceSummaryConcurrentWriters(t *testing.T) {
 func TestInvoicePeriodTotalsMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db, m := migratablePool(t)
 	clock := &invClock{t: invDec.Add(2 * time.Hour)}
 	inv := NewInvoicer(db, clock.Now, time.Hour)
 	a := invTenant(t, db, "pro", invNov)
@@ -250,17 +242,6 @@ func TestInvoicePeriodTotalsMigration(t *testing.T) {
 	invGenerate(t, inv, b, invDec) // draft
 	totalsCheck(t, db, "before down")
 
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(dbURL)
-	u.Scheme = "pgx5"
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
 	if err := m.Migrate(16); err != nil {
 		t.Fatalf("down to 16: %v", err)
 	}

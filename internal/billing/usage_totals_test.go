@@ -3,17 +3,13 @@ package billing
 import (
 	"context"
 	"errors"
-	"net/url"
 	"testing"
 	"time"
 
 	"github.com/golang-migrate/migrate/v4"
-	"github.com/golang-migrate/migrate/v4/source/iofs"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/pgdb"
-	"github.com/tollgate/tollgate/internal/testenv"
-	"github.com/tollgate/tollgate/migrations"
 )
 
 // monthTotalsCheck compares usage_month_totals with the sums of the usage
@@ -160,27 +156,11 @@ func TestUsageMonthTotalsStayExact(t *testing.T) {
 func TestUsageMonthTotalsMigration(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
+	db, m := migratablePool(t)
 	a := invTenant(t, db, "pro", invNov)
 	invUsage(t, db, a, invNov.Add(time.Hour), 7, 0)
 	monthTotalsCheck(t, db, "before down")
 
-	src, err := iofs.New(migrations.FS, ".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	u, _ := url.Parse(dbURL)
-	u.Scheme = "pgx5"
-	m, err := migrate.NewWithSourceInstance("iofs", src, u.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { m.Close() })
 	if err := m.Migrate(17); err != nil {
 		t.Fatalf("down to 17: %v", err)
 	}
