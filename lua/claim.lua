@@ -20,6 +20,11 @@ KEYS (the tenant's hash tag {t:<id>})
 ARGV
   [1] a new batch id (used only when no batch is in flight)
   [2] TTL of the flushing hash, ms (bounds an abandoned batch)
+  [3] optional: the id of a batch of this tenant that Postgres recorded and
+      the worker has not dropped yet; if it is the batch in flight, it is
+      dropped first (as finish.lua would), so the claim takes what is
+      pending since. The worker drops the batches it recorded this way, in
+      its next claim of the tenant, rather than by a call of their own.
 Return: {} when there is nothing to flush, else the flat HGETALL of the
 flushing hash (its "batch" field names the batch, its "seq" field is the
 batch's sequence).
@@ -41,6 +46,9 @@ local function hincrby(key, name, n)
 end
 
 function FN.claim()
+if ARGV[3] and ARGV[3] ~= '' and redis.call('HGET', KEYS[2], 'batch') == ARGV[3] then
+  redis.call('DEL', KEYS[2])
+end
 if redis.call('EXISTS', KEYS[2]) == 0 then
   local moved = {}
   local h = redis.call('HGETALL', KEYS[3])

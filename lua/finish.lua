@@ -1,5 +1,6 @@
 --[[ finish.lua: the library's function finish: drop a flushed batch, once
-Postgres has recorded it.
+Postgres has recorded it. (The worker drops most batches in the tenant's
+next claim instead, claim.lua's ARGV[3]; this serves a worker that stops.)
 
 KEYS[1] flushing hash of the tenant (see claim.lua)
 ARGV[1] the batch id that was recorded

@@ -128,6 +128,11 @@ func serveWorker(ctx context.Context, b *base) error {
 
 	err = loop.Run(ctx)
 	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	// The batches this worker recorded last, dropped from Redis now rather
+	// than by their tenants' next claims (see billing.Reconciler).
+	if cerr := rec.Close(sctx); cerr != nil {
+		log.Warn("recorded batches left in flight: the next flush drops them", "err", cerr)
+	}
 	_ = srv.Shutdown(sctx)
 	cancel()
 	log.Info("worker stopped")

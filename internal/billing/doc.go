@@ -18,7 +18,7 @@
 //
 // Each concern has its files, each the one owner of its part:
 //
-//	reconcile.go          the flush: claim in Redis, record once in Postgres (each tenant's batch sequence), finish; stuck batches; the quota check; pruning
+//	reconcile.go          the flush: claim in Redis, record once in Postgres (each tenant's batch sequence), drop by the next claim; stuck batches; the quota check; pruning
 //	repair_calendar.go    the repair of Redis' counters from the ledger after Redis lost data
 //	outage.go             fail-open usage an API node admitted while Redis was away, recorded once
 //	late.go               usage recorded after its period's invoice became final: credits on the next one

@@ -248,7 +248,7 @@ func TestLateRefundRecordedTwiceCreditsOnce(t *testing.T) {
 		t.Fatalf("late credits after the first record: got %v, want [30]", got)
 	}
 	// The batch is still in flight: a claim returns it.
-	batches, err := l.rl.Claim(ctx, []string{l.tenant})
+	batches, err := l.rl.Claim(ctx, []string{l.tenant}, nil)
 	if err != nil || len(batches) != 1 {
 		t.Fatalf("claim: %v, %v; want the batch in flight", batches, err)
 	}

@@ -60,10 +60,10 @@ const (
 type pendingUsage interface {
 	ActiveTenants(ctx context.Context) ([]string, error)
 	SweepTenants(ctx context.Context) ([]string, error)
-	Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error)
+	Claim(ctx context.Context, tenantIDs, drop []string) ([]quota.Batch, error)
 	Finish(ctx context.Context, batches []quota.Batch) error
 	InFlight(ctx context.Context, batches []quota.Batch) ([]bool, error)
-	Done(ctx context.Context, tenantIDs []string) error
+	Idle(ctx context.Context, tenantIDs []string) error
 	EpochLost(ctx context.Context) (bool, error)
 	MarkRestoring(ctx context.Context) error
 	Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error
@@ -79,10 +79,15 @@ type pendingUsage interface {
 // batch's usage rows the batch becomes its tenant's last recorded
 // (usage_flushed), and adds its rows, only if its sequence is greater than
 // the last's (newBatches); the batch is dropped from Redis only after the
-// commit (lua/finish.lua). A crash between any two steps leaves the batch in
+// commit, by the tenant's next claim (which names it: one call a tenant a
+// cycle) or by Close. A crash between any two steps leaves the batch in
 // flight, and the next cycle (of this or another worker) flushes that same
-// batch again, which Postgres then counts once. Two workers claiming the
-// same tenant get the same batch.
+// batch again, which Postgres then counts once, and drops it. Two workers
+// claiming the same tenant get the same batch.
+//
+// A tenant whose claim finds nothing pending and nothing in flight leaves
+// the active set; one whose batch was recorded stays in it until then, so
+// that its next cycle drops that batch.
 //
 // Refunds: a refund takes its units out of the pending usage, wherever the
 // refunded request's units are by then. Once they were claimed, the pending
@@ -131,6 +136,10 @@ type Reconciler struct {
 	mu      sync.Mutex            // guards the fields below, read by the invoicer and metrics
 	flushed map[string]struct{}   // tenants recorded since the last TakeFlushed
 	stuck   map[string]stuckBatch // by tenant id
+	// recorded holds, by tenant id, the batch this reconciler recorded last
+	// and has not dropped from Redis yet: the tenant's next claim drops it
+	// (or Close does).
+	recorded map[string]string
 	sweptAt time.Time             // start of the last completed flush that swept the keyspace
 }
 
@@ -314,9 +323,20 @@ func (r *Reconciler) flushTenants(ctx context.Context, ids []string) error {
 }
 
 func (r *Reconciler) flushOnce(ctx context.Context, ids []string) (resumed []string, err error) {
-	batches, err := r.rl.Claim(ctx, ids)
+	drop := r.takeRecorded(ids)
+	batches, err := r.rl.Claim(ctx, ids, drop)
 	if err != nil {
 		return nil, err
+	}
+	// At once: usage counted after the claim is reported again by its API
+	// node within a second (and the sweep finds it in any case).
+	if err := r.rl.Idle(ctx, idle(ids, batches)); err != nil {
+		return nil, err
+	}
+	if drop != nil {
+		if err := r.hook("finished"); err != nil { // the batches recorded before dropped
+			return nil, err
+		}
 	}
 	if err := r.hook("claimed"); err != nil {
 		return nil, err
@@ -330,19 +350,72 @@ func (r *Reconciler) flushOnce(ctx context.Context, ids []string) (resumed []str
 		if err := r.hook("committed"); err != nil {
 			return nil, err
 		}
-		if err := r.rl.Finish(ctx, recorded); err != nil {
-			return nil, err
-		}
-		if err := r.hook("finished"); err != nil {
-			return nil, err
-		}
 	}
 	for _, b := range recorded {
 		if b.Resumed {
 			resumed = append(resumed, b.TenantID)
 		}
 	}
-	return resumed, r.rl.Done(ctx, ids)
+	return resumed, nil
+}
+
+// idle returns the tenants of ids of which the claim returned no batch:
+// nothing pending, nothing in flight.
+func idle(ids []string, batches []quota.Batch) []string {
+	if len(batches) == len(ids) {
+		return nil
+	}
+	has := make(map[string]struct{}, len(batches))
+	for _, b := range batches {
+		has[b.TenantID] = struct{}{}
+	}
+	var out []string
+	for _, id := range ids {
+		if _, ok := has[id]; !ok {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// takeRecorded returns, aligned with ids, the batches this reconciler
+// recorded of those tenants and has not dropped ("" for none), which their
+// claim is to drop, and forgets them; nil when there are none.
+func (r *Reconciler) takeRecorded(ids []string) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.recorded) == 0 {
+		return nil
+	}
+	var drop []string
+	for i, id := range ids {
+		if b, ok := r.recorded[id]; ok {
+			if drop == nil {
+				drop = make([]string, len(ids))
+			}
+			drop[i] = b
+			delete(r.recorded, id)
+		}
+	}
+	return drop
+}
+
+// Close drops from Redis the batches this reconciler recorded and has not
+// dropped yet (their tenants' next claims would have): the worker calls it
+// when it stops. Those it cannot drop are dropped by the next claim of
+// their tenants, by any worker, after Postgres found them recorded.
+func (r *Reconciler) Close(ctx context.Context) error {
+	r.mu.Lock()
+	batches := make([]quota.Batch, 0, len(r.recorded))
+	for id, b := range r.recorded {
+		batches = append(batches, quota.Batch{TenantID: id, ID: b})
+	}
+	r.recorded = nil
+	r.mu.Unlock()
+	if len(batches) == 0 {
+		return nil
+	}
+	return r.rl.Finish(ctx, batches)
 }
 
 // recordBatches records the batches in one transaction and returns those
@@ -421,29 +494,28 @@ func (r *Reconciler) markStuck(b quota.Batch, err error) {
 }
 
 // noteRecorded remembers the tenants whose batches were recorded (for the
-// invoices step) and forgets the stuck batches that are gone: recorded, or
-// dropped by another worker (the tenant had no batch left to claim).
+// invoices step), and those batches (for their tenants' next claims to
+// drop), and forgets the stuck batches that are gone: recorded, or dropped
+// by another worker (the tenant had no batch left to claim).
 func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []quota.Batch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.flushed == nil {
 		r.flushed = map[string]struct{}{}
 	}
+	if r.recorded == nil {
+		r.recorded = map[string]string{}
+	}
 	for _, b := range recorded {
 		r.flushed[b.TenantID] = struct{}{}
+		r.recorded[b.TenantID] = b.ID
 		delete(r.stuck, b.TenantID)
 	}
-	if len(r.stuck) == 0 || len(claimed) == len(ids) {
+	if len(r.stuck) == 0 {
 		return
 	}
-	has := make(map[string]struct{}, len(claimed))
-	for _, b := range claimed {
-		has[b.TenantID] = struct{}{}
-	}
-	for _, id := range ids {
-		if _, ok := has[id]; !ok {
-			delete(r.stuck, id)
-		}
+	for _, id := range idle(ids, claimed) {
+		delete(r.stuck, id)
 	}
 }
 

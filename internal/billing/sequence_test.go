@@ -4,10 +4,16 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/testenv"
 )
 
 // errCrash stops a flush at a hook's step, as a crash would.
@@ -123,7 +129,7 @@ func TestStaleClaimIsNotRecordedAgain(t *testing.T) {
 	r := mustRig(t, nil)
 	id := r.tenants(t, 1, "pro")[0]
 	r.admitUnits(t, id, 5)
-	stale, err := r.rl.Claim(ctx, []string{id})
+	stale, err := r.rl.Claim(ctx, []string{id}, nil)
 	if err != nil || len(stale) != 1 || stale[0].Seq == 0 {
 		t.Fatalf("claim: %+v, %v; want one batch with a sequence", stale, err)
 	}
@@ -177,7 +183,7 @@ func TestBatchBelowTheLedgersSequenceIsRescued(t *testing.T) {
 	if seq != int64(1)<<60 || batch == "from-before" {
 		t.Fatalf("usage_flushed: sequence %d, batch %q; want the greater sequence kept and the rescued batch's id", seq, batch)
 	}
-	if _, err := r.rl.Claim(ctx, []string{id}); err != nil {
+	if _, err := r.rl.Claim(ctx, []string{id}, nil); err != nil {
 		t.Fatal(err)
 	}
 	if n, err := r.rdb.Exists(ctx, r.prefix+":v1:{t:"+id+"}:flushing").Result(); err != nil || n != 0 {
@@ -258,5 +264,92 @@ func TestQuotaCheckIgnoresTheSessionTimeZone(t *testing.T) {
 	}
 	if n != 2 {
 		t.Fatalf("%d alerts for a month at 100 %% of its quota, want 2 (80 %% and 100 %%)", n)
+	}
+}
+
+// fcallCounter counts the Redis functions a client calls, by name, also in
+// pipelines.
+type fcallCounter struct {
+	mu    sync.Mutex
+	calls map[string]int
+}
+
+func (h *fcallCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *fcallCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.count(cmd)
+		return next(ctx, cmd)
+	}
+}
+func (h *fcallCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, cmd := range cmds {
+			h.count(cmd)
+		}
+		return next(ctx, cmds)
+	}
+}
+func (h *fcallCounter) count(cmd redis.Cmder) {
+	args := cmd.Args()
+	if name := strings.ToLower(cmd.Name()); (name != "fcall" && name != "fcall_ro") || len(args) < 2 {
+		return
+	}
+	fn, _ := args[1].(string)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.calls[fn[strings.LastIndex(fn, "_")+1:]]++
+}
+func (h *fcallCounter) take() map[string]int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	out := h.calls
+	h.calls = map[string]int{}
+	return out
+}
+
+// TestBusyCycleCallsRedisOnceATenant: a cycle that flushes tenants whose
+// last batch was recorded in the cycle before calls one Redis function a
+// tenant: its claim, which drops that batch and takes the usage pending
+// since. A cycle with nothing new drops the batches the same way and
+// leaves no tenant active and nothing in flight.
+func TestBusyCycleCallsRedisOnceATenant(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	rdb := testenv.Redis(t)
+	calls := &fcallCounter{calls: map[string]int{}}
+	rdb.AddHook(calls)
+	r := mustRig(t, rdb)
+	ids := r.tenants(t, 40, "pro")
+	rc := r.reconciler()
+	rc.SweepEvery = time.Hour
+	rc.lastSweep = time.Now() // the active set alone
+	want := map[string]int64{}
+	for cycle := range 3 {
+		if cycle < 2 {
+			for _, id := range ids {
+				if _, err := r.rl.Admit(ctx, quota.Request{TenantID: id, Meter: "demo", Cost: 3}); err != nil {
+					t.Fatal(err)
+				}
+				want[id] += 3
+			}
+			if err := r.rl.ReportActive(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+		calls.take()
+		if err := rc.Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := calls.take()
+		if cycle > 0 && (got["claim"] != len(ids) || len(got) != 1) {
+			t.Errorf("cycle %d: Redis functions called %v, want only claim, once for each of the %d tenants", cycle+1, got, len(ids))
+		}
+	}
+	r.ledgerEquals(t, ids, want)
+	if left, err := r.rl.ActiveTenants(ctx); err != nil || len(left) != 0 {
+		t.Errorf("%d tenants active after a cycle with nothing new (%v)", len(left), err)
+	}
+	if left, err := r.rl.SweepTenants(ctx); err != nil || len(left) != 0 {
+		t.Errorf("%d tenants with usage in Redis after a cycle with nothing new (%v)", len(left), err)
 	}
 }

@@ -128,9 +128,24 @@ func TestSharedWorkersSplitTheTenants(t *testing.T) {
 			}
 		}
 		r.ledgerEquals(t, ids, admitted)
-		if left, err := r.rl.ActiveTenants(context.Background()); err != nil || len(left) != 0 {
-			t.Errorf("%d workers: %d tenants left active after every worker flushed (%v)", n, len(left), err)
+		// The recorded batches stay in flight, and their tenants active,
+		// until each tenant's next claim drops them: the next cycle, with
+		// no new usage, records nothing and leaves no tenant active.
+		if left, err := r.rl.ActiveTenants(context.Background()); err != nil || len(left) != len(admitted) {
+			t.Errorf("%d workers: %d tenants left active after every worker flushed (%v), want the %d with a recorded batch", n, len(left), err, len(admitted))
 		}
+		for i, f := range flushAll(t, recs) {
+			if len(f) != 0 {
+				t.Errorf("%d workers: worker %d recorded %d tenants again in a cycle with no new usage", n, i, len(f))
+			}
+		}
+		if left, err := r.rl.ActiveTenants(context.Background()); err != nil || len(left) != 0 {
+			t.Errorf("%d workers: %d tenants left active after a cycle with no new usage (%v)", n, len(left), err)
+		}
+		if left, err := r.rl.SweepTenants(context.Background()); err != nil || len(left) != 0 {
+			t.Errorf("%d workers: %d tenants with usage in Redis after a cycle with no new usage (%v)", n, len(left), err)
+		}
+		r.ledgerEquals(t, ids, admitted)
 
 		// Usage no API node reported (the active set is lost): only the
 		// leader sweeps, and it flushes every tenant it finds.

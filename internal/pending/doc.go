@@ -2,7 +2,7 @@
 // ledger, and its repair: reading a tenant's pending usage (Pending,
 // PendingMany, ParsePending), giving back the units of a request whose
 // upstream failed (Refund, RefundIn, RefundRequest), the worker's side of
-// a flush (ActiveTenants, SweepTenants, Claim, Finish, Done), and the
+// a flush (ActiveTenants, SweepTenants, Claim, Finish, Idle), and the
 // repair of counters after Redis lost data (EpochLost, MarkRestoring,
 // MarkRestored, Restore, RestorePrepaid), with a prepaid tenant's credit
 // drawn (PrepaidDrawn).

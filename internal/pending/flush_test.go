@@ -31,15 +31,15 @@ func slotTenants(n int) []string {
 	return ids
 }
 
-// TestClaimFinishDoneOverManyTenants: the worker's flush of 1,200 tenants
+// TestClaimFinishIdleOverManyTenants: the worker's flush of 1,200 tenants
 // (more than one pipeline; in a cluster 600 of them in eight slots, the
 // others anywhere), on a single Redis and on a Redis Cluster: every tenant with
 // usage is claimed once, with its rows (a tenant's unreadable field is its
 // batch's Err, no other's); a second claim returns the same batches,
-// resumed; Finish drops only the batches it names by their ids; Done takes
-// out of the active set only the tenants with nothing pending or in
-// flight.
-func TestClaimFinishDoneOverManyTenants(t *testing.T) {
+// resumed; Finish drops only the batches it names by their ids, and so does
+// a claim that names them (taking the usage pending since); Idle takes
+// tenants out of the active set.
+func TestClaimFinishIdleOverManyTenants(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
 		name   string
@@ -79,7 +79,7 @@ func TestClaimFinishDoneOverManyTenants(t *testing.T) {
 				index[id] = i
 			}
 
-			first, err := r.Claim(ctx, ids)
+			first, err := r.Claim(ctx, ids, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,7 +105,7 @@ func TestClaimFinishDoneOverManyTenants(t *testing.T) {
 				t.Fatalf("%d batches, want %d (one for each tenant with usage)", len(claimed), want)
 			}
 
-			again, err := r.Claim(ctx, ids)
+			again, err := r.Claim(ctx, ids, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -139,30 +139,62 @@ func TestClaimFinishDoneOverManyTenants(t *testing.T) {
 				}
 			}
 
-			// Every eighth tenant (finished) counts usage again.
+			// Every eighth tenant (finished) counts usage again. A third
+			// claim names the odd tenants' batches (still in flight) to
+			// drop: it drops them and claims nothing more of them, and
+			// claims the eighth tenants' new usage. The tenants it returns
+			// nothing for leave the active set (Idle).
 			again8 := func(i int) bool { return i%8 == 0 }
 			for i, id := range ids {
 				if again8(i) {
 					quotaredistest.MustAdmit(t, r, quota.Request{TenantID: id, Meter: "m", Cost: 1, Now: now.Add(time.Minute)})
 				}
 			}
-			if err := r.Done(ctx, ids); err != nil {
+			drop := make([]string, len(ids))
+			for _, b := range first {
+				if i := index[b.TenantID]; i%2 == 1 {
+					drop[i] = b.ID
+				}
+			}
+			third, err := r.Claim(ctx, ids, drop)
+			if err != nil {
+				t.Fatal(err)
+			}
+			claimedAgain := map[string]bool{}
+			for _, b := range third {
+				i := index[b.TenantID]
+				if !again8(i) || b.Resumed || b.Err != nil || len(b.Rows) != 1 || b.Rows[0].Units != 1 {
+					t.Errorf("tenant %d claimed a third time: %+v; want only the eighth tenants' new usage, in new batches", i, b)
+				}
+				claimedAgain[b.TenantID] = true
+			}
+			var quiet, want []string
+			for i, id := range ids {
+				if again8(i) {
+					want = append(want, id)
+				}
+				if !claimedAgain[id] {
+					quiet = append(quiet, id)
+				}
+				n, err := c.Exists(ctx, r.Key(id, "flushing")).Result()
+				if err != nil || (n == 1) != again8(i) {
+					t.Errorf("tenant %d after the third claim: a batch in flight %d, %v; want %t", i, n, err, again8(i))
+				}
+			}
+			if len(claimedAgain) != len(want) {
+				t.Errorf("the third claim: %d batches, want %d", len(claimedAgain), len(want))
+			}
+			if err := r.Idle(ctx, quiet); err != nil {
 				t.Fatal(err)
 			}
 			left, err := r.ActiveTenants(ctx)
 			if err != nil {
 				t.Fatal(err)
 			}
-			var want []string
-			for i, id := range ids {
-				if inFlight(i) || again8(i) {
-					want = append(want, id)
-				}
-			}
 			slices.Sort(left)
 			slices.Sort(want)
 			if !slices.Equal(left, want) {
-				t.Errorf("active after Done: %d tenants, want the %d with a batch in flight or usage again", len(left), len(want))
+				t.Errorf("active after Idle: %d tenants, want the %d with usage again", len(left), len(want))
 			}
 		})
 	}

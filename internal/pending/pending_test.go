@@ -105,7 +105,7 @@ func TestPendingCountsShadowRefusalsAndDegraded(t *testing.T) {
 	if err != nil || len(many[tenant]) != 1 || many[tenant][0] != want {
 		t.Fatalf("PendingMany: got %+v, %v; want [%+v]", many[tenant], err, want)
 	}
-	batches, err := r.Claim(ctx, []string{tenant})
+	batches, err := r.Claim(ctx, []string{tenant}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -128,14 +128,20 @@ func (r *Usage) pipelinedParts(ctx context.Context, n int, each func(i int) (red
 
 // Claim takes the pending usage of each tenant as a batch (or returns the
 // batch already in flight), pipelined (a round trip per pipelinePart
-// tenants). Tenants with nothing to flush are left out.
-func (r *Usage) Claim(ctx context.Context, tenantIDs []string) ([]quota.Batch, error) {
+// tenants). Tenants with nothing to flush are left out. drop, when not nil,
+// holds for each tenant the id of a batch Postgres recorded and Redis still
+// holds in flight, or "": that batch is dropped first, in the same call (as
+// Finish would), so that the claim takes the usage pending since.
+func (r *Usage) Claim(ctx context.Context, tenantIDs, drop []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
 	cmds, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (redisfn.Fn, []string, []any) {
 		id := tenantIDs[i]
 		proposed[i] = newBatchID()
-		return redisfn.FnClaim, []string{r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id)},
-			[]any{proposed[i], quota.FlushingTTL.Milliseconds()}
+		args := []any{proposed[i], quota.FlushingTTL.Milliseconds()}
+		if drop != nil && drop[i] != "" {
+			args = append(args, drop[i])
+		}
+		return redisfn.FnClaim, []string{r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id)}, args
 	})
 	if err != nil {
 		return nil, fmt.Errorf("ratelimit: claim: %w", err)
@@ -212,31 +218,20 @@ func (r *Usage) Finish(ctx context.Context, batches []quota.Batch) error {
 	return nil
 }
 
-// Done takes tenants out of the active set after their usage was flushed,
-// except those that have pending usage again: they stay for the next cycle.
-// (A tenant that counts usage after this check is reported again by its API
-// node within a second, and the sweep finds it in any case.)
-func (r *Usage) Done(ctx context.Context, tenantIDs []string) error {
+// Idle takes tenants out of the active set: a claim just found nothing
+// pending and nothing in flight for them. (A tenant that counts usage
+// after that claim is reported again by its API node within a second, and
+// the sweep finds it in any case.)
+func (r *Usage) Idle(ctx context.Context, tenantIDs []string) error {
 	if len(tenantIDs) == 0 {
 		return nil
 	}
-	exists, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (redisfn.Fn, []string, []any) {
-		return redisfn.FnPending, r.PendingKeys(tenantIDs[i]), []any{"any"}
-	})
-	if err != nil {
-		return fmt.Errorf("ratelimit: done: %w", err)
-	}
-	var members []any
+	members := make([]any, len(tenantIDs))
 	for i, id := range tenantIDs {
-		if n, err := exists[i].Int(); err == nil && n == 0 {
-			members = append(members, id)
-		}
-	}
-	if len(members) == 0 {
-		return nil
+		members[i] = id
 	}
 	if err := r.Client().SRem(ctx, r.ActiveKey(), members...).Err(); err != nil {
-		return fmt.Errorf("ratelimit: done: %w", err)
+		return fmt.Errorf("ratelimit: idle: %w", err)
 	}
 	return nil
 }

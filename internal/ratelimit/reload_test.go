@@ -122,7 +122,7 @@ func TestFunctionReloadInPipelines(t *testing.T) {
 				}
 			}
 			deleteEverywhere()
-			batches, err := r.Claim(ctx, tenants)
+			batches, err := r.Claim(ctx, tenants, nil)
 			if err != nil || len(batches) != len(tenants) {
 				t.Fatalf("Claim: %d batches, %v; want %d", len(batches), err, len(tenants))
 			}
@@ -136,10 +136,7 @@ func TestFunctionReloadInPipelines(t *testing.T) {
 				t.Fatal(err)
 			}
 			deleteEverywhere()
-			if err := r.Done(ctx, tenants); err != nil {
-				t.Fatal(err)
-			}
-			if again, err := r.Claim(ctx, tenants); err != nil || len(again) != 0 {
+			if again, err := r.Claim(ctx, tenants, nil); err != nil || len(again) != 0 {
 				t.Errorf("Claim after Finish: %+v, %v; want nothing left to flush", again, err)
 			}
 		})

@@ -186,7 +186,7 @@ func (s upgradeScenario) steps(tb testing.TB, r *stack, tenant string, refund up
 	// the worker's flush: the pending usage of both hashes, once
 	b.Reset()
 	for range 2 {
-		batches, err := r.Claim(ctx, []string{tenant})
+		batches, err := r.Claim(ctx, []string{tenant}, nil)
 		fmt.Fprintf(&b, "claim: %d batches, %v\n", len(batches), err)
 		for _, bt := range batches {
 			fmt.Fprintf(&b, "resumed=%t err=%v\n", bt.Resumed, bt.Err)
