@@ -140,7 +140,7 @@ type Reconciler struct {
 	// and has not dropped from Redis yet: the tenant's next claim drops it
 	// (or Close does).
 	recorded map[string]string
-	sweptAt time.Time             // start of the last completed flush that swept the keyspace
+	sweptAt  time.Time // start of the last completed flush that swept the keyspace
 }
 
 // Share is a worker's share of the tenants (see Reconciler.Share).
