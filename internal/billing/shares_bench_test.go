@@ -30,8 +30,8 @@ const sharedFlushTenants = 100_000
 // time of the cycle: from the workers' start to the last one's end; the
 // CPU seconds each part spent on it are reported beside (cpuUse), which
 // bound the wall time from below on a machine that runs them all. The
-// seeding (pipelined) is outside the timer; every iteration checks that
-// each tenant's batch was recorded.
+// seeding (pipelined) and a first cycle are outside the timer; every cycle
+// checks that each tenant's batch was recorded.
 func BenchmarkSharedFlush(b *testing.B) {
 	ctx := context.Background()
 	db := testenv.Postgres(b)
@@ -99,8 +99,17 @@ func benchFlush(b *testing.B, r *rig, rl *quotaredis.Store, rdb redis.UniversalC
 			}
 		}
 	}
-	var cpu cpuUse
-	for b.Loop() {
+	b.Cleanup(func() { // the batches recorded last, not left to the next sub-benchmark
+		for _, rec := range recs {
+			if err := rec.Close(ctx); err != nil {
+				b.Error(err)
+			}
+		}
+	})
+	// cycle flushes every tenant's new pending usage with every worker
+	// at once and checks that each tenant's batch was recorded; it returns
+	// the CPU the parts spent.
+	cycle := func() cpuUse {
 		b.StopTimer()
 		seedPending(b, rdb, prefix, ids)
 		began := time.Now()
@@ -114,8 +123,6 @@ func benchFlush(b *testing.B, r *rig, rl *quotaredis.Store, rdb redis.UniversalC
 		wg.Wait()
 		b.StopTimer()
 		spent := cpuNow(b, rdb).since(cpu0)
-		cpu.workers, cpu.redis, cpu.postgres, cpu.local = cpu.workers+spent.workers, cpu.redis+spent.redis,
-			cpu.postgres+spent.postgres, spent.local
 		for i, err := range errs {
 			if err != nil {
 				b.Fatalf("worker %d: %v", i, err)
@@ -132,6 +139,19 @@ func benchFlush(b *testing.B, r *rig, rl *quotaredis.Store, rdb redis.UniversalC
 			_ = rec.TakeFlushed()
 		}
 		b.StartTimer()
+		return spent
+	}
+	// One cycle untimed first: each timed one is a cycle in service, each
+	// tenant's claim dropping the batch the cycle before recorded (the
+	// first flush of a month also inserts each tenant's rows: that of
+	// the first sub-benchmark's warm-up).
+	cycle()
+	b.ResetTimer()
+	var cpu cpuUse
+	for b.Loop() {
+		spent := cycle()
+		cpu.workers, cpu.redis, cpu.postgres, cpu.local = cpu.workers+spent.workers, cpu.redis+spent.redis,
+			cpu.postgres+spent.postgres, spent.local
 	}
 	b.ReportMetric(float64(len(ids))*float64(b.N)/b.Elapsed().Seconds(), "tenants/s")
 	cpu.report(b)

@@ -9,6 +9,10 @@ import (
 	"time"
 
 	"github.com/tollgate/tollgate/internal/app"
+	"github.com/tollgate/tollgate/internal/catalogdb"
+	"github.com/tollgate/tollgate/internal/pgdb"
+	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -63,5 +67,66 @@ func TestWorkerRefusesBadConfig(t *testing.T) {
 	}, &strings.Builder{})
 	if err == nil || !strings.Contains(err.Error(), "TOLLGATE_RECONCILE_INTERVAL") {
 		t.Fatalf("run = %v, want an error naming TOLLGATE_RECONCILE_INTERVAL", err)
+	}
+}
+
+// TestWorkerStopDropsTheBatchesItRecorded: a worker leaves the batch it
+// recorded in flight until the tenant's next claim drops it (here, an hour
+// away); stopping, it drops it itself.
+func TestWorkerStopDropsTheBatchesItRecorded(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	dbURL := testenv.MigratedDatabase(t)
+	db, err := pgdb.Open(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	rdb := testenv.Redis(t)
+	prefix := testenv.Prefix(t, rdb)
+	rl := quotaredis.New(rdb, prefix)
+	tn, err := catalogdb.NewStore(db).CreateTenant(ctx, "test", "tenant", "pro")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := rl.Admit(ctx, quota.Request{TenantID: tn.ID, Meter: "demo", Cost: 5}); err != nil {
+		t.Fatal(err)
+	}
+	mustRedis(t, rl.ReportActive(ctx))
+	flushing := prefix + ":v1:{t:" + tn.ID + "}:flushing"
+
+	wctx, stop := context.WithCancel(ctx)
+	defer stop()
+	done := make(chan error, 1)
+	go func() {
+		done <- app.RunWorker(wctx, func(k string) string {
+			return map[string]string{
+				"REDIS_URL":                    testenv.RedisURL(t),
+				"DATABASE_URL":                 dbURL,
+				"TOLLGATE_RECONCILE_INTERVAL":  "1h", // the first cycle only
+				"TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
+				"TOLLGATE_REDIS_PREFIX":        prefix,
+			}[k]
+		}, io.Discard)
+	}()
+	var units int64
+	for deadline := time.Now().Add(60 * time.Second); units != 5 && time.Now().Before(deadline); {
+		time.Sleep(50 * time.Millisecond)
+		if err := db.QueryRow(ctx, `SELECT coalesce(sum(units), 0)::bigint FROM usage WHERE tenant_id = $1`, tn.ID).Scan(&units); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if units != 5 {
+		t.Fatalf("the ledger holds %d units after 60 s, want the 5 admitted", units)
+	}
+	if n, err := rdb.Exists(ctx, flushing).Result(); err != nil || n != 1 {
+		t.Fatalf("the recorded batch in flight: %d, %v; want it there until the next claim", n, err)
+	}
+	stop()
+	if err := <-done; err != nil {
+		t.Fatalf("run = %v, want nil after its context ends", err)
+	}
+	if n, err := rdb.Exists(ctx, flushing).Result(); err != nil || n != 0 {
+		t.Errorf("the recorded batch in flight after the worker stopped: %d, %v; want it dropped", n, err)
 	}
 }
