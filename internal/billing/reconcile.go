@@ -233,6 +233,7 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 	}
 	if r.Share != nil {
 		ids = slices.DeleteFunc(ids, func(id string) bool { return !r.Share.Owns(id) })
+		r.dropMoved(ctx)
 	}
 	// Stuck batches are retried every cycle, also those a sweep found.
 	ids = union(ids, r.stuckTenants())
@@ -351,6 +352,18 @@ func (r *Reconciler) flushOnce(ctx context.Context, ids []string) (resumed []str
 			return nil, err
 		}
 	}
+	// The batches of tenants another worker flushes (the leader's sweep
+	// finds them) are dropped at once: left in flight, their owner's next
+	// claim would find them and record them again.
+	var others []quota.Batch
+	for _, b := range recorded {
+		if !r.owns(b.TenantID) {
+			others = append(others, b)
+		}
+	}
+	if err := r.rl.Finish(ctx, others); err != nil {
+		return nil, err
+	}
 	for _, b := range recorded {
 		if b.Resumed {
 			resumed = append(resumed, b.TenantID)
@@ -398,6 +411,32 @@ func (r *Reconciler) takeRecorded(ids []string) []string {
 		}
 	}
 	return drop
+}
+
+// owns reports whether this reconciler flushes the tenant (Share).
+func (r *Reconciler) owns(tenantID string) bool {
+	return r.Share == nil || r.Share.Owns(tenantID)
+}
+
+// dropMoved drops from Redis the batches this reconciler recorded of
+// tenants whose shard another worker took since, and forgets them: their
+// next claim is the other worker's. Those it cannot drop (Redis down) the
+// other worker finds recorded and drops.
+func (r *Reconciler) dropMoved(ctx context.Context) {
+	r.mu.Lock()
+	var moved []quota.Batch
+	for id, b := range r.recorded {
+		if !r.owns(id) {
+			moved = append(moved, quota.Batch{TenantID: id, ID: b})
+			delete(r.recorded, id)
+		}
+	}
+	r.mu.Unlock()
+	if len(moved) > 0 {
+		if err := r.rl.Finish(ctx, moved); err != nil {
+			r.log.Warn("recorded batches of tenants another worker took left in flight: it drops them", "batches", len(moved), "err", err)
+		}
+	}
 }
 
 // Close drops from Redis the batches this reconciler recorded and has not
@@ -494,8 +533,8 @@ func (r *Reconciler) markStuck(b quota.Batch, err error) {
 }
 
 // noteRecorded remembers the tenants whose batches were recorded (for the
-// invoices step), and those batches (for their tenants' next claims to
-// drop), and forgets the stuck batches that are gone: recorded, or dropped
+// invoices step), and those batches of the tenants it owns (for their next
+// claims to drop), and forgets the stuck batches that are gone: recorded, or dropped
 // by another worker (the tenant had no batch left to claim).
 func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []quota.Batch) {
 	r.mu.Lock()
@@ -508,7 +547,9 @@ func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []quota.Batch)
 	}
 	for _, b := range recorded {
 		r.flushed[b.TenantID] = struct{}{}
-		r.recorded[b.TenantID] = b.ID
+		if r.owns(b.TenantID) {
+			r.recorded[b.TenantID] = b.ID
+		}
 		delete(r.stuck, b.TenantID)
 	}
 	if len(r.stuck) == 0 {

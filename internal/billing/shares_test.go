@@ -298,3 +298,77 @@ func TestSharedWorkersWaitForTheLeadersRepair(t *testing.T) {
 	}
 	r.ledgerEquals(t, ids, admitted)
 }
+
+// TestLeadersSweepLeavesOthersNothingToRecordAgain: the workers leave the
+// batches they recorded in flight until their tenants' next claims. The
+// leader's sweep finds those of the other worker's tenants too, and flushes
+// them with the new usage; it drops what it recorded of them at once, so
+// the other worker's next cycle finds nothing of them to record again, and
+// a worker that loses shards drops what it recorded of them.
+func TestLeadersSweepLeavesOthersNothingToRecordAgain(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	ids := r.tenants(t, 200, "pro")
+	recs, shares := r.sharedWorkers(t, 2)
+	lead, other := 0, 1
+	if shares[1].Leads() {
+		lead, other = 1, 0
+	}
+	admitted := r.admit(t, ids, 2000, 21)
+	flushAll(t, recs) // each worker's tenants' batches left in flight
+	more := r.admit(t, ids, 2000, 22)
+	for id, u := range more {
+		admitted[id] += u
+	}
+	recs[lead].SweepEvery = 0
+	if err := recs[lead].Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	recs[lead].SweepEvery = time.Hour
+	r.ledgerEquals(t, ids, admitted)
+	inFlight := 0
+	for _, id := range ids {
+		n, err := r.rdb.Exists(ctx, r.prefix+":v1:{t:"+id+"}:flushing").Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n == 1 && !shares[lead].Owns(id) {
+			inFlight++
+		}
+	}
+	if inFlight != 0 {
+		t.Errorf("the leader's sweep left %d batches of the other worker's tenants in flight, want none", inFlight)
+	}
+	before := recs[other].Batches.Load()
+	flushAll(t, recs) // no new usage
+	if n := recs[other].Batches.Load() - before; n != 0 {
+		t.Errorf("the other worker recorded %d batches again after the leader's sweep, want none", n)
+	}
+	if left, err := r.rl.SweepTenants(ctx); err != nil || len(left) != 0 {
+		t.Errorf("%d tenants with usage in Redis after a cycle with no new usage (%v)", len(left), err)
+	}
+
+	// A worker whose shards move drops the batches it recorded of them
+	// (here: all of them, once the other worker is the only one left).
+	again := r.admit(t, ids, 2000, 23)
+	for id, u := range again {
+		admitted[id] += u
+	}
+	flushAll(t, recs)
+	shares[lead].Close()
+	for range 2 {
+		syncShares(t, shares[other:other+1])
+	}
+	before = recs[other].Batches.Load()
+	if err := recs[lead].Flush(ctx); err != nil { // owns nothing now: only drops
+		t.Fatal(err)
+	}
+	if err := recs[other].Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if n := recs[other].Batches.Load() - before; n != 0 {
+		t.Errorf("the remaining worker recorded %d batches again of the tenants it took, want none: the worker that lost them drops them", n)
+	}
+	r.ledgerEquals(t, ids, admitted)
+}
