@@ -127,12 +127,15 @@ func serveWorker(ctx context.Context, b *base) error {
 	log.Info("worker started", "interval", cfg.ReconcileInterval.String(), "metrics_addr", ln.Addr().String())
 
 	err = loop.Run(ctx)
-	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	// The batches this worker recorded last, dropped from Redis now rather
-	// than by their tenants' next claims (see billing.Reconciler).
-	if cerr := rec.Close(sctx); cerr != nil {
+	// than by their tenants' next claims (see billing.Reconciler): a
+	// pipeline of 500 a round trip, within 5 s.
+	cctx, ccancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if cerr := rec.Close(cctx); cerr != nil {
 		log.Warn("recorded batches left in flight: the next flush drops them", "err", cerr)
 	}
+	ccancel()
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = srv.Shutdown(sctx)
 	cancel()
 	log.Info("worker stopped")

@@ -40,8 +40,11 @@ func (s *Sessions) Put(ctx context.Context, owner, key string, value []byte, ttl
 	var card *redis.IntCmd
 	_, err := s.rdb.Pipelined(ctx, func(p redis.Pipeliner) error {
 		p.Set(ctx, s.prefix+key, value, ttl)
-		p.ZRemRangeByScore(ctx, list, "-inf", fmt.Sprint(now.UnixMilli()))
-		p.ZAdd(ctx, list, redis.Z{Score: float64(now.Add(ttl).UnixMilli()), Member: key})
+		// Scored by their end in microseconds (exact in a float64): two
+		// sign-ins within a millisecond still end in the order they came.
+		// (Entries of a release that scored in milliseconds read as ended.)
+		p.ZRemRangeByScore(ctx, list, "-inf", fmt.Sprint(now.UnixMicro()))
+		p.ZAdd(ctx, list, redis.Z{Score: float64(now.Add(ttl).UnixMicro()), Member: key})
 		p.PExpire(ctx, list, ttl)
 		card = p.ZCard(ctx, list)
 		return nil
