@@ -46,7 +46,7 @@ local function hincrby(key, name, n)
 end
 
 function FN.claim()
-if ARGV[3] and ARGV[3] ~= '' and redis.call('HGET', KEYS[2], 'batch') == ARGV[3] then
+if ARGV[3] and redis.call('HGET', KEYS[2], 'batch') == ARGV[3] then
   redis.call('DEL', KEYS[2])
 end
 if redis.call('EXISTS', KEYS[2]) == 0 then

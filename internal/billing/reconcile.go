@@ -423,19 +423,8 @@ func (r *Reconciler) owns(tenantID string) bool {
 // next claim is the other worker's. Those it cannot drop (Redis down) the
 // other worker finds recorded and drops.
 func (r *Reconciler) dropMoved(ctx context.Context) {
-	r.mu.Lock()
-	var moved []quota.Batch
-	for id, b := range r.recorded {
-		if !r.owns(id) {
-			moved = append(moved, quota.Batch{TenantID: id, ID: b})
-			delete(r.recorded, id)
-		}
-	}
-	r.mu.Unlock()
-	if len(moved) > 0 {
-		if err := r.rl.Finish(ctx, moved); err != nil {
-			r.log.Warn("recorded batches of tenants another worker took left in flight: it drops them", "batches", len(moved), "err", err)
-		}
+	if err := r.dropRecorded(ctx, r.owns); err != nil {
+		r.log.Warn("recorded batches of tenants another worker took left in flight: it drops them", "err", err)
 	}
 }
 
@@ -444,16 +433,22 @@ func (r *Reconciler) dropMoved(ctx context.Context) {
 // when it stops. Those it cannot drop are dropped by the next claim of
 // their tenants, by any worker, after Postgres found them recorded.
 func (r *Reconciler) Close(ctx context.Context) error {
+	return r.dropRecorded(ctx, func(string) bool { return false })
+}
+
+// dropRecorded drops from Redis the batches this reconciler recorded and
+// has not dropped yet, of the tenants for which keep is false, and forgets
+// them.
+func (r *Reconciler) dropRecorded(ctx context.Context, keep func(tenantID string) bool) error {
 	r.mu.Lock()
-	batches := make([]quota.Batch, 0, len(r.recorded))
+	var batches []quota.Batch
 	for id, b := range r.recorded {
-		batches = append(batches, quota.Batch{TenantID: id, ID: b})
+		if !keep(id) {
+			batches = append(batches, quota.Batch{TenantID: id, ID: b})
+			delete(r.recorded, id)
+		}
 	}
-	r.recorded = nil
 	r.mu.Unlock()
-	if len(batches) == 0 {
-		return nil
-	}
 	return r.rl.Finish(ctx, batches)
 }
 
@@ -534,8 +529,8 @@ func (r *Reconciler) markStuck(b quota.Batch, err error) {
 
 // noteRecorded remembers the tenants whose batches were recorded (for the
 // invoices step), and those batches of the tenants it owns (for their next
-// claims to drop), and forgets the stuck batches that are gone: recorded, or dropped
-// by another worker (the tenant had no batch left to claim).
+// claims to drop), and forgets the stuck batches that are gone: recorded,
+// or dropped by another worker (the tenant had no batch left to claim).
 func (r *Reconciler) noteRecorded(ids []string, claimed, recorded []quota.Batch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/app"
 	"github.com/tollgate/tollgate/internal/catalogdb"
@@ -37,6 +38,20 @@ func (w *workerRun) log() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	return w.logs.String()
+}
+
+// stores opens a database of the test's own, migrated (its pool closed when
+// the test ends), and a Redis client with a key prefix of the test's own.
+func stores(t *testing.T) (dbURL string, db *pgxpool.Pool, rdb redis.UniversalClient, prefix string) {
+	t.Helper()
+	dbURL = testenv.MigratedDatabase(t)
+	db, err := pgdb.Open(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(db.Close)
+	rdb = testenv.Redis(t)
+	return dbURL, db, rdb, testenv.Prefix(t, rdb)
 }
 
 func startWorker(t *testing.T, env map[string]string) *workerRun {
@@ -147,14 +162,7 @@ func metric(t *testing.T, addr, name string) float64 {
 func TestWorkerHoldsTheMonthOpenWhileABatchIsStuck(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	rdb := testenv.Redis(t)
-	prefix := testenv.Prefix(t, rdb)
+	dbURL, db, rdb, prefix := stores(t)
 
 	cur := quota.MonthStart(time.Now())
 	prev, lastHour := cur.AddDate(0, -1, 0), cur.Add(-time.Hour)

@@ -10,7 +10,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/app"
 	"github.com/tollgate/tollgate/internal/catalogdb"
-	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/ratelimit"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -51,15 +50,8 @@ func cyclesOfGrants(t *testing.T, env map[string]string, n int) {
 func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	pool, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(pool.Close)
+	dbURL, pool, rdb, prefix := stores(t)
 	store := catalogdb.NewStore(pool)
-	rdb := testenv.Redis(t)
-	prefix := testenv.Prefix(t, rdb)
 	tenant, err := store.CreateTenant(ctx, "test", "acme", "free")
 	if err != nil {
 		t.Fatal(err)

@@ -14,7 +14,6 @@ import (
 	"github.com/tollgate/tollgate/internal/app"
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalogdb"
-	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -34,14 +33,7 @@ func TestMain(m *testing.M) {
 func TestKill9UnderLoadLosesAndDoublesNothing(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	rdb := testenv.Redis(t)
-	prefix := testenv.Prefix(t, rdb)
+	dbURL, db, rdb, prefix := stores(t)
 	store := catalogdb.NewStore(db)
 	var ids []string
 	for range 10 {

@@ -8,7 +8,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/billing"
 	"github.com/tollgate/tollgate/internal/catalogdb"
-	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -23,14 +22,7 @@ import (
 func TestWorkerCreditsALateRefund(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	rdb := testenv.Redis(t)
-	prefix := testenv.Prefix(t, rdb)
+	dbURL, db, rdb, prefix := stores(t)
 	rl := quotaredis.New(rdb, prefix)
 
 	cur := quota.MonthStart(time.Now())

@@ -10,7 +10,6 @@ import (
 
 	"github.com/tollgate/tollgate/internal/app"
 	"github.com/tollgate/tollgate/internal/catalogdb"
-	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -76,14 +75,7 @@ func TestWorkerRefusesBadConfig(t *testing.T) {
 func TestWorkerStopDropsTheBatchesItRecorded(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(db.Close)
-	rdb := testenv.Redis(t)
-	prefix := testenv.Prefix(t, rdb)
+	dbURL, db, rdb, prefix := stores(t)
 	rl := quotaredis.New(rdb, prefix)
 	tn, err := catalogdb.NewStore(db).CreateTenant(ctx, "test", "tenant", "pro")
 	if err != nil {

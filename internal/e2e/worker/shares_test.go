@@ -13,7 +13,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/catalogdb"
-	"github.com/tollgate/tollgate/internal/pgdb"
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
@@ -63,14 +62,7 @@ func waitFor(cond func() bool) bool {
 func TestTwoWorkerProcessesSplitAndHandOver(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
-	dbURL := testenv.MigratedDatabase(t)
-	db, err := pgdb.Open(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer db.Close()
-	rdb := testenv.Redis(t)
-	prefix := testenv.Prefix(t, rdb)
+	dbURL, db, rdb, prefix := stores(t)
 	store := catalogdb.NewStore(db)
 	var ids []string
 	shardsHit := map[int]bool{}
