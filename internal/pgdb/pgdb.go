@@ -43,6 +43,7 @@ func Open(ctx context.Context, url string) (*pgxpool.Pool, error) {
 	if _, set := cfg.ConnConfig.RuntimeParams["timezone"]; !set {
 		cfg.ConnConfig.RuntimeParams["timezone"] = "UTC"
 	}
+	cfg.AfterConnect = registerUUID
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return nil, fmt.Errorf("postgres: open: %w", err)
