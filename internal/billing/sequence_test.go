@@ -3,6 +3,7 @@ package billing
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -268,10 +269,11 @@ func TestQuotaCheckIgnoresTheSessionTimeZone(t *testing.T) {
 }
 
 // fcallCounter counts the Redis functions a client calls, by name, also in
-// pipelines.
+// pipelines, and the keys they were called with.
 type fcallCounter struct {
 	mu    sync.Mutex
 	calls map[string]int
+	keys  map[string]int
 }
 
 func (h *fcallCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -295,31 +297,36 @@ func (h *fcallCounter) count(cmd redis.Cmder) {
 		return
 	}
 	fn, _ := args[1].(string)
+	name := fn[strings.LastIndex(fn, "_")+1:]
+	numKeys, _ := strconv.Atoi(fmt.Sprint(args[2]))
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.calls[fn[strings.LastIndex(fn, "_")+1:]]++
-}
-func (h *fcallCounter) take() map[string]int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	out := h.calls
-	h.calls = map[string]int{}
-	return out
+	h.calls[name]++
+	h.keys[name] += numKeys
 }
 
-// TestBusyCycleCallsRedisOnceATenant: a cycle that flushes tenants whose
-// last batch was recorded in the cycle before calls one Redis function a
-// tenant: its claim, which drops that batch and takes the usage pending
-// since. A cycle with nothing new drops the batches the same way and
-// leaves no tenant active and nothing in flight.
-func TestBusyCycleCallsRedisOnceATenant(t *testing.T) {
+// take returns the calls and keys counted since the last take.
+func (h *fcallCounter) take() (calls, keys map[string]int) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	calls, keys = h.calls, h.keys
+	h.calls, h.keys = map[string]int{}, map[string]int{}
+	return calls, keys
+}
+
+// TestBusyCycleClaimsTenantsInFewCalls: a cycle that flushes tenants whose
+// last batch was recorded in the cycle before calls one Redis function:
+// the claim, once for up to 64 tenants, which drops each tenant's batch
+// and takes the usage pending since. A cycle with nothing new drops the
+// batches the same way and leaves no tenant active and nothing in flight.
+func TestBusyCycleClaimsTenantsInFewCalls(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb := testenv.Redis(t)
-	calls := &fcallCounter{calls: map[string]int{}}
+	calls := &fcallCounter{calls: map[string]int{}, keys: map[string]int{}}
 	rdb.AddHook(calls)
 	r := mustRig(t, rdb)
-	ids := r.tenants(t, 40, "pro")
+	ids := r.tenants(t, 100, "pro")
 	rc := r.reconciler()
 	rc.SweepEvery = time.Hour
 	rc.lastSweep = time.Now() // the active set alone
@@ -340,9 +347,11 @@ func TestBusyCycleCallsRedisOnceATenant(t *testing.T) {
 		if err := rc.Flush(ctx); err != nil {
 			t.Fatal(err)
 		}
-		got := calls.take()
-		if cycle > 0 && (got["claim"] != len(ids) || len(got) != 1) {
-			t.Errorf("cycle %d: Redis functions called %v, want only claim, once for each of the %d tenants", cycle+1, got, len(ids))
+		got, keys := calls.take()
+		// (three keys a tenant: its pending, flushing and state hashes)
+		if cycle > 0 && (got["claim"] != 2 || keys["claim"] != 3*len(ids) || len(got) != 1) {
+			t.Errorf("cycle %d: Redis functions called %v with keys %v, want only claim, twice (64 tenants, then 36), each of the %d tenants once",
+				cycle+1, got, keys, len(ids))
 		}
 	}
 	r.ledgerEquals(t, ids, want)

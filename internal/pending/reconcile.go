@@ -126,40 +126,116 @@ func (r *Usage) pipelinedParts(ctx context.Context, n int, each func(i int) (red
 	return cmds, nil
 }
 
+// claimCall is the most tenants one claim call takes (lua/claim.lua): a
+// call costs Redis more than a tenant's claim in it does, and at 64 a call
+// holds Redis for about half a millisecond.
+const claimCall = 64
+
+// claimCalls splits the indices of tenantIDs into claim calls: calls of at
+// most claimCall tenants, on a cluster each of tenants of one hash slot
+// (the keys of one call must share it).
+func (r *Usage) claimCalls(tenantIDs []string) [][]int {
+	var groups [][]int
+	if _, cluster := r.Client().(*redis.ClusterClient); cluster {
+		bySlot := map[int]int{} // slot -> its group's index
+		for i, id := range tenantIDs {
+			slot := redisfn.KeySlot("t:" + id)
+			g, ok := bySlot[slot]
+			if !ok {
+				g = len(groups)
+				bySlot[slot] = g
+				groups = append(groups, nil)
+			}
+			groups[g] = append(groups[g], i)
+		}
+	} else {
+		all := make([]int, len(tenantIDs))
+		for i := range all {
+			all[i] = i
+		}
+		groups = [][]int{all}
+	}
+	var calls [][]int
+	for _, g := range groups {
+		for len(g) > 0 {
+			n := min(claimCall, len(g))
+			calls = append(calls, g[:n:n])
+			g = g[n:]
+		}
+	}
+	return calls
+}
+
 // Claim takes the pending usage of each tenant as a batch (or returns the
-// batch already in flight), pipelined (a round trip per pipelinePart
-// tenants). Tenants with nothing to flush are left out. drop, when not nil,
-// holds for each tenant the id of a batch Postgres recorded and Redis still
-// holds in flight, or "": that batch is dropped first, in the same call (as
-// Finish would), so that the claim takes the usage pending since.
+// batch already in flight), up to claimCall tenants a call, pipelined (a
+// round trip per pipelinePart tenants or so). Tenants with nothing to flush
+// are left out. drop, when not nil, holds for each tenant the id of a batch
+// Postgres recorded and Redis still holds in flight, or "": that batch is
+// dropped first, in the same call (as Finish would), so that the claim
+// takes the usage pending since.
 func (r *Usage) Claim(ctx context.Context, tenantIDs, drop []string) ([]quota.Batch, error) {
 	proposed := make([]string, len(tenantIDs))
-	cmds, err := r.pipelinedParts(ctx, len(tenantIDs), func(i int) (redisfn.Fn, []string, []any) {
-		id := tenantIDs[i]
-		proposed[i] = newBatchID()
-		args := []any{proposed[i], quota.FlushingTTL.Milliseconds()}
-		if drop != nil && drop[i] != "" {
-			args = append(args, drop[i])
+	calls := r.claimCalls(tenantIDs)
+	ttl := quota.FlushingTTL.Milliseconds()
+	answers := make([][]any, len(tenantIDs))
+	for start := 0; start < len(calls); {
+		end, tenants := start, 0
+		for end < len(calls) && (end == start || tenants+len(calls[end]) <= pipelinePart) {
+			tenants += len(calls[end])
+			end++
 		}
-		return redisfn.FnClaim, []string{r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id)}, args
-	})
-	if err != nil {
-		return nil, fmt.Errorf("ratelimit: claim: %w", err)
+		part := calls[start:end]
+		cmds, err := r.Pipelined(ctx, len(part), func(c int) (redisfn.Fn, []string, []any) {
+			call := part[c]
+			keys := make([]string, 0, 3*len(call))
+			args := make([]any, 1, 1+2*len(call))
+			args[0] = ttl
+			for _, i := range call {
+				id := tenantIDs[i]
+				proposed[i] = newBatchID()
+				dropID := ""
+				if drop != nil {
+					dropID = drop[i]
+				}
+				keys = append(keys, r.Key(id, "pending"), r.Key(id, "flushing"), r.StateKey(id))
+				args = append(args, proposed[i], dropID)
+			}
+			return redisfn.FnClaim, keys, args
+		})
+		if err != nil {
+			return nil, fmt.Errorf("ratelimit: claim: %w", err)
+		}
+		for c, cmd := range cmds {
+			each, err := cmd.Slice()
+			if err == nil && len(each) != len(part[c]) {
+				err = fmt.Errorf("%d answers for %d tenants", len(each), len(part[c]))
+			}
+			if err != nil {
+				return nil, fmt.Errorf("ratelimit: claim: %w", err)
+			}
+			for k, i := range part[c] {
+				flat, ok := each[k].([]any)
+				if !ok {
+					return nil, fmt.Errorf("ratelimit: claim %s: answer %T", tenantIDs[i], each[k])
+				}
+				answers[i] = flat
+			}
+		}
+		start = end
 	}
 	var out []quota.Batch
-	for i, cmd := range cmds {
-		flat, err := cmd.StringSlice()
-		if err != nil {
-			return nil, fmt.Errorf("ratelimit: claim %s: %w", tenantIDs[i], err)
-		}
+	for i, flat := range answers {
 		if len(flat) == 0 {
 			continue
 		}
 		h := make(map[string]string, len(flat)/2)
 		for j := 0; j+1 < len(flat); j += 2 {
-			h[flat[j]] = flat[j+1]
+			k, _ := flat[j].(string)
+			v, _ := flat[j+1].(string)
+			h[k] = v
 		}
 		b := quota.Batch{TenantID: tenantIDs[i], ID: h["batch"], Resumed: h["batch"] != proposed[i]}
+		var err error
 		if seq, ok := h["seq"]; ok {
 			if b.Seq, err = strconv.ParseInt(seq, 10, 64); err != nil || b.Seq <= 0 {
 				b.Seq, err = 0, fmt.Errorf("batch sequence %q", seq)
