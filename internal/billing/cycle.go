@@ -50,8 +50,10 @@ func (c *Cycle) Flush(ctx context.Context) error {
 // alerts (RecordCreditAlerts), measured against the drafts just refreshed.
 //
 // With a Share on the Reconciler, each worker refreshes the tenants it
-// flushed, and only the leader runs the invoicer (its FlushedThrough comes
-// from the sweeps only the leader makes).
+// flushed and sweeps the current month's drafts of those it owns
+// (Invoicer.Sweep, Invoicer.Owns), and only the leader closes months
+// (Invoicer.Run: its FlushedThrough comes from the sweeps of the keyspace
+// only the leader makes).
 func (c *Cycle) Invoices(ctx context.Context) error {
 	ids := c.rec.TakeFlushed()
 	if err := c.invoices.Refresh(ctx, ids); err != nil {
@@ -61,7 +63,7 @@ func (c *Cycle) Invoices(ctx context.Context) error {
 		return err
 	}
 	if sh := c.rec.Share; sh != nil && !sh.Leads() {
-		return nil
+		return c.invoices.Sweep(ctx)
 	}
 	return c.invoices.Run(ctx)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -48,6 +49,16 @@ type Invoicer struct {
 	// the sweeps catch what Refresh does not see (tier changes, grants).
 	FullSweepEvery time.Duration
 	sweepStarted   time.Time
+
+	// Owns, when set, is this worker's share of the tenants
+	// (worker.Shares.Owns): the current month's sweep regenerates only the
+	// drafts of the tenants it owns, so that workers split the sweep as
+	// they split the flush (each worker runs Sweep, the leader Run). A
+	// tenant whose shard moves while the sweeps run may be left to the
+	// next sweep, as its drafts are refreshed by every flush of its usage
+	// in the meantime. Closing months is not split: the leader's Run closes
+	// every tenant's. Set it before the first Run.
+	Owns func(tenantID string) bool
 
 	// FlushedThrough, when set, holds finalization back until no usage
 	// counted before the month's end can still be waiting in Redis: a month
@@ -149,7 +160,32 @@ func (i *Invoicer) Run(ctx context.Context) (err error) {
 	if done, err := i.closeDue(ctx, now, &left); err != nil || !done {
 		return err
 	}
+	return i.sweep(ctx, now, left)
+}
 
+// Sweep is the part of Run that workers other than the leader run: the
+// current month's sweep of the tenants it Owns, every FullSweepEvery,
+// within TenantsPerRun tenants a call, resumed where it stopped.
+func (i *Invoicer) Sweep(ctx context.Context) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	left := i.TenantsPerRun
+	if left <= 0 {
+		left = DefaultTenantsPerRun
+	}
+	return i.sweep(ctx, i.now().UTC(), left)
+}
+
+// sweepListed bounds the tenants one sweep call lists, in TenantsPerRun,
+// when Owns leaves some out: a worker that owns few tenants still ends its
+// call soon.
+const sweepListed = 8
+
+// sweep regenerates the current month's drafts of up to left tenants (those
+// it Owns), from where the last call stopped; a new sweep starts once the
+// last ended FullSweepEvery ago. i.mu is held.
+func (i *Invoicer) sweep(ctx context.Context, now time.Time, left int) error {
+	cur := quota.MonthStart(now)
 	if !i.sweepMonth.Equal(cur) {
 		i.sweepMonth, i.sweepAfter = cur, firstTenantID
 	}
@@ -160,26 +196,35 @@ func (i *Invoicer) Run(ctx context.Context) (err error) {
 		i.sweepStarted = now
 	}
 	end := cur.AddDate(0, 1, 0)
-	for left > 0 {
+	listed := sweepListed * left
+	for left > 0 && listed > 0 {
+		limit := min(i.batch, left)
 		// ORDER BY tenants.id, the uuid: a bare "id" would name the text
 		// column selected, which no index serves with the uuid cursor (each
 		// batch filtered every tenant before the cursor).
 		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE created_at < $1 AND id > $2::uuid ORDER BY tenants.id LIMIT $3`,
-			end, i.sweepAfter, min(i.batch, left))
+			end, i.sweepAfter, limit)
 		if err != nil {
 			return err
 		}
-		if len(ids) > 0 {
-			if err := i.generateCurrent(ctx, now, ids); err != nil {
+		listed -= len(ids)
+		owned := ids
+		if i.Owns != nil {
+			owned = slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return !i.Owns(id) })
+		}
+		if len(owned) > 0 {
+			if err := i.generateCurrent(ctx, now, owned); err != nil {
 				return err
 			}
+		}
+		if len(ids) > 0 {
 			i.sweepAfter = ids[len(ids)-1]
 		}
-		if len(ids) < min(i.batch, left) {
-			i.sweepAfter = firstTenantID // done: the next Run starts a new sweep
+		if len(ids) < limit {
+			i.sweepAfter = firstTenantID // done: the next call starts a new sweep
 			return nil
 		}
-		left -= len(ids)
+		left -= len(owned)
 	}
 	return nil
 }

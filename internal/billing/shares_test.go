@@ -3,11 +3,15 @@ package billing
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/worker"
 )
 
@@ -380,4 +384,84 @@ func TestLeadersSweepLeavesOthersNothingToRecordAgain(t *testing.T) {
 		t.Errorf("the remaining worker recorded %d batches again of the tenants it took, want none: the worker that lost them drops them", n)
 	}
 	r.ledgerEquals(t, ids, admitted)
+}
+
+// TestWorkersSplitTheInvoiceSweep: each worker's sweep of the current
+// month's drafts regenerates the tenants it owns and no other; together
+// they cover every tenant. A worker that owns few tenants ends its sweep
+// call after listing sweepListed × TenantsPerRun of them.
+func TestWorkersSplitTheInvoiceSweep(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	ids := r.tenants(t, 60, "pro")
+	recs, shares := r.sharedWorkers(t, 2)
+	owned := make([]int, 2)
+	for _, id := range ids {
+		for i, sh := range shares {
+			if sh.Owns(id) {
+				owned[i]++
+			}
+		}
+	}
+	if owned[0] == 0 || owned[1] == 0 || owned[0]+owned[1] != len(ids) {
+		t.Fatalf("the workers own %v of the %d tenants, want a split of them all", owned, len(ids))
+	}
+	drafted := func() map[string]bool {
+		t.Helper()
+		rows, err := r.db.Query(ctx, `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = 'draft'`,
+			quota.MonthStart(time.Now()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, id := range got {
+			out[id] = true
+		}
+		return out
+	}
+	lead := 0
+	if shares[1].Leads() {
+		lead = 1
+	}
+	other := 1 - lead
+	cycles := make([]*Cycle, 2)
+	for i := range cycles {
+		inv := NewInvoicer(r.db, time.Now, time.Hour)
+		inv.Owns = shares[i].Owns
+		inv.FullSweepEvery = time.Hour
+		cycles[i] = NewCycle(recs[i], inv)
+	}
+	if err := cycles[other].Invoices(ctx); err != nil {
+		t.Fatal(err)
+	}
+	got := drafted()
+	for _, id := range ids {
+		if got[id] != shares[other].Owns(id) {
+			t.Fatalf("after the other worker's sweep: tenant %s drafted %t, owned by it %t", id, got[id], shares[other].Owns(id))
+		}
+	}
+	if err := cycles[lead].Invoices(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := drafted(); len(got) != len(ids) {
+		t.Fatalf("after both workers' sweeps: %d tenants drafted, want all %d", len(got), len(ids))
+	}
+
+	// A worker that owns none of them lists 8 × 5 tenants a call.
+	none := NewInvoicer(r.db, time.Now, time.Hour)
+	none.TenantsPerRun = 5
+	none.Owns = func(string) bool { return false }
+	if err := none.Sweep(ctx); err != nil {
+		t.Fatal(err)
+	}
+	sorted := slices.Clone(ids)
+	slices.Sort(sorted)
+	if want := sorted[sweepListed*5-1]; none.sweepAfter != want {
+		t.Fatalf("a sweep call owning nothing stopped after %q, want the %dth tenant %q", none.sweepAfter, sweepListed*5, want)
+	}
 }
