@@ -2,6 +2,7 @@ package worker
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"log/slog"
@@ -102,6 +103,9 @@ func (s *Shares) Owned() []int {
 	return out
 }
 
+// syncTimeout bounds a Sync, whatever its caller's deadline.
+const syncTimeout = 10 * time.Second
+
 // Alive returns how many workers the last Sync counted (this one included).
 func (s *Shares) Alive() int { return int(s.alive.Load()) }
 
@@ -111,6 +115,22 @@ func (s *Shares) Alive() int { return int(s.alive.Load()) }
 // it drops its session, and with it every lock, and holds nothing until a
 // later Sync succeeds.
 func (s *Shares) Sync(ctx context.Context) error {
+	// A Sync runs to its end past the step's deadline if it must (within
+	// syncTimeout), though not past the worker's stop: a Sync cut short
+	// drops the session and every lock, so one always cut short (a Postgres
+	// slow to accept connections, the round trips that take the shards, on
+	// a loaded host) would never hold any.
+	step := ctx
+	if err := step.Err(); err != nil && !errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("worker: shares: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(step), syncTimeout)
+	defer cancel()
+	defer context.AfterFunc(step, func() {
+		if !errors.Is(step.Err(), context.DeadlineExceeded) {
+			cancel()
+		}
+	})()
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	owned, leads := s.owned.Load(), s.leader.Load()

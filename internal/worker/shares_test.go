@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
@@ -218,4 +219,37 @@ func waitUnlocked(pool *pgxpool.Pool) error {
 		_, _ = pool.Exec(context.Background(), `SELECT pg_sleep(0.01)`)
 	}
 	return errors.New("the terminated leader's lock is still held after 500 polls")
+}
+
+// TestSyncOutlivesTheStepsDeadline: a Sync whose step's deadline has
+// passed (a loaded host, a Postgres slow to accept connections) still ends
+// holding its shards and the leader lock, rather than dropping its session
+// every cycle and never holding any; a Sync of a worker that stops
+// (its context canceled) holds nothing.
+func TestSyncOutlivesTheStepsDeadline(t *testing.T) {
+	t.Parallel()
+	pool := sharesPool(t)
+	late := NewShares(pool, quietLog)
+	t.Cleanup(late.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Nanosecond)
+	defer cancel()
+	<-ctx.Done()
+	if err := late.Sync(ctx); err != nil {
+		t.Fatalf("Sync after the step's deadline: %v", err)
+	}
+	if len(late.Owned()) != Shards || !late.Leads() {
+		t.Fatalf("after a Sync past the step's deadline: %d shards, leader %t; want all %d and the lead",
+			len(late.Owned()), late.Leads(), Shards)
+	}
+
+	stopping := NewShares(pool, quietLog)
+	t.Cleanup(stopping.Close)
+	ctx, stop := context.WithCancel(context.Background())
+	stop()
+	if err := stopping.Sync(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("Sync of a worker that stops = %v, want context.Canceled", err)
+	}
+	if len(stopping.Owned()) != 0 || stopping.Leads() {
+		t.Fatalf("a worker that stops holds %d shards, leader %t", len(stopping.Owned()), stopping.Leads())
+	}
 }
