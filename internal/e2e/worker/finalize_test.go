@@ -187,7 +187,7 @@ func TestWorkerHoldsTheMonthOpenWhileABatchIsStuck(t *testing.T) {
 	w := startWorker(t, map[string]string{
 		"REDIS_URL":                    testenv.RedisURL(t),
 		"DATABASE_URL":                 dbURL,
-		"TOLLGATE_RECONCILE_INTERVAL":  "100ms",
+		"TOLLGATE_RECONCILE_INTERVAL":  interval,
 		"TOLLGATE_INVOICE_GRACE":       "0s",
 		"TOLLGATE_LOG_LEVEL":           "debug",
 		"TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
@@ -216,7 +216,7 @@ func TestWorkerHoldsTheMonthOpenWhileABatchIsStuck(t *testing.T) {
 	}
 
 	// The first whole cycle flushes everything it can; under load a step
-	// may run past its timeout (the interval, 100 ms here) and the cycle
+	// may run past its timeout (the interval) and the cycle
 	// retries it, so wait for whole cycles until the good tenant is in,
 	// at most 20, then check everything at once.
 	w.waitCyclesUntil(t, 20, func() bool { return units(good) == 40 && metric(t, addr, "tollgate_worker_stuck_batches") == 1 })

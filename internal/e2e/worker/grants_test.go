@@ -66,7 +66,7 @@ func TestWorkerAppliesAGrantRedisMissedOnce(t *testing.T) {
 	}
 	env := map[string]string{
 		"REDIS_URL": testenv.RedisURL(t), "DATABASE_URL": dbURL, "TOLLGATE_REDIS_PREFIX": prefix,
-		"TOLLGATE_RECONCILE_INTERVAL": "100ms", "TOLLGATE_LOG_LEVEL": "debug", "TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
+		"TOLLGATE_RECONCILE_INTERVAL": interval, "TOLLGATE_LOG_LEVEL": "debug", "TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
 	}
 	stateKey := prefix + ":v2:{t:" + tenant.ID + "}" // lua/state.lua
 	sub := rdb.Subscribe(ctx, prefix+":v1:invalidate")

@@ -78,7 +78,7 @@ func TestKill9UnderLoadLosesAndDoublesNothing(t *testing.T) {
 	}()
 
 	env := append(os.Environ(), "TOLLGATE_TEST_RUN_WORKER=1", "DATABASE_URL="+dbURL, "REDIS_URL="+testenv.RedisURL(t),
-		"TOLLGATE_REDIS_PREFIX="+prefix, "TOLLGATE_RECONCILE_INTERVAL=100ms", "TOLLGATE_WORKER_METRICS_ADDR=127.0.0.1:0",
+		"TOLLGATE_REDIS_PREFIX="+prefix, "TOLLGATE_RECONCILE_INTERVAL="+interval, "TOLLGATE_WORKER_METRICS_ADDR=127.0.0.1:0",
 		"TOLLGATE_LOG_LEVEL=error")
 	rnd := rand.New(rand.NewPCG(1, 2))
 	kills := 0

@@ -49,7 +49,7 @@ func TestWorkerCreditsALateRefund(t *testing.T) {
 	w := startWorker(t, map[string]string{
 		"REDIS_URL":                    testenv.RedisURL(t),
 		"DATABASE_URL":                 dbURL,
-		"TOLLGATE_RECONCILE_INTERVAL":  "100ms",
+		"TOLLGATE_RECONCILE_INTERVAL":  interval,
 		"TOLLGATE_INVOICE_GRACE":       "0s",
 		"TOLLGATE_LOG_LEVEL":           "debug", // (the cycles' log lines)
 		"TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",

@@ -15,12 +15,18 @@ import (
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
+// interval is the reconcile interval the tests run the worker at. It is
+// also each step's budget: under -race, on a busy 2-core machine, a step's
+// queries took longer than 100 ms, every step of every cycle timed out and
+// the tests that wait for the worker's work saw none.
+const interval = "500ms"
+
 func TestWorkerRunsAndStopsGracefully(t *testing.T) {
 	t.Parallel()
 	env := map[string]string{
 		"REDIS_URL":                    testenv.RedisURL(t),
 		"DATABASE_URL":                 testenv.NewDatabase(t),
-		"TOLLGATE_RECONCILE_INTERVAL":  "100ms",
+		"TOLLGATE_RECONCILE_INTERVAL":  interval,
 		"TOLLGATE_LOG_LEVEL":           "debug",
 		"TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
 		"TOLLGATE_REDIS_PREFIX":        testenv.Prefix(t, testenv.Redis(t)),

@@ -148,7 +148,7 @@ func TestWorkerWithoutStripeKeyExportsNothing(t *testing.T) {
 	w := startWorker(t, map[string]string{
 		"REDIS_URL":                    testenv.RedisURL(t),
 		"DATABASE_URL":                 testenv.NewDatabase(t),
-		"TOLLGATE_RECONCILE_INTERVAL":  "100ms",
+		"TOLLGATE_RECONCILE_INTERVAL":  interval,
 		"TOLLGATE_LOG_LEVEL":           "debug",
 		"TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
 		"TOLLGATE_REDIS_PREFIX":        testenv.Prefix(t, testenv.Redis(t)),

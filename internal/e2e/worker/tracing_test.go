@@ -21,12 +21,9 @@ func TestWorkerStepsAreTraced(t *testing.T) {
 	t.Parallel()
 	rec := testenv.OTLP(t)
 	env := map[string]string{
-		"REDIS_URL":    testenv.RedisURL(t),
-		"DATABASE_URL": testenv.NewDatabase(t),
-		// (Each step's budget is the interval: on a busy 2-core machine
-		// a step's queries can take longer than 100 ms, and every cycle
-		// here must run each step to its end.)
-		"TOLLGATE_RECONCILE_INTERVAL":  "1s",
+		"REDIS_URL":                    testenv.RedisURL(t),
+		"DATABASE_URL":                 testenv.NewDatabase(t),
+		"TOLLGATE_RECONCILE_INTERVAL":  interval,
 		"TOLLGATE_WORKER_METRICS_ADDR": "127.0.0.1:0",
 		"TOLLGATE_REDIS_PREFIX":        testenv.Prefix(t, testenv.Redis(t)),
 		"OTEL_EXPORTER_OTLP_ENDPOINT":  rec.URL,
