@@ -1,7 +1,8 @@
 --[[ finish.lua: the library's function finish: drop a flushed batch, once
 Postgres has recorded it. (The worker drops most batches in the tenant's
-next claim instead, claim.lua's ARGV[3]; this serves the batches it will
-not claim again: when it stops, and those of another worker's tenants.)
+next claim instead, by the drop id claim.lua takes for each tenant; this
+serves the batches it will not claim again: when it stops, and those of
+another worker's tenants.)
 
 KEYS[1] flushing hash of the tenant (see claim.lua)
 ARGV[1] the batch id that was recorded

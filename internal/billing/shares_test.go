@@ -45,6 +45,15 @@ func (r *rig) sharedWorkers(t *testing.T, n int) ([]*Reconciler, []*worker.Share
 	return recs, shares
 }
 
+// leadAndOther returns, of two workers' shares, the index of the one that
+// leads and of the other.
+func leadAndOther(shares []*worker.Shares) (lead, other int) {
+	if shares[1].Leads() {
+		return 1, 0
+	}
+	return 0, 1
+}
+
 func syncShares(t *testing.T, shares []*worker.Shares) {
 	t.Helper()
 	for _, sh := range shares {
@@ -288,10 +297,7 @@ func TestSharedWorkersWaitForTheLeadersRepair(t *testing.T) {
 	r := mustRig(t, nil)
 	ids := r.tenants(t, 200, "pro")
 	recs, shares := r.sharedWorkers(t, 2)
-	lead, other := 0, 1
-	if !shares[0].Leads() {
-		lead, other = 1, 0
-	}
+	lead, other := leadAndOther(shares)
 	admitted := r.admit(t, ids, 2000, 31)
 	if err := r.rdb.Del(context.Background(), r.prefix+":v1:epoch").Err(); err != nil { // the loss
 		t.Fatal(err)
@@ -324,10 +330,7 @@ func TestLeadersSweepLeavesOthersNothingToRecordAgain(t *testing.T) {
 	r := mustRig(t, nil)
 	ids := r.tenants(t, 200, "pro")
 	recs, shares := r.sharedWorkers(t, 2)
-	lead, other := 0, 1
-	if shares[1].Leads() {
-		lead, other = 1, 0
-	}
+	lead, other := leadAndOther(shares)
 	admitted := r.admit(t, ids, 2000, 21)
 	flushAll(t, recs) // each worker's tenants' batches left in flight
 	more := r.admit(t, ids, 2000, 22)
@@ -424,11 +427,7 @@ func TestWorkersSplitTheInvoiceSweep(t *testing.T) {
 		}
 		return out
 	}
-	lead := 0
-	if shares[1].Leads() {
-		lead = 1
-	}
-	other := 1 - lead
+	lead, other := leadAndOther(shares)
 	cycles := make([]*Cycle, 2)
 	for i := range cycles {
 		inv := NewInvoicer(r.db, time.Now, time.Hour)
