@@ -49,7 +49,8 @@ func serveWorker(ctx context.Context, b *base) error {
 	alerts.AllowPrivate = cfg.WebhookAllowPrivate
 	invoices := billing.NewInvoicer(db, time.Now, cfg.InvoiceGrace)
 	invoices.FullSweepEvery = 15 * time.Minute // in between, Cycle.Invoices refreshes the tenants just flushed
-	invoices.Owns = shares.Owns                // each worker sweeps its shards' tenants
+	invoices.Owns = shares.Owns                // each worker closes and sweeps its shards' tenants' invoices
+	invoices.Gained = shares.Gained
 	cycle := billing.NewCycle(rec, invoices)
 	partitions := billing.NewPartitions(db, time.Now, cfg.UsageRetentionMonths)
 	reg, cycleSeconds := workerMetrics(rec, alerts, cycle.LastFlush)
@@ -90,9 +91,9 @@ func serveWorker(ctx context.Context, b *base) error {
 			{Name: "repair", Run: lead(shares, rec.Repair)},
 			// Every worker: its shards' tenants; the leader also sweeps.
 			{Name: "flush", Run: cycle.Flush},
-			// Every worker refreshes the drafts of the tenants it flushed
-			// and sweeps those of its shards' tenants; the leader alone
-			// closes months (Cycle.Invoices).
+			// Every worker refreshes the drafts of the tenants it flushed,
+			// and closes months and sweeps drafts for its shards' tenants
+			// (Cycle.Invoices).
 			{Name: "invoices", Run: cycle.Invoices},
 			{Name: "alerts", Run: lead(shares, alerts.Run)},
 		},

@@ -184,8 +184,8 @@ func (i *Invoicer) generateCurrent(ctx context.Context, now time.Time, ids []str
 
 // closeDue finalizes the drafts whose own period is closable at now (its
 // end plus the grace has passed, and FlushedThrough has reached its end),
-// found by the period end stored on them, label by label, within the
-// budget *left. This is how anchored tenants' invoices close, each when
+// found by the period end stored on them, label by label, of the tenants
+// it Owns, within the budget *left, resuming where the last call stopped. This is how anchored tenants' invoices close, each when
 // its period is over (the default calendar's close with their month, in
 // closeMonth, as before; those are final by now). A draft whose period
 // the tenant's calendar now puts elsewhere is regenerated over that period
@@ -205,11 +205,15 @@ func (i *Invoicer) closeDue(ctx context.Context, now time.Time, left *int) (bool
 	if err != nil {
 		return false, fmt.Errorf("billing: due invoices: %w", err)
 	}
+	listed := sweepListed * *left
 	for _, l := range labels {
 		l = l.UTC()
 		after := firstTenantID
+		if i.dueAt.Equal(l) {
+			after = i.dueAfter
+		}
 		for {
-			if *left <= 0 {
+			if *left <= 0 || listed <= 0 {
 				return false, nil
 			}
 			limit := min(i.batch, *left)
@@ -220,14 +224,20 @@ func (i *Invoicer) closeDue(ctx context.Context, now time.Time, left *int) (bool
 			if err != nil {
 				return false, err
 			}
-			if len(ids) > 0 {
-				if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, l, ids) }); err != nil {
+			listed -= len(ids)
+			owned := i.owned(ids)
+			if len(owned) > 0 {
+				if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, l, owned) }); err != nil {
 					return false, err
 				}
-				after = ids[len(ids)-1]
 			}
-			*left -= len(ids)
+			if len(ids) > 0 {
+				after = ids[len(ids)-1]
+				i.dueAt, i.dueAfter = l, after
+			}
+			*left -= len(owned)
 			if len(ids) < limit {
+				i.dueAt = time.Time{}
 				break
 			}
 		}

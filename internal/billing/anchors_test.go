@@ -3,11 +3,13 @@ package billing
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/golang-migrate/migrate/v4"
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/pgdb"
@@ -381,6 +383,95 @@ func TestRunFinalizesAnchored(t *testing.T) {
 	want(anchored, invNov, "final")
 	want(anchored, invDec, "draft")
 	want(def, invDec, "draft")
+}
+
+// TestRunSplitsDueDraftsByOwner: with Owns, a Run finalizes the due drafts
+// of the tenants it owns only, resuming its listing where its budget
+// stopped it; another with the other tenants finalizes the rest.
+func TestRunSplitsDueDraftsByOwner(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	const grace = time.Hour
+	clock := &invClock{}
+	var ids []string
+	for range 12 {
+		id := invTenant(t, db, "pro", anchSep)
+		invCalendar(t, db, id, 15, "America/New_York")
+		ids = append(ids, id)
+	}
+	// a owns the last 4 in id order, the order of the listings: a Run of
+	// a (1 tenant a Run, so 8 listed) that did not resume where the one
+	// before stopped would list b's 8 drafts again, and never reach its own.
+	slices.Sort(ids)
+	mine := func(id string) bool { return slices.Index(ids, id) >= 8 }
+	invoicer := func(owns func(string) bool) *Invoicer {
+		inv := NewInvoicer(db, clock.Now, grace)
+		inv.Owns, inv.TenantsPerRun = owns, 1
+		return inv
+	}
+	a, b := invoicer(mine), invoicer(func(id string) bool { return !mine(id) })
+	// Closing October (on Nov 10) leaves their Octobers drafts, which run
+	// to Nov 15; from then on closeDue finalizes them.
+	clock.Set(time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC))
+	for range 12 {
+		for _, inv := range []*Invoicer{a, b} {
+			if err := inv.Run(ctx); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	var drafts int
+	if err := db.QueryRow(ctx, `SELECT count(*) FROM invoices WHERE period = $1 AND status = 'draft'`, anchOct).Scan(&drafts); err != nil {
+		t.Fatal(err)
+	}
+	if drafts != len(ids) || !a.closedThrough.Equal(anchOct) || !b.closedThrough.Equal(anchOct) {
+		t.Fatalf("after October closed: %d drafts, closed through %v and %v; want %d, October", drafts, a.closedThrough, b.closedThrough, len(ids))
+	}
+	final := func() map[string]bool {
+		t.Helper()
+		rows, err := db.Query(ctx, `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = 'final'`, anchOct)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, id := range got {
+			out[id] = true
+		}
+		return out
+	}
+	if got := final(); len(got) != 0 {
+		t.Fatalf("before their periods end: %d final, want none", len(got))
+	}
+	clock.Set(anchNYNov.Add(grace))
+	// a's first Run lists b's 8 drafts; each of the next four, resuming
+	// past them, finalizes one of a's.
+	for run := range 5 {
+		if err := a.Run(ctx); err != nil {
+			t.Fatal(err)
+		}
+		got := final()
+		if len(got) != run {
+			t.Fatalf("after a's Run %d: %d final, want %d", run+1, len(got), run)
+		}
+		for id := range got {
+			if !mine(id) {
+				t.Fatalf("after a's Run %d: tenant %s, which a does not own, is final", run+1, id)
+			}
+		}
+	}
+	for range 8 {
+		if err := b.Run(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := final(); len(got) != len(ids) {
+		t.Fatalf("after b's Runs: %d final, want all %d", len(got), len(ids))
+	}
 }
 
 // TestInvoicePeriodsMigration: down from 000012 drops the bounds and keeps

@@ -50,10 +50,10 @@ func (c *Cycle) Flush(ctx context.Context) error {
 // alerts (RecordCreditAlerts), measured against the drafts just refreshed.
 //
 // With a Share on the Reconciler, each worker refreshes the tenants it
-// flushed and sweeps the current month's drafts of those it owns
-// (Invoicer.Sweep, Invoicer.Owns), and only the leader closes months
-// (Invoicer.Run: its FlushedThrough comes from the sweeps of the keyspace
-// only the leader makes).
+// flushed, and closes the months and sweeps the current month's drafts of
+// those it owns (Invoicer.Owns); the FlushedThrough that gates the closing
+// is the leader's everywhere, as only the leader sweeps the keyspace
+// (Reconciler.FlushedThrough).
 func (c *Cycle) Invoices(ctx context.Context) error {
 	ids := c.rec.TakeFlushed()
 	if err := c.invoices.Refresh(ctx, ids); err != nil {
@@ -61,9 +61,6 @@ func (c *Cycle) Invoices(ctx context.Context) error {
 	}
 	if err := RecordCreditAlerts(ctx, c.invoices.db, ids, c.invoices.now()); err != nil {
 		return err
-	}
-	if sh := c.rec.Share; sh != nil && !sh.Leads() {
-		return c.invoices.Sweep(ctx)
 	}
 	return c.invoices.Run(ctx)
 }

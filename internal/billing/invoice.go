@@ -38,9 +38,17 @@ type Invoicer struct {
 	// context resume the current month's sweep where it stopped.
 	sweepMonth time.Time
 	sweepAfter string
-	// closedThrough is the latest month this Invoicer has seen fully final;
-	// closing is skipped until the next month ends.
-	closedThrough time.Time
+	// closedThrough is the latest month this Invoicer has seen fully final
+	// (of the tenants it Owns, as its share was when that pass began:
+	// closedGained); closing is skipped until the next month ends, or its
+	// share grows. passGained is Gained when the pass under way began.
+	closedThrough            time.Time
+	closedGained, passGained uint64
+	closing                  bool
+	// closeMonth and closeDue resume where a Run stopped them: the month
+	// (or label) and the tenant they reached.
+	closeAt, dueAt       time.Time
+	closeAfter, dueAfter string
 
 	// FullSweepEvery spaces the current month's sweeps over every tenant:
 	// zero sweeps (within the budget) on every Run. Between sweeps the
@@ -51,14 +59,19 @@ type Invoicer struct {
 	sweepStarted   time.Time
 
 	// Owns, when set, is this worker's share of the tenants
-	// (worker.Shares.Owns): the current month's sweep regenerates only the
-	// drafts of the tenants it owns, so that workers split the sweep as
-	// they split the flush (each worker runs Sweep, the leader Run). A
-	// tenant whose shard moves while the sweeps run may be left to the
-	// next sweep, as its drafts are refreshed by every flush of its usage
-	// in the meantime. Closing months is not split: the leader's Run closes
-	// every tenant's. Set it before the first Run.
+	// (worker.Shares.Owns): Run closes the months and sweeps the current
+	// month's drafts of the tenants it owns only, so that workers split
+	// the invoices as they split the flush, each running Run. A tenant
+	// whose shard moves while the sweeps run may be left to the next sweep,
+	// as its drafts are refreshed by every flush of its usage in the
+	// meantime; one whose shard moves while a month closes is closed by
+	// its new owner, whose share grew (Gained). Set it before the first
+	// Run.
 	Owns func(tenantID string) bool
+	// Gained, when set with Owns, counts the shards this worker has taken
+	// (worker.Shares.Gained): a month this Invoicer closed for the tenants
+	// it owned is closed again, for those it owns now, once it changes.
+	Gained func() uint64
 
 	// FlushedThrough, when set, holds finalization back until no usage
 	// counted before the month's end can still be waiting in Redis: a month
@@ -140,7 +153,14 @@ func (i *Invoicer) Run(ctx context.Context) (err error) {
 		left = DefaultTenantsPerRun
 	}
 
-	if !i.closedThrough.Equal(prev) && i.closable(now, cur) {
+	gained := uint64(0)
+	if i.Gained != nil {
+		gained = i.Gained()
+	}
+	if (!i.closedThrough.Equal(prev) || i.closedGained != gained) && i.closable(now, cur) {
+		if !i.closing {
+			i.closing, i.passGained = true, gained
+		}
 		rows, err := i.db.Query(ctx, `SELECT DISTINCT period FROM invoices WHERE status = 'draft' AND period < $1 ORDER BY period`, prev)
 		if err != nil {
 			return fmt.Errorf("billing: open months: %w", err)
@@ -155,7 +175,7 @@ func (i *Invoicer) Run(ctx context.Context) (err error) {
 				return err
 			}
 		}
-		i.closedThrough = prev
+		i.closedThrough, i.closedGained, i.closing = prev, i.passGained, false
 	}
 	if done, err := i.closeDue(ctx, now, &left); err != nil || !done {
 		return err
@@ -163,23 +183,18 @@ func (i *Invoicer) Run(ctx context.Context) (err error) {
 	return i.sweep(ctx, now, left)
 }
 
-// Sweep is the part of Run that workers other than the leader run: the
-// current month's sweep of the tenants it Owns, every FullSweepEvery,
-// within TenantsPerRun tenants a call, resumed where it stopped.
-func (i *Invoicer) Sweep(ctx context.Context) error {
-	i.mu.Lock()
-	defer i.mu.Unlock()
-	left := i.TenantsPerRun
-	if left <= 0 {
-		left = DefaultTenantsPerRun
-	}
-	return i.sweep(ctx, i.now().UTC(), left)
-}
-
-// sweepListed bounds the tenants one sweep call lists, in TenantsPerRun,
-// when Owns leaves some out: a worker that owns few tenants still ends its
-// call soon.
+// sweepListed bounds the tenants each part of one Run (closing a month,
+// closing the due drafts, the sweep) lists, in TenantsPerRun, when Owns
+// leaves some out: a worker that owns few tenants still ends its Run soon.
 const sweepListed = 8
+
+// owned returns the ids of tenants this Invoicer Owns (all without Owns).
+func (i *Invoicer) owned(ids []string) []string {
+	if i.Owns == nil {
+		return ids
+	}
+	return slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return !i.Owns(id) })
+}
 
 // sweep regenerates the current month's drafts of up to left tenants (those
 // it Owns), from where the last call stopped; a new sweep starts once the
@@ -208,10 +223,7 @@ func (i *Invoicer) sweep(ctx context.Context, now time.Time, left int) error {
 			return err
 		}
 		listed -= len(ids)
-		owned := ids
-		if i.Owns != nil {
-			owned = slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return !i.Owns(id) })
-		}
+		owned := i.owned(ids)
 		if len(owned) > 0 {
 			if err := i.generateCurrent(ctx, now, owned); err != nil {
 				return err
@@ -257,12 +269,17 @@ func (i *Invoicer) Refresh(ctx context.Context, tenantIDs []string) error {
 	return nil
 }
 
-// closeMonth finalizes the invoice of every tenant created before the end of
-// month whose invoice is not final yet, creating it when missing, within the
-// budget of *left tenants. It reports whether the month is closed.
+// closeMonth finalizes the invoice of every tenant it Owns created before
+// the end of month whose invoice is not final yet, creating it when
+// missing, within the budget of *left tenants, resuming where the last
+// call stopped on that month. It reports whether the month is closed.
 func (i *Invoicer) closeMonth(ctx context.Context, now, month time.Time, left *int) (bool, error) {
 	after := firstTenantID
-	for *left > 0 {
+	if i.closeAt.Equal(month) {
+		after = i.closeAfter
+	}
+	listed := sweepListed * *left
+	for *left > 0 && listed > 0 {
 		limit := min(i.batch, *left)
 		ids, err := i.tenantBatch(ctx, `
 			SELECT t.id::text FROM tenants t
@@ -277,16 +294,22 @@ func (i *Invoicer) closeMonth(ctx context.Context, now, month time.Time, left *i
 		if err != nil {
 			return false, err
 		}
-		if len(ids) > 0 {
-			if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, month, ids) }); err != nil {
+		listed -= len(ids)
+		owned := i.owned(ids)
+		if len(owned) > 0 {
+			if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, month, owned) }); err != nil {
 				return false, err
 			}
+		}
+		if len(ids) > 0 {
 			after = ids[len(ids)-1]
+			i.closeAt, i.closeAfter = month, after
 		}
 		if len(ids) < limit {
+			i.closeAt = time.Time{}
 			return true, nil
 		}
-		*left -= len(ids)
+		*left -= len(owned)
 	}
 	return false, nil
 }

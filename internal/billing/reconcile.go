@@ -141,6 +141,9 @@ type Reconciler struct {
 	// (or Close does).
 	recorded map[string]string
 	sweptAt  time.Time // start of the last completed flush that swept the keyspace
+	// watermark is the leader's last published FlushedThrough
+	// (flush_watermark), as a worker that does not lead last read it.
+	watermark time.Time
 }
 
 // Share is a worker's share of the tenants (see Reconciler.Share).
@@ -188,15 +191,21 @@ func (r *Reconciler) stuckTenants() []string {
 // FlushedThrough returns a time before which all usage counted in Redis is
 // in the ledger: the start of the last flush that swept the keyspace and
 // completed, or the first hour of a batch still stuck if that is earlier.
-// It is zero until such a flush. The invoices step finalizes a month only
-// once this is past the month's end. (A refund that arrives after that, for
-// a request of the month, still changes the month's usage, not its final
-// invoice: what it gives back becomes a credit, see "Late usage" in
-// late.go.)
+// It is zero until such a flush. With a Share, only the leader sweeps: it
+// publishes its FlushedThrough to flush_watermark after each sweep, and the
+// other workers read it there each cycle and use it in place of a sweep of
+// their own (the leader's sweep flushed their tenants too, its stuck
+// batches among them). The invoices step finalizes a month only once this
+// is past the month's end. (A refund that arrives after that, for a request
+// of the month, still changes the month's usage, not its final invoice:
+// what it gives back becomes a credit, see "Late usage" in late.go.)
 func (r *Reconciler) FlushedThrough() time.Time {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	t := r.sweptAt
+	if r.watermark.After(t) {
+		t = r.watermark
+	}
 	for _, b := range r.stuck {
 		if b.oldest.Before(t) {
 			t = b.oldest
@@ -256,8 +265,51 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 		r.mu.Lock()
 		r.sweptAt = began // a complete flush that swept the keyspace (FlushedThrough)
 		r.mu.Unlock()
+		if r.Share != nil {
+			if err := r.publishWatermark(ctx); err != nil {
+				return err
+			}
+		}
+	}
+	if r.Share != nil && !r.Share.Leads() {
+		if err := r.readWatermark(ctx); err != nil {
+			return err
+		}
 	}
 	return r.prune(ctx)
+}
+
+// publishWatermark raises flush_watermark to this worker's FlushedThrough
+// (the leader's, after a sweep), for the workers that do not sweep. It is
+// never lowered: a time before which all usage counted was in the ledger
+// stays one.
+func (r *Reconciler) publishWatermark(ctx context.Context) error {
+	t := r.FlushedThrough()
+	if t.IsZero() {
+		return nil
+	}
+	if _, err := r.db.Exec(ctx, `
+		INSERT INTO flush_watermark AS w (flushed_through) VALUES ($1)
+		ON CONFLICT (id) DO UPDATE SET flushed_through = greatest(w.flushed_through, EXCLUDED.flushed_through)`, t); err != nil {
+		return fmt.Errorf("billing: publish flushed through: %w", err)
+	}
+	return nil
+}
+
+// readWatermark reads flush_watermark (FlushedThrough); none yet leaves
+// what this worker read before.
+func (r *Reconciler) readWatermark(ctx context.Context) error {
+	var t time.Time
+	switch err := r.db.QueryRow(ctx, `SELECT flushed_through FROM flush_watermark`).Scan(&t); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("billing: read flushed through: %w", err)
+	}
+	r.mu.Lock()
+	r.watermark = t
+	r.mu.Unlock()
+	return nil
 }
 
 // flushChunks flushes ids chunk by chunk, Parallel chunks at once, and

@@ -455,12 +455,104 @@ func TestWorkersSplitTheInvoiceSweep(t *testing.T) {
 	none := NewInvoicer(r.db, time.Now, time.Hour)
 	none.TenantsPerRun = 5
 	none.Owns = func(string) bool { return false }
-	if err := none.Sweep(ctx); err != nil {
+	if err := none.Run(ctx); err != nil {
 		t.Fatal(err)
 	}
 	sorted := slices.Clone(ids)
 	slices.Sort(sorted)
 	if want := sorted[sweepListed*5-1]; none.sweepAfter != want {
 		t.Fatalf("a sweep call owning nothing stopped after %q, want the %dth tenant %q", none.sweepAfter, sweepListed*5, want)
+	}
+}
+
+// TestWorkersSplitTheMonthClose: each worker closes the month of the
+// tenants it owns, once the leader's sweep has published that the month's
+// usage is all in the ledger; a worker whose share grows after it closed the
+// month closes it for the tenants it took.
+func TestWorkersSplitTheMonthClose(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	ids := r.tenants(t, 60, "pro")
+	month := quota.MonthStart(time.Now())
+	end := month.AddDate(0, 1, 0)
+	now := func() time.Time { return end.Add(2 * time.Hour) } // past the month's end and the grace
+	recs, shares := r.sharedWorkers(t, 2)
+	lead, other := leadAndOther(shares)
+	cycles := make([]*Cycle, 2)
+	for i := range cycles {
+		recs[i].now = now
+		inv := NewInvoicer(r.db, now, time.Hour)
+		inv.Owns, inv.Gained = shares[i].Owns, shares[i].Gained
+		cycles[i] = NewCycle(recs[i], inv)
+	}
+	final := func() map[string]bool {
+		t.Helper()
+		rows, err := r.db.Query(ctx, `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = 'final'`, month)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]bool{}
+		for _, id := range got {
+			out[id] = true
+		}
+		return out
+	}
+	step := func(i int) {
+		t.Helper()
+		if err := cycles[i].Flush(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := cycles[i].Invoices(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Before the leader has swept, no one knows the month's usage is all
+	// in the ledger: nothing is final.
+	step(other)
+	if got := final(); len(got) != 0 {
+		t.Fatalf("before the leader's sweep: %d invoices final, want none", len(got))
+	}
+	// The leader's sweep publishes how far the flush has come; the other
+	// worker reads it, and closes the month of its own tenants only.
+	recs[lead].lastSweep = time.Time{}
+	if err := recs[lead].Flush(ctx); err != nil {
+		t.Fatal(err)
+	}
+	step(other)
+	if got := recs[other].FlushedThrough(); !got.Equal(now()) {
+		t.Fatalf("the other worker's FlushedThrough %v, want the leader's sweep %v", got, now())
+	}
+	got := final()
+	for _, id := range ids {
+		if got[id] != shares[other].Owns(id) {
+			t.Fatalf("after the other worker's close: tenant %s final %t, owned by it %t", id, got[id], shares[other].Owns(id))
+		}
+	}
+	// Its month is closed: another cycle does nothing more.
+	step(other)
+	if n := len(final()); n != len(got) {
+		t.Fatalf("a second cycle of the other worker: %d invoices final, want still %d", n, len(got))
+	}
+	// The leader dies before closing its tenants' month; the other takes
+	// its shards, and closes the month for them too.
+	shares[lead].Close()
+	// (Postgres ends the dead worker's session, and so frees its locks, a
+	// moment after it closed.)
+	for k := 0; k < 100 && len(shares[other].Owned()) < worker.Shards; k++ {
+		syncShares(t, shares[other:other+1])
+		time.Sleep(10 * time.Millisecond)
+	}
+	if !shares[other].Leads() || len(shares[other].Owned()) != worker.Shards {
+		t.Fatalf("after the leader's death the other worker holds %d shards (leads %t), want all", len(shares[other].Owned()), shares[other].Leads())
+	}
+	step(other)
+	if got := final(); len(got) != len(ids) {
+		t.Fatalf("after the other worker took the leader's shards: %d invoices final, want all %d", len(got), len(ids))
 	}
 }

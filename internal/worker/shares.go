@@ -48,7 +48,7 @@ func ShardOf(tenantID string) int {
 //     are taken by the others on their next Sync, within one interval.
 //   - leader: one worker holds the leader lock and runs the steps that are
 //     not split by tenant (the sweep of the keyspace, grants, plans, repair,
-//     closing invoices, alerts, the Stripe export).
+//     alerts, the Stripe export).
 //
 // Postgres releases a session's locks when the session ends: a worker that
 // exits or is killed hands its shards over at once; one whose host vanished,
@@ -75,6 +75,7 @@ type Shares struct {
 	member int
 
 	owned  atomic.Uint64 // bit s: shard s held
+	gained atomic.Uint64 // shards taken, ever
 	leader atomic.Bool
 	alive  atomic.Int64
 }
@@ -102,6 +103,12 @@ func (s *Shares) Owned() []int {
 	}
 	return out
 }
+
+// Gained counts the shards this worker has taken since it started: when
+// it changes, tenants were added to its share, so a pass over its tenants
+// that began before (the closing of a month: billing.Invoicer) may have
+// left some of them out.
+func (s *Shares) Gained() uint64 { return s.gained.Load() }
 
 // syncTimeout bounds a Sync, whatever its caller's deadline.
 const syncTimeout = 10 * time.Second
@@ -222,6 +229,7 @@ func (s *Shares) sync(ctx context.Context) error {
 		if ok {
 			owned |= 1 << sh
 			s.owned.Store(owned)
+			s.gained.Add(1)
 		}
 	}
 	if !s.leader.Load() {
