@@ -11,6 +11,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/quotaredis"
 	"github.com/tollgate/tollgate/internal/testenv"
 	"github.com/tollgate/tollgate/internal/worker"
@@ -195,5 +196,100 @@ func seedPending(b *testing.B, rdb redis.UniversalClient, prefix string, ids []s
 		if err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// monthCloseTenants is how many tenants BenchmarkSharedMonthClose closes a
+// month for.
+const monthCloseTenants = 20_000
+
+// BenchmarkSharedMonthClose is the closing of a month of 20,000 tenants
+// (each invoice created and finalized) split between 1, 2 and 4 workers at
+// once, each owning the tenants of its share of the shards (as
+// worker.Shares splits them) and each on a Postgres pool of its own. ns/op
+// is the wall time from the workers' start to the last one's end; the CPU
+// seconds each part spent are reported beside (cpuUse), and the most
+// invoices one worker generated as max-worker-invoices/op. Before each
+// close, untimed, the month's invoices are deleted.
+func BenchmarkSharedMonthClose(b *testing.B) {
+	ctx := context.Background()
+	db := testenv.Postgres(b)
+	r := &rig{db: db}
+	ids := r.tenants(b, monthCloseTenants, "pro")
+	if _, err := db.Exec(ctx, `ANALYZE`); err != nil {
+		b.Fatal(err)
+	}
+	month := quota.MonthStart(time.Now())
+	now := func() time.Time { return month.AddDate(0, 1, 0).Add(2 * time.Hour) } // past its end and the grace
+	for _, workers := range []int{1, 2, 4} {
+		b.Run(fmt.Sprintf("workers=%d", workers), func(b *testing.B) {
+			pools := make([]*pgxpool.Pool, workers)
+			for i := range pools {
+				pool, err := pgxpool.NewWithConfig(ctx, db.Config())
+				if err != nil {
+					b.Fatal(err)
+				}
+				b.Cleanup(pool.Close)
+				pools[i] = pool
+			}
+			var most int
+			var cpu cpuUse
+			for b.Loop() {
+				b.StopTimer()
+				if _, err := db.Exec(ctx, `DELETE FROM invoices WHERE period = $1`, month); err != nil {
+					b.Fatal(err)
+				}
+				if _, err := db.Exec(ctx, `VACUUM ANALYZE invoices`); err != nil {
+					b.Fatal(err)
+				}
+				invs := make([]*Invoicer, workers)
+				for i := range invs {
+					inv := NewInvoicer(pools[i], now, time.Hour)
+					inv.TenantsPerRun = len(ids) // the whole month in one Run
+					inv.Owns = func(id string) bool { return worker.ShardOf(id)%workers == i }
+					inv.FullSweepEvery, inv.sweepStarted = time.Hour, now() // no sweep of the next month's drafts
+					invs[i] = inv
+				}
+				cpu0 := cpuNow(b, nil)
+				b.StartTimer()
+				var wg sync.WaitGroup
+				errs := make([]error, workers)
+				for i, inv := range invs {
+					wg.Go(func() { errs[i] = inv.Run(ctx) })
+				}
+				wg.Wait()
+				b.StopTimer()
+				spent := cpuNow(b, nil).since(cpu0)
+				for i, err := range errs {
+					if err != nil {
+						b.Fatalf("worker %d: %v", i, err)
+					}
+				}
+				var final int
+				if err := db.QueryRow(ctx, `SELECT count(*) FROM invoices WHERE period = $1 AND status = 'final'`, month).Scan(&final); err != nil {
+					b.Fatal(err)
+				}
+				if final != len(ids) {
+					b.Fatalf("%d invoices final, want one per tenant (%d)", final, len(ids))
+				}
+				for i := range invs {
+					n := 0
+					for _, id := range ids {
+						if invs[i].Owns(id) {
+							n++
+						}
+					}
+					most = max(most, n)
+				}
+				cpu.workers, cpu.postgres, cpu.local = cpu.workers+spent.workers, cpu.postgres+spent.postgres, spent.local
+				b.StartTimer()
+			}
+			b.ReportMetric(cpu.workers/float64(b.N), "worker-cpu-s/op")
+			if cpu.local {
+				b.ReportMetric(cpu.postgres/float64(b.N), "postgres-cpu-s/op")
+			}
+			b.ReportMetric(float64(most), "max-worker-invoices/op")
+			b.ReportMetric(float64(len(ids))*float64(b.N)/b.Elapsed().Seconds(), "invoices/s")
+		})
 	}
 }
