@@ -185,8 +185,9 @@ func (i *Invoicer) generateCurrent(ctx context.Context, now time.Time, ids []str
 // closeDue finalizes the drafts whose own period is closable at now (its
 // end plus the grace has passed, and FlushedThrough has reached its end),
 // found by the period end stored on them, label by label, of the tenants
-// it Owns, within the budget *left, resuming where the last call stopped. This is how anchored tenants' invoices close, each when
-// its period is over (the default calendar's close with their month, in
+// it Owns, within the budget *left, resuming where the last call stopped.
+// This is how anchored tenants' invoices close, each when its period is
+// over (the default calendar's close with their month, in
 // closeMonth, as before; those are final by now). A draft whose period
 // the tenant's calendar now puts elsewhere is regenerated over that period
 // and stays a draft if it is not over. It reports whether it got through.
@@ -205,42 +206,26 @@ func (i *Invoicer) closeDue(ctx context.Context, now time.Time, left *int) (bool
 	if err != nil {
 		return false, fmt.Errorf("billing: due invoices: %w", err)
 	}
-	listed := sweepListed * *left
 	for _, l := range labels {
 		l = l.UTC()
 		after := firstTenantID
 		if i.dueAt.Equal(l) {
 			after = i.dueAfter
 		}
-		for {
-			if *left <= 0 || listed <= 0 {
-				return false, nil
-			}
-			limit := min(i.batch, *left)
-			ids, err := i.tenantBatch(ctx, `
+		drafts := func(after string, limit int) ([]string, error) {
+			return i.tenantBatch(ctx, `
 				SELECT tenant_id::text FROM invoices
 				WHERE status = 'draft' AND period = $1 AND period_end <= $2 AND tenant_id > $3::uuid
 				ORDER BY invoices.tenant_id LIMIT $4`, l, cutoff, after, limit)
-			if err != nil {
-				return false, err
-			}
-			listed -= len(ids)
-			owned := i.owned(ids)
-			if len(owned) > 0 {
-				if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, l, owned) }); err != nil {
-					return false, err
-				}
-			}
-			if len(ids) > 0 {
-				after = ids[len(ids)-1]
-				i.dueAt, i.dueAfter = l, after
-			}
-			*left -= len(owned)
-			if len(ids) < limit {
-				i.dueAt = time.Time{}
-				break
-			}
 		}
+		done, err := i.walk(ctx, &after, left, drafts, nil, func(ids []string) error {
+			return pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, l, ids) })
+		})
+		i.dueAt, i.dueAfter = l, after
+		if err != nil || !done {
+			return false, err
+		}
+		i.dueAt = time.Time{}
 	}
 	return true, nil
 }

@@ -210,35 +210,70 @@ func (i *Invoicer) sweep(ctx context.Context, now time.Time, left int) error {
 		}
 		i.sweepStarted = now
 	}
-	end := cur.AddDate(0, 1, 0)
-	listed := sweepListed * left
-	for left > 0 && listed > 0 {
-		limit := min(i.batch, left)
+	done, err := i.walk(ctx, &i.sweepAfter, &left, i.listTenants(ctx, cur.AddDate(0, 1, 0)), nil,
+		func(ids []string) error { return i.generateCurrent(ctx, now, ids) })
+	if done {
+		i.sweepAfter = firstTenantID // the next call starts a new sweep
+	}
+	return err
+}
+
+// walk goes through the tenants in id order from *after, a page at a
+// time (list), keeps those it Owns that keep retains (nil: all of them),
+// and hands them to do in batches of min(i.batch, *left) tenants or more
+// (fewer at the listing's end): with Owns, a batch gathers several pages,
+// so that each transaction still carries a full batch. It stops once
+// *left tenants were handed over, or sweepListed × *left were listed.
+// *after moves past each page once do has handled it, *left falls by the
+// tenants handed over. It reports whether the listing reached its end.
+func (i *Invoicer) walk(ctx context.Context, after *string, left *int, list func(after string, limit int) ([]string, error),
+	keep func(ids []string) ([]string, error), do func(ids []string) error) (bool, error) {
+	listed := sweepListed * *left
+	for *left > 0 && listed > 0 {
+		want := min(i.batch, *left)
+		cursor, end := *after, false
+		var batch []string
+		for len(batch) < want && listed > 0 && !end {
+			ids, err := list(cursor, want)
+			if err != nil {
+				return false, err
+			}
+			listed -= len(ids)
+			kept := i.owned(ids)
+			if keep != nil && len(kept) > 0 {
+				if kept, err = keep(kept); err != nil {
+					return false, err
+				}
+			}
+			batch = append(batch, kept...)
+			if len(ids) > 0 {
+				cursor = ids[len(ids)-1]
+			}
+			end = len(ids) < want
+		}
+		if len(batch) > 0 {
+			if err := do(batch); err != nil {
+				return false, err
+			}
+		}
+		*after = cursor
+		*left -= len(batch)
+		if end {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// listTenants lists, for walk, the tenants created before end.
+func (i *Invoicer) listTenants(ctx context.Context, end time.Time) func(after string, limit int) ([]string, error) {
+	return func(after string, limit int) ([]string, error) {
 		// ORDER BY tenants.id, the uuid: a bare "id" would name the text
 		// column selected, which no index serves with the uuid cursor (each
 		// batch filtered every tenant before the cursor).
-		ids, err := i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE created_at < $1 AND id > $2::uuid ORDER BY tenants.id LIMIT $3`,
-			end, i.sweepAfter, limit)
-		if err != nil {
-			return err
-		}
-		listed -= len(ids)
-		owned := i.owned(ids)
-		if len(owned) > 0 {
-			if err := i.generateCurrent(ctx, now, owned); err != nil {
-				return err
-			}
-		}
-		if len(ids) > 0 {
-			i.sweepAfter = ids[len(ids)-1]
-		}
-		if len(ids) < limit {
-			i.sweepAfter = firstTenantID // done: the next call starts a new sweep
-			return nil
-		}
-		left -= len(owned)
+		return i.tenantBatch(ctx, `SELECT id::text FROM tenants WHERE created_at < $1 AND id > $2::uuid ORDER BY tenants.id LIMIT $3`,
+			end, after, limit)
 	}
-	return nil
 }
 
 // Refresh regenerates the drafts of the given tenants' billing periods
@@ -278,40 +313,26 @@ func (i *Invoicer) closeMonth(ctx context.Context, now, month time.Time, left *i
 	if i.closeAt.Equal(month) {
 		after = i.closeAfter
 	}
-	listed := sweepListed * *left
-	for *left > 0 && listed > 0 {
-		limit := min(i.batch, *left)
-		ids, err := i.tenantBatch(ctx, `
-			SELECT t.id::text FROM tenants t
-			WHERE t.created_at < $1 AND t.id > $2::uuid
-			  -- One probe of invoices' (tenant_id, period) key per tenant, in
-			  -- id order from the cursor: a correlated scalar subquery, which
-			  -- the planner cannot turn into an anti-join over the month's
-			  -- invoices (while a month closes, its final invoices grow by
-			  -- thousands a second, faster than their statistics).
-			  AND (SELECT i.status FROM invoices i WHERE i.tenant_id = t.id AND i.period = $4) IS DISTINCT FROM 'final'
-			ORDER BY t.id LIMIT $3`, month.AddDate(0, 1, 0), after, limit, month)
-		if err != nil {
-			return false, err
-		}
-		listed -= len(ids)
-		owned := i.owned(ids)
-		if len(owned) > 0 {
-			if err := pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, month, owned) }); err != nil {
-				return false, err
-			}
-		}
-		if len(ids) > 0 {
-			after = ids[len(ids)-1]
-			i.closeAt, i.closeAfter = month, after
-		}
-		if len(ids) < limit {
-			i.closeAt = time.Time{}
-			return true, nil
-		}
-		*left -= len(owned)
+	// Of the tenants it owns, those whose invoice is not final yet.
+	notFinal := func(ids []string) ([]string, error) {
+		return i.tenantBatch(ctx, `
+			SELECT t.id::text FROM unnest($1::uuid[]) AS t(id)
+			  -- One probe of invoices' (tenant_id, period) key per tenant: a
+			  -- correlated scalar subquery, which the planner cannot turn
+			  -- into an anti-join over the month's invoices (while a month
+			  -- closes, its final invoices grow by thousands a second,
+			  -- faster than their statistics).
+			WHERE (SELECT i.status FROM invoices i WHERE i.tenant_id = t.id AND i.period = $2) IS DISTINCT FROM 'final'
+			ORDER BY t.id`, customPlan, ids, month)
 	}
-	return false, nil
+	done, err := i.walk(ctx, &after, left, i.listTenants(ctx, month.AddDate(0, 1, 0)), notFinal, func(ids []string) error {
+		return pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, month, ids) })
+	})
+	i.closeAt, i.closeAfter = month, after
+	if done {
+		i.closeAt = time.Time{}
+	}
+	return done, err
 }
 
 func (i *Invoicer) tenantBatch(ctx context.Context, sql string, args ...any) ([]string, error) {
