@@ -51,6 +51,7 @@ const (
 	FnRestorePrepaid
 	FnClaim
 	FnFinish
+	FnEpoch
 	FnPending
 	FnIdem
 	FnPolicyRun
@@ -78,6 +79,7 @@ var functions = [fnCount]struct {
 	FnRestorePrepaid: {"restore_prepaid", "restore_prepaid.lua", false},
 	FnClaim:          {"claim", "claim.lua", false},
 	FnFinish:         {"finish", "finish.lua", false},
+	FnEpoch:          {"epoch", "epoch.lua", false},
 	FnPending:        {"pending", "pending.lua", true},
 	FnIdem:           {"idem", "idem.lua", false},
 	FnPolicyRun:      {"policy_run", "policy_run.lua", false},
