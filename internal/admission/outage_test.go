@@ -36,10 +36,10 @@ func pendingUsage(tb testing.TB, r *quotaredis.Store, tenant string) (units, req
 func mustIntact(tb testing.TB, r *quotaredis.Store) {
 	tb.Helper()
 	ctx := context.Background()
-	if err := r.MarkRestoring(ctx, false); err != nil {
+	if err := r.MarkRestoring(ctx); err != nil {
 		tb.Fatal(err)
 	}
-	if err := r.MarkIntact(ctx, 0); err != nil {
+	if err := r.MarkRestored(ctx); err != nil {
 		tb.Fatal(err)
 	}
 }
@@ -447,7 +447,7 @@ func TestFailOpenGiveBackToTheLedgerNamesNoMoreOverageThanUnits(t *testing.T) {
 	}
 	// Redis may not take it (a loss the worker has not repaired yet), and
 	// the node shuts down: the ledger takes it
-	if err := runner.MarkRestoring(ctx, false); err != nil {
+	if err := runner.MarkRestoring(ctx); err != nil {
 		t.Fatal(err)
 	}
 	if err := g.FlushOutage(ctx, true); err != nil {

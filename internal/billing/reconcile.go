@@ -64,12 +64,11 @@ type pendingUsage interface {
 	Finish(ctx context.Context, batches []quota.Batch) error
 	InFlight(ctx context.Context, batches []quota.Batch) ([]bool, error)
 	Idle(ctx context.Context, tenantIDs []string) error
-	EpochState(ctx context.Context, confirmed int64) (lost, wentBack bool, err error)
-	MarkRestoring(ctx context.Context, back bool) error
+	EpochLost(ctx context.Context) (bool, error)
+	MarkRestoring(ctx context.Context) error
 	Restore(ctx context.Context, at time.Time, recs []quota.Recorded) error
 	RestorePrepaid(ctx context.Context, recs []quota.PrepaidRecorded) error
-	MarkIntact(ctx context.Context, gen int64) error
-	RaiseGeneration(ctx context.Context, gen int64) error
+	MarkRestored(ctx context.Context) error
 }
 
 // Reconciler moves usage counted in Redis into the usage ledger, exactly
@@ -143,7 +142,7 @@ type Reconciler struct {
 	recorded map[string]string
 	sweptAt  time.Time // start of the last completed flush that swept the keyspace
 	// watermark is the leader's last published FlushedThrough
-	// (worker_marks), as a worker that does not lead last read it.
+	// (flush_watermark), as a worker that does not lead last read it.
 	watermark time.Time
 }
 
@@ -193,7 +192,7 @@ func (r *Reconciler) stuckTenants() []string {
 // in the ledger: the start of the last flush that swept the keyspace and
 // completed, or the first hour of a batch still stuck if that is earlier.
 // It is zero until such a flush. With a Share, only the leader sweeps: it
-// publishes its FlushedThrough to worker_marks after each sweep, and the
+// publishes its FlushedThrough to flush_watermark after each sweep, and the
 // other workers read it there each cycle and use it in place of a sweep of
 // their own (the leader's sweep flushed their tenants too, its stuck
 // batches among them). The invoices step finalizes a month only once this
@@ -225,22 +224,14 @@ func NewReconciler(db *pgxpool.Pool, rl pendingUsage, now func() time.Time, log 
 // replayed. Its work grows with the tenants active since the last cycle, not
 // with all tenants. With a Share, only this worker's share of them, and the
 // sweep only on the leader; a worker that does not lead flushes nothing
-// while Redis reports a loss not yet repaired, or older data (Repair, which
-// the leader runs).
+// while Redis reports a loss not yet repaired (Repair, which the leader runs).
 func (r *Reconciler) Flush(ctx context.Context) error {
 	if r.Share != nil && !r.Share.Leads() {
 		// After Redis lost data the leader restores the counters from the
 		// ledger plus the usage pending in Redis: usage another worker
-		// moved from one to the other meanwhile would be in neither. After
-		// Redis went back to older data, the usage it holds was recorded
-		// already, and the leader drops it. Until the leader has done
-		// either, only it flushes. (Postgres is read first: the leader
-		// writes a generation to Redis before Postgres.)
-		gen, err := r.readMarks(ctx)
-		if err != nil {
-			return err
-		}
-		if lost, back, err := r.rl.EpochState(ctx, gen); err != nil || lost || back {
+		// moved from one to the other meanwhile would be in neither. Until
+		// the leader has restored them, only it flushes.
+		if lost, err := r.rl.EpochLost(ctx); err != nil || lost {
 			return err
 		}
 	}
@@ -263,8 +254,7 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 		}
 		ids = union(ids, all)
 	}
-	// Whatever the chunks did: those recorded are covered.
-	if err := cmp.Or(r.flushChunks(ctx, ids), r.raiseGeneration(ctx)); err != nil {
+	if err := r.flushChunks(ctx, ids); err != nil {
 		return err
 	}
 	if swept {
@@ -281,61 +271,45 @@ func (r *Reconciler) Flush(ctx context.Context) error {
 			}
 		}
 	}
+	if r.Share != nil && !r.Share.Leads() {
+		if err := r.readWatermark(ctx); err != nil {
+			return err
+		}
+	}
 	return r.prune(ctx)
 }
 
-// publishWatermark raises worker_marks' flushed_through to this worker's
-// FlushedThrough (the leader's, after a sweep), for the workers that do not
-// sweep. It is never lowered: a time before which all usage counted was in
-// the ledger stays one.
+// publishWatermark raises flush_watermark to this worker's FlushedThrough
+// (the leader's, after a sweep), for the workers that do not sweep. It is
+// never lowered: a time before which all usage counted was in the ledger
+// stays one.
 func (r *Reconciler) publishWatermark(ctx context.Context) error {
 	t := r.FlushedThrough()
 	if t.IsZero() {
 		return nil
 	}
 	if _, err := r.db.Exec(ctx, `
-		UPDATE worker_marks SET flushed_through = greatest(coalesce(flushed_through, $1), $1)`, t); err != nil {
+		INSERT INTO flush_watermark AS w (flushed_through) VALUES ($1)
+		ON CONFLICT (id) DO UPDATE SET flushed_through = greatest(w.flushed_through, EXCLUDED.flushed_through)`, t); err != nil {
 		return fmt.Errorf("billing: publish flushed through: %w", err)
 	}
 	return nil
 }
 
-// raiseGeneration raises every Redis master's epoch key to one more than
-// the generation Postgres confirmed, after this cycle's claims, then
-// confirms that one in Postgres (Redis first: a generation confirmed above
-// one in Redis reads as older data). A master that later comes back with
-// data from before these claims holds a lower generation than Postgres:
-// Repair then drops what it holds instead of billing it again. Several
-// workers raise at once: a key and the confirmed generation are only ever
-// raised.
-func (r *Reconciler) raiseGeneration(ctx context.Context) error {
-	var gen int64
-	if err := r.db.QueryRow(ctx, `SELECT redis_generation FROM worker_marks`).Scan(&gen); err != nil {
-		return fmt.Errorf("billing: redis generation: %w", err)
+// readWatermark reads flush_watermark (FlushedThrough); none yet leaves
+// what this worker read before.
+func (r *Reconciler) readWatermark(ctx context.Context) error {
+	var t time.Time
+	switch err := r.db.QueryRow(ctx, `SELECT flushed_through FROM flush_watermark`).Scan(&t); {
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil
+	case err != nil:
+		return fmt.Errorf("billing: read flushed through: %w", err)
 	}
-	if err := r.rl.RaiseGeneration(ctx, gen+1); err != nil {
-		return err
-	}
-	if _, err := r.db.Exec(ctx, `UPDATE worker_marks SET redis_generation = greatest(redis_generation, $1)`, gen+1); err != nil {
-		return fmt.Errorf("billing: redis generation: %w", err)
-	}
+	r.mu.Lock()
+	r.watermark = t
+	r.mu.Unlock()
 	return nil
-}
-
-// readMarks reads worker_marks: it keeps the leader's flushed_through
-// (FlushedThrough; none yet leaves what this worker read before) and
-// returns the Redis generation last confirmed (Repair).
-func (r *Reconciler) readMarks(ctx context.Context) (gen int64, err error) {
-	var t *time.Time
-	if err := r.db.QueryRow(ctx, `SELECT flushed_through, redis_generation FROM worker_marks`).Scan(&t, &gen); err != nil {
-		return 0, fmt.Errorf("billing: read worker marks: %w", err)
-	}
-	if t != nil {
-		r.mu.Lock()
-		r.watermark = *t
-		r.mu.Unlock()
-	}
-	return gen, nil
 }
 
 // flushChunks flushes ids chunk by chunk, Parallel chunks at once, and
@@ -1128,43 +1102,19 @@ func (r *Reconciler) recordCrossings(ctx context.Context, tx pgx.Tx, ids []strin
 // Repair restores the quota counters of every tenant with usage or grants
 // this month (units, grants, and the month's overage that the spend cap
 // counts) when Redis lost data (on any master of a cluster: see
-// the admission store's EpochState), from the ledger plus what is still pending in
+// the admission store's EpochLost), from the ledger plus what is still pending in
 // Redis. Usage admitted during the last interval before the loss and not yet
 // flushed is gone from billing, at most one interval's worth. A restore that
 // fails is retried by the next call until one succeeds.
-//
-// When Redis went back to older data instead (its keys are there, with a
-// generation below the one Postgres confirmed: a restart from files behind
-// its last writes, a failover to a replica that lagged), the usage it holds
-// unflushed, pending and in flight, was recorded already: flushed again it
-// would be billed twice. Repair drops it all first (discard), then restores
-// the counters from the ledger. Usage counted since Redis came back, at
-// most an interval's, is dropped with it and gone from billing, as at a
-// loss.
-//
-// (Each Flush raises the generation after its claims: raiseGeneration.)
 func (r *Reconciler) Repair(ctx context.Context) error {
-	gen, err := r.readMarks(ctx)
-	if err != nil {
+	lost, err := r.rl.EpochLost(ctx)
+	if err != nil || !lost {
 		return err
 	}
-	lost, back, err := r.rl.EpochState(ctx, gen)
-	if err != nil {
+	// Until MarkRestored, the loss stays reported: a restore cut short by an
+	// error (Postgres down, a timeout) is retried by the next cycle.
+	if err := r.rl.MarkRestoring(ctx); err != nil {
 		return err
-	}
-	if !lost && !back {
-		return nil
-	}
-	// Until MarkIntact, the loss stays reported: a restore cut short by an
-	// error (Postgres down, a timeout) is retried by the next cycle, and
-	// one after older data drops what Redis holds again.
-	if err := r.rl.MarkRestoring(ctx, back); err != nil {
-		return err
-	}
-	if back {
-		if err := r.discard(ctx); err != nil {
-			return err
-		}
 	}
 	now := r.now().UTC()
 	day, month := quota.DayStart(now), quota.MonthStart(now)
@@ -1226,48 +1176,9 @@ func (r *Reconciler) Repair(ctx context.Context) error {
 			return err
 		}
 	}
-	if err := r.rl.MarkIntact(ctx, gen); err != nil {
+	if err := r.rl.MarkRestored(ctx); err != nil {
 		return err
 	}
 	r.log.Info("quota counters restored", "tenants", len(recs), "prepaid", len(prepaid))
-	return nil
-}
-
-// discard drops the usage Redis holds unflushed, pending and in flight, of
-// every tenant that has some (after Redis went back to older data: see
-// Repair), claiming it and dropping each batch unrecorded, and forgets the
-// batches this reconciler recorded and had not dropped.
-func (r *Reconciler) discard(ctx context.Context) error {
-	ids, err := r.rl.SweepTenants(ctx)
-	if err != nil {
-		return err
-	}
-	var units int64
-	for start := 0; start < len(ids); start += chunk {
-		part := ids[start:min(start+chunk, len(ids))]
-		// A batch in flight first, then what is pending behind it.
-		for round := 0; len(part) > 0 && round < 3; round++ {
-			batches, err := r.rl.Claim(ctx, part, nil)
-			if err != nil {
-				return err
-			}
-			if err := r.rl.Finish(ctx, batches); err != nil {
-				return err
-			}
-			part = part[:0:0]
-			for _, b := range batches {
-				for _, row := range b.Rows {
-					units += row.Units
-				}
-				if b.Resumed {
-					part = append(part, b.TenantID)
-				}
-			}
-		}
-	}
-	r.mu.Lock()
-	r.recorded = nil
-	r.mu.Unlock()
-	r.log.Warn("redis went back to older data: its unflushed usage, recorded already, dropped", "tenants", len(ids), "units", units)
 	return nil
 }

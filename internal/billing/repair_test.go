@@ -3,15 +3,12 @@ package billing
 import (
 	"context"
 	"slices"
-	"strconv"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
-	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -298,115 +295,3 @@ func TestRepairKeepsTheSpendCap(t *testing.T) {
 		})
 	}
 }
-
-// snapshot returns the test's Redis keys as DUMP and PTTL would restore
-// them: Redis as its files held it at that moment.
-func (r *rig) snapshot(tb testing.TB) map[string][2]string {
-	tb.Helper()
-	ctx := context.Background()
-	var keys []string
-	var mu sync.Mutex
-	err := redisfn.ForEachMaster(ctx, r.rdb, func(ctx context.Context, c *redis.Client) error {
-		got, err := c.Keys(ctx, r.prefix+"*").Result()
-		mu.Lock()
-		keys = append(keys, got...)
-		mu.Unlock()
-		return err
-	})
-	if err != nil {
-		tb.Fatal(err)
-	}
-	out := map[string][2]string{}
-	for _, k := range keys {
-		v, err := r.rdb.Dump(ctx, k).Result()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		ttl, err := r.rdb.PTTL(ctx, k).Result()
-		if err != nil {
-			tb.Fatal(err)
-		}
-		out[k] = [2]string{v, strconv.FormatInt(max(ttl.Milliseconds(), 0), 10)}
-	}
-	return out
-}
-
-// goBack replaces the test's Redis keys with a snapshot's, as a restart
-// from older files or a failover to a replica behind would.
-func (r *rig) goBack(tb testing.TB, snap map[string][2]string) {
-	tb.Helper()
-	ctx := context.Background()
-	testenv.DeleteKeys(r.rdb, r.prefix+"*")
-	for k, v := range snap {
-		ttl, _ := strconv.ParseInt(v[1], 10, 64)
-		if err := r.rdb.RestoreReplace(ctx, k, time.Duration(ttl)*time.Millisecond, v[0]).Err(); err != nil {
-			tb.Fatal(err)
-		}
-	}
-}
-
-// TestRedisBackWithOlderDataBillsOnce: Redis goes back to data from before
-// two flushes, holding a batch in flight and usage pending that the ledger
-// has recorded since. The repair finds the older generation, drops that
-// usage instead of billing it again, and restores the counters from the
-// ledger; a worker that does not lead flushes nothing until then, and usage
-// counted after the repair is billed.
-func TestRedisBackWithOlderDataBillsOnce(t *testing.T) {
-	t.Parallel()
-	t.Run("redis", func(t *testing.T) { t.Parallel(); testRedisBackWithOlderData(t, testenv.Redis(t)) })
-	t.Run("cluster", func(t *testing.T) { t.Parallel(); testRedisBackWithOlderData(t, testenv.Cluster(t)) })
-}
-
-func testRedisBackWithOlderData(t *testing.T, rdb redis.UniversalClient) {
-	ctx := context.Background()
-	r := mustRig(t, rdb)
-	id := r.tenants(t, 1, "pro")[0]
-	rc := r.reconciler()
-	cycle := func() {
-		t.Helper()
-		if err := rc.Repair(ctx); err != nil {
-			t.Fatal(err)
-		}
-		mustFlush(t, rc)
-	}
-	cycle() // first start
-	r.admitUnits(t, id, 5)
-	cycle() // 5 recorded, its batch still in flight until the next claim
-	r.admitUnits(t, id, 6)
-	snap := r.snapshot(t) // the in-flight 5 and the pending 6
-	cycle()
-	r.admitUnits(t, id, 7)
-	cycle()
-	if got := r.ledger(t)[id]; got != 18 {
-		t.Fatalf("ledger before Redis went back: %d, want 18", got)
-	}
-	r.goBack(t, snap)
-	r.checkUsed(t, id, 11, "in the older data")
-
-	other := r.reconciler()
-	other.Share = leadNot{}
-	mustFlush(t, other)
-	if got := r.ledger(t)[id]; got != 18 {
-		t.Fatalf("ledger after a worker that does not lead flushed older data: %d, want 18", got)
-	}
-	cycle()
-	if got := r.ledger(t)[id]; got != 18 {
-		t.Fatalf("ledger after the repair of older data: %d, want 18 (nothing billed twice)", got)
-	}
-	r.checkUsed(t, id, 18, "after the repair")
-	if lost, back, err := r.rl.EpochState(ctx, 0); err != nil || lost || back {
-		t.Fatalf("after the repair: lost %t, went back %t, %v", lost, back, err)
-	}
-	r.admitUnits(t, id, 4)
-	cycle()
-	if got := r.ledger(t)[id]; got != 22 {
-		t.Fatalf("ledger after usage counted since: %d, want 22", got)
-	}
-	r.checkUsed(t, id, 22, "a cycle later")
-}
-
-// leadNot is the Share of a worker that owns every tenant and does not lead.
-type leadNot struct{}
-
-func (leadNot) Owns(string) bool { return true }
-func (leadNot) Leads() bool      { return false }

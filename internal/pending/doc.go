@@ -3,9 +3,9 @@
 // PendingMany, ParsePending), giving back the units of a request whose
 // upstream failed (Refund, RefundIn, RefundRequest), the worker's side of
 // a flush (ActiveTenants, SweepTenants, Claim, Finish, Idle), and the
-// repair of counters after Redis lost data or went back to older data
-// (EpochLost, EpochState, MarkRestoring, MarkIntact, Restore,
-// RestorePrepaid), with a prepaid tenant's credit drawn (PrepaidDrawn).
+// repair of counters after Redis lost data (EpochLost, MarkRestoring,
+// MarkRestored, Restore, RestorePrepaid), with a prepaid tenant's credit
+// drawn (PrepaidDrawn).
 //
 // It must not decide admissions (internal/ratelimit does), settle
 // reservations (internal/settlement), keep idempotency records

@@ -56,20 +56,14 @@ func TestEpochKeysOnePerMaster(t *testing.T) {
 	}
 }
 
-// epochUsage returns a Redis server, the test's prefix on it and a Usage
-// there.
-func epochUsage(t *testing.T) (redis.UniversalClient, string, *Usage) {
-	c := testenv.Redis(t)
-	prefix := testenv.Prefix(t, c)
-	return c, prefix, New(redisfn.New(c, prefix))
-}
-
 // TestEpochLostUntilRestored walks the epoch through a first start, a
 // restore that fails, one that succeeds, a loss, and a loss during a
 // restore.
 func TestEpochLostUntilRestored(t *testing.T) {
 	t.Parallel()
-	c, prefix, r := epochUsage(t)
+	c := testenv.Redis(t)
+	prefix := testenv.Prefix(t, c)
+	r := New(redisfn.New(c, prefix))
 	ctx := context.Background()
 	lost := func(want bool, when string) {
 		t.Helper()
@@ -88,65 +82,16 @@ func TestEpochLostUntilRestored(t *testing.T) {
 		}
 	}
 	lost(true, "at the first start")
-	must(r.MarkRestoring(ctx, false))
+	must(r.MarkRestoring(ctx))
 	lost(true, "after a restore began and never succeeded")
-	must(r.MarkRestoring(ctx, false))
-	must(r.MarkIntact(ctx, 0))
+	must(r.MarkRestoring(ctx))
+	must(r.MarkRestored(ctx))
 	lost(false, "after a successful restore")
 	lost(false, "a cycle later")
 	testenv.DeleteKeys(c, prefix+"*")
 	lost(true, "after a loss")
-	must(r.MarkRestoring(ctx, false))
+	must(r.MarkRestoring(ctx))
 	testenv.DeleteKeys(c, prefix+"*") // lost again while restoring
-	must(r.MarkIntact(ctx, 0))
+	must(r.MarkRestored(ctx))
 	lost(true, "after a loss during the restore")
-}
-
-// TestEpochWentBack: a key whose generation is below the one Postgres
-// confirmed is older data; a restore after it stays marked so until it
-// succeeded; a key of an earlier release (no generation) is not. A raise
-// never lowers a generation, and leaves a key restoring or gone as it is.
-func TestEpochWentBack(t *testing.T) {
-	t.Parallel()
-	c, prefix, r := epochUsage(t)
-	ctx := context.Background()
-	state := func(confirmed int64, wantLost, wantBack bool, when string) {
-		t.Helper()
-		lost, back, err := r.EpochState(ctx, confirmed)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if lost != wantLost || back != wantBack {
-			t.Errorf("EpochState(%d) %s: lost %t, went back %t; want %t, %t", confirmed, when, lost, back, wantLost, wantBack)
-		}
-	}
-	must := func(err error) {
-		t.Helper()
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(r.MarkRestoring(ctx, false))
-	must(r.MarkIntact(ctx, 7))
-	state(7, false, false, "at the generation confirmed")
-	state(6, false, false, "ahead of the one confirmed (written, not confirmed yet)")
-	state(8, false, true, "behind the one confirmed")
-	must(r.MarkRestoring(ctx, true))
-	state(8, true, true, "while the restore after older data has not succeeded")
-	must(r.MarkIntact(ctx, 8))
-	state(8, false, false, "after it succeeded")
-	must(c.Set(ctx, prefix+":v1:epoch", "intact", 0).Err())
-	state(8, false, false, "a key of an earlier release")
-	must(r.MarkIntact(ctx, 8))
-	must(r.RaiseGeneration(ctx, 10))
-	state(10, false, false, "raised")
-	must(r.RaiseGeneration(ctx, 9))
-	state(10, false, false, "never lowered")
-	must(r.MarkRestoring(ctx, false))
-	must(r.RaiseGeneration(ctx, 11))
-	state(0, true, false, "restoring is left as it is")
-	testenv.DeleteKeys(c, prefix+"*")
-	must(r.MarkIntact(ctx, 12))
-	must(r.RaiseGeneration(ctx, 12))
-	state(12, true, false, "a key gone stays gone")
 }

@@ -323,21 +323,9 @@ func (r *Usage) Idle(ctx context.Context, tenantIDs []string) error {
 // A key holds epochIntact, or epochRestoring from the start of a restore
 // until it succeeded: a restore that fails (Postgres down, a timeout) is
 // retried by the next cycle rather than taken as done.
-//
-// Redis can also go back to older data without losing its keys: a restart
-// from a snapshot or an append-only file behind its last writes, a failover
-// to a replica that lagged. After the claims of each cycle, each worker
-// raises every key to a generation one more than the last Postgres
-// confirmed ("intact:<n>": RaiseGeneration), then confirms it there; a key
-// whose generation is below the last Postgres confirmed is older data
-// (EpochState): it ended before claims that were recorded since. A restore after that is marked epochRestoringBack until it
-// succeeded, so that its retry knows it too. A key of "intact" alone
-// (written by an earlier release) has no generation and is not taken for
-// older data.
 const (
-	epochIntact        = "intact"
-	epochRestoring     = "restoring"
-	epochRestoringBack = "restoring:back"
+	epochIntact    = "intact"
+	epochRestoring = "restoring"
 )
 
 // epochKeys returns one epoch key per master (one key on a single server).
@@ -394,19 +382,9 @@ func (r *Usage) epochKeys(ctx context.Context) ([]string, error) {
 // succeeded. It extends the keys' lives; it changes nothing else, so the
 // answer stays true until MarkRestored.
 func (r *Usage) EpochLost(ctx context.Context) (bool, error) {
-	lost, _, err := r.EpochState(ctx, 0)
-	return lost, err
-}
-
-// EpochState reports, as EpochLost, whether Redis lost data since the last
-// restore, and whether it went back to older data: some master's key holds
-// a generation below confirmed (the last one Postgres recorded after
-// MarkGeneration wrote it to every key), or a restore after older data
-// began and has not succeeded.
-func (r *Usage) EpochState(ctx context.Context, confirmed int64) (lost, wentBack bool, err error) {
 	keys, err := r.epochKeys(ctx)
 	if err != nil {
-		return false, false, err
+		return false, err
 	}
 	gets := make([]*redis.StringCmd, len(keys))
 	_, _ = r.Client().Pipelined(ctx, func(p redis.Pipeliner) error {
@@ -416,62 +394,32 @@ func (r *Usage) EpochState(ctx context.Context, confirmed int64) (lost, wentBack
 		}
 		return nil
 	})
+	lost := false
 	for _, g := range gets {
 		v, err := g.Result()
 		switch {
 		case errors.Is(err, redis.Nil):
 			lost = true
 		case err != nil:
-			return false, false, fmt.Errorf("ratelimit: epoch: %w", err)
+			return false, fmt.Errorf("ratelimit: epoch: %w", err)
 		case v == epochRestoring:
 			lost = true
-		case v == epochRestoringBack:
-			lost, wentBack = true, true
-		default:
-			if n, ok := strings.CutPrefix(v, epochIntact+":"); ok {
-				if gen, err := strconv.ParseInt(n, 10, 64); err != nil || gen < confirmed {
-					wentBack = true
-				}
-			}
 		}
 	}
-	return lost, wentBack, nil
+	return lost, nil
 }
 
 // MarkRestoring marks every master's epoch as being restored, before a
-// restore starts: until MarkRestored, EpochLost reports a loss. back marks
-// a restore after Redis went back to older data (EpochState).
-func (r *Usage) MarkRestoring(ctx context.Context, back bool) error {
-	if back {
-		return r.markEpoch(ctx, epochRestoringBack, false)
-	}
+// restore starts: until MarkRestored, EpochLost reports a loss.
+func (r *Usage) MarkRestoring(ctx context.Context) error {
 	return r.markEpoch(ctx, epochRestoring, false)
 }
 
-// MarkIntact marks the epochs intact at generation gen after a successful
-// restore, except on a master whose key vanished since MarkRestoring: that
-// master lost its data again during the restore, and the next EpochLost
-// reports it.
-func (r *Usage) MarkIntact(ctx context.Context, gen int64) error {
-	return r.markEpoch(ctx, epochIntact+":"+strconv.FormatInt(gen, 10), true)
-}
-
-// RaiseGeneration raises every master's epoch key to generation gen, never
-// lowering one, and leaving a key that is gone or marked restoring as it is
-// (lua/epoch.lua). A worker calls it after the claims of its cycle, then
-// confirms gen in Postgres: a master that comes back with older data holds
-// a lower generation than Postgres (EpochState).
-func (r *Usage) RaiseGeneration(ctx context.Context, gen int64) error {
-	keys, err := r.epochKeys(ctx)
-	if err != nil {
-		return err
-	}
-	if _, err := r.Pipelined(ctx, len(keys), func(i int) (redisfn.Fn, []string, []any) {
-		return redisfn.FnEpoch, []string{keys[i]}, []any{gen}
-	}); err != nil {
-		return fmt.Errorf("ratelimit: epoch: %w", err)
-	}
-	return nil
+// MarkRestored marks the epochs intact after a successful restore, except on
+// a master whose key vanished since MarkRestoring: that master lost its data
+// again during the restore, and the next EpochLost reports it.
+func (r *Usage) MarkRestored(ctx context.Context) error {
+	return r.markEpoch(ctx, epochIntact, true)
 }
 
 func (r *Usage) markEpoch(ctx context.Context, value string, onlyExisting bool) error {

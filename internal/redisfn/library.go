@@ -51,7 +51,6 @@ const (
 	FnRestorePrepaid
 	FnClaim
 	FnFinish
-	FnEpoch
 	FnPending
 	FnIdem
 	FnPolicyRun
@@ -79,7 +78,6 @@ var functions = [fnCount]struct {
 	FnRestorePrepaid: {"restore_prepaid", "restore_prepaid.lua", false},
 	FnClaim:          {"claim", "claim.lua", false},
 	FnFinish:         {"finish", "finish.lua", false},
-	FnEpoch:          {"epoch", "epoch.lua", false},
 	FnPending:        {"pending", "pending.lua", true},
 	FnIdem:           {"idem", "idem.lua", false},
 	FnPolicyRun:      {"policy_run", "policy_run.lua", false},

@@ -1,0 +1,1 @@
+DROP TABLE flush_watermark;
