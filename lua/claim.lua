@@ -31,7 +31,18 @@ ARGV
       its next claim of the tenant, rather than by a call of their own.
 Return: an array with one answer a tenant, in order: {} when there is
 nothing to flush, else the flat HGETALL of the flushing hash (its "batch"
-field names the batch, its "seq" field is the batch's sequence).
+field names the batch, its "seq" field is the batch's sequence, its
+"prev" field, when the tenant has a state hash, the sequence of the batch
+claimed before it).
+
+The state hash keeps the sequence of the tenant's last claimed batch
+("lc"), written in the same call as the claim: a batch's "prev" is the
+last batch Redis claimed of the tenant before it. The ledger recorded that
+one last, unless Redis went back to older data since (a restart from files
+behind its last writes, a failover to a replica that lagged): then "prev"
+is below the last sequence the ledger recorded, and the batch holds usage
+the ledger recorded already, from a batch Redis forgot it claimed
+(internal/billing, newBatches: it is not recorded).
 
 The sequence orders a tenant's batches for the ledger, which remembers the
 last it recorded of each tenant (usage_flushed) and records a batch, once,
@@ -62,10 +73,13 @@ local function claim_one(pending, flushing, state, id, seq, ttl, drop)
   end
   if not in_flight then
     local moved = {}
+    local prev
     local h = redis.call('HGETALL', state)
     for i = 1, #h, 2 do
       if string.byte(h[i], 1) == 112 then -- 'p'
         moved[#moved + 1] = h[i]
+      elseif h[i] == 'lc' then
+        prev = h[i + 1]
       end
     end
     local has_pending = redis.call('EXISTS', pending) == 1
@@ -80,6 +94,12 @@ local function claim_one(pending, flushing, state, id, seq, ttl, drop)
       redis.call('HDEL', state, unpack(moved))
     end
     redis.call('HSET', flushing, 'batch', id, 'seq', seq)
+    if prev then
+      redis.call('HSET', flushing, 'prev', prev)
+    end
+    if #h > 0 then -- (a tenant with a state hash: none is made for it)
+      redis.call('HSET', state, 'lc', seq)
+    end
     redis.call('PEXPIRE', flushing, ttl)
   end
   return redis.call('HGETALL', flushing)

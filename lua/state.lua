@@ -30,6 +30,8 @@ The layout: all of a tenant's limit state in one hash,
     L = T,B,U,C  the burst limits the state was written under (admit.lua,
         "Limit changes")
     g:<grant id>  grants already applied (grant.lua)
+    lc  the sequence of the tenant's last batch claimed (claim.lua), which
+        tells the ledger whether Redis went back to older data
     p<hours since the epoch>|<meter>|  the pending usage not yet flushed
         of an hour and meter, "units,requests" (one field, written by
         admit.lua; the hour short, as it is in most of the hash's bytes)

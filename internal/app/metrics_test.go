@@ -21,6 +21,7 @@ func TestWorkerMetricsSeries(t *testing.T) {
 	rec.LateCreditCents.Add(31)
 	rec.LateRaises.Add(1)
 	rec.RescuedBatches.Add(4)
+	rec.OlderDataBatches.Add(5)
 	alerts.Retried.Add(3)
 	reg, cycle := workerMetrics(rec, alerts, func() time.Time { return time.Now().Add(-2 * time.Second) })
 	cycle.Observe(0.25)
@@ -42,15 +43,16 @@ func TestWorkerMetricsSeries(t *testing.T) {
 		}
 	}
 	for name, want := range map[string]float64{
-		"tollgate_worker_units_flushed_total":     42,
-		"tollgate_worker_tenants_flushed_total":   0,
-		"tollgate_webhook_failures_total":         3,
-		"tollgate_worker_cycle_seconds":           1,
-		"tollgate_worker_stuck_batches":           0,
-		"tollgate_worker_late_credits_total":      2,
-		"tollgate_worker_late_credit_cents_total": 31,
-		"tollgate_worker_late_raises_total":       1,
-		"tollgate_worker_rescued_batches_total":   4,
+		"tollgate_worker_units_flushed_total":      42,
+		"tollgate_worker_tenants_flushed_total":    0,
+		"tollgate_webhook_failures_total":          3,
+		"tollgate_worker_cycle_seconds":            1,
+		"tollgate_worker_stuck_batches":            0,
+		"tollgate_worker_late_credits_total":       2,
+		"tollgate_worker_late_credit_cents_total":  31,
+		"tollgate_worker_late_raises_total":        1,
+		"tollgate_worker_rescued_batches_total":    4,
+		"tollgate_worker_older_data_batches_total": 5,
 	} {
 		if v, ok := got[name]; !ok || v != want {
 			t.Errorf("%s = %v (present %t), want %v", name, v, ok, want)

@@ -132,6 +132,10 @@ type Reconciler struct {
 	// RescuedBatches counts the batches recorded although their sequence
 	// was below their tenant's last (Redis' clock went back: newBatches).
 	RescuedBatches atomic.Int64
+	// OlderDataBatches counts the batches not recorded because Redis
+	// claimed them from older data (newBatches): their usage was recorded
+	// already.
+	OlderDataBatches atomic.Int64
 
 	mu      sync.Mutex            // guards the fields below, read by the invoicer and metrics
 	flushed map[string]struct{}   // tenants recorded since the last TakeFlushed
@@ -625,14 +629,24 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error 
 	r.LateCreditCents.Add(t.late.cents)
 	r.LateRaises.Add(t.late.raises)
 	r.RescuedBatches.Add(t.rescued)
+	r.OlderDataBatches.Add(t.older)
+	if t.older > 0 && r.rl != nil {
+		// Redis went back to older data: its quota counters too. The
+		// leader's next Repair restores them from the ledger (they are
+		// never lowered), and until then the other workers flush nothing.
+		if err := r.rl.MarkRestoring(ctx); err != nil {
+			return err
+		}
+	}
 	return nil
 }
 
 // recordTally is what record did: the units the new batches added, what
-// their late usage did, and how many were rescued (newBatches).
+// their late usage did, and how many were rescued and how many came from
+// older data (newBatches).
 type recordTally struct {
-	units, rescued int64
-	late           lateTally
+	units, rescued, older int64
+	late                  lateTally
 }
 
 // record finds which batches are new (newBatches) and adds their usage rows
@@ -660,7 +674,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		return recordTally{}, err
 	}
 	// Which batches are new: only those add rows.
-	isNew, rescued, err := r.newBatches(ctx, tx, batches)
+	isNew, rescued, older, err := r.newBatches(ctx, tx, batches)
 	if err != nil {
 		return recordTally{}, err
 	}
@@ -699,7 +713,7 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	if err := r.recordCrossings(ctx, tx, tenants); err != nil {
 		return recordTally{}, err
 	}
-	return recordTally{units: units, late: tally, rescued: rescued}, nil
+	return recordTally{units: units, late: tally, rescued: rescued, older: older}, nil
 }
 
 // recentSeqs is how many of a tenant's last recorded batch sequences
@@ -725,12 +739,21 @@ const recentSeqs = 16
 // is new with a smaller sequence: Redis' clock went back (after it lost
 // its data, or on another master after its slot moved). It is recorded
 // (rescue).
-func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (isNew map[string]bool, rescued int64, err error) {
+//
+// Older data: a batch whose Prev (the batch Redis claimed of the tenant
+// before it) is known and below the last sequence recorded was claimed
+// from data Redis went back to (a restart from files behind its last
+// writes, a failover to a replica that lagged), which forgot the claims
+// recorded since: its usage, pending then, was recorded in them. It is not
+// new, whatever its sequence, and is never rescued; the flush drops it
+// (older counts them). Usage counted between Redis coming back and that
+// claim is dropped with it, as usage pending at a loss is.
+func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (isNew map[string]bool, rescued, older int64, err error) {
 	var (
 		lIDs, lTenants    []string // without a sequence: usage_batches
 		lUnits, lRequests []int64
 		sTenants, sIDs    []string // with one: usage_flushed
-		sSeqs             []int64
+		sSeqs, sPrevs     []int64
 		sBatches          []quota.Batch
 	)
 	for _, b := range batches {
@@ -739,7 +762,7 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 			continue
 		}
 		if b.Seq > 0 {
-			sTenants, sIDs, sSeqs = append(sTenants, b.TenantID), append(sIDs, b.ID), append(sSeqs, b.Seq)
+			sTenants, sIDs, sSeqs, sPrevs = append(sTenants, b.TenantID), append(sIDs, b.ID), append(sSeqs, b.Seq), append(sPrevs, b.Prev)
 			sBatches = append(sBatches, b)
 			continue
 		}
@@ -771,21 +794,22 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		// deadlock. Each tenant is looked up through its key: OFFSET 0
 		// keeps the planner from joining all tenants instead.)
 		err = collect(tx.Query(ctx, `
-			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at)
-			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4
-			FROM unnest($1::uuid[], $2::bigint[], $3::text[]) AS b(tenant, seq, id)
+			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at, prev)
+			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4, nullif(b.prev, 0)
+			FROM unnest($1::uuid[], $2::bigint[], $3::text[], $5::bigint[]) AS b(tenant, seq, id, prev)
 			CROSS JOIN LATERAL (SELECT t.id FROM tenants t WHERE t.id = b.tenant OFFSET 0) t
 			ORDER BY t.id
 			ON CONFLICT (tenant_id) DO UPDATE SET seq = EXCLUDED.seq, batch_id = EXCLUDED.batch_id,
-				recent = (EXCLUDED.recent || f.recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = EXCLUDED.flushed_at
-			WHERE f.seq < EXCLUDED.seq
-			RETURNING f.batch_id`, customPlan, sTenants, sSeqs, sIDs, r.now()))
+				recent = (EXCLUDED.recent || f.recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = EXCLUDED.flushed_at,
+				prev = EXCLUDED.prev
+			WHERE f.seq < EXCLUDED.seq AND (EXCLUDED.prev IS NULL OR EXCLUDED.prev >= f.seq)
+			RETURNING f.batch_id`, customPlan, sTenants, sSeqs, sIDs, r.now(), sPrevs))
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
-		if len(isNew) < len(sTenants) && r.rl != nil {
-			if rescued, err = r.rescue(ctx, tx, sBatches, isNew); err != nil {
-				return nil, 0, err
+		if len(isNew) < len(sTenants) {
+			if rescued, older, err = r.rescue(ctx, tx, sBatches, isNew); err != nil {
+				return nil, 0, 0, err
 			}
 		}
 	}
@@ -798,19 +822,21 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 			ON CONFLICT (batch_id) DO NOTHING
 			RETURNING batch_id`, lIDs, lTenants, lUnits, lRequests, r.now()))
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, 0, err
 		}
 	}
-	return isNew, rescued, nil
+	return isNew, rescued, older, nil
 }
 
 // rescue records, among the batches with a sequence that newBatches did not
 // find new, those that are new all the same (see newBatches): their
-// sequence is not among their tenant's recent ones and they are still in
-// flight in Redis. Each is added to the recent ones (the greater sequence
-// kept) under the tenant's row lock, which the upsert took: a worker
-// recording the same batch at once waits, then finds it there.
-func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batch, isNew map[string]bool) (int64, error) {
+// sequence is not among their tenant's recent ones, they were not claimed
+// from older data, and they are still in flight in Redis. Each is added to
+// the recent ones (the greater sequence kept) under the tenant's row lock,
+// which the upsert took: a worker recording the same batch at once waits,
+// then finds it there. It returns how many it rescued, and how many it
+// found claimed from older data.
+func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batch, isNew map[string]bool) (rescuedN, olderN int64, err error) {
 	var tenants []string
 	for _, b := range batches {
 		if !isNew[b.ID] {
@@ -819,34 +845,43 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	}
 	type head struct {
 		Tenant string
+		Seq    int64
 		Recent []int64
 	}
-	rows, err := tx.Query(ctx, `SELECT tenant_id::text, recent FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
+	rows, err := tx.Query(ctx, `SELECT tenant_id::text, seq, recent FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
 	if err != nil {
-		return 0, fmt.Errorf("billing: record batches: %w", err)
+		return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 	}
 	heads, err := pgx.CollectRows(rows, pgx.RowToStructByPos[head])
 	if err != nil {
-		return 0, fmt.Errorf("billing: record batches: %w", err)
+		return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 	}
-	recent := make(map[string][]int64, len(heads))
+	last := make(map[string]head, len(heads))
 	for _, h := range heads {
-		recent[h.Tenant] = h.Recent
+		last[h.Tenant] = h
 	}
-	var suspects []quota.Batch
+	var suspects, older []quota.Batch
 	for _, b := range batches {
-		seqs, ok := recent[strings.ToLower(b.TenantID)]
-		if isNew[b.ID] || !ok || slices.Contains(seqs, b.Seq) {
-			continue // new, of a tenant deleted, or recorded before
+		h, ok := last[strings.ToLower(b.TenantID)]
+		switch {
+		case isNew[b.ID] || !ok || b.Seq == h.Seq || slices.Contains(h.Recent, b.Seq):
+			// new, of a tenant deleted, or recorded before
+		case b.Prev > 0 && b.Prev < h.Seq:
+			older = append(older, b)
+		default:
+			suspects = append(suspects, b)
 		}
-		suspects = append(suspects, b)
 	}
-	if len(suspects) == 0 {
-		return 0, nil
+	if len(older) > 0 { // (one line a chunk)
+		r.log.Warn("usage batches Redis claimed from older data (it went back), not recorded: their usage was recorded already",
+			"batches", len(older), "tenant_id", older[0].TenantID, "batch_id", older[0].ID, "prev", older[0].Prev)
+	}
+	if len(suspects) == 0 || r.rl == nil {
+		return 0, int64(len(older)), nil
 	}
 	live, err := r.rl.InFlight(ctx, suspects)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
 	var rescued []quota.Batch
 	for k, b := range suspects {
@@ -854,10 +889,11 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			continue // recorded, dropped from Redis, followed by another
 		}
 		tag, err := tx.Exec(ctx, `
-			UPDATE usage_flushed SET batch_id = $2, recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = $4
-			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now())
+			UPDATE usage_flushed SET batch_id = $2, recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = $4,
+				prev = nullif($5::bigint, 0)
+			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now(), b.Prev)
 		if err != nil {
-			return 0, fmt.Errorf("billing: record batches: %w", err)
+			return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 		}
 		if tag.RowsAffected() == 1 {
 			isNew[b.ID] = true
@@ -868,7 +904,7 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		r.log.Warn("usage batches with sequences below their tenants' last recorded all the same (Redis' clock went back)",
 			"batches", len(rescued), "tenant_id", rescued[0].TenantID, "batch_id", rescued[0].ID, "seq", rescued[0].Seq)
 	}
-	return int64(len(rescued)), nil
+	return int64(len(rescued)), int64(len(older)), nil
 }
 
 // ledgerKey is a usage row's key.

@@ -3,12 +3,15 @@ package billing
 import (
 	"context"
 	"slices"
+	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/tollgate/tollgate/internal/quota"
+	"github.com/tollgate/tollgate/internal/redisfn"
 	"github.com/tollgate/tollgate/internal/testenv"
 )
 
@@ -295,3 +298,125 @@ func TestRepairKeepsTheSpendCap(t *testing.T) {
 		})
 	}
 }
+
+// snapshot returns the test's Redis keys as DUMP and PTTL would restore
+// them: Redis as its files held it at that moment.
+func (r *rig) snapshot(tb testing.TB) map[string][2]string {
+	tb.Helper()
+	ctx := context.Background()
+	var keys []string
+	var mu sync.Mutex
+	err := redisfn.ForEachMaster(ctx, r.rdb, func(ctx context.Context, c *redis.Client) error {
+		got, err := c.Keys(ctx, r.prefix+"*").Result()
+		mu.Lock()
+		keys = append(keys, got...)
+		mu.Unlock()
+		return err
+	})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := map[string][2]string{}
+	for _, k := range keys {
+		v, err := r.rdb.Dump(ctx, k).Result()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		ttl, err := r.rdb.PTTL(ctx, k).Result()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		out[k] = [2]string{v, strconv.FormatInt(max(ttl.Milliseconds(), 0), 10)}
+	}
+	return out
+}
+
+// goBack replaces the test's Redis keys with a snapshot's, as a restart
+// from older files or a failover to a replica behind would.
+func (r *rig) goBack(tb testing.TB, snap map[string][2]string) {
+	tb.Helper()
+	ctx := context.Background()
+	testenv.DeleteKeys(r.rdb, r.prefix+"*")
+	for k, v := range snap {
+		ttl, _ := strconv.ParseInt(v[1], 10, 64)
+		if err := r.rdb.RestoreReplace(ctx, k, time.Duration(ttl)*time.Millisecond, v[0]).Err(); err != nil {
+			tb.Fatal(err)
+		}
+	}
+}
+
+// TestRedisBackWithOlderDataBillsOnce: Redis goes back to data from before
+// 17 flushes, holding a batch in flight (recorded since, and no longer
+// among its tenant's recent sequences) and usage pending (recorded since
+// in a batch Redis no longer knows it claimed). A worker that does not lead
+// records neither, and has the counters restored: the leader's repair
+// raises them to the ledger's. Usage counted after that is billed.
+func TestRedisBackWithOlderDataBillsOnce(t *testing.T) {
+	t.Parallel()
+	t.Run("redis", func(t *testing.T) { t.Parallel(); testRedisBackWithOlderData(t, testenv.Redis(t)) })
+	t.Run("cluster", func(t *testing.T) { t.Parallel(); testRedisBackWithOlderData(t, testenv.Cluster(t)) })
+}
+
+func testRedisBackWithOlderData(t *testing.T, rdb redis.UniversalClient) {
+	ctx := context.Background()
+	r := mustRig(t, rdb)
+	id := r.tenants(t, 1, "pro")[0]
+	rc := r.reconciler()
+	cycle := func() {
+		t.Helper()
+		if err := rc.Repair(ctx); err != nil {
+			t.Fatal(err)
+		}
+		mustFlush(t, rc)
+	}
+	cycle() // first start
+	r.admitUnits(t, id, 1)
+	cycle()
+	r.admitUnits(t, id, 5)
+	cycle() // 5 recorded, its batch still in flight until the next claim
+	r.admitUnits(t, id, 6)
+	snap := r.snapshot(t) // the in-flight 5 and the pending 6
+	for range recentSeqs + 1 {
+		r.admitUnits(t, id, 1)
+		cycle()
+	}
+	const before = 1 + 5 + 6 + recentSeqs + 1
+	if got := r.ledger(t)[id]; got != before {
+		t.Fatalf("ledger before Redis went back: %d, want %d", got, before)
+	}
+	r.goBack(t, snap)
+	r.checkUsed(t, id, 12, "in the older data")
+
+	other := r.reconciler()
+	other.Share = leadNot{}
+	mustFlush(t, other)
+	if got := r.ledger(t)[id]; got != before {
+		t.Fatalf("ledger after a worker flushed the older data: %d, want %d (nothing billed twice)", got, before)
+	}
+	if n := other.OlderDataBatches.Load(); n != 2 {
+		t.Errorf("%d batches counted as from older data, want 2 (the one in flight, the one of the pending usage)", n)
+	}
+	if n := other.RescuedBatches.Load(); n != 0 {
+		t.Errorf("%d batches rescued, want none", n)
+	}
+	if lost, err := r.rl.EpochLost(ctx); err != nil || !lost {
+		t.Fatalf("after older data was found: epoch lost %t (%v), want a restore asked for", lost, err)
+	}
+	cycle()
+	if got := r.ledger(t)[id]; got != before {
+		t.Fatalf("ledger after the repair: %d, want %d", got, before)
+	}
+	r.checkUsed(t, id, before, "after the repair")
+	r.admitUnits(t, id, 4)
+	cycle()
+	if got := r.ledger(t)[id]; got != before+4 {
+		t.Fatalf("ledger after usage counted since: %d, want %d", got, before+4)
+	}
+	r.checkUsed(t, id, before+4, "a cycle later")
+}
+
+// leadNot is the Share of a worker that owns every tenant and does not lead.
+type leadNot struct{}
+
+func (leadNot) Owns(string) bool { return true }
+func (leadNot) Leads() bool      { return false }

@@ -241,8 +241,14 @@ func (r *Usage) Claim(ctx context.Context, tenantIDs, drop []string) ([]quota.Ba
 				b.Seq, err = 0, fmt.Errorf("batch sequence %q", seq)
 			}
 		}
+		if prev, ok := h["prev"]; ok && err == nil {
+			if b.Prev, err = strconv.ParseInt(prev, 10, 64); err != nil || b.Prev <= 0 {
+				b.Prev, err = 0, fmt.Errorf("batch's previous sequence %q", prev)
+			}
+		}
 		delete(h, "batch")
 		delete(h, "seq")
+		delete(h, "prev")
 		if err == nil {
 			b.Rows, err = ParsePending(h)
 		}
