@@ -208,9 +208,9 @@ func (i *Invoicer) closeDue(ctx context.Context, now time.Time, left *int) (bool
 	}
 	for _, l := range labels {
 		l = l.UTC()
-		after := firstTenantID
-		if i.dueAt.Equal(l) {
-			after = i.dueAfter
+		after, ok := i.dueAfter[l.Unix()]
+		if !ok {
+			after = firstTenantID
 		}
 		drafts := func(after string, limit int) ([]string, error) {
 			return i.tenantBatch(ctx, `
@@ -221,11 +221,10 @@ func (i *Invoicer) closeDue(ctx context.Context, now time.Time, left *int) (bool
 		done, err := i.walk(ctx, &after, left, drafts, nil, func(ids []string) error {
 			return pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, l, ids) })
 		})
-		i.dueAt, i.dueAfter = l, after
+		i.dueAfter = resumeAt(i.dueAfter, l, after, done)
 		if err != nil || !done {
 			return false, err
 		}
-		i.dueAt = time.Time{}
 	}
 	return true, nil
 }

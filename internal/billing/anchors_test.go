@@ -474,6 +474,49 @@ func TestRunSplitsDueDraftsByOwner(t *testing.T) {
 	}
 }
 
+// TestRunClosesMonthsPastOthersDrafts: a worker catching up two months
+// (nobody closed September in October) closes its tenants' September,
+// then their October, although the other workers' September drafts keep
+// September listed: it does not walk September again in the same pass.
+func TestRunClosesMonthsPastOthersDrafts(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	db := testenv.Postgres(t)
+	clock := &invClock{}
+	var ids []string
+	for range 12 {
+		ids = append(ids, invTenant(t, db, "pro", time.Date(2026, 8, 15, 0, 0, 0, 0, time.UTC)))
+	}
+	slices.Sort(ids)
+	mine := func(id string) bool { return slices.Index(ids, id) >= 8 } // the last 4 in the listings' order
+	clock.Set(time.Date(2026, 9, 10, 0, 0, 0, 0, time.UTC))
+	if err := NewInvoicer(db, clock.Now, time.Hour).Run(ctx); err != nil { // September's drafts
+		t.Fatal(err)
+	}
+	a := NewInvoicer(db, clock.Now, time.Hour)
+	a.Owns, a.TenantsPerRun = mine, 1
+	clock.Set(time.Date(2026, 11, 10, 0, 0, 0, 0, time.UTC))
+	for range 20 {
+		if err := a.Run(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, month := range []time.Time{anchSep, anchOct} {
+		rows, err := db.Query(ctx, `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = 'final'`, month)
+		if err != nil {
+			t.Fatal(err)
+		}
+		final, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			t.Fatal(err)
+		}
+		slices.Sort(final)
+		if !slices.Equal(final, ids[8:]) {
+			t.Errorf("%s: final invoices of %d tenants %v, want a's 4 %v", month.Format("2006-01"), len(final), final, ids[8:])
+		}
+	}
+}
+
 // TestInvoicePeriodsMigration: down from 000012 drops the bounds and keeps
 // the invoices and an anchored month grant; up again gives every invoice
 // its label's UTC month, and a writer that names no bounds gets them too.

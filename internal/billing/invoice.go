@@ -45,10 +45,10 @@ type Invoicer struct {
 	closedThrough            time.Time
 	closedGained, passGained uint64
 	closing                  bool
-	// closeMonth and closeDue resume where a Run stopped them: the month
-	// (or label) and the tenant they reached.
-	closeAt, dueAt       time.Time
-	closeAfter, dueAfter string
+	closedInPass             map[int64]bool // the months the pass under way closed, by Unix time
+	// closeMonth and closeDue resume where a Run stopped them: the tenant
+	// they reached, by month (or label), by Unix time.
+	closeAfter, dueAfter map[int64]string
 
 	// FullSweepEvery spaces the current month's sweeps over every tenant:
 	// zero sweeps (within the budget) on every Run. Between sweeps the
@@ -159,7 +159,7 @@ func (i *Invoicer) Run(ctx context.Context) (err error) {
 	}
 	if (!i.closedThrough.Equal(prev) || i.closedGained != gained) && i.closable(now, cur) {
 		if !i.closing {
-			i.closing, i.passGained = true, gained
+			i.closing, i.passGained, i.closedInPass = true, gained, map[int64]bool{}
 		}
 		rows, err := i.db.Query(ctx, `SELECT DISTINCT period FROM invoices WHERE status = 'draft' AND period < $1 ORDER BY period`, prev)
 		if err != nil {
@@ -170,10 +170,14 @@ func (i *Invoicer) Run(ctx context.Context) (err error) {
 			return fmt.Errorf("billing: open months: %w", err)
 		}
 		for _, m := range append(months, prev) {
+			if i.closedInPass[m.Unix()] {
+				continue // (closed by this pass; drafts of other workers' tenants keep it listed)
+			}
 			done, err := i.closeMonth(ctx, now, m.UTC(), &left)
 			if err != nil || !done {
 				return err
 			}
+			i.closedInPass[m.Unix()] = true
 		}
 		i.closedThrough, i.closedGained, i.closing = prev, i.passGained, false
 	}
@@ -309,9 +313,9 @@ func (i *Invoicer) Refresh(ctx context.Context, tenantIDs []string) error {
 // missing, within the budget of *left tenants, resuming where the last
 // call stopped on that month. It reports whether the month is closed.
 func (i *Invoicer) closeMonth(ctx context.Context, now, month time.Time, left *int) (bool, error) {
-	after := firstTenantID
-	if i.closeAt.Equal(month) {
-		after = i.closeAfter
+	after, ok := i.closeAfter[month.Unix()]
+	if !ok {
+		after = firstTenantID
 	}
 	// Of the tenants it owns, those whose invoice is not final yet.
 	notFinal := func(ids []string) ([]string, error) {
@@ -328,11 +332,22 @@ func (i *Invoicer) closeMonth(ctx context.Context, now, month time.Time, left *i
 	done, err := i.walk(ctx, &after, left, i.listTenants(ctx, month.AddDate(0, 1, 0)), notFinal, func(ids []string) error {
 		return pgx.BeginFunc(ctx, i.db, func(tx pgx.Tx) error { return i.generateTx(ctx, tx, now, month, ids) })
 	})
-	i.closeAt, i.closeAfter = month, after
-	if done {
-		i.closeAt = time.Time{}
-	}
+	i.closeAfter = resumeAt(i.closeAfter, month, after, done)
 	return done, err
+}
+
+// resumeAt records in cursors where a walk of month (or label) stopped:
+// after, or nothing once it is done.
+func resumeAt(cursors map[int64]string, month time.Time, after string, done bool) map[int64]string {
+	if done {
+		delete(cursors, month.Unix())
+		return cursors
+	}
+	if cursors == nil {
+		cursors = map[int64]string{}
+	}
+	cursors[month.Unix()] = after
+	return cursors
 }
 
 func (i *Invoicer) tenantBatch(ctx context.Context, sql string, args ...any) ([]string, error) {
