@@ -740,14 +740,16 @@ const recentSeqs = 16
 // its data, or on another master after its slot moved). It is recorded
 // (rescue).
 //
-// Older data: a batch whose Prev (the batch Redis claimed of the tenant
-// before it) is known and below the last sequence recorded was claimed
-// from data Redis went back to (a restart from files behind its last
-// writes, a failover to a replica that lagged), which forgot the claims
-// recorded since: its usage, pending then, was recorded in them. It is not
-// new, whatever its sequence, and is never rescued; the flush drops it
-// (older counts them). Usage counted between Redis coming back and that
-// claim is dropped with it, as usage pending at a loss is.
+// Older data: Redis claimed each batch after another one, its Prev, which
+// the ledger recorded last (recent[1]), unless Redis went back to older
+// data since (a restart from files behind its last writes, a failover to a
+// replica that lagged) and forgot the claims recorded after Prev: the
+// usage pending in that older data was recorded in them. A batch whose
+// Prev is known, is not the last recorded and is below the greatest
+// (fromOlderData) is from older data: not new, whatever its sequence, and
+// never rescued; the flush drops it (older counts those in flight). Usage
+// counted between Redis coming back and that claim is dropped with it, as
+// usage pending at a loss is.
 func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (isNew map[string]bool, rescued, older int64, err error) {
 	var (
 		lIDs, lTenants    []string // without a sequence: usage_batches
@@ -794,15 +796,20 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		// deadlock. Each tenant is looked up through its key: OFFSET 0
 		// keeps the planner from joining all tenants instead.)
 		err = collect(tx.Query(ctx, `
-			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at, prev)
+			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at, lc_seq)
+			-- (lc_seq carries the batch's Prev to the conflict's check,
+			-- EXCLUDED.lc_seq; a row inserted is its tenant's first)
 			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4, nullif(b.prev, 0)
 			FROM unnest($1::uuid[], $2::bigint[], $3::text[], $5::bigint[]) AS b(tenant, seq, id, prev)
 			CROSS JOIN LATERAL (SELECT t.id FROM tenants t WHERE t.id = b.tenant OFFSET 0) t
 			ORDER BY t.id
 			ON CONFLICT (tenant_id) DO UPDATE SET seq = EXCLUDED.seq, batch_id = EXCLUDED.batch_id,
 				recent = (EXCLUDED.recent || f.recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = EXCLUDED.flushed_at,
-				prev = EXCLUDED.prev
-			WHERE f.seq < EXCLUDED.seq AND (EXCLUDED.prev IS NULL OR EXCLUDED.prev >= f.seq)
+				lc_seq = EXCLUDED.seq
+			WHERE f.seq < EXCLUDED.seq
+			  -- (not from older data: see fromOlderData)
+			  AND NOT (EXCLUDED.lc_seq IS NOT NULL AND f.lc_seq = f.recent[1]
+			           AND EXCLUDED.lc_seq <> f.recent[1] AND EXCLUDED.lc_seq < f.seq)
 			RETURNING f.batch_id`, customPlan, sTenants, sSeqs, sIDs, r.now(), sPrevs))
 		if err != nil {
 			return nil, 0, 0, err
@@ -830,12 +837,12 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 
 // rescue records, among the batches with a sequence that newBatches did not
 // find new, those that are new all the same (see newBatches): their
-// sequence is not among their tenant's recent ones, they were not claimed
-// from older data, and they are still in flight in Redis. Each is added to
-// the recent ones (the greater sequence kept) under the tenant's row lock,
-// which the upsert took: a worker recording the same batch at once waits,
-// then finds it there. It returns how many it rescued, and how many it
-// found claimed from older data.
+// sequence is not among their tenant's recent ones, they are still in
+// flight in Redis, and they are not from older data (fromOlderData). Each
+// is added to the recent ones (the greater sequence kept) under the
+// tenant's row lock, which the upsert took: a worker recording the same
+// batch at once waits, then finds it there. It returns how many it
+// rescued, and how many in flight it found from older data.
 func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batch, isNew map[string]bool) (rescuedN, olderN int64, err error) {
 	var tenants []string
 	for _, b := range batches {
@@ -843,55 +850,46 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			tenants = append(tenants, b.TenantID)
 		}
 	}
-	type head struct {
-		Tenant string
-		Seq    int64
-		Recent []int64
-	}
-	rows, err := tx.Query(ctx, `SELECT tenant_id::text, seq, recent FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
+	rows, err := tx.Query(ctx, `SELECT tenant_id::text, seq, recent, lc_seq FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
 	if err != nil {
 		return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 	}
-	heads, err := pgx.CollectRows(rows, pgx.RowToStructByPos[head])
+	heads, err := pgx.CollectRows(rows, pgx.RowToStructByPos[flushedHead])
 	if err != nil {
 		return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 	}
-	last := make(map[string]head, len(heads))
+	last := make(map[string]flushedHead, len(heads))
 	for _, h := range heads {
 		last[h.Tenant] = h
 	}
-	var suspects, older []quota.Batch
+	var suspects []quota.Batch
 	for _, b := range batches {
 		h, ok := last[strings.ToLower(b.TenantID)]
-		switch {
-		case isNew[b.ID] || !ok || b.Seq == h.Seq || slices.Contains(h.Recent, b.Seq):
-			// new, of a tenant deleted, or recorded before
-		case b.Prev > 0 && b.Prev < h.Seq:
-			older = append(older, b)
-		default:
-			suspects = append(suspects, b)
+		if isNew[b.ID] || !ok || b.Seq == h.Seq || slices.Contains(h.Recent, b.Seq) {
+			continue // new, of a tenant deleted, or recorded before
 		}
-	}
-	if len(older) > 0 { // (one line a chunk)
-		r.log.Warn("usage batches Redis claimed from older data (it went back), not recorded: their usage was recorded already",
-			"batches", len(older), "tenant_id", older[0].TenantID, "batch_id", older[0].ID, "prev", older[0].Prev)
+		suspects = append(suspects, b)
 	}
 	if len(suspects) == 0 || r.rl == nil {
-		return 0, int64(len(older)), nil
+		return 0, 0, nil
 	}
 	live, err := r.rl.InFlight(ctx, suspects)
 	if err != nil {
 		return 0, 0, err
 	}
-	var rescued []quota.Batch
+	var rescued, older []quota.Batch
 	for k, b := range suspects {
-		if !live[k] {
+		switch {
+		case !live[k]:
 			continue // recorded, dropped from Redis, followed by another
+		case last[strings.ToLower(b.TenantID)].fromOlderData(b):
+			older = append(older, b)
+			continue
 		}
 		tag, err := tx.Exec(ctx, `
 			UPDATE usage_flushed SET batch_id = $2, recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = $4,
-				prev = nullif($5::bigint, 0)
-			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now(), b.Prev)
+				lc_seq = $3
+			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now())
 		if err != nil {
 			return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 		}
@@ -900,11 +898,38 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			rescued = append(rescued, b)
 		}
 	}
+	if len(older) > 0 { // (one line a chunk)
+		r.log.Warn("usage batches Redis claimed from older data (it went back), not recorded: their usage was recorded already",
+			"batches", len(older), "tenant_id", older[0].TenantID, "batch_id", older[0].ID, "prev", older[0].Prev)
+	}
 	if len(rescued) > 0 { // (one line a chunk: a clock gone back rescues every tenant's batch for a while)
 		r.log.Warn("usage batches with sequences below their tenants' last recorded all the same (Redis' clock went back)",
 			"batches", len(rescued), "tenant_id", rescued[0].TenantID, "batch_id", rescued[0].ID, "seq", rescued[0].Seq)
 	}
 	return int64(len(rescued)), int64(len(older)), nil
+}
+
+// flushedHead is a tenant's row of usage_flushed, as rescue reads it.
+type flushedHead struct {
+	Tenant string
+	Seq    int64
+	Recent []int64
+	LCSeq  *int64 // the last batch this release recorded; nil before its first
+}
+
+// fromOlderData reports whether Redis claimed b from older data it went
+// back to: b follows a batch (Prev) that is not the tenant's last
+// recorded and is below its greatest. (Redis' claim writes the sequence
+// it claims into the tenant's state hash, in the same call: b's Prev is
+// normally the last recorded, or, if that one never was, above the
+// greatest.) Only when this release recorded the last batch (LCSeq):
+// after a release that does not track claims, b's Prev may be older.
+// The upsert of newBatches makes the same test.
+func (h flushedHead) fromOlderData(b quota.Batch) bool {
+	if b.Prev == 0 || h.LCSeq == nil || len(h.Recent) == 0 || *h.LCSeq != h.Recent[0] {
+		return false
+	}
+	return b.Prev != h.Recent[0] && b.Prev < h.Seq
 }
 
 // ledgerKey is a usage row's key.
