@@ -32,12 +32,13 @@ ARGV
 Return: an array with one answer a tenant, in order: {} when there is
 nothing to flush, else the flat HGETALL of the flushing hash (its "batch"
 field names the batch, its "seq" field is the batch's sequence, its
-"prev" field, when the tenant has a state hash, the sequence of the batch
-claimed before it).
+"prev" field, when the claim was marked, the sequence of the batch
+claimed before it, 0 for none).
 
 The state hash keeps the sequence of the tenant's last claimed batch
-("lc"), written in the same call as the claim: a batch's "prev" is the
-last batch Redis claimed of the tenant before it. The ledger recorded that
+("lc"), written in the same call as the claim (the claim is marked; a
+tenant whose hash holds pending fields only is not): a batch's "prev" is
+the last batch Redis claimed of the tenant before it. The ledger recorded that
 one last, unless Redis went back to older data since (a restart from files
 behind its last writes, a failover to a replica that lagged): then "prev"
 is below the last sequence the ledger recorded, and the batch holds usage
@@ -94,11 +95,11 @@ local function claim_one(pending, flushing, state, id, seq, ttl, drop)
       redis.call('HDEL', state, unpack(moved))
     end
     redis.call('HSET', flushing, 'batch', id, 'seq', seq)
-    if prev then
-      redis.call('HSET', flushing, 'prev', prev)
-    end
-    if #h > 0 then -- (a tenant with a state hash: none is made for it)
+    -- (a tenant with limit state: no hash is made for the mark, nor kept
+    -- alive by it once the pending fields left)
+    if #h / 2 > #moved then
       redis.call('HSET', state, 'lc', seq)
+      redis.call('HSET', flushing, 'prev', prev or '0')
     end
     redis.call('PEXPIRE', flushing, ttl)
   end

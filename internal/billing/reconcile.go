@@ -747,15 +747,17 @@ const recentSeqs = 16
 // usage pending in that older data was recorded in them. A batch whose
 // Prev is known, is not the last recorded and is below the greatest
 // (fromOlderData) is from older data: not new, whatever its sequence, and
-// never rescued; the flush drops it (older counts those in flight). Usage
-// counted between Redis coming back and that claim is dropped with it, as
-// usage pending at a loss is.
+// never rescued; the flush drops it (older counts those in flight), and
+// the batch Redis claims after it follows it (rescue). Usage counted
+// between Redis coming back and that claim is dropped with it, as usage
+// pending at a loss is.
 func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.Batch) (isNew map[string]bool, rescued, older int64, err error) {
 	var (
 		lIDs, lTenants    []string // without a sequence: usage_batches
 		lUnits, lRequests []int64
 		sTenants, sIDs    []string // with one: usage_flushed
-		sSeqs, sPrevs     []int64
+		sSeqs             []int64
+		sPrevs            []*int64 // nil: the claim was not marked
 		sBatches          []quota.Batch
 	)
 	for _, b := range batches {
@@ -764,7 +766,7 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 			continue
 		}
 		if b.Seq > 0 {
-			sTenants, sIDs, sSeqs, sPrevs = append(sTenants, b.TenantID), append(sIDs, b.ID), append(sSeqs, b.Seq), append(sPrevs, b.Prev)
+			sTenants, sIDs, sSeqs, sPrevs = append(sTenants, b.TenantID), append(sIDs, b.ID), append(sSeqs, b.Seq), append(sPrevs, prevOf(b))
 			sBatches = append(sBatches, b)
 			continue
 		}
@@ -796,20 +798,18 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		// deadlock. Each tenant is looked up through its key: OFFSET 0
 		// keeps the planner from joining all tenants instead.)
 		err = collect(tx.Query(ctx, `
-			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at, lc_seq)
-			-- (lc_seq carries the batch's Prev to the conflict's check,
-			-- EXCLUDED.lc_seq; a row inserted is its tenant's first)
-			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4, nullif(b.prev, 0)
+			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at, prev)
+			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4, b.prev
 			FROM unnest($1::uuid[], $2::bigint[], $3::text[], $5::bigint[]) AS b(tenant, seq, id, prev)
 			CROSS JOIN LATERAL (SELECT t.id FROM tenants t WHERE t.id = b.tenant OFFSET 0) t
 			ORDER BY t.id
 			ON CONFLICT (tenant_id) DO UPDATE SET seq = EXCLUDED.seq, batch_id = EXCLUDED.batch_id,
 				recent = (EXCLUDED.recent || f.recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = EXCLUDED.flushed_at,
-				lc_seq = EXCLUDED.seq
+				prev = EXCLUDED.prev
 			WHERE f.seq < EXCLUDED.seq
 			  -- (not from older data: see fromOlderData)
-			  AND NOT (EXCLUDED.lc_seq IS NOT NULL AND f.lc_seq = f.recent[1]
-			           AND EXCLUDED.lc_seq <> f.recent[1] AND EXCLUDED.lc_seq < f.seq)
+			  AND NOT coalesce(EXCLUDED.prev > 0 AND f.prev IS NOT NULL
+			                   AND EXCLUDED.prev <> f.recent[1] AND EXCLUDED.prev < f.seq, false)
 			RETURNING f.batch_id`, customPlan, sTenants, sSeqs, sIDs, r.now(), sPrevs))
 		if err != nil {
 			return nil, 0, 0, err
@@ -850,7 +850,7 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			tenants = append(tenants, b.TenantID)
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT tenant_id::text, seq, recent, lc_seq FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
+	rows, err := tx.Query(ctx, `SELECT tenant_id::text, seq, recent, prev FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
 	if err != nil {
 		return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 	}
@@ -879,21 +879,32 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	}
 	var rescued, older []quota.Batch
 	for k, b := range suspects {
-		switch {
-		case !live[k]:
+		if !live[k] {
 			continue // recorded, dropped from Redis, followed by another
-		case last[strings.ToLower(b.TenantID)].fromOlderData(b):
+		}
+		// Its sequence becomes the last recorded, with its prev, so that
+		// the batch Redis claims next follows it; only a rescued one names
+		// the batch and adds its usage. But a batch from older data that
+		// was in flight there (Resumed) leaves the last recorded as it is:
+		// the usage pending behind it is older data too, and its batch
+		// follows this one.
+		fromOlder := last[strings.ToLower(b.TenantID)].fromOlderData(b)
+		if fromOlder && b.Resumed {
 			older = append(older, b)
 			continue
 		}
 		tag, err := tx.Exec(ctx, `
-			UPDATE usage_flushed SET batch_id = $2, recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = $4,
-				lc_seq = $3
-			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now())
+			UPDATE usage_flushed SET recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], prev = $5,
+				batch_id = CASE WHEN $6 THEN batch_id ELSE $2 END, flushed_at = CASE WHEN $6 THEN flushed_at ELSE $4 END
+			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now(), prevOf(b), fromOlder)
 		if err != nil {
 			return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 		}
-		if tag.RowsAffected() == 1 {
+		switch {
+		case tag.RowsAffected() != 1:
+		case fromOlder:
+			older = append(older, b)
+		default:
 			isNew[b.ID] = true
 			rescued = append(rescued, b)
 		}
@@ -914,22 +925,31 @@ type flushedHead struct {
 	Tenant string
 	Seq    int64
 	Recent []int64
-	LCSeq  *int64 // the last batch this release recorded; nil before its first
+	Prev   *int64 // the last recorded batch's; nil when its claim was not marked
 }
 
 // fromOlderData reports whether Redis claimed b from older data it went
 // back to: b follows a batch (Prev) that is not the tenant's last
-// recorded and is below its greatest. (Redis' claim writes the sequence
-// it claims into the tenant's state hash, in the same call: b's Prev is
-// normally the last recorded, or, if that one never was, above the
-// greatest.) Only when this release recorded the last batch (LCSeq):
-// after a release that does not track claims, b's Prev may be older.
+// recorded (Recent[0]) and is below its greatest. Redis' claim marks the
+// tenant's state hash with the sequence it claims, in the same call, so
+// b's Prev is normally the last recorded (or, if that one never was
+// recorded, one claimed after it). Only when the last recorded batch's
+// claim was marked too (h.Prev): after a claim of a release that does not
+// mark them, or of a tenant without limit state, b's Prev may be older.
 // The upsert of newBatches makes the same test.
 func (h flushedHead) fromOlderData(b quota.Batch) bool {
-	if b.Prev == 0 || h.LCSeq == nil || len(h.Recent) == 0 || *h.LCSeq != h.Recent[0] {
+	if !b.Marked || b.Prev == 0 || h.Prev == nil || len(h.Recent) == 0 {
 		return false
 	}
 	return b.Prev != h.Recent[0] && b.Prev < h.Seq
+}
+
+// prevOf is b's Prev for usage_flushed: nil when its claim was not marked.
+func prevOf(b quota.Batch) *int64 {
+	if !b.Marked {
+		return nil
+	}
+	return &b.Prev
 }
 
 // ledgerKey is a usage row's key.

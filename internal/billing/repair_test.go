@@ -420,3 +420,46 @@ type leadNot struct{}
 
 func (leadNot) Owns(string) bool { return true }
 func (leadNot) Leads() bool      { return false }
+
+// TestUsageAfterOlderDataIsBilled: after Redis went back to older data on
+// a clock behind the ledger's, the batch claimed from it is dropped, and
+// the usage counted after it, claimed below the ledger's greatest
+// sequence, is recorded: the batch from older data became the one it
+// follows.
+func TestUsageAfterOlderDataIsBilled(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	r := mustRig(t, nil)
+	id := r.tenants(t, 1, "pro")[0]
+	rc := r.reconciler()
+	r.admitUnits(t, id, 1)
+	mustFlush(t, rc)
+	r.admitUnits(t, id, 6)
+	snap := r.snapshot(t) // the 1 in flight, the 6 pending
+	mustFlush(t, rc)
+	// A batch claimed since on a clock far ahead was the last recorded.
+	ahead := int64(1) << 60
+	seq, _ := r.flushedRow(t, id)
+	invExec(t, r.db, `UPDATE usage_flushed SET seq = $2, recent = (ARRAY[$2::bigint] || recent)[1:16], prev = $3
+		WHERE tenant_id = $1`, id, ahead, seq)
+	r.goBack(t, snap)
+	if err := r.rl.ReportActive(ctx); err != nil {
+		t.Fatal(err)
+	}
+	rc = r.reconciler()
+	mustFlush(t, rc)
+	if got := r.ledger(t)[id]; got != 7 {
+		t.Fatalf("ledger after the older data's flush: %d, want 7", got)
+	}
+	if n := rc.OlderDataBatches.Load(); n != 1 {
+		t.Fatalf("%d batches from older data, want 1 (the pending 6)", n)
+	}
+	r.admitUnits(t, id, 4)
+	mustFlush(t, rc)
+	if got := r.ledger(t)[id]; got != 11 {
+		t.Fatalf("ledger after usage counted since: %d, want 11", got)
+	}
+	if n, m := rc.OlderDataBatches.Load(), rc.RescuedBatches.Load(); n != 1 || m != 1 {
+		t.Fatalf("%d batches from older data and %d rescued, want 1 and 1", n, m)
+	}
+}

@@ -35,13 +35,15 @@ type Batch struct {
 	// for a batch claimed by a release before sequences, recorded once by
 	// its ID instead.
 	Seq int64
-	// Prev is the Seq of the batch Redis claimed of the tenant before this
-	// one (lua/claim.lua), 0 when Redis did not know it. Normally the
-	// ledger recorded that batch last; one below the ledger's last comes
-	// from Redis gone back to older data, and holds usage recorded
-	// already.
-	Prev int64
-	Rows []PendingRow
+	// Marked is true when the claim marked the tenant's state hash with
+	// Seq (lua/claim.lua), and Prev is then the Seq of the batch Redis
+	// claimed of the tenant before this one (0 for none). Normally the
+	// ledger recorded that batch last; one that follows an earlier
+	// recorded batch comes from Redis gone back to older data, and holds
+	// usage recorded already.
+	Marked bool
+	Prev   int64
+	Rows   []PendingRow
 	// Resumed is true when the batch was already in flight (an earlier
 	// flush stopped, or another worker is flushing it): the tenant's newer
 	// pending usage is still waiting behind it.

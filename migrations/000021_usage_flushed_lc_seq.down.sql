@@ -1,1 +1,0 @@
-ALTER TABLE usage_flushed DROP COLUMN lc_seq;

@@ -1,0 +1,1 @@
+ALTER TABLE usage_flushed DROP COLUMN prev;
