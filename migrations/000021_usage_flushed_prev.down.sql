@@ -1,1 +1,1 @@
-ALTER TABLE usage_flushed DROP COLUMN prev;
+ALTER TABLE usage_flushed DROP COLUMN prev, DROP COLUMN prev_of;

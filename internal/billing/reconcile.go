@@ -798,17 +798,17 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		// deadlock. Each tenant is looked up through its key: OFFSET 0
 		// keeps the planner from joining all tenants instead.)
 		err = collect(tx.Query(ctx, `
-			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at, prev)
-			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4, b.prev
+			INSERT INTO usage_flushed AS f (tenant_id, seq, batch_id, recent, flushed_at, prev, prev_of)
+			SELECT t.id, b.seq, b.id, ARRAY[b.seq], $4, b.prev, b.seq
 			FROM unnest($1::uuid[], $2::bigint[], $3::text[], $5::bigint[]) AS b(tenant, seq, id, prev)
 			CROSS JOIN LATERAL (SELECT t.id FROM tenants t WHERE t.id = b.tenant OFFSET 0) t
 			ORDER BY t.id
 			ON CONFLICT (tenant_id) DO UPDATE SET seq = EXCLUDED.seq, batch_id = EXCLUDED.batch_id,
 				recent = (EXCLUDED.recent || f.recent)[1:`+strconv.Itoa(recentSeqs)+`], flushed_at = EXCLUDED.flushed_at,
-				prev = EXCLUDED.prev
+				prev = EXCLUDED.prev, prev_of = EXCLUDED.prev_of
 			WHERE f.seq < EXCLUDED.seq
 			  -- (not from older data: see fromOlderData)
-			  AND NOT coalesce(EXCLUDED.prev > 0 AND f.prev IS NOT NULL
+			  AND NOT coalesce(EXCLUDED.prev > 0 AND f.prev IS NOT NULL AND f.prev_of = f.recent[1]
 			                   AND EXCLUDED.prev <> f.recent[1] AND EXCLUDED.prev < f.seq, false)
 			RETURNING f.batch_id`, customPlan, sTenants, sSeqs, sIDs, r.now(), sPrevs))
 		if err != nil {
@@ -850,7 +850,7 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			tenants = append(tenants, b.TenantID)
 		}
 	}
-	rows, err := tx.Query(ctx, `SELECT tenant_id::text, seq, recent, prev FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
+	rows, err := tx.Query(ctx, `SELECT tenant_id::text, seq, recent, prev, prev_of FROM usage_flushed WHERE tenant_id = ANY($1::uuid[])`, tenants)
 	if err != nil {
 		return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 	}
@@ -894,7 +894,7 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 			continue
 		}
 		tag, err := tx.Exec(ctx, `
-			UPDATE usage_flushed SET recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], prev = $5,
+			UPDATE usage_flushed SET recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], prev = $5, prev_of = $3,
 				batch_id = CASE WHEN $6 THEN batch_id ELSE $2 END, flushed_at = CASE WHEN $6 THEN flushed_at ELSE $4 END
 			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now(), prevOf(b), fromOlder)
 		if err != nil {
@@ -925,7 +925,8 @@ type flushedHead struct {
 	Tenant string
 	Seq    int64
 	Recent []int64
-	Prev   *int64 // the last recorded batch's; nil when its claim was not marked
+	Prev   *int64 // the last batch's this release recorded; nil when its claim was not marked
+	PrevOf *int64 // that batch's sequence
 }
 
 // fromOlderData reports whether Redis claimed b from older data it went
@@ -934,11 +935,12 @@ type flushedHead struct {
 // tenant's state hash with the sequence it claims, in the same call, so
 // b's Prev is normally the last recorded (or, if that one never was
 // recorded, one claimed after it). Only when the last recorded batch's
-// claim was marked too (h.Prev): after a claim of a release that does not
-// mark them, or of a tenant without limit state, b's Prev may be older.
-// The upsert of newBatches makes the same test.
+// claim was marked too (h.Prev), and this release recorded it (h.PrevOf):
+// after a claim of a release that does not mark them, or of a tenant
+// without limit state, or a record of a release before, b's Prev may be
+// older. The upsert of newBatches makes the same test.
 func (h flushedHead) fromOlderData(b quota.Batch) bool {
-	if !b.Marked || b.Prev == 0 || h.Prev == nil || len(h.Recent) == 0 {
+	if !b.Marked || b.Prev == 0 || h.Prev == nil || h.PrevOf == nil || len(h.Recent) == 0 || *h.PrevOf != h.Recent[0] {
 		return false
 	}
 	return b.Prev != h.Recent[0] && b.Prev < h.Seq

@@ -440,7 +440,7 @@ func TestUsageAfterOlderDataIsBilled(t *testing.T) {
 	// A batch claimed since on a clock far ahead was the last recorded.
 	ahead := int64(1) << 60
 	seq, _ := r.flushedRow(t, id)
-	invExec(t, r.db, `UPDATE usage_flushed SET seq = $2, recent = (ARRAY[$2::bigint] || recent)[1:16], prev = $3
+	invExec(t, r.db, `UPDATE usage_flushed SET seq = $2, recent = (ARRAY[$2::bigint] || recent)[1:16], prev = $3, prev_of = $2
 		WHERE tenant_id = $1`, id, ahead, seq)
 	r.goBack(t, snap)
 	if err := r.rl.ReportActive(ctx); err != nil {

@@ -373,8 +373,8 @@ func TestClockBackIsNotOlderData(t *testing.T) {
 	r := mustRig(t, nil)
 	id := r.tenants(t, 1, "pro")[0]
 	ahead := int64(1) << 60 // the last batch, claimed while the clock was far ahead
-	invExec(t, r.db, `INSERT INTO usage_flushed (tenant_id, seq, batch_id, recent, prev, flushed_at)
-		VALUES ($1, $2, 'from-ahead', ARRAY[$2::bigint], 0, now())`, id, ahead)
+	invExec(t, r.db, `INSERT INTO usage_flushed (tenant_id, seq, batch_id, recent, prev, prev_of, flushed_at)
+		VALUES ($1, $2, 'from-ahead', ARRAY[$2::bigint], 0, $2, now())`, id, ahead)
 	r.admitUnits(t, id, 1)
 	if err := r.rdb.HSet(ctx, r.prefix+":v2:{t:"+id+"}", "lc", ahead).Err(); err != nil {
 		t.Fatal(err)
@@ -397,26 +397,36 @@ func TestClockBackIsNotOlderData(t *testing.T) {
 
 // TestBatchAfterAnEarlierReleasesRecordIsRecorded: during a rolling
 // upgrade a worker of a release that does not mark claims in the state
-// hash claims a batch of the tenant, which is recorded; the next batch
-// this release claims follows an older one, as far as Redis knows, and is
-// recorded all the same.
+// hash claims a batch of the tenant, which this release records, or which
+// that release records itself; the next batch this release claims follows
+// an older one, as far as Redis knows, and is recorded all the same.
 func TestBatchAfterAnEarlierReleasesRecordIsRecorded(t *testing.T) {
 	t.Parallel()
-	r := mustRig(t, nil)
-	id := r.tenants(t, 1, "pro")[0]
-	rc := r.reconciler()
-	r.admitUnits(t, id, 5)
-	mustFlush(t, rc)
-	seq, _ := r.flushedRow(t, id)
-	// (as this release records a batch that release claimed: unmarked)
-	invExec(t, r.db, `UPDATE usage_flushed SET seq = $2, batch_id = 'earlier-release', recent = (ARRAY[$2::bigint] || recent)[1:16],
-		prev = NULL WHERE tenant_id = $1`, id, seq+1)
-	r.admitUnits(t, id, 6)
-	mustFlush(t, rc)
-	if got := r.ledger(t)[id]; got != 11 {
-		t.Fatalf("ledger: %d, want 11 (the batch after the earlier release's recorded)", got)
-	}
-	if n := rc.OlderDataBatches.Load(); n != 0 {
-		t.Fatalf("%d batches taken for older data, want none", n)
+	for name, record := range map[string]string{
+		// (as this release records a batch that release claimed: unmarked)
+		"recorded by this release": `UPDATE usage_flushed SET seq = $2, batch_id = 'earlier-release',
+			recent = (ARRAY[$2::bigint] || recent)[1:16], prev = NULL, prev_of = $2 WHERE tenant_id = $1`,
+		// (as that release records it: sequence, batch, recent)
+		"recorded by that release": `UPDATE usage_flushed SET seq = $2, batch_id = 'earlier-release',
+			recent = (ARRAY[$2::bigint] || recent)[1:16] WHERE tenant_id = $1`,
+	} {
+		t.Run(name, func(t *testing.T) {
+			t.Parallel()
+			r := mustRig(t, nil)
+			id := r.tenants(t, 1, "pro")[0]
+			rc := r.reconciler()
+			r.admitUnits(t, id, 5)
+			mustFlush(t, rc)
+			seq, _ := r.flushedRow(t, id)
+			invExec(t, r.db, record, id, seq+1)
+			r.admitUnits(t, id, 6)
+			mustFlush(t, rc)
+			if got := r.ledger(t)[id]; got != 11 {
+				t.Fatalf("ledger: %d, want 11 (the batch after the earlier release's recorded)", got)
+			}
+			if n := rc.OlderDataBatches.Load(); n != 0 {
+				t.Fatalf("%d batches taken for older data, want none", n)
+			}
+		})
 	}
 }
