@@ -630,14 +630,6 @@ func (r *Reconciler) recordTx(ctx context.Context, batches []quota.Batch) error 
 	r.LateRaises.Add(t.late.raises)
 	r.RescuedBatches.Add(t.rescued)
 	r.OlderDataBatches.Add(t.older)
-	if t.older > 0 && r.rl != nil {
-		// Redis went back to older data: its quota counters too. The
-		// leader's next Repair restores them from the ledger (they are
-		// never lowered), and until then the other workers flush nothing.
-		if err := r.rl.MarkRestoring(ctx); err != nil {
-			return err
-		}
-	}
 	return nil
 }
 
@@ -677,6 +669,16 @@ func (r *Reconciler) record(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	isNew, rescued, older, err := r.newBatches(ctx, tx, batches)
 	if err != nil {
 		return recordTally{}, err
+	}
+	if older > 0 && r.rl != nil {
+		// Redis went back to older data: its quota counters too. The
+		// leader's next Repair restores them from the ledger (they are
+		// never lowered), and until then the other workers flush nothing.
+		// Asked before the commit: if Redis does not take it, nothing is
+		// recorded, and the next cycle finds the same batches again.
+		if err := r.rl.MarkRestoring(ctx); err != nil {
+			return recordTally{}, err
+		}
 	}
 	var (
 		units       int64
