@@ -3,13 +3,13 @@ package billing
 import (
 	"context"
 	"errors"
+	"maps"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/golang-migrate/migrate/v4"
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/pgdb"
@@ -428,22 +428,7 @@ func TestRunSplitsDueDraftsByOwner(t *testing.T) {
 	if drafts != len(ids) || !a.closedThrough.Equal(anchOct) || !b.closedThrough.Equal(anchOct) {
 		t.Fatalf("after October closed: %d drafts, closed through %v and %v; want %d, October", drafts, a.closedThrough, b.closedThrough, len(ids))
 	}
-	final := func() map[string]bool {
-		t.Helper()
-		rows, err := db.Query(ctx, `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = 'final'`, anchOct)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]bool{}
-		for _, id := range got {
-			out[id] = true
-		}
-		return out
-	}
+	final := func() map[string]bool { return invoicedTenants(t, db, anchOct, "final") }
 	if got := final(); len(got) != 0 {
 		t.Fatalf("before their periods end: %d final, want none", len(got))
 	}
@@ -502,15 +487,7 @@ func TestRunClosesMonthsPastOthersDrafts(t *testing.T) {
 		}
 	}
 	for _, month := range []time.Time{anchSep, anchOct} {
-		rows, err := db.Query(ctx, `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = 'final'`, month)
-		if err != nil {
-			t.Fatal(err)
-		}
-		final, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		slices.Sort(final)
+		final := slices.Sorted(maps.Keys(invoicedTenants(t, db, month, "final")))
 		if !slices.Equal(final, ids[8:]) {
 			t.Errorf("%s: final invoices of %d tenants %v, want a's 4 %v", month.Format("2006-01"), len(final), final, ids[8:])
 		}

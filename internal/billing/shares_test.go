@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/tollgate/tollgate/internal/quota"
 	"github.com/tollgate/tollgate/internal/worker"
@@ -43,6 +44,24 @@ func (r *rig) sharedWorkers(t *testing.T, n int) ([]*Reconciler, []*worker.Share
 		}
 	}
 	return recs, shares
+}
+
+// invoicedTenants returns the tenants whose invoice of period has status.
+func invoicedTenants(tb testing.TB, db *pgxpool.Pool, period time.Time, status string) map[string]bool {
+	tb.Helper()
+	rows, err := db.Query(context.Background(), `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = $2`, period, status)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		out[id] = true
+	}
+	return out
 }
 
 // leadAndOther returns, of two workers' shares, the index of the one that
@@ -410,23 +429,7 @@ func TestWorkersSplitTheInvoiceSweep(t *testing.T) {
 	if owned[0] == 0 || owned[1] == 0 || owned[0]+owned[1] != len(ids) {
 		t.Fatalf("the workers own %v of the %d tenants, want a split of them all", owned, len(ids))
 	}
-	drafted := func() map[string]bool {
-		t.Helper()
-		rows, err := r.db.Query(ctx, `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = 'draft'`,
-			quota.MonthStart(time.Now()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]bool{}
-		for _, id := range got {
-			out[id] = true
-		}
-		return out
-	}
+	drafted := func() map[string]bool { return invoicedTenants(t, r.db, quota.MonthStart(time.Now()), "draft") }
 	lead, other := leadAndOther(shares)
 	cycles := make([]*Cycle, 2)
 	for i := range cycles {
@@ -486,22 +489,7 @@ func TestWorkersSplitTheMonthClose(t *testing.T) {
 		inv.Owns, inv.Gained = shares[i].Owns, shares[i].Gained
 		cycles[i] = NewCycle(recs[i], inv)
 	}
-	final := func() map[string]bool {
-		t.Helper()
-		rows, err := r.db.Query(ctx, `SELECT tenant_id::text FROM invoices WHERE period = $1 AND status = 'final'`, month)
-		if err != nil {
-			t.Fatal(err)
-		}
-		got, err := pgx.CollectRows(rows, pgx.RowTo[string])
-		if err != nil {
-			t.Fatal(err)
-		}
-		out := map[string]bool{}
-		for _, id := range got {
-			out[id] = true
-		}
-		return out
-	}
+	final := func() map[string]bool { return invoicedTenants(t, r.db, month, "final") }
 	step := func(i int) {
 		t.Helper()
 		if err := cycles[i].Flush(ctx); err != nil {
