@@ -38,12 +38,12 @@ claimed before it, 0 for none).
 The state hash keeps the sequence of the tenant's last claimed batch
 ("lc"), written in the same call as the claim (the claim is marked; a
 tenant whose hash holds pending fields only is not): a batch's "prev" is
-the last batch Redis claimed of the tenant before it. The ledger recorded that
-one last, unless Redis went back to older data since (a restart from files
-behind its last writes, a failover to a replica that lagged): then "prev"
-is below the last sequence the ledger recorded, and the batch holds usage
-the ledger recorded already, from a batch Redis forgot it claimed
-(internal/billing, newBatches: it is not recorded).
+the last batch Redis claimed of the tenant before it, which the ledger
+recorded last, unless Redis went back to older data since (a restart from
+files behind its last writes, a failover to a replica that lagged): then
+"prev" is an earlier recorded batch, and the batch holds usage the ledger
+recorded already, in batches Redis forgot it claimed (internal/billing,
+newBatches: it is not recorded).
 
 The sequence orders a tenant's batches for the ledger, which remembers the
 last it recorded of each tenant (usage_flushed) and records a batch, once,
@@ -94,12 +94,13 @@ local function claim_one(pending, flushing, state, id, seq, ttl, drop)
     if #moved > 0 then
       redis.call('HDEL', state, unpack(moved))
     end
-    redis.call('HSET', flushing, 'batch', id, 'seq', seq)
-    -- (a tenant with limit state: no hash is made for the mark, nor kept
-    -- alive by it once the pending fields left)
+    -- The mark, only on a tenant with limit state: no hash is made for
+    -- it, nor kept alive by it once the pending fields left.
     if #h / 2 > #moved then
       redis.call('HSET', state, 'lc', seq)
-      redis.call('HSET', flushing, 'prev', prev or '0')
+      redis.call('HSET', flushing, 'batch', id, 'seq', seq, 'prev', prev or '0')
+    else
+      redis.call('HSET', flushing, 'batch', id, 'seq', seq)
     end
     redis.call('PEXPIRE', flushing, ttl)
   end

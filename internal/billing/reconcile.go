@@ -759,7 +759,7 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 		lUnits, lRequests []int64
 		sTenants, sIDs    []string // with one: usage_flushed
 		sSeqs             []int64
-		sPrevs            []*int64 // nil: the claim was not marked
+		sPrevs            []*int64
 		sBatches          []quota.Batch
 	)
 	for _, b := range batches {
@@ -768,7 +768,7 @@ func (r *Reconciler) newBatches(ctx context.Context, tx pgx.Tx, batches []quota.
 			continue
 		}
 		if b.Seq > 0 {
-			sTenants, sIDs, sSeqs, sPrevs = append(sTenants, b.TenantID), append(sIDs, b.ID), append(sSeqs, b.Seq), append(sPrevs, prevOf(b))
+			sTenants, sIDs, sSeqs, sPrevs = append(sTenants, b.TenantID), append(sIDs, b.ID), append(sSeqs, b.Seq), append(sPrevs, b.Prev)
 			sBatches = append(sBatches, b)
 			continue
 		}
@@ -898,7 +898,7 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 		tag, err := tx.Exec(ctx, `
 			UPDATE usage_flushed SET recent = (ARRAY[$3::bigint] || recent)[1:`+strconv.Itoa(recentSeqs)+`], prev = $5, prev_of = $3,
 				batch_id = CASE WHEN $6 THEN batch_id ELSE $2 END, flushed_at = CASE WHEN $6 THEN flushed_at ELSE $4 END
-			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now(), prevOf(b), fromOlder)
+			WHERE tenant_id = $1 AND NOT ($3::bigint = ANY(recent))`, b.TenantID, b.ID, b.Seq, r.now(), b.Prev, fromOlder)
 		if err != nil {
 			return 0, 0, fmt.Errorf("billing: record batches: %w", err)
 		}
@@ -913,7 +913,7 @@ func (r *Reconciler) rescue(ctx context.Context, tx pgx.Tx, batches []quota.Batc
 	}
 	if len(older) > 0 { // (one line a chunk)
 		r.log.Warn("usage batches Redis claimed from older data (it went back), not recorded: their usage was recorded already",
-			"batches", len(older), "tenant_id", older[0].TenantID, "batch_id", older[0].ID, "prev", older[0].Prev)
+			"batches", len(older), "tenant_id", older[0].TenantID, "batch_id", older[0].ID, "prev", *older[0].Prev)
 	}
 	if len(rescued) > 0 { // (one line a chunk: a clock gone back rescues every tenant's batch for a while)
 		r.log.Warn("usage batches with sequences below their tenants' last recorded all the same (Redis' clock went back)",
@@ -942,18 +942,10 @@ type flushedHead struct {
 // without limit state, or a record of a release before, b's Prev may be
 // older. The upsert of newBatches makes the same test.
 func (h flushedHead) fromOlderData(b quota.Batch) bool {
-	if !b.Marked || b.Prev == 0 || h.Prev == nil || h.PrevOf == nil || len(h.Recent) == 0 || *h.PrevOf != h.Recent[0] {
+	if b.Prev == nil || *b.Prev == 0 || h.Prev == nil || h.PrevOf == nil || len(h.Recent) == 0 || *h.PrevOf != h.Recent[0] {
 		return false
 	}
-	return b.Prev != h.Recent[0] && b.Prev < h.Seq
-}
-
-// prevOf is b's Prev for usage_flushed: nil when its claim was not marked.
-func prevOf(b quota.Batch) *int64 {
-	if !b.Marked {
-		return nil
-	}
-	return &b.Prev
+	return *b.Prev != h.Recent[0] && *b.Prev < h.Seq
 }
 
 // ledgerKey is a usage row's key.

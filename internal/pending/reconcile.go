@@ -242,10 +242,11 @@ func (r *Usage) Claim(ctx context.Context, tenantIDs, drop []string) ([]quota.Ba
 			}
 		}
 		if prev, ok := h["prev"]; ok && err == nil {
-			if b.Prev, err = strconv.ParseInt(prev, 10, 64); err != nil || b.Prev < 0 {
-				b.Prev, err = 0, fmt.Errorf("batch's previous sequence %q", prev)
+			if p, perr := strconv.ParseInt(prev, 10, 64); perr != nil || p < 0 {
+				err = fmt.Errorf("batch's previous sequence %q", prev)
+			} else {
+				b.Prev = &p
 			}
-			b.Marked = err == nil
 		}
 		delete(h, "batch")
 		delete(h, "seq")

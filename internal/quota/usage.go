@@ -35,15 +35,14 @@ type Batch struct {
 	// for a batch claimed by a release before sequences, recorded once by
 	// its ID instead.
 	Seq int64
-	// Marked is true when the claim marked the tenant's state hash with
-	// Seq (lua/claim.lua), and Prev is then the Seq of the batch Redis
+	// Prev, when the claim marked the tenant's state hash with Seq
+	// (lua/claim.lua; nil when it did not), is the Seq of the batch Redis
 	// claimed of the tenant before this one (0 for none). Normally the
 	// ledger recorded that batch last; one that follows an earlier
 	// recorded batch comes from Redis gone back to older data, and holds
 	// usage recorded already.
-	Marked bool
-	Prev   int64
-	Rows   []PendingRow
+	Prev *int64
+	Rows []PendingRow
 	// Resumed is true when the batch was already in flight (an earlier
 	// flush stopped, or another worker is flushing it): the tenant's newer
 	// pending usage is still waiting behind it.
